@@ -1,0 +1,3 @@
+from slurmkit.cli.app import main
+
+main()

@@ -1,0 +1,47 @@
+"""The root Typer app. Importing this module must not import torch (tests check sys.modules)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from slurmkit import __version__
+from slurmkit.cli import devcluster_cmd, jobs_cmd, profiles_cmd, render_cmd
+
+app = typer.Typer(
+    name="slurmkit",
+    no_args_is_help=True,
+    help="Slurm-native job orchestration: multi-node PyTorch jobs, requeue on preemption, sweeps.",
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"slurmkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """slurmkit: submit, watch and sweep Slurm jobs."""
+
+
+app.command("render")(render_cmd.render)
+app.command("submit")(jobs_cmd.submit)
+app.command("status")(jobs_cmd.status)
+app.command("list")(jobs_cmd.list_runs)
+app.command("logs")(jobs_cmd.logs)
+app.command("cancel")(jobs_cmd.cancel)
+app.command("result")(jobs_cmd.result)
+app.add_typer(profiles_cmd.app, name="profiles")
+app.add_typer(devcluster_cmd.app, name="devcluster")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,51 @@
+"""What every command module shares: the error wrapper and the common options."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from slurmkit.errors import SlurmkitError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option("--profile", "-p", help="Profile name or YAML path (default: $SLURMKIT_PROFILE or local)."),
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override KEY=VALUE (e.g. resources.nodes=2, profile.partition=gpu); repeatable."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def user_errors(fn: F) -> F:
+    """Turn a SlurmkitError into one line on stderr and its exit code, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SlurmkitError as exc:
+            typer.echo(f"error: {exc.one_line()}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def run_root_for(profile: str | None) -> str:
+    """The run root of the given (or default) profile, where run ids are looked up."""
+    import os
+
+    from slurmkit.config.loader import DEFAULT_PROFILE, load_profile
+
+    return load_profile(profile or os.environ.get("SLURMKIT_PROFILE") or DEFAULT_PROFILE).run_root

@@ -1,0 +1,52 @@
+"""`slurmkit devcluster up | down | status`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from slurmkit.cli.common import JsonOpt, print_json, user_errors
+
+app = typer.Typer(no_args_is_help=True, help="A real multi-node Slurm cluster on this machine (root only).")
+
+
+def _log(msg: str) -> None:
+    typer.echo(f"devcluster: {msg}", err=True)
+
+
+@app.command()
+@user_errors
+def up(
+    nodes: Annotated[int, typer.Option("--nodes", "-n", help="Number of compute nodes (>= 2).")] = 2,
+    purge: Annotated[bool, typer.Option("--purge", help="Wipe old controller state and accounting first.")] = False,
+) -> None:
+    """Install (if missing) and start munge, mariadb, slurmdbd, slurmctld and N slurmd; wait until idle."""
+    from slurmkit.devcluster import cluster
+
+    cluster.up(nodes, purge=purge, log=_log)
+
+
+@app.command()
+@user_errors
+def down(purge: Annotated[bool, typer.Option("--purge", help="Also wipe controller state.")] = False) -> None:
+    """Stop exactly the daemons `up` started, by pid."""
+    from slurmkit.devcluster import cluster
+
+    cluster.down(purge=purge, log=_log)
+
+
+@app.command()
+@user_errors
+def status(as_json: JsonOpt = False) -> None:
+    """Show the daemons `up` started and the nodes' states."""
+    from slurmkit.devcluster import cluster
+
+    st = cluster.status()
+    if as_json:
+        print_json(st)
+        return
+    for name, d in st["daemons"].items():
+        typer.echo(f"{name:16} pid {d['pid']:<8} {'running' if d['alive'] else 'dead'}")
+    typer.echo(f"controller {'up' if st['controller'] else 'down'}; nodes: "
+               + ", ".join(f"{k}={v}" for k, v in sorted(st["node_states"].items())))

@@ -1,0 +1,119 @@
+"""`slurmkit submit | status | logs | cancel | result | list`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from slurmkit.cli.common import JsonOpt, ProfileOpt, SetOpt, print_json, run_root_for, user_errors
+
+RunArg = Annotated[str, typer.Argument(help="Run id, unique prefix, or run folder.")]
+
+
+@user_errors
+def submit(
+    runspec: Annotated[Path, typer.Argument(help="Run spec YAML.")],
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the script; submit nothing.")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the run to end and print its result.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit RUNSPEC; print its run id and job id."""
+    from slurmkit import jobs
+    from slurmkit.config.loader import resolve
+    from slurmkit.runs import RunPaths
+
+    resolved = resolve(runspec, profile, set_ or [])
+    if dry_run:
+        typer.echo(jobs.dry_run(resolved).script, nl=False)
+        return
+    sub = jobs.submit(resolved)
+    if as_json:
+        print_json({"run_id": sub.run_id, "job_id": sub.job_id, "run_dir": sub.run_dir})
+    else:
+        typer.echo(f"run {sub.run_id}  job {sub.job_id}  {sub.run_dir}")
+    if wait:
+        paths = RunPaths(Path(sub.run_dir))
+        final = jobs.wait(paths)
+        value = jobs.result(paths)
+        if not as_json:
+            typer.echo(f"{final.state}: {value!r}")
+
+
+@user_errors
+def status(
+    runs: Annotated[list[str] | None, typer.Argument(help="Runs to show (default: all).")] = None,
+    profile: ProfileOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the state of runs: one squeue call for all, sacct only for finished jobs."""
+    from slurmkit import jobs
+
+    rows = jobs.status(run_root_for(profile), runs)
+    if as_json:
+        print_json([r.as_dict() for r in rows])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("run", "job", "state", "nodes", "elapsed", "restarts", "jobs")
+    for r in rows:
+        table.add_row(r.run_id, r.job_id, r.state, r.nodes, r.elapsed, str(r.restarts), str(r.jobs))
+    Console().print(table)
+
+
+@user_errors
+def list_runs(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
+    """List runs, newest first."""
+    from slurmkit import jobs
+
+    rows = jobs.status(run_root_for(profile))
+    if as_json:
+        print_json([{"run_id": r.run_id, "run_dir": r.run_dir, "state": r.state, "job_id": r.job_id,
+                     "created": r.created, "name": r.name} for r in rows])
+        return
+    for r in rows:
+        typer.echo(f"{r.run_id}\t{r.state}\t{r.job_id}\t{r.run_dir}")
+
+
+@user_errors
+def logs(
+    run: RunArg,
+    profile: ProfileOpt = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep following, across requeues, until the run ends.")
+    ] = False,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's output.")] = None,
+) -> None:
+    """Print every rank's output, each line prefixed with its rank ([N!] marks stderr)."""
+    from slurmkit import jobs
+    from slurmkit.runs import find_run
+
+    for line in jobs.logs(find_run(run_root_for(profile), run), rank=rank, follow=follow):
+        typer.echo(line)
+
+
+@user_errors
+def cancel(run: RunArg, profile: ProfileOpt = None) -> None:
+    """Cancel every job of a run."""
+    from slurmkit import jobs
+    from slurmkit.runs import find_run
+
+    ids = jobs.cancel(find_run(run_root_for(profile), run))
+    typer.echo(f"cancelled {', '.join(ids) or 'nothing'}")
+
+
+@user_errors
+def result(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
+    """Print the run's return value; on failure, the tail of the failing rank's log (exit 4)."""
+    from slurmkit import jobs
+    from slurmkit.runs import find_run
+
+    value = jobs.result(find_run(run_root_for(profile), run))
+    if as_json:
+        print_json(value)
+    else:
+        typer.echo(repr(value))

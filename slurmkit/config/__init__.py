@@ -1,0 +1,1 @@
+"""Configuration: cluster profiles, run specs, --set overrides and their loading."""

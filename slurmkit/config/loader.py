@@ -1,0 +1,207 @@
+"""Loading profiles and run specs: search path, extends, precedence and one-line errors.
+
+Precedence, highest first: --set on the command line > run spec file > profile > defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from slurmkit.config.overrides import deep_merge, split_sets
+from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
+from slurmkit.config.runspec import RunSpec
+from slurmkit.errors import ConfigError, did_you_mean
+from slurmkit.resources import shipped_dir
+
+DEFAULT_PROFILE = "local"
+PROFILE_PATH_ENV = "SLURMKIT_PROFILE_PATH"
+
+Layer = tuple[str, dict[str, Any]]  # (source shown in errors, raw mapping)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A run spec and profile after all layers are merged; resources has every field set."""
+
+    spec: RunSpec
+    profile: ClusterProfile
+    profile_name: str
+    resources: Resources
+    spec_source: str
+
+    @property
+    def num_tasks(self) -> int:
+        assert self.resources.nodes and self.resources.tasks_per_node
+        return self.resources.nodes * self.resources.tasks_per_node
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read file: {exc.strerror}", where=str(path)) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"invalid YAML: {problem}", where=f"{path}{line}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping at the top level", where=str(path))
+    return data
+
+
+def profile_search_path() -> list[Path]:
+    """SLURMKIT_PROFILE_PATH folders first, then the shipped cluster_profiles/."""
+    env = os.environ.get(PROFILE_PATH_ENV, "")
+    dirs = [Path(p).expanduser() for p in env.split(os.pathsep) if p]
+    return [*dirs, shipped_dir("cluster_profiles")]
+
+
+def available_profiles() -> dict[str, Path]:
+    """Every profile name on the search path, mapped to the file that wins for it."""
+    found: dict[str, Path] = {}
+    for folder in profile_search_path():
+        if folder.is_dir():
+            for f in sorted(folder.glob("*.yaml")):
+                found.setdefault(f.stem, f)
+    return found
+
+
+def find_profile(name_or_path: str) -> Path:
+    """A path given explicitly, else the first NAME.yaml on the search path."""
+    candidate = Path(name_or_path).expanduser()
+    looks_like_path = os.sep in name_or_path or name_or_path.endswith((".yaml", ".yml"))
+    if looks_like_path:
+        if candidate.is_file():
+            return candidate
+        raise ConfigError("profile file not found", where=name_or_path)
+    profiles = available_profiles()
+    if name_or_path in profiles:
+        return profiles[name_or_path]
+    raise ConfigError(
+        f"unknown profile '{name_or_path}'{did_you_mean(name_or_path, profiles)}",
+        valid=f"valid: {', '.join(sorted(profiles))}, or a path to a .yaml file",
+    )
+
+
+def profile_layers(name_or_path: str, _seen: tuple[Path, ...] = ()) -> list[Layer]:
+    """The profile and its `extends` ancestors as layers, ancestors first."""
+    path = find_profile(name_or_path).resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ConfigError(f"profile extends itself: {chain}", where=f"{path}:extends")
+    raw = read_yaml(path)
+    parent = raw.get("extends")
+    layers: list[Layer] = []
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ConfigError("extends must be a profile name or path", where=f"{path}:extends")
+        # A relative parent path is read beside the child, so a folder of profiles moves as a whole.
+        if os.sep in parent and not Path(parent).is_absolute():
+            parent = str(path.parent / parent)
+        layers = profile_layers(parent, (*_seen, path))
+    return [*layers, (str(path), {k: v for k, v in raw.items() if k != "extends"})]
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that owns the field at loc, for listing valid keys."""
+    current: type[BaseModel] = model
+    for part in loc:
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        nested = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nested is None:
+            return None
+        current = nested
+    return current
+
+
+def _source_of(loc: tuple[Any, ...], layers: list[Layer]) -> str:
+    """The highest-precedence layer that sets loc (or its nearest parent)."""
+    for depth in range(len(loc), 0, -1):
+        for source, raw in reversed(layers):
+            node: Any = raw
+            for part in loc[:depth]:
+                node = node.get(part) if isinstance(node, dict) else None
+                if node is None:
+                    break
+            else:
+                return source
+    return layers[-1][0]
+
+
+def validate_layers(model: type[BaseModel], layers: list[Layer]) -> Any:
+    merged: dict[str, Any] = {}
+    for _, raw in layers:
+        merged = deep_merge(merged, raw)
+    try:
+        return model.model_validate(merged)
+    except ValidationError as exc:
+        raise _one_line(model, exc, layers) from None
+
+
+def _one_line(model: type[BaseModel], exc: ValidationError, layers: list[Layer]) -> ConfigError:
+    err = exc.errors()[0]
+    loc = tuple(err["loc"])
+    field = ".".join(str(p) for p in loc)
+    source = _source_of(loc, layers)
+    where = f"{source}:{field}" if field else source
+    if err["type"] == "extra_forbidden":
+        owner = _model_at(model, loc[:-1])
+        valid = sorted(owner.model_fields) if owner else []
+        return ConfigError(
+            f"unknown field '{loc[-1]}'{did_you_mean(str(loc[-1]), valid)}",
+            where=where,
+            valid=f"valid: {', '.join(valid)}" if valid else None,
+        )
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        msg = "required field is missing"
+    return ConfigError(msg, where=where)
+
+
+def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> ClusterProfile:
+    layers = profile_layers(name_or_path)
+    if overrides:
+        layers.append(("--set profile", overrides))
+    profile: ClusterProfile = validate_layers(ClusterProfile, layers)
+    return profile
+
+
+def load_runspec(path: str | Path, overrides: dict[str, Any] | None = None) -> RunSpec:
+    layers: list[Layer] = [(str(path), read_yaml(Path(path)))]
+    if overrides:
+        layers.append(("--set", overrides))
+    spec: RunSpec = validate_layers(RunSpec, layers)
+    return spec
+
+
+def merge_resources(*layers: Resources) -> Resources:
+    """Field by field, the last layer that sets a field wins."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer.model_dump(exclude_none=True))
+    return Resources.model_validate(merged)
+
+
+def resolve(spec_path: str | Path, profile: str | None = None, sets: list[str] | None = None) -> Resolved:
+    """Load a run spec against a profile, applying --set overrides at the highest precedence."""
+    spec_sets, profile_sets = split_sets(sets or [])
+    name = profile or os.environ.get("SLURMKIT_PROFILE") or DEFAULT_PROFILE
+    prof = load_profile(name, profile_sets)
+    spec = load_runspec(spec_path, spec_sets)
+    resources = merge_resources(DEFAULT_RESOURCES, prof.resources, spec.resources)
+    return Resolved(spec=spec, profile=prof, profile_name=name, resources=resources, spec_source=str(spec_path))

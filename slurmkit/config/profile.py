@@ -1,0 +1,123 @@
+"""The cluster profile: where and how jobs run on one cluster."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from slurmkit.config.fields import EnvMap, SbatchOptions, SlurmMem, SlurmTime, Strict
+
+
+class Resources(Strict):
+    """What one job asks for. Every field may be left unset, and then the next layer decides."""
+
+    nodes: int | None = Field(None, ge=1)
+    """Number of nodes (sbatch --nodes)."""
+    tasks_per_node: int | None = Field(None, ge=1)
+    """Ranks per node (sbatch --ntasks-per-node); usually one per GPU."""
+    gpus_per_node: int | None = Field(None, ge=0)
+    """GPUs per node (sbatch --gpus-per-node); 0 asks for none."""
+    cpus_per_task: int | None = Field(None, ge=1)
+    """CPU cores per rank (sbatch --cpus-per-task)."""
+    mem: SlurmMem | None = None
+    """Memory per node, e.g. 8G (sbatch --mem); unset leaves the partition default."""
+    time: SlurmTime | None = None
+    """Wall-clock limit, e.g. 01:00:00 or 2-00:00:00 (sbatch --time)."""
+
+
+DEFAULT_RESOURCES = Resources(nodes=1, tasks_per_node=1, gpus_per_node=0, cpus_per_task=1, time="00:30:00")
+
+
+class RequeueBudget(Strict):
+    """How many times a run is requeued per cause before it is left failed."""
+
+    preemption: int = Field(20, ge=0)
+    """Requeues after a preemption signal."""
+    timeout: int = Field(5, ge=0)
+    """Requeues after the time-limit signal."""
+    node_failure: int = Field(3, ge=0)
+    """Requeues after a NODE_FAIL or a failed health gate."""
+
+
+class Setup(Strict):
+    """Lines run in the batch shell before the ranks start."""
+
+    modules: list[str] = Field(default_factory=list)
+    """Environment modules to load with `module load` (each quoted)."""
+    env: EnvMap = Field(default_factory=dict)
+    """Environment variables exported in the batch script (values quoted)."""
+    venv: str | None = None
+    """Path of a virtual environment to activate (`source VENV/bin/activate`)."""
+    commands: list[str] = Field(default_factory=list)
+    """Raw shell lines, run as written; the one place where the profile author writes shell."""
+
+
+class Container(Strict):
+    """The container the ranks run in. Rendering each runtime fully is a later feature."""
+
+    runtime: Literal["pyxis", "apptainer", "docker"]
+    """Container runtime: pyxis (srun --container-image), apptainer (apptainer exec) or docker."""
+    image: str = Field(min_length=1)
+    """Image reference: a registry path, a .sqsh/.sif file or a docker image name."""
+    mounts: list[str] = Field(default_factory=list)
+    """Bind mounts as SRC:DST[:ro]; the run folder and checkpoint root are always added."""
+    workdir: str | None = None
+    """Working directory inside the container."""
+    env: EnvMap = Field(default_factory=dict)
+    """Extra environment variables passed into the container."""
+
+    @model_validator(mode="after")
+    def _mounts_shape(self) -> Container:
+        for m in self.mounts:
+            parts = m.split(":")
+            if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+                raise ValueError(f"invalid mount {m!r}; valid: SRC:DST or SRC:DST:ro|rw")
+        return self
+
+
+class ClusterProfile(Strict):
+    """A cluster profile. Fields set here are overridden by the run spec and by --set."""
+
+    extends: str | None = None
+    """Name or path of a profile whose fields this one starts from."""
+    description: str = ""
+    """One line saying what cluster this profile targets."""
+    executor: Literal["slurm", "local"] = "slurm"
+    """slurm submits through sbatch; local runs the ranks as processes on this machine."""
+    partition: str | None = None
+    """Slurm partition (sbatch --partition)."""
+    account: str | None = None
+    """Slurm account to charge (sbatch --account)."""
+    qos: str | None = None
+    """Quality of service (sbatch --qos)."""
+    resources: Resources = Field(default_factory=lambda: Resources())
+    """Default resources of every job on this cluster; the run spec overrides them field by field."""
+    constraint: str | None = None
+    """Node features required (sbatch --constraint)."""
+    exclude: str | None = None
+    """Nodes never to use (sbatch --exclude)."""
+    reservation: str | None = None
+    """Reservation to run in (sbatch --reservation)."""
+    signal: Literal["USR1", "USR2", "TERM", "INT", "HUP"] = "USR2"
+    """Signal sent before the time limit or on preemption. USR2 by default: NCCL uses USR1."""
+    signal_delay_s: int = Field(120, ge=0, le=65535)
+    """Seconds before the limit at which the signal arrives (sbatch --signal=B:SIG@DELAY)."""
+    requeue: RequeueBudget = Field(default_factory=lambda: RequeueBudget())
+    """Requeue budget per cause."""
+    setup: Setup = Field(default_factory=Setup)
+    """Modules, environment variables, venv and raw lines run before the ranks start."""
+    nccl_env: EnvMap = Field(default_factory=dict)
+    """NCCL environment, e.g. NCCL_SOCKET_IFNAME, NCCL_IB_HCA; exported before launch."""
+    container: Container | None = None
+    """Container the ranks run in; unset runs on the host."""
+    run_root: str = "~/slurmkit-runs"
+    """Folder that holds run folders; must be on a filesystem shared by login and compute nodes."""
+    checkpoint_root: str | None = None
+    """fsspec URI for checkpoints (file://, s3://, ...); unset puts them in the run folder."""
+    python: str | None = None
+    """Python interpreter on the compute nodes; unset uses the interpreter running slurmkit."""
+    sbatch_extra: SbatchOptions = Field(default_factory=list)
+    """More sbatch options, each as --key=value or --flag."""
+    template_dir: str | None = None
+    """Folder whose templates override the shipped ones, file by file or block by block."""

@@ -1,0 +1,78 @@
+"""The run spec: what to run, and with which resources."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from slurmkit.config.fields import EnvMap, Strict
+from slurmkit.config.profile import Resources
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+TASKS = ("train",)
+
+
+class RunSpec(Strict):
+    """One run: exactly one of command, callable or task, plus resources."""
+
+    multiline_fields = frozenset({"command", "kwargs", "config"})
+
+    name: str
+    """Run name; letters, digits, '.', '_' and '-'. It prefixes the run id and is the Slurm job name."""
+    command: str | None = None
+    """A shell command run by every rank with bash -c."""
+    callable: str | None = None
+    """A Python callable as module:function, called on every rank with kwargs; rank 0's return is the result."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for callable."""
+    task: str | None = None
+    """A built-in task: train."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Configuration of the built-in task."""
+    resources: Resources = Field(default_factory=lambda: Resources())
+    """Resources of this run; unset fields come from the profile, then the defaults."""
+    env: EnvMap = Field(default_factory=dict)
+    """Environment variables for the ranks (values quoted in the script)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(
+                f"invalid name {v!r}; valid: 1-64 of letters, digits, '.', '_', '-', starting with a letter or digit"
+            )
+        return v
+
+    @field_validator("callable")
+    @classmethod
+    def _callable_shape(cls, v: str | None) -> str | None:
+        if v is not None and not _CALLABLE_RE.match(v):
+            raise ValueError(f"invalid callable {v!r}; valid: module.path:function")
+        return v
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, v: str | None) -> str | None:
+        if v is not None and v not in TASKS:
+            raise ValueError(f"unknown task {v!r}; valid: {', '.join(TASKS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> RunSpec:
+        given = [k for k in ("command", "callable", "task") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"exactly one of command, callable or task is needed, got {', '.join(given) or 'none'}"
+            )
+        if self.kwargs and self.callable is None:
+            raise ValueError("kwargs is only valid with callable")
+        if self.config and self.task is None:
+            raise ValueError("config is only valid with task")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "command" if self.command is not None else "callable" if self.callable is not None else "task"

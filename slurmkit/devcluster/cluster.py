@@ -1,0 +1,276 @@
+"""`slurmkit devcluster up | down | status`: start and stop the daemons, by pid, in order.
+
+Order matters: munged, mariadb, slurmdbd (so sacct works), slurmctld, then one slurmd per node
+in its own network + UTS namespace. Everything `up` starts is recorded in daemons.json, and
+`down` stops exactly that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from slurmkit.devcluster import layout as L
+from slurmkit.devcluster import network
+from slurmkit.errors import DevClusterError, SlurmError
+from slurmkit.runs import atomic_write_text
+from slurmkit.slurm import commands
+
+PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server", "iproute2"]
+BINARIES = ["slurmctld", "slurmd", "sbatch", "munged", "slurmdbd", "mariadbd", "ip", "nsenter"]
+DAEMONS_FILE = L.STATE_DIR / "daemons.json"
+Log = Callable[[str], None]
+
+
+def sh(argv: list[str], timeout: float = 60, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kw)
+    except subprocess.TimeoutExpired as exc:
+        raise DevClusterError(f"{argv[0]} timed out after {timeout:.0f} s") from exc
+    if check and proc.returncode != 0:
+        raise DevClusterError(f"{' '.join(argv[:3])} failed: {' '.join((proc.stderr or proc.stdout).split())[:300]}")
+    return proc
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise DevClusterError("the dev cluster needs root (it installs packages, creates network "
+                              "namespaces and runs slurmctld/slurmd)", valid="run it as root, e.g. with sudo")
+
+
+def ensure_packages(log: Log) -> None:
+    missing = [b for b in BINARIES if shutil.which(b) is None]
+    if not missing:
+        return
+    log(f"installing {' '.join(PACKAGES)} (missing: {', '.join(missing)})")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    sh(["apt-get", "update", "-qq"], timeout=600, env=env)
+    sh(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES], timeout=900, env=env)
+
+
+def _load() -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(DAEMONS_FILE.read_text())
+        return data
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {"nodes": 0, "daemons": {}}
+
+
+def _save(state: dict[str, Any]) -> None:
+    atomic_write_text(DAEMONS_FILE, json.dumps(state, indent=2) + "\n")
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ", 1)[-1].startswith("Z"))
+
+
+def _spawn(name: str, argv: list[str], **kw: Any) -> int:
+    L.LOG_DIR.mkdir(parents=True, exist_ok=True)
+    with open(L.LOG_DIR / f"{name}.console.log", "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, **kw)
+    return proc.pid
+
+
+def _wait_for(what: str, ok: Callable[[], bool], timeout: float, pid: int | None = None, log_name: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        if pid is not None and not alive(pid):
+            break
+        time.sleep(0.3)
+    hint = f"; see {L.LOG_DIR / log_name}" if log_name else ""
+    raise DevClusterError(f"{what} did not come up within {timeout:.0f} s{hint}")
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _munge_ok() -> bool:
+    enc = subprocess.run(["munge", "-n"], capture_output=True, timeout=10, check=False)
+    if enc.returncode != 0:
+        return False
+    dec = subprocess.run(["unmunge"], input=enc.stdout, capture_output=True, timeout=10, check=False)
+    return dec.returncode == 0
+
+
+def _mariadb_ok() -> bool:
+    return sh(["mariadb", "-e", "select 1"], timeout=10, check=False).returncode == 0
+
+
+def _start_munge(state: dict[str, Any], log: Log) -> None:
+    if _munge_ok():
+        return
+    log("starting munged")
+    run = Path("/run/munge")
+    run.mkdir(parents=True, exist_ok=True)
+    shutil.chown(run, "munge", "munge")
+    key = Path("/etc/munge/munge.key")
+    if not key.exists():
+        sh(["mungekey", "--create", "--keyfile", str(key)])
+    shutil.chown(key, "munge", "munge")
+    key.chmod(0o400)
+    pid = _spawn("munged", ["munged", "--foreground"], user="munge", group="munge")
+    state["daemons"]["munged"] = pid
+    _wait_for("munged", _munge_ok, 20, pid, "munged.console.log")
+
+
+def _start_mariadb(state: dict[str, Any], log: Log, purge: bool) -> None:
+    if not _mariadb_ok():
+        log("starting mariadb")
+        run = Path("/run/mysqld")
+        run.mkdir(parents=True, exist_ok=True)
+        shutil.chown(run, "mysql", "mysql")
+        pid = _spawn("mariadb", ["mariadbd", "--user=mysql", "--bind-address=127.0.0.1",
+                                 "--socket=/run/mysqld/mysqld.sock"])
+        state["daemons"]["mariadb"] = pid
+        _wait_for("mariadb", _mariadb_ok, 60, pid, "mariadb.console.log")
+    sql = ""
+    if purge:
+        sql += f"DROP DATABASE IF EXISTS {L.DB_NAME}; "
+    sql += (f"CREATE USER IF NOT EXISTS '{L.DB_USER}'@'localhost' IDENTIFIED BY '{L.DB_PASS}'; "
+            f"GRANT ALL ON {L.DB_NAME}.* TO '{L.DB_USER}'@'localhost'; FLUSH PRIVILEGES;")
+    sh(["mariadb", "-e", sql], timeout=30)
+
+
+def _start_daemon(state: dict[str, Any], name: str, argv: list[str], ready: Callable[[], bool],
+                  log: Log, timeout: float = 60) -> None:
+    if alive(state["daemons"].get(name)):
+        return
+    log(f"starting {name}")
+    pid = _spawn(name, argv)
+    state["daemons"][name] = pid
+    _save(state)
+    _wait_for(name, ready, timeout, pid, f"{name}.console.log")
+
+
+def _ctld_up() -> bool:
+    try:
+        return bool(commands.ping()["up"])
+    except SlurmError:
+        return False
+
+
+def _node_states() -> dict[str, str]:
+    try:
+        out = commands.run(["sinfo", "--noheader", "--Node", "--format=%N %t"], timeout=10)
+    except SlurmError:
+        return {}
+    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+
+
+def _wait_idle(n: int, log: Log, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    resumed: set[str] = set()
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        states = _node_states()
+        want = [nd.name for nd in L.nodes(n)]
+        for name in want:
+            st = states.get(name, "").rstrip("*~#!%$@^-")
+            if st in ("down", "drain", "drained", "draining", "fail") and name not in resumed:
+                log(f"resuming {name} ({st})")
+                commands.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
+                resumed.add(name)
+        if all(states.get(name, "").rstrip("*~#!%$@^-") in ("idle", "mix", "alloc") for name in want):
+            return
+        time.sleep(0.5)
+    raise DevClusterError(f"nodes not idle after {timeout:.0f} s: {states}", valid=f"see {L.LOG_DIR}")
+
+
+def up(n: int = 2, purge: bool = False, log: Log = print) -> dict[str, Any]:
+    """Bring the cluster up with n nodes; a second call with the same n changes nothing."""
+    require_root()
+    if n < 2:
+        raise DevClusterError(f"--nodes {n} is too few", valid="valid: 2 or more")
+    ensure_packages(log)
+    state = _load()
+    if purge or (state["nodes"] and state["nodes"] != n):
+        down(purge=purge, log=log)
+        state = _load()
+    for d in (L.STATE_DIR, L.RUN_DIR, L.LOG_DIR, L.STATE_DIR / "ctld", L.SLURM_CONF.parent):
+        d.mkdir(parents=True, exist_ok=True)
+    state["nodes"] = n
+    _write_if_changed(L.SLURM_CONF, L.slurm_conf(n), 0o644)
+    _write_if_changed(L.SLURMDBD_CONF, L.slurmdbd_conf(), 0o600)
+    network.setup(L.nodes(n))
+    network.write_hosts(L.hosts_block(n))
+    _start_munge(state, log)
+    _start_mariadb(state, log, purge)
+    _save(state)
+    _start_daemon(state, "slurmdbd", ["slurmdbd", "-D"], lambda: _port_open("127.0.0.1", 6819), log)
+    _start_daemon(state, "slurmctld", ["slurmctld", "-D", "-i"], _ctld_up, log)
+    for nd in L.nodes(n):
+        (L.STATE_DIR / f"slurmd-{nd.name}").mkdir(exist_ok=True)
+        # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails its cgroup init.
+        argv = ["nsenter", f"--net=/run/netns/{nd.netns}", "unshare", "--uts", "sh", "-c",
+                f'hostname {nd.name} && exec slurmd -D -N {nd.name}']
+        _start_daemon(state, f"slurmd-{nd.name}", argv, lambda: True, log)
+    _save(state)
+    _wait_idle(n, log)
+    log(f"dev cluster up: {n} nodes idle in partition {L.PARTITION}")
+    return status()
+
+
+def _write_if_changed(path: Path, text: str, mode: int) -> None:
+    if not path.exists() or path.read_text() != text:
+        atomic_write_text(path, text)
+    path.chmod(mode)
+
+
+def down(purge: bool = False, log: Log = print) -> None:
+    """Stop what `up` started, by pid, newest first; --purge also wipes controller state."""
+    require_root()
+    state = _load()
+    for name, pid in reversed(list(state["daemons"].items())):
+        if alive(pid):
+            log(f"stopping {name} (pid {pid})")
+            _stop(pid)
+    network.teardown(L.nodes(state.get("nodes") or 0))
+    network.write_hosts("")
+    if purge:
+        for d in L.STATE_DIR.glob("*"):
+            if d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+        log("purged controller and node state")
+    _save({"nodes": 0, "daemons": {}})
+
+
+def _stop(pid: int, grace_s: float = 10) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and alive(pid):
+        time.sleep(0.1)
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def status() -> dict[str, Any]:
+    state = _load()
+    daemons = {name: {"pid": pid, "alive": alive(pid)} for name, pid in state["daemons"].items()}
+    return {"nodes": state.get("nodes", 0), "daemons": daemons,
+            "controller": _ctld_up() if shutil.which("scontrol") else False, "node_states": _node_states()}

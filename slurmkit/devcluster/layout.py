@@ -1,0 +1,123 @@
+"""Names, addresses, paths and config files of the dev cluster."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_DIR = Path(os.environ.get("SLURMKIT_DEVCLUSTER_STATE", "/var/lib/slurmkit-devcluster"))
+RUN_DIR = Path("/run/slurmkit-devcluster")
+LOG_DIR = Path("/var/log/slurmkit-devcluster")
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+SLURMDBD_CONF = Path("/etc/slurm/slurmdbd.conf")
+HOSTS_FILE = Path("/etc/hosts")
+HOSTS_BEGIN = "# BEGIN slurmkit devcluster"
+HOSTS_END = "# END slurmkit devcluster"
+BRIDGE = "skbr0"
+SUBNET = "10.77.0"
+CONTROLLER_IP = f"{SUBNET}.1"
+PARTITION = "debug"
+PARTITION_MAX_TIME_MIN = 60
+MAX_ARRAY_SIZE = 1001
+DB_NAME = "slurmkit_acct_db"
+DB_USER = "slurm"
+DB_PASS = "slurmkit-dev"
+NODE_CPUS = 2
+NODE_MEM_MB = 8000
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"node{self.index}"
+
+    @property
+    def ip(self) -> str:
+        return f"{SUBNET}.{10 + self.index}"
+
+    @property
+    def netns(self) -> str:
+        return f"sk-{self.name}"
+
+    @property
+    def veth(self) -> str:
+        return f"skv{self.index}"
+
+
+def nodes(n: int) -> list[Node]:
+    return [Node(i) for i in range(1, n + 1)]
+
+
+def controller_host() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def slurm_conf(n: int) -> str:
+    node_lines = "\n".join(
+        f"NodeName={nd.name} NodeAddr={nd.ip} NodeHostname={nd.name} CPUs={NODE_CPUS} "
+        f"RealMemory={NODE_MEM_MB} State=UNKNOWN"
+        for nd in nodes(n)
+    )
+    return f"""# Written by `slurmkit devcluster up`; changes are overwritten.
+ClusterName=slurmkit
+SlurmctldHost={controller_host()}({CONTROLLER_IP})
+SlurmUser=root
+SlurmctldPort=6817
+SlurmdPort=6818
+AuthType=auth/munge
+# A requeued job waits cred_expire+1 s before it may start again; 10 keeps tests fast.
+AuthInfo=cred_expire=10
+StateSaveLocation={STATE_DIR}/ctld
+SlurmdSpoolDir={STATE_DIR}/slurmd-%n
+SlurmctldPidFile={RUN_DIR}/slurmctld.pid
+SlurmdPidFile={RUN_DIR}/slurmd-%n.pid
+SlurmctldLogFile={LOG_DIR}/slurmctld.log
+SlurmdLogFile={LOG_DIR}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+MpiDefault=none
+MailProg=/bin/true
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=5,bf_interval=5
+KillWait=5
+MinJobAge=300
+MaxArraySize={MAX_ARRAY_SIZE}
+InactiveLimit=0
+SlurmctldTimeout=30
+SlurmdTimeout=60
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost={CONTROLLER_IP}
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+{node_lines}
+PartitionName={PARTITION} Nodes=node[1-{n}] Default=YES MaxTime={PARTITION_MAX_TIME_MIN} State=UP
+"""
+
+
+def slurmdbd_conf() -> str:
+    return f"""# Written by `slurmkit devcluster up`.
+AuthType=auth/munge
+DbdHost=localhost
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser={DB_USER}
+StoragePass={DB_PASS}
+StorageLoc={DB_NAME}
+PidFile={RUN_DIR}/slurmdbd.pid
+LogFile={LOG_DIR}/slurmdbd.log
+"""
+
+
+def hosts_block(n: int) -> str:
+    lines = [HOSTS_BEGIN, f"{CONTROLLER_IP} {controller_host()}-ctl"]
+    lines += [f"{nd.ip} {nd.name}" for nd in nodes(n)]
+    return "\n".join([*lines, HOSTS_END]) + "\n"

@@ -1,0 +1,61 @@
+"""One root error class; the CLI turns any SlurmkitError into one line and an exit code."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class SlurmkitError(Exception):
+    """A user-facing error: the message is one line saying what, where and what is valid."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, where: str | None = None, valid: str | None = None) -> None:
+        self.what = message
+        self.where = where
+        self.valid = valid
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        parts = [f"{self.where}: {self.what}" if self.where else self.what]
+        if self.valid:
+            parts.append(self.valid)
+        return " ".join(parts).replace("\n", " ")
+
+
+class ConfigError(SlurmkitError):
+    """A profile, run spec or --set override is invalid."""
+
+
+class RenderError(SlurmkitError):
+    """A template could not be rendered."""
+
+
+class SlurmError(SlurmkitError):
+    """A Slurm command failed, timed out, or the controller is unreachable."""
+
+    exit_code = 3
+
+
+class PreflightError(SlurmkitError):
+    """The request does not fit the live cluster's limits."""
+
+
+class RunNotFoundError(SlurmkitError):
+    """No run with that id exists under the run root."""
+
+
+class JobFailedError(SlurmkitError):
+    """The job ran and failed; the message carries the tail of the failing rank's log."""
+
+    exit_code = 4
+
+
+class DevClusterError(SlurmkitError):
+    """The dev cluster could not be brought up or down."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,0 +1,274 @@
+"""Submit, watch, cancel and collect runs: the library behind `slurmkit submit/status/logs/...`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmkit.config.loader import Resolved
+from slurmkit.errors import JobFailedError, SlurmError, SlurmkitError
+from slurmkit.runs import RunPaths, RunRecord, expand_root, find_run, list_runs
+from slurmkit.slurm import commands
+
+LOG_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run_id: str
+    job_id: str | None
+    run_dir: str
+    script: str
+
+
+def _entry(resolved: Resolved, paths: RunPaths) -> Any:
+    from slurmkit.worker.entry import Run
+
+    env = {**resolved.profile.setup.env, **resolved.spec.env}
+    return Run(spec=resolved.spec.model_dump(), run_dir=str(paths.run_dir), env=env)
+
+
+def dry_run(resolved: Resolved) -> Submitted:
+    """Render exactly what submit would, creating nothing and calling no Slurm daemon."""
+    from slurmkit.slurm.executor import python_command, render_for, submitit_command
+
+    paths = RunPaths(expand_root(resolved.profile.run_root) / "<run-id>")
+    script = render_for(resolved, paths.job_folder, submitit_command(python_command(resolved), paths.job_folder))
+    return Submitted(run_id="<run-id>", job_id=None, run_dir=str(paths.run_dir), script=script)
+
+
+def submit(resolved: Resolved) -> Submitted:
+    """Pre-flight, create the run folder and record, submit through submitit, record the job id."""
+    from slurmkit.slurm import executor as ex_mod
+
+    slurm = resolved.profile.executor == "slurm"
+    if slurm:
+        from slurmkit.slurm import preflight
+
+        preflight.check(resolved)
+    paths = RunPaths.create(resolved.profile.run_root, resolved.spec.name)
+    record = RunRecord(paths)
+    record.write({
+        "run_id": paths.run_id, "name": resolved.spec.name, "run_dir": str(paths.run_dir),
+        "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": resolved.profile.executor,
+        "profile_name": resolved.profile_name, "spec_source": resolved.spec_source,
+        "spec": resolved.spec.model_dump(), "profile": resolved.profile.model_dump(),
+        "resources": resolved.resources.model_dump(), "num_tasks": resolved.num_tasks, "job_ids": [],
+    })
+    try:
+        if slurm:
+            executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved)
+        else:
+            executor = ex_mod.local_executor(paths.job_folder, resolved)
+        job = executor.submit(_entry(resolved, paths))
+    except Exception as exc:
+        # Nothing was queued: leave no record that could claim a job.
+        shutil.rmtree(paths.run_dir, ignore_errors=True)
+        if isinstance(exc, SlurmkitError):
+            raise
+        detail = " ".join(str(exc).split())[-300:]
+        raise SlurmError(f"submission failed: {detail}", where=resolved.profile_name) from exc
+    script = getattr(executor, "last_script", None) or ""
+    if script:
+        paths.script.write_text(script)
+    record.update(script=script)
+    record.add_job_id(str(job.job_id))
+    return Submitted(run_id=paths.run_id, job_id=str(job.job_id), run_dir=str(paths.run_dir), script=script)
+
+
+# ---------------------------------------------------------------- status
+
+@dataclass(frozen=True)
+class RunStatus:
+    run_id: str
+    name: str
+    job_id: str
+    state: str
+    nodes: str
+    elapsed: str
+    restarts: int
+    jobs: int
+    run_dir: str
+    created: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _local_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
+    """A local run's state from its controller pid and result pickles (no scheduler to ask)."""
+    results = [paths.job_folder / f"{job_id}_{t}_result.pkl" for t in range(num_tasks)]
+    outcomes = [_outcome(r) for r in results if r.exists()]
+    alive = job_id.isdigit() and _pid_alive(int(job_id))
+    if alive:
+        return "RUNNING"
+    if len(outcomes) == num_tasks and all(o == "success" for o in outcomes):
+        return "COMPLETED"
+    return "FAILED"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A finished child of ours stays a zombie until reaped; /proc tells them apart.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ", 1)[-1].startswith("Z"))
+
+
+def _outcome(result_pickle: Path) -> str:
+    from submitit.core.utils import pickle_load
+
+    try:
+        return str(pickle_load(result_pickle)[0])
+    except Exception:
+        return "unreadable"
+
+
+def statuses(records: list[dict[str, Any]]) -> list[RunStatus]:
+    """Status of many runs with one squeue call (and one sacct call for finished jobs)."""
+    slurm_ids = [r["job_ids"][-1] for r in records if r.get("job_ids") and r.get("executor") == "slurm"]
+    infos = commands.job_states(slurm_ids) if slurm_ids else {}
+    out: list[RunStatus] = []
+    for rec in records:
+        job_ids = rec.get("job_ids") or []
+        jid = job_ids[-1] if job_ids else ""
+        state, nodes, elapsed, restarts = "NOT_SUBMITTED", "", "", 0
+        if jid and rec.get("executor") == "local":
+            state = _local_state(RunPaths(Path(rec["run_dir"])), jid, int(rec.get("num_tasks", 1)))
+        elif jid:
+            info = infos.get(jid)
+            state = info.state if info else "UNKNOWN"
+            nodes, elapsed, restarts = (info.nodes, info.elapsed, info.restarts) if info else ("", "", 0)
+        out.append(RunStatus(rec["run_id"], rec.get("name", ""), jid, state, nodes, elapsed, restarts,
+                             len(job_ids), rec["run_dir"], rec.get("created", "")))
+    return out
+
+
+def status(run_root: str, runs: list[str] | None = None) -> list[RunStatus]:
+    paths = [find_run(run_root, r) for r in runs] if runs else list_runs(run_root)
+    return statuses([RunRecord(p).read() for p in paths])
+
+
+def run_state(paths: RunPaths) -> RunStatus:
+    return statuses([RunRecord(paths).read()])[0]
+
+
+def is_active(state: str) -> bool:
+    return state in commands.ACTIVE_STATES or state == "UNKNOWN"
+
+
+def wait(paths: RunPaths, poll_s: float = 2.0, timeout_s: float | None = None) -> RunStatus:
+    start = time.monotonic()
+    while True:
+        st = run_state(paths)
+        if not is_active(st.state) or (timeout_s is not None and time.monotonic() - start > timeout_s):
+            return st
+        time.sleep(poll_s)
+
+
+# ---------------------------------------------------------------- cancel / result / logs
+
+def cancel(paths: RunPaths) -> list[str]:
+    rec = RunRecord(paths).read()
+    ids = list(rec.get("job_ids") or [])
+    if not ids:
+        return []
+    if rec.get("executor") == "local":
+        for jid in ids:
+            if jid.isdigit() and _pid_alive(int(jid)):
+                os.kill(int(jid), signal.SIGINT)
+    else:
+        commands.scancel(ids)
+    RunRecord(paths).update(cancelled=True)
+    return ids
+
+
+def result(paths: RunPaths, rank: int = 0) -> Any:
+    """The callable's return value on `rank`; a failure raises with the failing rank's log tail."""
+    from submitit.core.utils import pickle_load
+
+    st = run_state(paths)
+    if not st.job_id:
+        raise JobFailedError("run was never submitted", where=paths.run_id)
+    pickle = paths.job_folder / f"{st.job_id}_{rank}_result.pkl"
+    if pickle.exists():
+        outcome, value = pickle_load(pickle)
+        if outcome == "success":
+            return value
+    if is_active(st.state):
+        raise SlurmkitError(f"run is still {st.state}; no result yet", where=paths.run_id,
+                            valid="wait with `slurmkit submit --wait` or poll `slurmkit status`")
+    failing, tail = failing_rank_tail(paths, st.job_id)
+    raise JobFailedError(f"run ended {st.state} (job {st.job_id}); rank {failing} log tail: {tail}",
+                         where=paths.run_id)
+
+
+def failing_rank_tail(paths: RunPaths, job_id: str) -> tuple[int, str]:
+    """The first rank whose result is an error or missing, and the tail of its stderr."""
+    from submitit.core.utils import pickle_load
+
+    rec = RunRecord(paths).read()
+    ranks = range(int(rec.get("num_tasks", 1)))
+    failing = 0
+    for rank in ranks:
+        pickle = paths.job_folder / f"{job_id}_{rank}_result.pkl"
+        if not pickle.exists() or pickle_load(pickle)[0] != "success":
+            failing = rank
+            break
+    lines: list[str] = []
+    for stream in ("err", "out"):
+        log = paths.rank_log(job_id, failing, stream)
+        if log.exists():
+            lines += [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return failing, " | ".join(lines[-LOG_TAIL_LINES:]) or "(no log)"
+
+
+def _log_files(paths: RunPaths, rank: int | None) -> list[tuple[str, Path]]:
+    rec = RunRecord(paths).read()
+    files: list[tuple[str, Path]] = []
+    for jid in rec.get("job_ids") or []:
+        ranks = [rank] if rank is not None else list(paths.rank_logs(jid))
+        for rk in ranks:
+            for stream in ("out", "err"):
+                label = f"[{rk}]" if stream == "out" else f"[{rk}!]"
+                files.append((label, paths.rank_log(jid, rk, stream)))
+    return files
+
+
+def logs(paths: RunPaths, rank: int | None = None, follow: bool = False,
+         poll_s: float = 1.0) -> Iterator[str]:
+    """Every rank's lines prefixed [rank] ([rank!] for stderr); follow until the run ends."""
+    offsets: dict[Path, int] = {}
+    partial: dict[Path, str] = {}
+    while True:
+        # Read the state before the files, so lines written just before the end are not missed.
+        done = not follow or not is_active(run_state(paths).state)
+        for label, path in _log_files(paths, rank):
+            if not path.exists():
+                continue
+            with open(path, errors="replace") as f:
+                f.seek(offsets.get(path, 0))
+                chunk = partial.pop(path, "") + f.read()
+                offsets[path] = f.tell()
+            *complete, rest = chunk.split("\n")
+            if rest:
+                if done:
+                    complete.append(rest)
+                else:
+                    partial[path] = rest
+            for line in complete:
+                yield f"{label} {line}"
+        if done:
+            return
+        time.sleep(poll_s)

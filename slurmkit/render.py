@@ -1,0 +1,107 @@
+"""Rendering the sbatch script from Jinja templates.
+
+Every `{{ value }}` is shell-quoted by the environment's finalize hook unless the template marks
+it `| raw`; that inversion makes forgetting to quote impossible, rather than a review item.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from slurmkit.config.loader import Resolved
+from slurmkit.errors import RenderError
+from slurmkit.resources import shipped_dir
+
+ENTRY_TEMPLATE = "sbatch.sh.j2"
+
+
+class Shell(str):
+    """Text that is already valid shell: quoted by `q`, or trusted by `raw`."""
+
+
+def shell_quote(value: Any) -> Shell:
+    if isinstance(value, Shell):
+        return value
+    if isinstance(value, bool):
+        value = "1" if value else "0"
+    return Shell(shlex.quote(str(value)))
+
+
+def _raw(value: Any) -> Shell:
+    return Shell(str(value))
+
+
+def _finalize(value: Any) -> Any:
+    return shell_quote(value)
+
+
+def make_environment(template_dir: str | None = None) -> jinja2.Environment:
+    """User templates first, then the shipped ones; `slurmkit/NAME` always reaches the shipped NAME."""
+    shipped = jinja2.FileSystemLoader(str(shipped_dir("templates")))
+    loaders: list[jinja2.BaseLoader] = []
+    if template_dir:
+        folder = Path(template_dir).expanduser()
+        if not folder.is_dir():
+            raise RenderError("template folder not found", where=f"profile:template_dir={template_dir}")
+        loaders.append(jinja2.FileSystemLoader(str(folder)))
+    loaders += [jinja2.PrefixLoader({"slurmkit": shipped}), shipped]
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(loaders),
+        undefined=jinja2.StrictUndefined,
+        finalize=_finalize,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["q"] = shell_quote
+    env.filters["raw"] = _raw
+    return env
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """Log paths as Slurm patterns (%j, %A_%a, %t) for the batch script and for each rank."""
+
+    batch_stdout: str
+    batch_stderr: str
+    rank_stdout: str
+    rank_stderr: str
+
+
+@dataclass(frozen=True)
+class RenderInput:
+    resolved: Resolved
+    command: str
+    files: JobFiles
+    array: str | None = None
+    dependency: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def render(inp: RenderInput) -> str:
+    res = inp.resolved
+    env = make_environment(res.profile.template_dir)
+    context = {
+        "name": res.spec.name,
+        "spec": res.spec,
+        "profile": res.profile,
+        "r": res.resources,
+        "files": inp.files,
+        "array": inp.array,
+        "dependency": inp.dependency,
+        "command": Shell(inp.command),
+        "env": {**res.spec.env, **inp.extra_env},
+        "slurm": res.profile.executor == "slurm",
+    }
+    try:
+        return env.get_template(ENTRY_TEMPLATE).render(context)
+    except jinja2.TemplateError as exc:
+        where = getattr(exc, "filename", None) or getattr(exc, "name", None) or ENTRY_TEMPLATE
+        lineno = getattr(exc, "lineno", None)
+        raise RenderError(f"template error: {exc.message}", where=f"{where}:{lineno}" if lineno else where) from exc

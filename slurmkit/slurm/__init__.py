@@ -1,0 +1,1 @@
+"""The only package that runs Slurm binaries."""

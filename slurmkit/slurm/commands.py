@@ -1,0 +1,154 @@
+"""Slurm command lines: argument lists, no shell, a timeout each, and one call for many jobs."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Any
+
+from slurmkit.errors import SlurmError
+
+DEFAULT_TIMEOUT_S = 30.0
+# Every Slurm call made by this process, in order; tests and benchmarks count them.
+CALL_LOG: list[list[str]] = []
+
+ACTIVE_STATES = frozenset(
+    {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+     "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "PREEMPTED", "STOPPED", "RESV_DEL_HOLD"}
+)
+
+
+def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, check: bool = True) -> str:
+    """Run one Slurm command and return its stdout; failures become one-line SlurmErrors."""
+    CALL_LOG.append(list(argv))
+    if shutil.which(argv[0]) is None:
+        raise SlurmError(f"{argv[0]} not found on PATH", valid="is Slurm installed on this node?")
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s", valid="is slurmctld up?") from exc
+    if check and proc.returncode != 0:
+        detail = " ".join((proc.stderr or proc.stdout).split()) or f"exit code {proc.returncode}"
+        raise SlurmError(f"{' '.join(argv[:2])} failed: {detail}")
+    return proc.stdout
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    state: str
+    reason: str = ""
+    nodes: str = ""
+    elapsed: str = ""
+    exit_code: str = ""
+    restarts: int = 0
+    source: str = "squeue"
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+def base_id(job_id: str) -> str:
+    return job_id.split("_", 1)[0].split(".", 1)[0]
+
+
+def squeue_all() -> dict[str, JobInfo]:
+    """One squeue call for every job of this user, array tasks expanded."""
+    out = run(["squeue", "--me", "--noheader", "--array", "--states=all", "--format=%i|%T|%r|%N|%M|%A"])
+    jobs: dict[str, JobInfo] = {}
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 6:
+            continue
+        job_id, state, reason, nodes, elapsed, _ = parts[:6]
+        jobs[job_id] = JobInfo(job_id, state.split()[0], reason, nodes, elapsed)
+    return jobs
+
+
+def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
+    """One sacct call for finished jobs: allocation lines only, one per job or array task."""
+    if not job_ids:
+        return {}
+    out = run(
+        ["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates",
+         "--jobs", ",".join(job_ids), "--format=JobID,State,Reason,NodeList,Elapsed,ExitCode,Restarts"]
+    )
+    jobs: dict[str, JobInfo] = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) < 7:
+            continue
+        job_id, state, reason, nodes, elapsed, exit_code, restarts = parts[:7]
+        # --duplicates lists each requeued incarnation; the last line of an id is the newest.
+        jobs[job_id] = JobInfo(job_id, state.split()[0], reason, nodes, elapsed, exit_code,
+                               int(restarts) if restarts.isdigit() else 0, "sacct")
+    return jobs
+
+
+def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
+    """States of many jobs: one squeue call, plus one sacct call for those squeue no longer knows."""
+    live = squeue_all()
+    found: dict[str, JobInfo] = {}
+    missing: list[str] = []
+    for jid in job_ids:
+        tasks = {k: v for k, v in live.items() if k == jid or base_id(k) == jid}
+        if tasks:
+            found.update(tasks)
+        else:
+            missing.append(jid)
+    if missing:
+        found.update(sacct(missing))
+    return found
+
+
+def scancel(job_ids: list[str], signal: str | None = None) -> None:
+    argv = ["scancel"]
+    if signal:
+        argv += ["--full", f"--signal={signal}"]
+    run(argv + job_ids)
+
+
+def requeue(job_id: str) -> None:
+    run(["scontrol", "requeue", job_id])
+
+
+def show_config() -> dict[str, str]:
+    out = run(["scontrol", "show", "config"])
+    conf: dict[str, str] = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            conf[key.strip()] = value.strip()
+    return conf
+
+
+def parse_oneliner(line: str) -> dict[str, str]:
+    """scontrol -o output: space-separated KEY=VALUE pairs."""
+    fields: dict[str, str] = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def show_partitions() -> dict[str, dict[str, str]]:
+    out = run(["scontrol", "show", "partition", "--oneliner"])
+    parts = [parse_oneliner(line) for line in out.splitlines() if line.strip()]
+    return {p["PartitionName"]: p for p in parts if "PartitionName" in p}
+
+
+def partition_gres(partition: str) -> list[str]:
+    out = run(["sinfo", "--noheader", "--partition", partition, "--format=%G"])
+    return [g for line in out.splitlines() for g in line.strip().split(",") if g and g != "(null)"]
+
+
+def hostnames(nodelist: str) -> list[str]:
+    return run(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def ping() -> dict[str, Any]:
+    out = run(["scontrol", "ping"], timeout=10, check=False)
+    return {"up": "UP" in out, "detail": " ".join(out.split())}

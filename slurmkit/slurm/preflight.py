@@ -1,0 +1,56 @@
+"""Checks against the live cluster before anything is queued; each refusal is one line."""
+
+from __future__ import annotations
+
+from slurmkit.config.fields import time_to_minutes
+from slurmkit.config.loader import Resolved
+from slurmkit.errors import PreflightError
+from slurmkit.slurm import commands
+
+
+def _max_minutes(max_time: str) -> int | None:
+    if max_time in ("UNLIMITED", "INFINITE", ""):
+        return None
+    return time_to_minutes(max_time)
+
+
+def check(resolved: Resolved, array_size: int | None = None) -> str:
+    """Raise PreflightError if the job cannot run on the live cluster; return the partition used."""
+    r = resolved.resources
+    partitions = commands.show_partitions()
+    name = resolved.profile.partition
+    if name is None:
+        defaults = [p for p, f in partitions.items() if f.get("Default") == "YES"]
+        if not defaults:
+            raise PreflightError("no partition given and the cluster has no default partition",
+                                 where="profile:partition", valid=f"valid: {', '.join(sorted(partitions))}")
+        name = defaults[0]
+    if name not in partitions:
+        raise PreflightError(f"partition '{name}' does not exist on this cluster", where="profile:partition",
+                             valid=f"valid: {', '.join(sorted(partitions)) or 'none'}")
+    part = partitions[name]
+    limit = _max_minutes(part.get("MaxTime", ""))
+    assert r.time is not None and r.nodes is not None
+    if limit is not None and time_to_minutes(r.time) > limit:
+        raise PreflightError(f"time {r.time} exceeds partition '{name}' MaxTime={part['MaxTime']}",
+                             where="resources.time")
+    total_nodes = int(part.get("TotalNodes", "0") or 0)
+    if r.nodes > total_nodes:
+        raise PreflightError(f"nodes={r.nodes} exceeds the {total_nodes} nodes of partition '{name}'",
+                             where="resources.nodes")
+    max_nodes = part.get("MaxNodes", "UNLIMITED")
+    if max_nodes.isdigit() and r.nodes > int(max_nodes):
+        raise PreflightError(f"nodes={r.nodes} exceeds partition '{name}' MaxNodes={max_nodes}",
+                             where="resources.nodes")
+    if r.gpus_per_node:
+        gres = commands.partition_gres(name)
+        if not any(g.split(":")[0] == "gpu" for g in gres):
+            raise PreflightError(
+                f"gpus_per_node={r.gpus_per_node} but partition '{name}' has no GRES gpu",
+                where="resources.gpus_per_node", valid=f"GRES there: {', '.join(gres) or 'none'}")
+    if array_size is not None:
+        max_array = int(commands.show_config().get("MaxArraySize", "1001"))
+        if array_size > max_array:
+            raise PreflightError(f"array of {array_size} tasks exceeds MaxArraySize={max_array}",
+                                 where="array")
+    return name

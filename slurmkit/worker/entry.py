@@ -1,0 +1,62 @@
+"""The callable submitit carries to the compute nodes: resolve the spec and run it on each rank.
+
+Kept free of torch at import time: shell-command and callable runs must not pay for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+STDOUT_TAIL_LINES = 200
+
+
+class CommandFailed(RuntimeError):
+    """A shell command run by a rank exited non-zero."""
+
+
+@dataclass
+class Run:
+    """What every rank executes; rank 0's return value is the run's result."""
+
+    spec: dict[str, Any]
+    run_dir: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self) -> Any:
+        os.environ.update(self.env)
+        os.environ["SLURMKIT_RUN_DIR"] = self.run_dir
+        if self.spec.get("command") is not None:
+            return run_command(self.spec["command"])
+        if self.spec.get("callable") is not None:
+            return call(self.spec["callable"], self.spec.get("kwargs") or {})
+        task = importlib.import_module(f"slurmkit.worker.tasks.{self.spec['task']}")
+        return task.run(self.spec.get("config") or {}, self.run_dir)
+
+
+def call(target: str, kwargs: dict[str, Any]) -> Any:
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj(**kwargs)
+
+
+def run_command(command: str) -> dict[str, Any]:
+    """Run with bash -c, echo its output to the rank log as it comes, return its tail."""
+    tail: deque[str] = deque(maxlen=STDOUT_TAIL_LINES)
+    with subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=None, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line)
+        rc = proc.wait()
+    if rc != 0:
+        raise CommandFailed(f"command exited with code {rc}: {command}")
+    return {"returncode": rc, "stdout": "".join(tail)}

@@ -1,0 +1,52 @@
+#!/bin/bash
+# Rendered by slurmkit; every value below is shell-quoted, so $ and ` in values stay literal.
+# shellcheck disable=SC2016
+#SBATCH --job-name=golden
+#SBATCH --output=/shared/runs/golden-run/submitit/%j_0_log.out
+#SBATCH --error=/shared/runs/golden-run/submitit/%j_0_log.err
+#SBATCH --open-mode=append
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=4
+#SBATCH --cpus-per-task=8
+#SBATCH --mem=64G
+#SBATCH --time=12:00:00
+#SBATCH --partition=cpu
+#SBATCH --account=general
+#SBATCH --qos=short
+#SBATCH --signal=B:USR2@120
+#SBATCH --requeue
+
+set -uo pipefail
+
+# setup
+# shellcheck disable=SC1090,SC1091
+source /shared/envs/slurmkit/bin/activate
+export OMP_NUM_THREADS=8
+export SLURMKIT_RUN_NAME=golden
+
+
+
+# Slurm signals the batch shell (USR2, 120 s before the limit, or on
+# preemption). The trap forwards it to the ranks and the shell keeps waiting, so the ranks can
+# agree on a step, save and requeue before the job ends.
+SLURMKIT_LAUNCH_PID=""
+# shellcheck disable=SC2329  # invoked by the trap below
+slurmkit_forward_signal() {
+  echo "slurmkit: caught SIGUSR2, forwarding to ranks" >&2
+  if [ -n "$SLURMKIT_LAUNCH_PID" ]; then
+    kill -USR2 "$SLURMKIT_LAUNCH_PID" 2>/dev/null || true
+  fi
+}
+trap slurmkit_forward_signal USR2
+
+# launch: one rank per task
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
+SLURMKIT_LAUNCH_PID=$!
+# wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
+while true; do
+  wait "$SLURMKIT_LAUNCH_PID"
+  SLURMKIT_RC=$?
+  kill -0 "$SLURMKIT_LAUNCH_PID" 2>/dev/null || break
+done
+exit "$SLURMKIT_RC"

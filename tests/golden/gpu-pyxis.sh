@@ -1,0 +1,63 @@
+#!/bin/bash
+# Rendered by slurmkit; every value below is shell-quoted, so $ and ` in values stay literal.
+# shellcheck disable=SC2016
+#SBATCH --job-name=golden
+#SBATCH --output=/shared/runs/golden-run/submitit/%j_0_log.out
+#SBATCH --error=/shared/runs/golden-run/submitit/%j_0_log.err
+#SBATCH --open-mode=append
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=8
+#SBATCH --cpus-per-task=16
+#SBATCH --gpus-per-node=8
+#SBATCH --mem=0
+#SBATCH --time=04:00:00
+#SBATCH --partition=gpu
+#SBATCH --account=ml-research
+#SBATCH --qos=normal
+#SBATCH --constraint=h100
+#SBATCH --exclude=gpu-node-017
+#SBATCH --signal=B:USR2@300
+#SBATCH --requeue
+#SBATCH --exclusive
+#SBATCH --mail-type=FAIL
+
+set -uo pipefail
+
+# setup
+export SLURMKIT_RUN_NAME=golden
+
+# NCCL
+export NCCL_SOCKET_IFNAME='^lo,docker0'
+export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
+export NCCL_IB_GID_INDEX=3
+export NCCL_NET_GDR_LEVEL=PHB
+export NCCL_DEBUG=WARN
+
+# container: pyxis
+SLURMKIT_CONTAINER_IMAGE='nvcr.io#nvidia/pytorch:24.05-py3'
+export SLURMKIT_CONTAINER_IMAGE
+
+# Slurm signals the batch shell (USR2, 300 s before the limit, or on
+# preemption). The trap forwards it to the ranks and the shell keeps waiting, so the ranks can
+# agree on a step, save and requeue before the job ends.
+SLURMKIT_LAUNCH_PID=""
+# shellcheck disable=SC2329  # invoked by the trap below
+slurmkit_forward_signal() {
+  echo "slurmkit: caught SIGUSR2, forwarding to ranks" >&2
+  if [ -n "$SLURMKIT_LAUNCH_PID" ]; then
+    kill -USR2 "$SLURMKIT_LAUNCH_PID" 2>/dev/null || true
+  fi
+}
+trap slurmkit_forward_signal USR2
+
+# launch: one rank per task
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
+SLURMKIT_LAUNCH_PID=$!
+# wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
+while true; do
+  wait "$SLURMKIT_LAUNCH_PID"
+  SLURMKIT_RC=$?
+  kill -0 "$SLURMKIT_LAUNCH_PID" 2>/dev/null || break
+done
+exit "$SLURMKIT_RC"

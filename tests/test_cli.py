@@ -1,0 +1,88 @@
+"""The CLI through typer's CliRunner: thin commands, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from slurmkit import __version__
+from slurmkit.cli.app import app
+from tests.conftest import ROOT, write_spec
+
+runner = CliRunner()
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"slurmkit {__version__}"
+
+
+def test_no_args_shows_help() -> None:
+    result = runner.invoke(app, [])
+    assert "submit" in result.output and "render" in result.output
+
+
+def test_render_prints_the_script_with_set_overrides(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="cli", command="true")
+    result = runner.invoke(app, ["render", str(spec), "-p", "devcluster", "--set", "resources.nodes=2",
+                                 "--set", "name=renamed"])
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --nodes=2" in result.output
+    assert "#SBATCH --job-name=renamed" in result.output
+    assert result.output.startswith("#!/bin/bash")
+
+
+def test_user_error_is_one_line_exit_2_no_traceback(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="cli", command="true", resources={"nodse": 2})
+    result = runner.invoke(app, ["render", str(spec), "-p", "devcluster"])
+    assert result.exit_code == 2
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: {spec}:resources.nodse: unknown field 'nodse' (did you mean 'nodes'?)")
+    assert "Traceback" not in result.output
+
+
+def test_real_process_error_has_no_traceback(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="cli", command="true")
+    proc = subprocess.run([sys.executable, "-m", "slurmkit", "render", str(spec), "-p", "nosuchprofile"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "unknown profile 'nosuchprofile'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_profiles_list_show_validate_schema(tmp_path: Path) -> None:
+    listed = json.loads(runner.invoke(app, ["profiles", "list", "--json"]).output)
+    assert {"local", "devcluster", "gpu-pyxis"} <= {p["name"] for p in listed}
+    shown = yaml.safe_load(runner.invoke(app, ["profiles", "show", "cpu-partition"]).output)
+    assert shown["partition"] == "cpu" and shown["signal"] == "USR2"
+    good = tmp_path / "good.yaml"
+    good.write_text("extends: devcluster\nqos: high\n")
+    assert runner.invoke(app, ["profiles", "validate", str(good)]).exit_code == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("signal: USR3\n")
+    result = runner.invoke(app, ["profiles", "validate", str(bad)])
+    assert result.exit_code == 2 and "bad.yaml:signal" in result.output
+    schema = json.loads(runner.invoke(app, ["profiles", "schema"]).output)
+    assert schema["additionalProperties"] is False
+    assert "partition" in schema["properties"]
+    assert schema["properties"]["partition"]["description"]
+
+
+def test_submit_dry_run_prints_script_and_creates_nothing(tmp_path: Path, dev_profile: Path,
+                                                          run_root: Path) -> None:
+    spec = write_spec(tmp_path, name="dry", command="true")
+    result = runner.invoke(app, ["submit", str(spec), "-p", str(dev_profile), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --job-name=dry" in result.output
+    assert list(run_root.iterdir()) == []
+
+
+def test_module_entry_point_exists() -> None:
+    assert (ROOT / "slurmkit" / "__main__.py").exists()

@@ -1,0 +1,55 @@
+"""Docs stay true: the field reference matches the models, and documented examples run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from slurmkit.cli.app import app
+from slurmkit.config.profile import ClusterProfile
+from slurmkit.config.reference import BEGIN, END, SECTIONS, reference
+from tests.conftest import ROOT
+
+DOCS = ROOT / "docs"
+
+
+def test_profiles_field_reference_is_generated_from_the_models() -> None:
+    text = (DOCS / "profiles.md").read_text()
+    section = text[text.index(BEGIN): text.index(END) + len(END)]
+    assert section == reference()
+
+
+def test_every_profile_field_is_documented_in_the_model() -> None:
+    for _, model in SECTIONS:
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no docstring"
+    assert "partition" in ClusterProfile.model_fields
+
+
+def test_profiles_doc_inheritance_example_validates(tmp_path: Path) -> None:
+    text = (DOCS / "profiles.md").read_text()
+    example = text.split("# ~/profiles/mylab.yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "mylab.yaml"
+    path.write_text(example)
+    result = CliRunner().invoke(app, ["profiles", "validate", str(path)])
+    assert result.exit_code == 0, result.output
+
+
+def test_templates_doc_override_example_renders(tmp_path: Path) -> None:
+    text = (DOCS / "templates.md").read_text()
+    example = text.split("{# my-templates/sbatch.sh.j2 #}\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "tpl").mkdir()
+    (tmp_path / "tpl" / "sbatch.sh.j2").write_text(example)
+    prof = tmp_path / "p.yaml"
+    prof.write_text(f"extends: devcluster\ntemplate_dir: {tmp_path / 'tpl'}\n")
+    result = CliRunner().invoke(app, ["render", str(ROOT / "tests/golden/spec.yaml"), "-p", str(prof)])
+    assert result.exit_code == 0, result.output
+    assert 'echo "running on $(hostname)"' in result.output
+
+
+def test_every_doc_page_is_linked_from_the_index() -> None:
+    index = (DOCS / "index.md").read_text()
+    for page in DOCS.glob("*.md"):
+        if page.name != "index.md":
+            assert f"({page.name})" in index, f"docs/index.md does not link {page.name}"

