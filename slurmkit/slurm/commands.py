@@ -90,12 +90,16 @@ def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
 def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
     """States of many jobs: one squeue call, plus one sacct call for those squeue no longer knows."""
     live = squeue_all()
+    by_base: dict[str, list[JobInfo]] = {}
+    for info in live.values():
+        by_base.setdefault(base_id(info.job_id), []).append(info)
     found: dict[str, JobInfo] = {}
     missing: list[str] = []
     for jid in job_ids:
-        tasks = {k: v for k, v in live.items() if k == jid or base_id(k) == jid}
+        # An array's base id stands for all of its tasks.
+        tasks = [live[jid]] if jid in live else by_base.get(jid, [])
         if tasks:
-            found.update(tasks)
+            found.update((t.job_id, t) for t in tasks)
         else:
             missing.append(jid)
     if missing:

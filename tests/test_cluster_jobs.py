@@ -1,0 +1,222 @@
+"""The submit path against the real dev cluster: slurmctld, slurmdbd and two slurmd nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from slurmkit import jobs
+from slurmkit.cli.app import app
+from slurmkit.runs import RunPaths, RunRecord, list_runs
+from slurmkit.slurm import commands
+from tests.conftest import ROOT, write_spec
+
+pytestmark = pytest.mark.cluster
+runner = CliRunner()
+
+
+def submit(spec: Path, profile: Path, *sets: str) -> dict[str, str]:
+    args = ["submit", str(spec), "-p", str(profile), "--json"]
+    for s in sets:
+        args += ["--set", s]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data: dict[str, str] = json.loads(result.output)
+    return data
+
+
+def finish(run_dir: str, timeout_s: float = 120) -> jobs.RunStatus:
+    st = jobs.wait(RunPaths(Path(run_dir)), poll_s=0.5, timeout_s=timeout_s)
+    assert not jobs.is_active(st.state), f"run still {st.state} after {timeout_s} s"
+    return st
+
+
+def wait_state(run_dir: str, state: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if jobs.run_state(RunPaths(Path(run_dir))).state == state:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"run never reached {state}")
+
+
+def test_callable_result_comes_back(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="add", callable="tests.helpers_fns:add", kwargs={"a": 2, "b": 3})
+    sub = submit(spec, dev_profile)
+    assert sub["job_id"].isdigit() and Path(sub["run_dir"]).is_dir()
+    assert finish(sub["run_dir"]).state == "COMPLETED"
+    result = runner.invoke(app, ["result", sub["run_id"], "-p", str(dev_profile), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["sum"] == 5
+
+
+def test_shell_command_result_and_record(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="shell", command="echo out-$((6*7))")
+    sub = submit(spec, dev_profile)
+    finish(sub["run_dir"])
+    value = jobs.result(RunPaths(Path(sub["run_dir"])))
+    assert value == {"returncode": 0, "stdout": "out-42\n"}
+    record = RunRecord(RunPaths(Path(sub["run_dir"]))).read()
+    assert record["job_ids"] == [sub["job_id"]]
+    assert record["spec"]["command"] == "echo out-$((6*7))"
+    assert record["profile"]["partition"] == "debug"
+
+
+def test_submitted_file_is_our_render(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    """Fails if submitit stops calling _make_submission_file_text (the pinned private hook)."""
+    spec = write_spec(tmp_path, name="hook", command="true")
+    sub = submit(spec, dev_profile)
+    paths = RunPaths(Path(sub["run_dir"]))
+    submitted = (paths.job_folder / f"{sub['job_id']}_submission.sh").read_text()
+    assert submitted.startswith("#!/bin/bash\n# Rendered by slurmkit")
+    assert submitted == RunRecord(paths).read()["script"] == paths.script.read_text()
+    assert "#SBATCH --signal=B:USR2@30" in submitted
+    finish(sub["run_dir"])
+
+
+def test_two_node_job_ranks_see_two_hostnames(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="hosts", callable="tests.helpers_fns:add", kwargs={"a": 1, "b": 1},
+                      resources={"nodes": 2})
+    sub = submit(spec, dev_profile)
+    assert finish(sub["run_dir"]).state == "COMPLETED"
+    paths = RunPaths(Path(sub["run_dir"]))
+    results = [jobs.result(paths, rank=r) for r in (0, 1)]
+    assert [r["rank"] for r in results] == [0, 1]
+    assert {r["host"] for r in results} == {"node1", "node2"}
+
+
+def test_cancel(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="long", callable="tests.helpers_fns:sleep", kwargs={"seconds": 120})
+    sub = submit(spec, dev_profile)
+    wait_state(sub["run_dir"], "RUNNING")
+    result = runner.invoke(app, ["cancel", sub["run_id"], "-p", str(dev_profile)])
+    assert result.exit_code == 0 and sub["job_id"] in result.output
+    assert finish(sub["run_dir"], 60).state == "CANCELLED"
+    failed = runner.invoke(app, ["result", sub["run_id"], "-p", str(dev_profile)])
+    assert failed.exit_code == 4 and "CANCELLED" in failed.output
+
+
+def test_failed_callable_result_shows_the_failing_log(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="boom", callable="tests.helpers_fns:fail", kwargs={"message": "kaboom-17"})
+    sub = submit(spec, dev_profile)
+    finish(sub["run_dir"])
+    result = runner.invoke(app, ["result", sub["run_id"], "-p", str(dev_profile)])
+    assert result.exit_code == 4
+    assert "kaboom-17" in result.output and "rank 0" in result.output
+
+
+def test_logs_prefix_ranks_and_follow_ends_by_itself(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="logs", command="for i in 1 2 3; do echo tick-$i; sleep 1; done; echo last",
+                      resources={"nodes": 2})
+    sub = submit(spec, dev_profile)
+    proc = subprocess.run([sys.executable, "-m", "slurmkit", "logs", sub["run_id"], "-p", str(dev_profile),
+                           "--follow"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "[0] last" in proc.stdout.splitlines() and "[1] last" in proc.stdout.splitlines()
+    assert "[1] tick-2" in proc.stdout.splitlines()
+    only1 = runner.invoke(app, ["logs", sub["run_id"], "-p", str(dev_profile), "--rank", "1"])
+    assert "[1] last" in only1.output and "[0]" not in only1.output
+
+
+def test_status_of_many_runs_is_one_squeue_call(cluster: None, tmp_path: Path, dev_profile: Path,
+                                                run_root: Path) -> None:
+    spec = write_spec(tmp_path, name="many", command="sleep 1")
+    subs = [submit(spec, dev_profile) for _ in range(4)]
+    commands.CALL_LOG.clear()
+    result = runner.invoke(app, ["status", "-p", str(dev_profile), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert {r["job_id"] for r in rows} == {s["job_id"] for s in subs}
+    tools = [c[0] for c in commands.CALL_LOG]
+    assert tools.count("squeue") == 1 and tools.count("sacct") <= 1 and len(tools) <= 2
+    for s in subs:
+        finish(s["run_dir"])
+    listed = json.loads(runner.invoke(app, ["list", "-p", str(dev_profile), "--json"]).output)
+    assert [r["run_id"] for r in listed] == [p.run_id for p in list_runs(str(run_root))]
+    assert {r["state"] for r in listed} == {"COMPLETED"}
+
+
+@pytest.mark.parametrize(
+    ("sets", "fragment"),
+    [
+        (["profile.partition=nosuch"], "partition 'nosuch' does not exist on this cluster valid: debug"),
+        (["resources.time=02:00:00"], "time 02:00:00 exceeds partition 'debug' MaxTime=01:00:00"),
+        (["resources.nodes=3"], "nodes=3 exceeds the 2 nodes of partition 'debug'"),
+        (["resources.gpus_per_node=1"], "gpus_per_node=1 but partition 'debug' has no GRES gpu"),
+    ],
+)
+def test_preflight_refusals(cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path,
+                            sets: list[str], fragment: str) -> None:
+    spec = write_spec(tmp_path, name="pre", command="true")
+    commands.CALL_LOG.clear()
+    args = ["submit", str(spec), "-p", str(dev_profile)] + [a for s in sets for a in ("--set", s)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert fragment in result.output and len(result.output.strip().splitlines()) == 1
+    assert "sbatch" not in [c[0] for c in commands.CALL_LOG]
+    assert list(run_root.iterdir()) == []
+
+
+def test_preflight_refuses_array_over_max_array_size(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    from slurmkit.config.loader import resolve
+    from slurmkit.errors import PreflightError
+    from slurmkit.slurm import preflight
+
+    res = resolve(write_spec(tmp_path, name="arr", command="true"), str(dev_profile))
+    assert preflight.check(res, array_size=1001) == "debug"
+    with pytest.raises(PreflightError, match="array of 1002 tasks exceeds MaxArraySize=1001"):
+        preflight.check(res, array_size=1002)
+
+
+def test_dry_run_touches_no_slurm_daemon(cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path) -> None:
+    spec = write_spec(tmp_path, name="dry", command="true")
+    commands.CALL_LOG.clear()
+    result = runner.invoke(app, ["submit", str(spec), "-p", str(dev_profile), "--dry-run"])
+    assert result.exit_code == 0 and "#SBATCH --partition=debug" in result.output
+    assert commands.CALL_LOG == []
+    assert list(run_root.iterdir()) == []
+
+
+def test_sbatch_refusal_leaves_no_run_record(cluster: None, tmp_path: Path, dev_profile: Path,
+                                             run_root: Path) -> None:
+    spec = write_spec(tmp_path, name="rej", command="true")
+    result = runner.invoke(app, ["submit", str(spec), "-p", str(dev_profile),
+                                 "--set", "profile.sbatch_extra=[--gres=bogus:1]"])
+    assert result.exit_code == 3, result.output
+    assert "submission failed" in result.output and "Traceback" not in result.output
+    assert list(run_root.iterdir()) == []
+
+
+def test_submit_while_slurmctld_is_down(cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path) -> None:
+    from slurmkit.devcluster import cluster as dc
+
+    pid = dc.status()["daemons"]["slurmctld"]["pid"]
+    os.kill(pid, signal.SIGTERM)
+    try:
+        deadline = time.monotonic() + 20
+        while dc.alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        spec = write_spec(tmp_path, name="down", command="true")
+        result = runner.invoke(app, ["submit", str(spec), "-p", str(dev_profile)])
+        assert result.exit_code == 3, result.output
+        assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+        assert list(run_root.iterdir()) == []
+    finally:
+        dc.up(2, log=lambda m: None)
+    assert commands.ping()["up"]
+
+
+def test_local_profile_runs_the_same_spec_without_slurm(tmp_path: Path, local_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="loc", callable="tests.helpers_fns:add", kwargs={"a": 20, "b": 22})
+    sub = submit(spec, local_profile)
+    assert finish(sub["run_dir"], 60).state == "COMPLETED"
+    paths = RunPaths(Path(sub["run_dir"]))
+    assert [jobs.result(paths, rank=r)["sum"] for r in (0, 1)] == [42, 42]
