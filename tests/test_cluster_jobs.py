@@ -220,3 +220,22 @@ def test_local_profile_runs_the_same_spec_without_slurm(tmp_path: Path, local_pr
     assert finish(sub["run_dir"], 60).state == "COMPLETED"
     paths = RunPaths(Path(sub["run_dir"]))
     assert [jobs.result(paths, rank=r)["sum"] for r in (0, 1)] == [42, 42]
+
+
+def test_sacct_reports_finished_jobs_in_one_call(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="acct", command="true")
+    subs = [submit(spec, dev_profile) for _ in range(2)]
+    for s in subs:
+        finish(s["run_dir"])
+    ids = [s["job_id"] for s in subs]
+    deadline = time.monotonic() + 30
+    infos: dict[str, commands.JobInfo] = {}
+    while time.monotonic() < deadline:  # slurmdbd records the end a moment after squeue shows it
+        commands.CALL_LOG.clear()
+        infos = commands.sacct(ids)
+        if all(infos.get(i) and infos[i].state == "COMPLETED" for i in ids):
+            break
+        time.sleep(0.5)
+    assert [c[0] for c in commands.CALL_LOG] == ["sacct"]
+    assert {i: infos[i].state for i in ids} == dict.fromkeys(ids, "COMPLETED")
+    assert all(infos[i].restarts == 0 and infos[i].exit_code == "0:0" for i in ids)

@@ -116,8 +116,8 @@ def test_precedence_set_over_spec_over_profile_over_defaults(tmp_path: Path) -> 
 
 def test_set_values_are_typed(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, name="x", task="train")
-    res = resolve(spec, "local", ["config.lr=1e-3", "config.steps=10", "config.flag=true", "name=renamed"])
-    assert res.spec.config == {"lr": 0.001, "steps": 10, "flag": True}
+    res = resolve(spec, "local", ["config.lr=1e-3", "config.steps=10", "config.model=gpt", "name=renamed"])
+    assert res.spec.config == {"lr": 0.001, "steps": 10, "model": "gpt"}
     assert res.spec.name == "renamed"
 
 
@@ -130,6 +130,11 @@ def test_set_values_are_typed(tmp_path: Path) -> None:
         ({"name": "x", "command": "a"}, ["resurces.nodes=2"], "--set:resurces", "did you mean 'resources'"),
         ({"name": "x", "callable": "nocolon"}, [], "spec.yaml:callable", "module.path:function"),
         ({"name": "x", "task": "dance"}, [], "spec.yaml:task", "valid: train"),
+        ({"name": "x", "task": "train"}, ["config.stepz=1"], "--set:config.stepz", "did you mean 'steps'"),
+        ({"name": "x", "task": "train", "config": {"model": "resnet"}}, [], "spec.yaml:config.model",
+         "'digits' or 'gpt'"),
+        ({"name": "x", "task": "train", "config": {"d_model": 30}}, [], "spec.yaml:config",
+         "not a multiple of n_head"),
     ],
 )
 def test_bad_runspec(tmp_path: Path, fields: dict[str, object], sets: list[str], where: str,

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from slurmkit import __version__
-from slurmkit.cli import devcluster_cmd, jobs_cmd, profiles_cmd, render_cmd
+from slurmkit.cli import bench_cmd, devcluster_cmd, jobs_cmd, profiles_cmd, render_cmd
 
 app = typer.Typer(
     name="slurmkit",
@@ -41,6 +41,7 @@ app.command("cancel")(jobs_cmd.cancel)
 app.command("result")(jobs_cmd.result)
 app.add_typer(profiles_cmd.app, name="profiles")
 app.add_typer(devcluster_cmd.app, name="devcluster")
+app.add_typer(bench_cmd.app, name="bench")
 
 
 def main() -> None:

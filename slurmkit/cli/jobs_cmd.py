@@ -31,16 +31,20 @@ def submit(
         typer.echo(jobs.dry_run(resolved).script, nl=False)
         return
     sub = jobs.submit(resolved)
-    if as_json:
+    if as_json and not wait:
         print_json({"run_id": sub.run_id, "job_id": sub.job_id, "run_dir": sub.run_dir})
-    else:
+    elif not as_json:
         typer.echo(f"run {sub.run_id}  job {sub.job_id}  {sub.run_dir}")
     if wait:
         paths = RunPaths(Path(sub.run_dir))
         final = jobs.wait(paths)
         value = jobs.result(paths)
-        if not as_json:
-            typer.echo(f"{final.state}: {value!r}")
+        if as_json:
+            print_json({"run_id": sub.run_id, "job_id": sub.job_id, "run_dir": sub.run_dir, "state": final.state,
+                        "result": value})
+        else:
+            typer.echo(f"{final.state}")
+            _print_value(value)
 
 
 @user_errors
@@ -115,5 +119,13 @@ def result(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False) ->
     value = jobs.result(find_run(run_root_for(profile), run))
     if as_json:
         print_json(value)
+    else:
+        _print_value(value)
+
+
+def _print_value(value: object) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            typer.echo(f"  {key}: {item}")
     else:
         typer.echo(repr(value))

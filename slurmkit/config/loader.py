@@ -143,24 +143,30 @@ def _source_of(loc: tuple[Any, ...], layers: list[Layer]) -> str:
     return layers[-1][0]
 
 
-def validate_layers(model: type[BaseModel], layers: list[Layer]) -> Any:
+def validate_layers(model: type[BaseModel], layers: list[Layer], prefix: tuple[str, ...] = ()) -> Any:
+    """Merge the layers and validate; prefix is where this model sits inside the files."""
     merged: dict[str, Any] = {}
     for _, raw in layers:
-        merged = deep_merge(merged, raw)
+        node: Any = raw
+        for part in prefix:
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        merged = deep_merge(merged, node)
     try:
         return model.model_validate(merged)
     except ValidationError as exc:
-        raise _one_line(model, exc, layers) from None
+        raise _one_line(model, exc, layers, prefix) from None
 
 
-def _one_line(model: type[BaseModel], exc: ValidationError, layers: list[Layer]) -> ConfigError:
+def _one_line(model: type[BaseModel], exc: ValidationError, layers: list[Layer],
+              prefix: tuple[str, ...] = ()) -> ConfigError:
     err = exc.errors()[0]
-    loc = tuple(err["loc"])
+    inner = tuple(err["loc"])
+    loc = (*prefix, *inner)
     field = ".".join(str(p) for p in loc)
     source = _source_of(loc, layers)
     where = f"{source}:{field}" if field else source
     if err["type"] == "extra_forbidden":
-        owner = _model_at(model, loc[:-1])
+        owner = _model_at(model, inner[:-1])
         valid = sorted(owner.model_fields) if owner else []
         return ConfigError(
             f"unknown field '{loc[-1]}'{did_you_mean(str(loc[-1]), valid)}",
@@ -181,12 +187,17 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
     return profile
 
 
-def load_runspec(path: str | Path, overrides: dict[str, Any] | None = None) -> RunSpec:
-    layers: list[Layer] = [(str(path), read_yaml(Path(path)))]
+def load_runspec(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | None = None) -> RunSpec:
+    """A run spec from a YAML file, or from a mapping built in Python."""
+    layers: list[Layer] = [("<spec>", spec) if isinstance(spec, dict) else (str(spec), read_yaml(Path(spec)))]
     if overrides:
         layers.append(("--set", overrides))
-    spec: RunSpec = validate_layers(RunSpec, layers)
-    return spec
+    run_spec: RunSpec = validate_layers(RunSpec, layers)
+    if run_spec.task == "train":
+        from slurmkit.config.train import TrainConfig
+
+        validate_layers(TrainConfig, layers, prefix=("config",))
+    return run_spec
 
 
 def merge_resources(*layers: Resources) -> Resources:
@@ -197,11 +208,12 @@ def merge_resources(*layers: Resources) -> Resources:
     return Resources.model_validate(merged)
 
 
-def resolve(spec_path: str | Path, profile: str | None = None, sets: list[str] | None = None) -> Resolved:
-    """Load a run spec against a profile, applying --set overrides at the highest precedence."""
+def resolve(spec: str | Path | dict[str, Any], profile: str | None = None, sets: list[str] | None = None) -> Resolved:
+    """Load a run spec (file or mapping) against a profile, with --set overrides on top."""
     spec_sets, profile_sets = split_sets(sets or [])
     name = profile or os.environ.get("SLURMKIT_PROFILE") or DEFAULT_PROFILE
     prof = load_profile(name, profile_sets)
-    spec = load_runspec(spec_path, spec_sets)
-    resources = merge_resources(DEFAULT_RESOURCES, prof.resources, spec.resources)
-    return Resolved(spec=spec, profile=prof, profile_name=name, resources=resources, spec_source=str(spec_path))
+    run_spec = load_runspec(spec, spec_sets)
+    resources = merge_resources(DEFAULT_RESOURCES, prof.resources, run_spec.resources)
+    source = "<spec>" if isinstance(spec, dict) else str(spec)
+    return Resolved(spec=run_spec, profile=prof, profile_name=name, resources=resources, spec_source=source)

@@ -73,17 +73,18 @@ def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
         return {}
     out = run(
         ["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates",
-         "--jobs", ",".join(job_ids), "--format=JobID,State,Reason,NodeList,Elapsed,ExitCode,Restarts"]
+         "--jobs", ",".join(job_ids), "--format=JobID,State,Reason,NodeList,Elapsed,ExitCode"]
     )
     jobs: dict[str, JobInfo] = {}
+    seen: dict[str, int] = {}
     for line in out.splitlines():
         parts = line.split("|")
-        if len(parts) < 7:
+        if len(parts) < 6:
             continue
-        job_id, state, reason, nodes, elapsed, exit_code, restarts = parts[:7]
-        # --duplicates lists each requeued incarnation; the last line of an id is the newest.
-        jobs[job_id] = JobInfo(job_id, state.split()[0], reason, nodes, elapsed, exit_code,
-                               int(restarts) if restarts.isdigit() else 0, "sacct")
+        job_id, state, reason, nodes, elapsed, exit_code = parts[:6]
+        # --duplicates lists every requeued incarnation, oldest first: the count is the restarts.
+        seen[job_id] = seen.get(job_id, -1) + 1
+        jobs[job_id] = JobInfo(job_id, state.split()[0], reason, nodes, elapsed, exit_code, seen[job_id], "sacct")
     return jobs
 
 

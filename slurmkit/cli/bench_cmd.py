@@ -1,0 +1,46 @@
+"""`slurmkit bench allreduce`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from slurmkit.cli.common import JsonOpt, ProfileOpt, SetOpt, print_json, user_errors
+
+app = typer.Typer(no_args_is_help=True, help="Benchmarks that run as jobs on the cluster.")
+
+
+@app.command()
+@user_errors
+def allreduce(
+    profile: ProfileOpt = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", "-N", help="Nodes (default: the profile's).")] = None,
+    max_bytes: Annotated[int, typer.Option("--max-bytes", help="Largest message, from 8 B up.")] = 256 * 1024**2,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """All-reduce time, algbw and busbw from 8 B to 256 MB over every rank, with a memcpy baseline."""
+    from slurmkit import jobs
+    from slurmkit.config.loader import resolve
+    from slurmkit.runs import RunPaths
+
+    spec = {"name": "bench-allreduce", "callable": "slurmkit.bench.allreduce:run",
+            "kwargs": {"max_bytes": max_bytes}, "resources": {"nodes": nodes} if nodes else {}}
+    sub = jobs.submit(resolve(spec, profile, set_ or []))
+    paths = RunPaths(Path(sub.run_dir))
+    jobs.wait(paths, poll_s=1.0)
+    result = jobs.result(paths)
+    if as_json:
+        print_json({"run_id": sub.run_id, **result})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("bytes", "time (us)", "algbw GB/s", "busbw GB/s", "memcpy GB/s",
+                  title=f"all_reduce, {result['world_size']} ranks, {result['backend']} (run {sub.run_id})")
+    for r in result["rows"]:
+        table.add_row(str(r["bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}",
+                      f"{r['memcpy_GBps']:.2f}")
+    Console().print(table)

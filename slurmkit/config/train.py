@@ -1,0 +1,64 @@
+"""Configuration of the built-in `train` task, validated on the login node before submission."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from slurmkit.config.fields import Strict
+
+
+class TrainConfig(Strict):
+    """Every key is settable with --set config.KEY=VALUE."""
+
+    model: Literal["digits", "gpt"] = "digits"
+    """digits: an MLP classifier on scikit-learn's bundled digits; gpt: a small GPT on synthetic tokens."""
+    steps: int = Field(300, ge=1)
+    """Optimizer steps to train for."""
+    batch_size: int = Field(64, ge=1)
+    """Global batch per optimizer step, split evenly over ranks and accumulation micro-steps."""
+    grad_accum: int = Field(1, ge=1)
+    """Micro-steps accumulated per optimizer step (gradients all-reduced once, on the last)."""
+    lr: float = Field(3e-3, gt=0)
+    """AdamW learning rate (cosine decay to 10% over `steps`, after a 5% warm-up)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seed of model init, data order and dropout; a fixed seed gives bitwise-identical parameters."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every N steps (0: never); used by fault tolerance."""
+    log_every: int = Field(10, ge=1)
+    """Print progress to the job log every N steps (metrics.jsonl gets every step)."""
+    peak_flops: float | None = Field(None, gt=0)
+    """Peak FLOP/s of one rank's device for MFU; unset: the bf16 table on GPUs, an estimate on CPU."""
+    hidden: int = Field(128, ge=1)
+    """digits: width of the two hidden layers."""
+    n_layer: int = Field(2, ge=1)
+    """gpt: transformer blocks."""
+    n_head: int = Field(4, ge=1)
+    """gpt: attention heads."""
+    d_model: int = Field(128, ge=8)
+    """gpt: embedding width (a multiple of n_head)."""
+    seq_len: int = Field(64, ge=2)
+    """gpt: tokens per sequence."""
+    vocab_size: int = Field(256, ge=2)
+    """gpt: vocabulary of the synthetic token stream."""
+    dataset_size: int = Field(4096, ge=1)
+    """gpt: number of synthetic sequences."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype: auto is bf16 autocast on CUDA, float32 on CPU."""
+
+    @model_validator(mode="after")
+    def _shapes(self) -> TrainConfig:
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not a multiple of n_head={self.n_head}")
+        return self
+
+    def per_rank_batch(self, world_size: int) -> int:
+        """Micro-batch of one rank; the global batch must split evenly."""
+        per = self.batch_size // (world_size * self.grad_accum)
+        if per * world_size * self.grad_accum != self.batch_size or per == 0:
+            raise ValueError(f"batch_size={self.batch_size} does not split over {world_size} ranks x "
+                             f"grad_accum={self.grad_accum}")
+        return per

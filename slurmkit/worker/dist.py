@@ -1,0 +1,125 @@
+"""torch.distributed from the Slurm environment (or submitit's local one), with explicit timeouts.
+
+MASTER_ADDR is the first host of `scontrol show hostnames $SLURM_JOB_NODELIST`; MASTER_PORT is
+20000 + (job id mod 20000), so it lies in [20000, 39999] and two jobs sharing a node differ unless
+their ids are 20000 apart.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+PORT_BASE = 20000
+PORT_SPAN = 20000
+DEFAULT_PG_TIMEOUT_S = 600.0
+# setdefault only: a user's own value always wins.
+NCCL_DEFAULTS = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # tear down the process group on a failed collective
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # flight recorder dumps its trace when a collective times out
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # entries the flight recorder keeps
+}
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    job_id: str
+    launcher: str  # slurm | local | torchrun | single
+
+
+def master_port(job_id: str) -> int:
+    digits = "".join(c for c in job_id.split("_")[0] if c.isdigit()) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+def detect() -> DistEnv:
+    """Rank layout from Slurm, submitit's local executor, torchrun, or a single process."""
+    env = os.environ
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and env.get("SUBMITIT_EXECUTOR") != "local":
+        from slurmkit.slurm.commands import hostnames
+
+        job_id = env.get("SLURM_JOB_ID", "0")  # unique per array task too
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+        addr = env.get("MASTER_ADDR") or (hostnames(nodelist)[0] if nodelist else "127.0.0.1")
+        return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
+                       int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1), addr,
+                       int(env.get("MASTER_PORT") or master_port(job_id)), job_id, "slurm")
+    if "SUBMITIT_LOCAL_GLOBALID" in env:
+        job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "0")
+        n = int(env["SUBMITIT_LOCAL_NTASKS"])
+        return DistEnv(int(env["SUBMITIT_LOCAL_GLOBALID"]), n, int(env.get("SUBMITIT_LOCAL_LOCALID", 0)), n,
+                       "127.0.0.1", int(env.get("MASTER_PORT") or master_port(job_id)), job_id, "local")
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                       int(env.get("LOCAL_WORLD_SIZE", 1)), env.get("MASTER_ADDR", "127.0.0.1"),
+                       int(env.get("MASTER_PORT", PORT_BASE)), "0", "torchrun")
+    return DistEnv(0, 1, 0, 1, "127.0.0.1", PORT_BASE, "0", "single")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """What a task needs from the process group."""
+
+    env: DistEnv
+    backend: str
+    device_str: str
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+
+def _cpu_threads(local_world: int) -> int:
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK")
+    if slurm and slurm.isdigit():
+        return int(slurm)
+    return max(1, len(os.sched_getaffinity(0)) // max(1, local_world))
+
+
+@contextmanager
+def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
+    """Initialise the process group (NCCL on GPUs, gloo otherwise) and always tear it down."""
+    import torch
+    import torch.distributed as tdist
+
+    denv = detect()
+    timeout = timeout_s or float(os.environ.get("SLURMKIT_PG_TIMEOUT_S", DEFAULT_PG_TIMEOUT_S))
+    if torch.cuda.is_available():
+        backend = "nccl"
+        for key, value in NCCL_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        device = torch.device("cuda", denv.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        backend = "gloo"
+        device = torch.device("cpu")
+        torch.set_num_threads(_cpu_threads(denv.local_world_size))
+    os.environ.update(MASTER_ADDR=denv.master_addr, MASTER_PORT=str(denv.master_port),
+                      RANK=str(denv.rank), WORLD_SIZE=str(denv.world_size), LOCAL_RANK=str(denv.local_rank))
+    owns_group = denv.world_size > 1 and not tdist.is_initialized()
+    if owns_group:
+        tdist.init_process_group(backend, rank=denv.rank, world_size=denv.world_size,
+                                 timeout=dt.timedelta(seconds=timeout),
+                                 device_id=device if backend == "nccl" else None)
+    try:
+        yield Dist(denv, backend, str(device))
+    finally:
+        if owns_group and tdist.is_initialized():
+            tdist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""Built-in tasks: `task: train` in a run spec."""

@@ -1,0 +1,73 @@
+"""`task: train`: the digits classifier or the small GPT, data-parallel over every rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slurmkit.config.train import TrainConfig
+from slurmkit.worker.dist import Dist, distributed
+from slurmkit.worker.metrics import MetricsWriter, peak_flops
+from slurmkit.worker.trainer import Trainer, warmup_cosine
+
+
+def _dtype(cfg: TrainConfig, dist: Dist) -> torch.dtype | None:
+    if cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and dist.device_str.startswith("cuda")):
+        return torch.bfloat16
+    return None
+
+
+def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, dict[str, Any]]:
+    """The Trainer for cfg, and the task's extras (evaluation data, peak source)."""
+    from slurmkit.worker.tasks import digits, gpt
+
+    torch.manual_seed(cfg.seed)  # same init on every rank; DDP also broadcasts rank 0's
+    extras: dict[str, Any] = {}
+    if cfg.model == "digits":
+        train_set, test_set = digits.data()
+        net: torch.nn.Module = digits.model(cfg)
+        per_sample, tokens, loss = digits.flops_per_sample(net), 0, digits.loss_fn
+        extras["test_set"] = test_set
+    else:
+        train_set = gpt.data(cfg)
+        gnet = gpt.GPT(cfg)
+        net, tokens, loss = gnet, cfg.seq_len, gpt.loss_fn
+        per_sample = gpt.flops_per_token(gnet, cfg) * cfg.seq_len
+    device_name = torch.cuda.get_device_name() if dist.device_str.startswith("cuda") else None
+    peak, source = peak_flops(device_name, torch.get_num_threads(), cfg.peak_flops)
+    extras["peak_flops"], extras["peak_source"] = peak, source
+    optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.steps))
+    metrics = MetricsWriter(run_dir / "metrics.jsonl" if run_dir else None, dist.is_main)
+    trainer = Trainer(net, optimizer, train_set, loss, dist, steps=cfg.steps,
+                      micro_batch=cfg.per_rank_batch(dist.world_size), grad_accum=cfg.grad_accum, seed=cfg.seed,
+                      scheduler=scheduler, flops_per_sample=per_sample, tokens_per_sample=tokens, peak_flops=peak,
+                      metrics=metrics, log_every=cfg.log_every, autocast_dtype=_dtype(cfg, dist))
+    return trainer, extras
+
+
+def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
+    """Train on every rank; each rank returns the summary (with its own parameter digest)."""
+    cfg = TrainConfig.model_validate(config)
+    with distributed() as dist:
+        trainer, extras = build(cfg, dist, Path(run_dir) if run_dir else None)
+        if dist.is_main:
+            print(f"slurmkit train: model={cfg.model} world_size={dist.world_size} backend={dist.backend} "
+                  f"global_batch={trainer.global_batch} peak={extras['peak_flops']:.3g} ({extras['peak_source']})",
+                  flush=True)
+        try:
+            summary = trainer.fit()
+        finally:
+            trainer.metrics.close()
+        summary.update(model=cfg.model, rank=dist.rank, peak_flops=extras["peak_flops"],
+                       peak_source=extras["peak_source"])
+        if "test_set" in extras:
+            from slurmkit.worker.tasks.digits import accuracy
+
+            summary["accuracy"] = accuracy(trainer.raw_model, extras["test_set"], trainer.device)
+        if dist.is_main:
+            shown = {k: summary[k] for k in ("steps", "loss", "accuracy", "samples_per_s", "mfu") if k in summary}
+            print(f"slurmkit train: done {shown}", flush=True)
+        return summary

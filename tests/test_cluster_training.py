@@ -1,0 +1,47 @@
+"""Training and the all-reduce benchmark across the dev cluster's two nodes (gloo)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from slurmkit import jobs
+from slurmkit.bench.allreduce import busbw
+from slurmkit.cli.app import app
+from slurmkit.config.loader import resolve
+from slurmkit.runs import RunPaths
+from tests.conftest import EXAMPLES
+
+pytestmark = pytest.mark.cluster
+
+
+def test_digits_on_two_nodes_reaches_95_percent_with_equal_digests(cluster: None, dev_profile: Path) -> None:
+    res = resolve(EXAMPLES / "train_digits.yaml", str(dev_profile),
+                  ["resources.nodes=2", "resources.tasks_per_node=1"])
+    sub = jobs.submit(res)
+    paths = RunPaths(Path(sub.run_dir))
+    assert jobs.wait(paths, poll_s=0.5, timeout_s=300).state == "COMPLETED"
+    ranks = [jobs.result(paths, rank=r) for r in (0, 1)]
+    assert ranks[0]["accuracy"] >= 0.95
+    assert ranks[0]["backend"] == "gloo" and ranks[0]["world_size"] == 2
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
+    lines = paths.metrics.read_text().splitlines()
+    assert len(lines) == ranks[0]["steps"] == 300  # rank 0 alone writes, one line per step
+    logs = "\n".join(jobs.logs(paths, rank=0))
+    assert "step 300/300" in logs
+
+
+def test_bench_allreduce_on_two_nodes(cluster: None, dev_profile: Path) -> None:
+    result = CliRunner().invoke(app, ["bench", "allreduce", "-p", str(dev_profile), "--nodes", "2",
+                                      "--max-bytes", str(1 << 20), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["world_size"] == 2 and data["backend"] == "gloo"
+    rows = data["rows"]
+    assert [r["bytes"] for r in rows] == [8 << i for i in range(18)]
+    for r in rows:
+        assert r["algbw_GBps"] > 0 and r["memcpy_GBps"] > 0
+        assert r["busbw_GBps"] == pytest.approx(busbw(r["algbw_GBps"], 2))

@@ -1,0 +1,74 @@
+"""Training on this machine: a single process in-process, and 2 ranks through the local executor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurmkit import jobs
+from slurmkit.config.loader import resolve
+from slurmkit.runs import RunPaths
+from slurmkit.worker.tasks.train import run as train
+from tests.conftest import EXAMPLES
+
+SHORT = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 3}
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("SLURM_PROCID", "SLURM_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def test_fixed_seed_gives_the_same_digest_twice() -> None:
+    a, b = train(SHORT), train(SHORT)
+    assert a["params_sha256"] == b["params_sha256"]
+    assert train({**SHORT, "seed": 4})["params_sha256"] != a["params_sha256"]
+
+
+def test_metrics_file_has_one_line_per_step(tmp_path: Path) -> None:
+    summary = train({**SHORT, "steps": 12}, str(tmp_path))
+    lines = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [ln["step"] for ln in lines] == list(range(1, 13))
+    assert {"loss", "step_s", "samples_per_s", "tokens_per_s", "mfu"} <= set(lines[0])
+    assert summary["steps"] == 12 and 0 < summary["mfu"] < 1
+
+
+def test_gpt_task_reports_tokens_per_s_and_mfu() -> None:
+    summary = train({"model": "gpt", "steps": 6, "batch_size": 4, "n_layer": 1, "d_model": 32, "n_head": 2,
+                     "seq_len": 16, "vocab_size": 64, "dataset_size": 64})
+    assert summary["tokens_per_s"] == pytest.approx(summary["samples_per_s"] * 16)
+    assert summary["mfu"] > 0 and summary["peak_source"].startswith("CPU estimate")
+    assert summary["loss"] < 4.2  # ln(64) = 4.16 is chance
+
+
+def test_gradient_accumulation_matches_the_same_global_batch() -> None:
+    # Same global batch, split into 2 micro-steps: equal up to float summation order.
+    plain = train({**SHORT, "steps": 20})
+    accum = train({**SHORT, "steps": 20, "grad_accum": 2})
+    assert accum["global_batch"] == plain["global_batch"] == 64
+    assert accum["loss"] == pytest.approx(plain["loss"], rel=1e-3)
+
+
+def test_batch_that_does_not_split_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not split"):
+        train({**SHORT, "batch_size": 63, "grad_accum": 2})
+
+
+def _local_run(tmp_path: Path, local_profile: Path, sets: list[str]) -> RunPaths:
+    sub = jobs.submit(resolve(EXAMPLES / "train_digits.yaml", str(local_profile), sets))
+    paths = RunPaths(Path(sub.run_dir))
+    assert jobs.wait(paths, poll_s=0.5, timeout_s=180).state == "COMPLETED"
+    return paths
+
+
+def test_two_local_ranks_end_with_identical_parameters(tmp_path: Path, local_profile: Path) -> None:
+    paths = _local_run(tmp_path, local_profile, ["config.steps=60"])
+    ranks = [jobs.result(paths, rank=r) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
+    # Two ranks with the same global batch follow the single-process run up to float rounding.
+    single = train({"model": "digits", "steps": 60, "batch_size": 64, "lr": 0.003, "seed": 0})
+    assert ranks[0]["loss"] == pytest.approx(single["loss"], rel=1e-3, abs=1e-4)

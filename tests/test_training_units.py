@@ -1,0 +1,94 @@
+"""FLOP, MFU and bus-bandwidth formulas against hand-computed figures; rank detection from env."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmkit.bench.allreduce import busbw, sizes
+from slurmkit.worker import dist
+from slurmkit.worker.metrics import (
+    PEAK_BF16_FLOPS,
+    dense_flops_per_sample,
+    gpt_flops_per_token,
+    mfu,
+    peak_flops,
+)
+
+
+def test_gpt_flops_per_token_by_hand() -> None:
+    # N=1e6, L=2, H=4, Q=32, T=64: 6e6 + 12*2*4*32*64 = 6,000,000 + 196,608
+    assert gpt_flops_per_token(1_000_000, 2, 4, 32, 64) == 6_196_608
+
+
+def test_gpt_flops_match_nanogpt_estimate() -> None:
+    # nanoGPT's estimate_mfu: flops_per_token = 6*N + 12*L*H*Q*T (GPT-2 124M: N~85M non-embedding)
+    n, layers, heads, q, t = 85_000_000, 12, 12, 64, 1024
+    assert gpt_flops_per_token(n, layers, heads, q, t) == 6 * n + 12 * layers * heads * q * t
+
+
+def test_dense_flops_per_sample_by_hand() -> None:
+    # 64x128 + 128x128 + 128x10 weights = 8192 + 16384 + 1280 = 25856; x6 = 155136
+    assert dense_flops_per_sample([64 * 128, 128 * 128, 128 * 10]) == 155_136
+
+
+def test_mfu_by_hand() -> None:
+    # 1e15 FLOPs in 1 s on 4 ranks of 1e15 peak = 25%
+    assert mfu(1e15, 1.0, 4, 1e15) == pytest.approx(0.25)
+    assert mfu(1e15, 0.0, 4, 1e15) == 0.0
+
+
+def test_peak_table_and_cpu_estimate() -> None:
+    assert PEAK_BF16_FLOPS == {"A100": 312e12, "H100": 989e12, "H200": 989e12, "B200": 2.25e15}
+    assert peak_flops("NVIDIA H200", 8)[0] == 989e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB", 8)[0] == 312e12
+    value, source = peak_flops(None, 2)
+    assert value == 128e9 and "CPU estimate" in source
+    assert peak_flops(None, 2, override=1e12) == (1e12, "config.peak_flops")
+
+
+def test_busbw_matches_nccl_tests_formula() -> None:
+    # nccl-tests all_reduce: busBw = algBw * 2*(nranks-1)/nranks
+    for n in (2, 4, 8, 16):
+        assert busbw(10.0, n) == pytest.approx(10.0 * 2 * (n - 1) / n)
+    assert busbw(10.0, 8) == pytest.approx(17.5)
+    assert busbw(10.0, 1) == 10.0
+
+
+def test_sizes_span_8_bytes_to_256_mib() -> None:
+    s = sizes()
+    assert s[0] == 8 and s[-1] == 256 * 1024**2 and len(s) == 26
+    assert all(b == 2 * a for a, b in zip(s, s[1:], strict=False))
+
+
+def test_master_port_is_derived_from_the_job_id_in_range() -> None:
+    assert dist.master_port("12345") == 20000 + 12345
+    assert dist.master_port("45000") == 20000 + 5000
+    ports = {dist.master_port(str(j)) for j in range(0, 100000, 7)}
+    assert min(ports) >= 20000 and max(ports) <= 39999
+
+
+def test_detect_from_slurm_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("SUBMITIT_LOCAL_GLOBALID", "RANK", "WORLD_SIZE", "SUBMITIT_EXECUTOR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x2)")
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    monkeypatch.setenv("MASTER_ADDR", "node1")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    env = dist.detect()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
+    assert (env.master_addr, env.master_port, env.launcher) == ("node1", 20777, "slurm")
+
+
+def test_detect_from_submitit_local_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    monkeypatch.setenv("SUBMITIT_LOCAL_GLOBALID", "1")
+    monkeypatch.setenv("SUBMITIT_LOCAL_LOCALID", "1")
+    monkeypatch.setenv("SUBMITIT_LOCAL_NTASKS", "2")
+    monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID", "4242")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    env = dist.detect()
+    assert (env.rank, env.world_size, env.master_addr, env.master_port) == (1, 2, "127.0.0.1", 24242)
+    assert env.launcher == "local"
