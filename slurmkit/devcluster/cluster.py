@@ -79,6 +79,22 @@ def alive(pid: int | None) -> bool:
     return not (stat.exists() and stat.read_text().split(") ", 1)[-1].startswith("Z"))
 
 
+def program(name: str) -> str:
+    """The binary a recorded daemon name runs (slurmd-node1 -> slurmd)."""
+    return {"mariadb": "mariadbd"}.get(name, name.split("-", 1)[0])
+
+
+def ours(name: str, pid: int | None) -> bool:
+    """Alive and still the daemon we started: a recorded pid may have been reused since."""
+    if not alive(pid):
+        return False
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return False
+    return Path(argv0).name in (program(name), "nsenter", "unshare", "sh")
+
+
 def _spawn(name: str, argv: list[str], **kw: Any) -> int:
     L.LOG_DIR.mkdir(parents=True, exist_ok=True)
     with open(L.LOG_DIR / f"{name}.console.log", "ab") as out:
@@ -156,7 +172,7 @@ def _start_mariadb(state: dict[str, Any], log: Log, purge: bool) -> None:
 
 def _start_daemon(state: dict[str, Any], name: str, argv: list[str], ready: Callable[[], bool],
                   log: Log, timeout: float = 60) -> None:
-    if alive(state["daemons"].get(name)):
+    if ours(name, state["daemons"].get(name)):
         return
     log(f"starting {name}")
     pid = _spawn(name, argv)
@@ -244,7 +260,7 @@ def down(purge: bool = False, log: Log = print) -> None:
     require_root()
     state = _load()
     for name, pid in reversed(list(state["daemons"].items())):
-        if alive(pid):
+        if ours(name, pid):
             log(f"stopping {name} (pid {pid})")
             _stop(pid)
     network.teardown(L.nodes(state.get("nodes") or 0))
@@ -271,6 +287,6 @@ def _stop(pid: int, grace_s: float = 10) -> None:
 
 def status() -> dict[str, Any]:
     state = _load()
-    daemons = {name: {"pid": pid, "alive": alive(pid)} for name, pid in state["daemons"].items()}
+    daemons = {name: {"pid": pid, "alive": ours(name, pid)} for name, pid in state["daemons"].items()}
     return {"nodes": state.get("nodes", 0), "daemons": daemons,
             "controller": _ctld_up() if shutil.which("scontrol") else False, "node_states": _node_states()}

@@ -1,0 +1,76 @@
+"""The dev cluster command: config, root check, idempotent up, down by pid."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from slurmkit.cli.app import app
+from slurmkit.devcluster import cluster as dc
+from slurmkit.devcluster import layout
+from slurmkit.slurm import commands
+
+runner = CliRunner()
+
+
+def test_slurm_conf_declares_every_node_and_the_partition() -> None:
+    conf = layout.slurm_conf(3)
+    assert conf.count("NodeName=node") == 3
+    assert "NodeName=node3 NodeAddr=10.77.0.13 NodeHostname=node3" in conf
+    assert "PartitionName=debug Nodes=node[1-3] Default=YES MaxTime=60" in conf
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
+    assert "node3" in layout.hosts_block(3) and layout.hosts_block(3).startswith(layout.HOSTS_BEGIN)
+
+
+def test_not_root_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dc.os, "geteuid", lambda: 1000)
+    result = runner.invoke(app, ["devcluster", "up"])
+    assert result.exit_code == 2
+    assert "needs root" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_reused_pid_is_not_taken_for_our_daemon() -> None:
+    with subprocess.Popen(["sleep", "30"]) as other:
+        try:
+            assert dc.alive(other.pid)
+            assert not dc.ours("slurmd-node1", other.pid)
+            assert not dc.ours("munged", other.pid)
+        finally:
+            other.kill()
+
+
+@pytest.mark.cluster
+def test_up_again_changes_nothing(cluster: None) -> None:
+    before = dc.status()
+    assert all(d["alive"] for d in before["daemons"].values())
+    assert before["node_states"] == {"node1": "idle", "node2": "idle"}
+    result = runner.invoke(app, ["devcluster", "up"])
+    assert result.exit_code == 0, result.output
+    assert "starting" not in result.output
+    after = dc.status()
+    assert {k: v["pid"] for k, v in after["daemons"].items()} == {k: v["pid"] for k, v in before["daemons"].items()}
+
+
+@pytest.mark.cluster
+def test_down_stops_only_what_up_started_then_up_restores(cluster: None) -> None:
+    pids = {k: v["pid"] for k, v in dc.status()["daemons"].items()}
+    with subprocess.Popen(["sleep", "60"]) as bystander:
+        try:
+            result = runner.invoke(app, ["devcluster", "down"])
+            assert result.exit_code == 0, result.output
+            assert not any(dc.alive(p) for p in pids.values())
+            assert dc.alive(bystander.pid)
+            assert not commands.ping()["up"]
+        finally:
+            bystander.kill()
+            up = runner.invoke(app, ["devcluster", "up"])
+    assert up.exit_code == 0, up.output
+    deadline = time.monotonic() + 30
+    while not commands.ping()["up"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    st = dc.status()
+    assert all(d["alive"] for d in st["daemons"].values())
+    assert {st["node_states"].get("node1"), st["node_states"].get("node2")} == {"idle"}
