@@ -14,6 +14,7 @@ from typing import Any
 
 from slurmkit.config.loader import Resolved
 from slurmkit.errors import JobFailedError, SlurmError, SlurmkitError
+from slurmkit.procs import pid_alive
 from slurmkit.runs import RunPaths, RunRecord, expand_root, find_run, list_runs
 from slurmkit.slurm import commands
 
@@ -106,24 +107,12 @@ def _local_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
     """A local run's state from its controller pid and result pickles (no scheduler to ask)."""
     results = [paths.job_folder / f"{job_id}_{t}_result.pkl" for t in range(num_tasks)]
     outcomes = [_outcome(r) for r in results if r.exists()]
-    alive = job_id.isdigit() and _pid_alive(int(job_id))
+    alive = job_id.isdigit() and pid_alive(int(job_id))
     if alive:
         return "RUNNING"
     if len(outcomes) == num_tasks and all(o == "success" for o in outcomes):
         return "COMPLETED"
     return "FAILED"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A finished child of ours stays a zombie until reaped; /proc tells them apart.
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[-1].startswith("Z"))
 
 
 def _outcome(result_pickle: Path) -> str:
@@ -186,7 +175,7 @@ def cancel(paths: RunPaths) -> list[str]:
         return []
     if rec.get("executor") == "local":
         for jid in ids:
-            if jid.isdigit() and _pid_alive(int(jid)):
+            if jid.isdigit() and pid_alive(int(jid)):
                 os.kill(int(jid), signal.SIGINT)
     else:
         commands.scancel(ids)

@@ -18,3 +18,25 @@ def sleep(seconds: float) -> str:
 
 def fail(message: str) -> None:
     raise ValueError(message)
+
+
+def custom_trainer(steps: int) -> dict[str, object]:
+    """A user's own callable that brings its model, optimizer and data to slurmkit's Trainer."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from slurmkit.worker.dist import distributed
+    from slurmkit.worker.trainer import Trainer
+
+    with distributed() as dist:
+        torch.manual_seed(0)
+        x = torch.randn(256, 4)
+        data = TensorDataset(x, x @ torch.tensor([1.0, -2.0, 3.0, 0.5]))
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+        def loss_fn(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
+
+        trainer = Trainer(model, opt, data, loss_fn, dist, steps=steps, micro_batch=16, seed=0)
+        return trainer.fit()

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from slurmkit import jobs
 from slurmkit.cli.app import app
+from slurmkit.procs import pid_alive
 from slurmkit.runs import RunPaths, RunRecord, list_runs
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, write_spec
@@ -202,7 +203,7 @@ def test_submit_while_slurmctld_is_down(cluster: None, tmp_path: Path, dev_profi
     os.kill(pid, signal.SIGTERM)
     try:
         deadline = time.monotonic() + 20
-        while dc.alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         spec = write_spec(tmp_path, name="down", command="true")
         result = runner.invoke(app, ["submit", str(spec), "-p", str(dev_profile)])

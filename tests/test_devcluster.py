@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from slurmkit.cli.app import app
 from slurmkit.devcluster import cluster as dc
 from slurmkit.devcluster import layout
+from slurmkit.procs import pid_alive
 from slurmkit.slurm import commands
 
 runner = CliRunner()
@@ -35,7 +36,7 @@ def test_not_root_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_reused_pid_is_not_taken_for_our_daemon() -> None:
     with subprocess.Popen(["sleep", "30"]) as other:
         try:
-            assert dc.alive(other.pid)
+            assert pid_alive(other.pid)
             assert not dc.ours("slurmd-node1", other.pid)
             assert not dc.ours("munged", other.pid)
         finally:
@@ -61,8 +62,8 @@ def test_down_stops_only_what_up_started_then_up_restores(cluster: None) -> None
         try:
             result = runner.invoke(app, ["devcluster", "down"])
             assert result.exit_code == 0, result.output
-            assert not any(dc.alive(p) for p in pids.values())
-            assert dc.alive(bystander.pid)
+            assert not any(pid_alive(p) for p in pids.values())
+            assert pid_alive(bystander.pid)
             assert not commands.ping()["up"]
         finally:
             bystander.kill()

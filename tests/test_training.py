@@ -72,3 +72,15 @@ def test_two_local_ranks_end_with_identical_parameters(tmp_path: Path, local_pro
     # Two ranks with the same global batch follow the single-process run up to float rounding.
     single = train({"model": "digits", "steps": 60, "batch_size": 64, "lr": 0.003, "seed": 0})
     assert ranks[0]["loss"] == pytest.approx(single["loss"], rel=1e-3, abs=1e-4)
+
+
+def test_trainer_from_a_users_own_callable(tmp_path: Path, local_profile: Path) -> None:
+    spec = tmp_path / "own.yaml"
+    spec.write_text("name: own\ncallable: tests.helpers_fns:custom_trainer\nkwargs: {steps: 80}\n")
+    sub = jobs.submit(resolve(spec, str(local_profile)))
+    paths = RunPaths(Path(sub.run_dir))
+    assert jobs.wait(paths, poll_s=0.5, timeout_s=120).state == "COMPLETED"
+    ranks = [jobs.result(paths, rank=r) for r in (0, 1)]
+    assert ranks[0]["world_size"] == 2 and ranks[0]["global_batch"] == 32
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
+    assert ranks[0]["loss"] < 0.05  # a linear target is learnt

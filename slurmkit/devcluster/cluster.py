@@ -21,6 +21,7 @@ from typing import Any
 from slurmkit.devcluster import layout as L
 from slurmkit.devcluster import network
 from slurmkit.errors import DevClusterError, SlurmError
+from slurmkit.procs import pid_alive
 from slurmkit.runs import atomic_write_text
 from slurmkit.slurm import commands
 
@@ -68,17 +69,6 @@ def _save(state: dict[str, Any]) -> None:
     atomic_write_text(DAEMONS_FILE, json.dumps(state, indent=2) + "\n")
 
 
-def alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ", 1)[-1].startswith("Z"))
-
-
 def program(name: str) -> str:
     """The binary a recorded daemon name runs (slurmd-node1 -> slurmd)."""
     return {"mariadb": "mariadbd"}.get(name, name.split("-", 1)[0])
@@ -86,7 +76,7 @@ def program(name: str) -> str:
 
 def ours(name: str, pid: int | None) -> bool:
     """Alive and still the daemon we started: a recorded pid may have been reused since."""
-    if not alive(pid):
+    if not pid_alive(pid):
         return False
     try:
         argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
@@ -108,7 +98,7 @@ def _wait_for(what: str, ok: Callable[[], bool], timeout: float, pid: int | None
     while time.monotonic() < deadline:
         if ok():
             return
-        if pid is not None and not alive(pid):
+        if pid is not None and not pid_alive(pid):
             break
         time.sleep(0.3)
     hint = f"; see {L.LOG_DIR / log_name}" if log_name else ""
@@ -279,9 +269,9 @@ def _stop(pid: int, grace_s: float = 10) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and alive(pid):
+    while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.1)
-    if alive(pid):
+    if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
 
 
