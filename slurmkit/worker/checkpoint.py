@@ -1,0 +1,252 @@
+"""Checkpoints over any fsspec URI: step-N folders, valid only once their commit marker exists.
+
+Layout: <root>/step-N/<files> and <root>/step-N/COMMITTED.json, written last, holding the
+sha256 and size of every file. On a local or parallel filesystem every file is written to a
+temp file in the same folder, fsynced, renamed, and the folder fsynced (fsspec's local
+"transaction" does neither). On an object store each file is one PUT and the marker is the last.
+Loads use torch.load(weights_only=True): nothing from a shared filesystem is fully unpickled.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+MARKER = "COMMITTED.json"
+_STEP_RE = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; older committed checkpoints are untouched."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    sha256: str
+    bytes: int
+
+
+def to_bytes(obj: Any) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def from_bytes(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+def _explain(exc: OSError, path: str) -> str:
+    reason = {errno.ENOSPC: "no space left on device", errno.EACCES: "permission denied",
+              errno.EROFS: "read-only filesystem", errno.EDQUOT: "disk quota exceeded"}.get(exc.errno or 0)
+    return f"{reason or exc.strerror or exc} ({path})"
+
+
+class CheckpointStore:
+    """Storage only: atomic files, the commit marker, listing, verification, pruning. No collectives."""
+
+    def __init__(self, uri: str) -> None:
+        self.fs, root = fsspec.core.url_to_fs(uri)
+        self.root = root.rstrip("/")
+        self.local = isinstance(self.fs, LocalFileSystem)
+
+    def step_dir(self, step: int) -> str:
+        return f"{self.root}/step-{step}"
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, step: int, name: str, data: bytes) -> Entry:
+        """Write one file of a checkpoint atomically; it counts only once the marker names it."""
+        folder = self.step_dir(step)
+        path = f"{folder}/{name}"
+        try:
+            if self.local:
+                self._write_local(folder, path, data)
+            else:
+                self.fs.makedirs(folder, exist_ok=True)
+                self.fs.pipe_file(path, data)
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint step {step}: cannot write {name}: {_explain(exc, path)}") from exc
+        return Entry(name, hashlib.sha256(data).hexdigest(), len(data))
+
+    def _write_local(self, folder: str, path: str, data: bytes) -> None:
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{folder}/.{os.path.basename(path)}.{uuid.uuid4().hex}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def commit(self, step: int, entries: list[Entry], meta: dict[str, Any] | None = None) -> None:
+        """Write the marker last: from now on step-N is a valid checkpoint."""
+        manifest = {"step": step, "files": {e.name: {"sha256": e.sha256, "bytes": e.bytes} for e in entries},
+                    **(meta or {})}
+        self.write(step, MARKER, json.dumps(manifest, indent=1, sort_keys=True).encode())
+
+    # ------------------------------------------------------------------ reading
+
+    def steps(self) -> list[int]:
+        """Every step folder present, committed or not, newest first."""
+        try:
+            names = [os.path.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
+        except FileNotFoundError:
+            return []
+        found = [int(m.group(1)) for n in names if (m := _STEP_RE.match(n))]
+        return sorted(found, reverse=True)
+
+    def manifest(self, step: int) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.fs.cat_file(f"{self.step_dir(step)}/{MARKER}"))
+        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        return data if isinstance(data.get("files"), dict) else None
+
+    def committed(self) -> list[int]:
+        return [s for s in self.steps() if self.fs.exists(f"{self.step_dir(s)}/{MARKER}")]
+
+    def verify(self, step: int) -> dict[str, Any] | None:
+        """The manifest if every file exists with its recorded size and sha256, else None."""
+        manifest = self.manifest(step)
+        if manifest is None:
+            return None
+        for name, want in manifest["files"].items():
+            try:
+                data = self.fs.cat_file(f"{self.step_dir(step)}/{name}")
+            except (FileNotFoundError, OSError):
+                return None
+            if len(data) != want["bytes"] or hashlib.sha256(data).hexdigest() != want["sha256"]:
+                return None
+        return manifest
+
+    def latest_valid(self, log: Callable[[str], None] | None = None) -> int | None:
+        """The newest checkpoint whose files all verify; incomplete or corrupt ones are skipped."""
+        for step in self.steps():
+            if self.verify(step) is not None:
+                return step
+            if log:
+                log(f"checkpoint step-{step} is incomplete or corrupt; falling back")
+        return None
+
+    def load(self, step: int, name: str) -> Any:
+        return from_bytes(self.fs.cat_file(f"{self.step_dir(step)}/{name}"))
+
+    # ------------------------------------------------------------------ pruning
+
+    def prune(self, keep_latest_k: int) -> list[int]:
+        """Remove checkpoints older than the k newest committed ones (never the only valid one)."""
+        if keep_latest_k <= 0:
+            return []
+        committed = self.committed()
+        if len(committed) <= keep_latest_k:
+            return []
+        oldest_kept = committed[keep_latest_k - 1]
+        removed = [s for s in self.steps() if s < oldest_kept]
+        for step in removed:
+            folder = self.step_dir(step)
+            # The marker goes first, so a half-removed folder is never taken for a checkpoint.
+            marker = f"{folder}/{MARKER}"
+            if self.fs.exists(marker):
+                self.fs.rm(marker)
+            self.fs.rm(folder, recursive=True)
+        return removed
+
+
+def snapshot(obj: Any) -> Any:
+    """A CPU copy of a (nested) state, taken at a step boundary so training may go on."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [snapshot(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(snapshot(v) for v in obj)
+    return obj
+
+
+class AsyncWriter:
+    """This rank's share of a save, written in a background thread; at most one save in flight.
+
+    A failure in the background is kept and raised by the next call to `result()`, `wait()` or
+    `start()`, so it is never silently lost.
+    """
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+        self._thread: threading.Thread | None = None
+        self._entries: list[Entry] = []
+        self._error: BaseException | None = None
+        self.step: int | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.step is not None
+
+    @property
+    def done(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+    def start(self, step: int, files: dict[str, Any]) -> None:
+        self.wait()
+        self.step, self._entries, self._error = step, [], None
+
+        def work() -> None:
+            try:
+                for name, obj in files.items():
+                    self._entries.append(self.store.write(step, name, to_bytes(obj)))
+            except BaseException as exc:  # kept, and raised in the training thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=work, name=f"slurmkit-ckpt-{step}", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def result(self) -> list[Entry]:
+        """This rank's entries of the finished save (raising its background error, if any)."""
+        self.wait()
+        error, self._error = self._error, None
+        if error is not None:
+            self.step = None
+            if isinstance(error, CheckpointError):
+                raise error
+            raise CheckpointError(f"checkpoint write failed: {error}") from error
+        entries = list(self._entries)
+        self.step = None
+        return entries
