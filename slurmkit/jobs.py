@@ -33,7 +33,8 @@ def _entry(resolved: Resolved, paths: RunPaths) -> Any:
     from slurmkit.worker.entry import Run
 
     env = {**resolved.profile.setup.env, **resolved.spec.env}
-    return Run(spec=resolved.spec.model_dump(), run_dir=str(paths.run_dir), env=env)
+    return Run(spec=resolved.spec.model_dump(), run_dir=str(paths.run_dir), env=env,
+               checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root))
 
 
 def dry_run(resolved: Resolved) -> Submitted:

@@ -79,6 +79,8 @@ class RenderInput:
     resolved: Resolved
     command: str
     files: JobFiles
+    python: str
+    run_dir: str
     array: str | None = None
     dependency: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -96,6 +98,8 @@ def render(inp: RenderInput) -> str:
         "array": inp.array,
         "dependency": inp.dependency,
         "command": Shell(inp.command),
+        "python": Shell(inp.python),
+        "run_dir": inp.run_dir,
         "env": {**res.spec.env, **inp.extra_env},
         "slurm": res.profile.executor == "slurm",
     }

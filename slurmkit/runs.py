@@ -99,6 +99,20 @@ class RunPaths:
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    def checkpoint_uri(self, checkpoint_root: str | None) -> str:
+        """Where this run's checkpoints go: <checkpoint_root>/<run_id>, or the run folder's checkpoints/."""
+        if checkpoint_root:
+            return f"{os.path.expandvars(checkpoint_root).rstrip('/')}/{self.run_id}"
+        return str(self.checkpoints)
+
+    @property
+    def restart_request(self) -> Path:
+        """Why the running job asked to be requeued; read and removed by the next incarnation."""
+        return self.run_dir / "restart-request.json"
+
+    def hang_marker(self, rank: int) -> Path:
+        return self.run_dir / f"hang-rank{rank}.json"
+
     def rank_log(self, job_id: str, rank: int, stream: str = "out") -> Path:
         """submitit's per-rank log name (its JobPaths layout: JOBID_RANK_log.out)."""
         return self.job_folder / f"{job_id}_{rank}_log.{stream}"

@@ -13,7 +13,7 @@ import yaml
 
 from slurmkit.config.loader import resolve
 from slurmkit.errors import RenderError
-from slurmkit.slurm.executor import render_for, submitit_command
+from slurmkit.slurm.executor import python_command, render_for, submitit_command
 from tests.conftest import ROOT, write_spec
 from tests.test_profiles import SHIPPED
 
@@ -22,8 +22,9 @@ FOLDER = Path("/shared/runs/golden-run/submitit")
 
 
 def render_profile(spec: Path, profile: str, sets: list[str] | None = None, array: str | None = None) -> str:
-    res = resolve(spec, profile, sets or [])
-    return render_for(res, FOLDER, submitit_command("/opt/venv/bin/python", FOLDER), array=array)
+    # A fixed interpreter, so the goldens do not depend on where the venv lives.
+    res = resolve(spec, profile, ["profile.python=/opt/venv/bin/python", *(sets or [])])
+    return render_for(res, FOLDER, submitit_command(python_command(res), FOLDER), array=array)
 
 
 def check_shell(script: str, tmp_path: Path) -> None:

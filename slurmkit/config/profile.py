@@ -38,6 +38,10 @@ class RequeueBudget(Strict):
     """Requeues after the time-limit signal."""
     node_failure: int = Field(3, ge=0)
     """Requeues after a NODE_FAIL or a failed health gate."""
+    hang: int = Field(3, ge=0)
+    """Requeues after the watchdog saw no step progress for hang_timeout."""
+    crash: int = Field(3, ge=0)
+    """Requeues after a rank died (killed, or an error not yet seen twice at the same step)."""
 
 
 class Setup(Strict):

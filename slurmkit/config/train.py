@@ -28,6 +28,14 @@ class TrainConfig(Strict):
     """Seed of model init, data order and dropout; a fixed seed gives bitwise-identical parameters."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a checkpoint every N steps (0: never); used by fault tolerance."""
+    keep_latest_k: int = Field(3, ge=1)
+    """Committed checkpoints kept; older ones are removed only after a newer one is committed."""
+    async_save: bool = True
+    """Write checkpoints in the background (a CPU snapshot at the step boundary, one save in flight)."""
+    hang_timeout_s: float = Field(0.0, ge=0)
+    """Watchdog: exit and requeue after this long without a step; 0 derives it (20 median steps, >= 30 s)."""
+    inject_error_at_step: int | None = Field(None, ge=1)
+    """Fault injection: raise an error at this step on every rank (to try the requeue policy)."""
     log_every: int = Field(10, ge=1)
     """Print progress to the job log every N steps (metrics.jsonl gets every step)."""
     peak_flops: float | None = Field(None, gt=0)

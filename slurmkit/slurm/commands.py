@@ -119,6 +119,29 @@ def requeue(job_id: str) -> None:
     run(["scontrol", "requeue", job_id])
 
 
+def time_left_s(job_id: str) -> float | None:
+    """Seconds before the job's time limit (squeue %L), None when unlimited or unknown."""
+    out = run(["squeue", "--noheader", "--jobs", job_id, "--format=%L"], check=False).strip()
+    if not out or out in ("UNLIMITED", "NOT_SET", "INVALID"):
+        return None
+    days = 0
+    if "-" in out:
+        d, out = out.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in out.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    hours, minutes, seconds = parts
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def incarnation_states(job_id: str) -> list[str]:
+    """State of every incarnation of a job, oldest first (sacct --duplicates)."""
+    out = run(["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", "--jobs", job_id,
+               "--format=State"], check=False)
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
 def show_config() -> dict[str, str]:
     out = run(["scontrol", "show", "config"])
     conf: dict[str, str] = {}

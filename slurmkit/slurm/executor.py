@@ -41,7 +41,9 @@ def job_files(folder: Path, array: bool = False) -> JobFiles:
 
 
 def render_for(resolved: Resolved, folder: Path, command: str, array: str | None = None) -> str:
-    return render(RenderInput(resolved, command, job_files(folder, array is not None), array=array))
+    """The script for a run whose submitit folder is `folder` (inside the run folder)."""
+    return render(RenderInput(resolved, command, job_files(folder, array is not None), python_command(resolved),
+                              str(folder.parent), array=array))
 
 
 class RenderedSlurmExecutor(submitit.SlurmExecutor):

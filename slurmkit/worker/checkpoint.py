@@ -129,7 +129,7 @@ class CheckpointStore:
     def manifest(self, step: int) -> dict[str, Any] | None:
         try:
             data: dict[str, Any] = json.loads(self.fs.cat_file(f"{self.step_dir(step)}/{MARKER}"))
-        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             return None
         return data if isinstance(data.get("files"), dict) else None
 
@@ -144,7 +144,7 @@ class CheckpointStore:
         for name, want in manifest["files"].items():
             try:
                 data = self.fs.cat_file(f"{self.step_dir(step)}/{name}")
-            except (FileNotFoundError, OSError):
+            except OSError:
                 return None
             if len(data) != want["bytes"] or hashlib.sha256(data).hexdigest() != want["sha256"]:
                 return None

@@ -27,10 +27,13 @@ class Run:
     spec: dict[str, Any]
     run_dir: str
     env: dict[str, str] = field(default_factory=dict)
+    checkpoint_uri: str | None = None
 
     def __call__(self) -> Any:
         os.environ.update(self.env)
         os.environ["SLURMKIT_RUN_DIR"] = self.run_dir
+        if self.checkpoint_uri:
+            os.environ["SLURMKIT_CHECKPOINT_URI"] = self.checkpoint_uri
         if self.spec.get("command") is not None:
             return run_command(self.spec["command"])
         if self.spec.get("callable") is not None:

@@ -50,9 +50,10 @@ slurmkit_forward_signal() {
 }
 trap slurmkit_forward_signal USR2
 
-# launch: one rank per task
+# launch: one rank per task; one rank exiting non-zero (a crash, the hang watchdog) stops them all.
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
+export SLURMKIT_SIGNAL=USR2
+srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
 SLURMKIT_LAUNCH_PID=$!
 # wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
 while true; do
@@ -60,4 +61,8 @@ while true; do
   SLURMKIT_RC=$?
   kill -0 "$SLURMKIT_LAUNCH_PID" 2>/dev/null || break
 done
+if [ "$SLURMKIT_RC" -ne 0 ]; then
+  # Hang or crash: requeue within the profile's budget, unless the error is deterministic.
+  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir /shared/runs/golden-run --exit-code "$SLURMKIT_RC" || true
+fi
 exit "$SLURMKIT_RC"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,10 @@ from slurmkit.config.train import TrainConfig
 from slurmkit.worker.dist import Dist, distributed
 from slurmkit.worker.metrics import MetricsWriter, peak_flops
 from slurmkit.worker.trainer import Trainer, warmup_cosine
+
+
+class InjectedError(RuntimeError):
+    """Raised by `inject_error_at_step`: a deterministic application error, on purpose."""
 
 
 def _dtype(cfg: TrainConfig, dist: Dist) -> torch.dtype | None:
@@ -48,26 +55,49 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     return trainer, extras
 
 
+def _inject(step: int) -> Any:
+    def hook(trainer: Trainer, record: dict[str, Any]) -> None:
+        if trainer.state.step == step:
+            raise InjectedError(f"injected error at step {step}")
+
+    return hook
+
+
 def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """Train on every rank; each rank returns the summary (with its own parameter digest)."""
+    from slurmkit.worker import lifecycle
+
     cfg = TrainConfig.model_validate(config)
     with distributed() as dist:
         trainer, extras = build(cfg, dist, Path(run_dir) if run_dir else None)
+        life = lifecycle.Lifecycle(dist, run_dir, cfg)
+        life.attach(trainer)
+        if cfg.inject_error_at_step:
+            trainer.hooks.append(_inject(cfg.inject_error_at_step))
         if dist.is_main:
             print(f"slurmkit train: model={cfg.model} world_size={dist.world_size} backend={dist.backend} "
                   f"global_batch={trainer.global_batch} peak={extras['peak_flops']:.3g} ({extras['peak_source']})",
                   flush=True)
+        t0 = time.perf_counter()
         try:
             summary = trainer.fit()
+            life.finish()
         finally:
             trainer.metrics.close()
+        if life.stopped:
+            life.requeue_and_exit(trainer)  # does not return
         summary.update(model=cfg.model, rank=dist.rank, peak_flops=extras["peak_flops"],
-                       peak_source=extras["peak_source"])
+                       peak_source=extras["peak_source"], wall_s=time.perf_counter() - t0, **life.summary())
         if "test_set" in extras:
             from slurmkit.worker.tasks.digits import accuracy
 
             summary["accuracy"] = accuracy(trainer.raw_model, extras["test_set"], trainer.device)
         if dist.is_main:
-            shown = {k: summary[k] for k in ("steps", "loss", "accuracy", "samples_per_s", "mfu") if k in summary}
-            print(f"slurmkit train: done {shown}", flush=True)
+            shown = {k: summary[k] for k in ("steps", "loss", "accuracy", "samples_per_s", "mfu", "restarts")
+                     if k in summary}
+            print(f"slurmkit train: done {json.dumps(shown)}", flush=True)
         return summary
+
+
+def checkpoint_uri(run_dir: str | None) -> str | None:
+    return os.environ.get("SLURMKIT_CHECKPOINT_URI") or (f"{run_dir}/checkpoints" if run_dir else None)

@@ -1,0 +1,100 @@
+"""One training run's life across incarnations: resume, record restarts, stop together, requeue."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as tdist
+
+from slurmkit.config.train import TrainConfig
+from slurmkit.runs import RunPaths, RunRecord, atomic_write_text
+from slurmkit.worker import requeue
+from slurmkit.worker.dist import Dist
+from slurmkit.worker.resilience import Resilience
+from slurmkit.worker.trainer import Trainer
+
+TIMEOUT_MARGIN_S = 60  # Slurm checks limits about every 30 s, so the signal may come that early
+
+
+class BudgetSpent(RuntimeError):
+    """This run was requeued more often for one cause than its profile allows."""
+
+
+class Lifecycle:
+    def __init__(self, dist: Dist, run_dir: str | None, cfg: TrainConfig) -> None:
+        from slurmkit.worker.tasks.train import checkpoint_uri
+
+        self.dist, self.cfg = dist, cfg
+        self.paths = RunPaths(Path(run_dir)) if run_dir else None
+        self.job_id = os.environ.get("SLURM_JOB_ID") if dist.env.launcher == "slurm" else None
+        uri = checkpoint_uri(run_dir)
+        self.res = Resilience(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
+                              cfg.hang_timeout_s or None, self._on_hang) if uri else None
+        self.restart: dict[str, Any] | None = None
+
+    def _on_hang(self, idle_s: float) -> None:
+        if self.paths is not None:
+            atomic_write_text(self.paths.hang_marker(self.dist.rank), json.dumps(
+                {"rank": self.dist.rank, "idle_s": round(idle_s, 1), "time": time.time()}) + "\n")
+
+    def attach(self, trainer: Trainer) -> None:
+        resumed = self.res.restore(trainer) if self.res else None
+        if self.res:
+            trainer.hooks.append(self.res.on_step_end)
+        count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        if count and self.dist.is_main and self.paths and self.job_id:
+            self.restart = requeue.record_restart(self.paths, self.job_id, count, resumed)
+            print(f"slurmkit: restart {count}, cause {self.restart['cause']} ({self.restart['detail']}), "
+                  f"resumed at step {resumed}", flush=True)
+            final = RunRecord(self.paths).read().get("final")
+            if final:
+                raise BudgetSpent(f"not continuing: {final}")
+
+    @property
+    def stopped(self) -> bool:
+        return self.res is not None and self.res.stopped_at is not None
+
+    def finish(self) -> None:
+        if self.res:
+            self.res.finish()
+
+    def _cause(self) -> tuple[str, str]:
+        """Timeout when the limit is near, else preemption; the signal is the same for both."""
+        from slurmkit.slurm import commands
+
+        assert self.job_id and self.paths
+        left = commands.time_left_s(self.job_id)
+        delay = int((RunRecord(self.paths).read().get("profile") or {}).get("signal_delay_s", 0))
+        if left is not None and left <= delay + TIMEOUT_MARGIN_S:
+            return "timeout", f"{left:.0f} s left of the time limit"
+        return "preemption", "signal with time to spare" if left is None else f"signal with {left:.0f} s left"
+
+    def requeue_and_exit(self, trainer: Trainer) -> None:
+        """After the final save: rank 0 requeues (within budget), then every rank exits."""
+        step = trainer.state.step
+        if self.dist.is_main:
+            if self.job_id and self.paths:
+                cause, detail = self._cause()
+                ok = requeue.request(self.paths, self.job_id, cause, step, detail)
+                print(f"slurmkit: stopped at step {step} ({cause}); "
+                      f"{'requeued' if ok else 'requeue budget spent, not requeued'}", flush=True)
+            else:
+                print(f"slurmkit: stopped at step {step}; checkpoint committed (not under Slurm: no requeue)",
+                      flush=True)
+        if self.dist.world_size > 1:
+            tdist.barrier()
+        # Not an exception: submitit must not record a result (or an error) for this incarnation.
+        raise SystemExit(0)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.res:
+            out.update(resumed_from_step=self.res.resumed_step, checkpoint_stall_s=round(self.res.stall_s, 4))
+        if self.paths and self.paths.record.exists():
+            restarts = RunRecord(self.paths).read().get("restarts", [])
+            out.update(restarts=len(restarts), restart_causes=[r["cause"] for r in restarts])
+        return out

@@ -1,0 +1,150 @@
+"""Requeue policy by cause, shared by rank 0 (preemption, timeout) and the batch shell (hang, crash).
+
+The cause is what is known for sure: the marker the requester wrote before asking Slurm to
+requeue, or else what Slurm reports for the previous incarnation (sacct: NODE_FAIL, PREEMPTED,
+TIMEOUT, REQUEUED). Each cause has its own budget in the profile's `requeue` block. An error
+that repeats at the same step is deterministic and never requeued. Every restart is appended to
+run.json with its cause.
+
+Also the batch shell's entry point, after srun exits non-zero:
+    python -m slurmkit.worker.requeue --run-dir DIR --exit-code RC
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from slurmkit.runs import RunPaths, RunRecord, atomic_write_text
+
+SLURM_STATE_CAUSE = {"NODE_FAIL": "node_failure", "PREEMPTED": "preemption", "TIMEOUT": "timeout",
+                     "REQUEUED": "requeue", "REQUEUE_HOLD": "requeue", "FAILED": "crash"}
+
+
+def _now() -> str:
+    return dt.datetime.now().isoformat(timespec="seconds")
+
+
+def budget(record: dict[str, Any], cause: str) -> int:
+    budgets = (record.get("profile") or {}).get("requeue") or {}
+    # An external `scontrol requeue` spends the preemption budget: it is the same kind of event.
+    return int(budgets.get("preemption" if cause == "requeue" else cause, 0))
+
+
+def spent(record: dict[str, Any], cause: str) -> int:
+    return sum(1 for r in record.get("restarts", []) if r.get("cause") == cause)
+
+
+def allowed(record: dict[str, Any], cause: str) -> bool:
+    return not record.get("final") and spent(record, cause) < budget(record, cause)
+
+
+def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, detail: str = "") -> bool:
+    """Ask Slurm to requeue this job for `cause`, if its budget allows; the marker goes first."""
+    from slurmkit.slurm import commands
+
+    record = RunRecord(paths).read()
+    if not allowed(record, cause):
+        RunRecord(paths).update(final=f"{cause} budget of {budget(record, cause)} spent")
+        return False
+    atomic_write_text(paths.restart_request, json.dumps(
+        {"cause": cause, "step": step, "detail": detail, "job_id": job_id, "time": _now()}) + "\n")
+    commands.requeue(job_id)
+    return True
+
+
+def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_step: int | None) -> dict[str, Any]:
+    """On start of incarnation N > 0: append the restart and its cause to run.json (once)."""
+    record = RunRecord(paths).read()
+    done = [r for r in record.get("restarts", []) if r.get("job_id") == job_id and r.get("n") == restart_count]
+    if done:
+        return done[0]
+    cause, detail = "unknown", ""
+    try:
+        marker = json.loads(paths.restart_request.read_text())
+        cause, detail = marker["cause"], marker.get("detail", "")
+        paths.restart_request.unlink()
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        from slurmkit.slurm import commands
+
+        states = commands.incarnation_states(job_id)
+        previous = states[-2] if len(states) >= 2 else ""
+        cause = SLURM_STATE_CAUSE.get(previous, "unknown")
+        detail = f"slurm state {previous}" if previous else "no marker and no accounting record"
+    entry = {"n": restart_count, "job_id": job_id, "cause": cause, "detail": detail, "time": _now(),
+             "resumed_step": resumed_step}
+    with_entry = RunRecord(paths).read()
+    with_entry.setdefault("restarts", []).append(entry)
+    if spent(with_entry, cause) > budget(with_entry, cause):
+        with_entry["final"] = f"{cause} budget of {budget(with_entry, cause)} spent"
+    RunRecord(paths).write(with_entry)
+    return entry
+
+
+def _last_step(paths: RunPaths) -> int | None:
+    try:
+        lines = paths.metrics.read_text().strip().splitlines()
+        return int(json.loads(lines[-1])["step"]) if lines else None
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def _error_signature(paths: RunPaths, job_id: str, num_tasks: int) -> str | None:
+    """The last line of the first rank's error traceback, if a rank raised (submitit's pickle)."""
+    from submitit.core.utils import pickle_load
+
+    for rank in range(num_tasks):
+        pickle = paths.job_folder / f"{job_id}_{rank}_result.pkl"
+        try:
+            outcome, value = pickle_load(pickle)
+        except Exception:
+            continue
+        if outcome == "error":
+            return str(value).strip().splitlines()[-1]
+    return None
+
+
+def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
+    """Decide, after srun failed, whether to requeue; returns what was decided."""
+    record = RunRecord(paths).read()
+    hangs = sorted(paths.run_dir.glob("hang-rank*.json"))
+    step = _last_step(paths)
+    if hangs:
+        cause, detail = "hang", hangs[0].read_text().strip()
+        for h in hangs:
+            h.unlink()
+    else:
+        signature = _error_signature(paths, job_id, int(record.get("num_tasks", 1)))
+        cause, detail = "crash", signature or f"srun exit code {exit_code}"
+        failures = record.get("failures", [])
+        if signature and any(f.get("error") == signature and f.get("step") == step for f in failures):
+            RunRecord(paths).update(final=f"deterministic error at step {step}: {signature}")
+            return f"not requeued: the same error at step {step} twice ({signature})"
+        RunRecord(paths).update(failures=[*failures, {"error": signature, "step": step, "exit_code": exit_code,
+                                                      "time": _now()}])
+    if request(paths, job_id, cause, step, detail):
+        return f"requeued: {cause} ({detail})"
+    return f"not requeued: {cause} budget spent"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.requeue")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--exit-code", type=int, required=True)
+    args = parser.parse_args(argv)
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id:
+        print("slurmkit requeue: not inside a Slurm job", file=sys.stderr)
+        return 2
+    print(f"slurmkit: ranks failed (exit {args.exit_code}); "
+          f"{after_failure(RunPaths(Path(args.run_dir)), job_id, args.exit_code)}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

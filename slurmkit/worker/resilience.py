@@ -1,0 +1,180 @@
+"""Checkpoint, preemption and hang handling around the Trainer's step boundaries.
+
+At every step boundary the ranks all-reduce two flags (a stop signal seen; a background save
+still writing), so they all stop at the same step and commit a save only once every rank's
+files are written. Rank 0 writes the commit marker. The signal handler itself only sets a flag.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+
+from slurmkit.worker.checkpoint import AsyncWriter, CheckpointError, CheckpointStore, Entry, snapshot
+from slurmkit.worker.dist import Dist
+from slurmkit.worker.preempt import StopFlag
+from slurmkit.worker.trainer import Trainer
+from slurmkit.worker.watchdog import Watchdog
+
+
+def rng_state() -> dict[str, Any]:
+    np_state: Any = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Resilience:
+    def __init__(self, dist: Dist, uri: str, every: int, keep_latest_k: int = 3, async_save: bool = True,
+                 hang_timeout_s: float | None = None, on_hang: Any = None) -> None:
+        self.dist = dist
+        self.store = CheckpointStore(uri)
+        self.writer = AsyncWriter(self.store)
+        self.every, self.keep, self.async_save = every, keep_latest_k, async_save
+        self.flag = StopFlag().install()
+        self.watchdog = Watchdog(hang_timeout_s, on_hang).start()
+        self.stall_s = 0.0
+        self.resumed_step: int | None = None
+        self.stopped_at: int | None = None
+
+    # --------------------------------------------------------------- collectives
+
+    def _max(self, values: list[int]) -> list[int]:
+        if self.dist.world_size == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.int64, device=self.dist.device_str)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+        return [int(v) for v in t.tolist()]
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if self.dist.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.dist.world_size
+        tdist.all_gather_object(out, obj)
+        return out
+
+    def _from_main(self, obj: Any) -> Any:
+        if self.dist.world_size == 1:
+            return obj
+        box = [obj]
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # --------------------------------------------------------------- restore
+
+    def restore(self, trainer: Trainer) -> int | None:
+        """Load the newest valid checkpoint (rank 0 picks it, every rank loads it)."""
+        step = self._from_main(self.store.latest_valid(print) if self.dist.is_main else None)
+        if step is None:
+            return None
+        trainer.raw_model.load_state_dict(self.store.load(step, "model.pt"))
+        trainer.optimizer.load_state_dict(self.store.load(step, "optim.pt"))
+        meta = self.store.load(step, "trainer.pt")
+        if trainer.scheduler is not None and meta.get("scheduler") is not None:
+            trainer.scheduler.load_state_dict(meta["scheduler"])
+        trainer.state.step, trainer.state.epoch = meta["step"], meta["epoch"]
+        trainer.state.batch_in_epoch, trainer.state.history = meta["batch_in_epoch"], meta["history"]
+        rng_file = f"rng-rank{self.dist.rank}.pt"
+        manifest = self.store.manifest(step) or {}
+        if rng_file in manifest.get("files", {}):
+            set_rng_state(self.store.load(step, rng_file))
+        self.resumed_step = step
+        if self.dist.is_main:
+            print(f"slurmkit: resumed from checkpoint step-{step}", flush=True)
+        return step
+
+    # --------------------------------------------------------------- saving
+
+    def _files(self, trainer: Trainer) -> dict[str, Any]:
+        files: dict[str, Any] = {f"rng-rank{self.dist.rank}.pt": rng_state()}
+        if self.dist.is_main:
+            files["model.pt"] = trainer.raw_model.state_dict()
+            files["optim.pt"] = trainer.optimizer.state_dict()
+            files["trainer.pt"] = {
+                "step": trainer.state.step, "epoch": trainer.state.epoch,
+                "batch_in_epoch": trainer.state.batch_in_epoch, "history": trainer.state.history,
+                "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
+            }
+        return snapshot(files)
+
+    def _commit(self) -> None:
+        step = self.writer.step
+        error = None
+        entries: list[Entry] = []
+        try:
+            entries = self.writer.result()
+        except CheckpointError as exc:
+            error = str(exc)
+        gathered = self._gather(([e.__dict__ for e in entries], error))
+        errors = [err for _, err in gathered if err]  # the same list on every rank
+        if not errors:
+            commit_error = None
+            if self.dist.is_main:
+                try:
+                    all_entries = [Entry(**e) for rank_entries, _ in gathered for e in rank_entries]
+                    assert step is not None
+                    self.store.commit(step, all_entries, {"world_size": self.dist.world_size, "time": time.time()})
+                    self.store.prune(self.keep)
+                except (CheckpointError, OSError) as exc:
+                    commit_error = str(exc)
+            commit_error = self._from_main(commit_error)
+            errors = [commit_error] if commit_error else []
+        if errors:
+            raise CheckpointError(errors[0])
+        if self.dist.is_main:
+            print(f"slurmkit: checkpoint step-{step} committed", flush=True)
+
+    def save(self, trainer: Trainer, wait: bool) -> None:
+        t0 = time.perf_counter()
+        if self.writer.pending:
+            self._commit()
+        self.writer.start(trainer.state.step, self._files(trainer))
+        if wait or not self.async_save:
+            self._commit()
+        self.stall_s += time.perf_counter() - t0
+
+    # --------------------------------------------------------------- the step boundary
+
+    def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        history = trainer.state.history
+        median = sorted(h["step_s"] for h in history[-20:])[len(history[-20:]) // 2]
+        self.watchdog.progress(median)
+        stop, writing = self._max([int(self.flag.is_set), int(self.writer.pending and not self.writer.done)])
+        if self.writer.pending and not writing:
+            t0 = time.perf_counter()
+            self._commit()
+            self.stall_s += time.perf_counter() - t0
+        if stop:
+            # Every rank stops at this same step and takes part in the final save.
+            self.save(trainer, wait=True)
+            self.stopped_at = trainer.state.step
+            trainer.stop_requested = True
+        elif self.every and trainer.state.step % self.every == 0:
+            self.save(trainer, wait=False)
+        self.watchdog.progress()
+
+    def finish(self) -> None:
+        """Commit a save still in flight; raise its error if it failed."""
+        if self.writer.pending:
+            self._commit()
+        self.watchdog.stop()

@@ -1,0 +1,144 @@
+"""CheckpointStore and AsyncWriter on real filesystems (file://, plain paths) and memory://."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurmkit.worker.checkpoint import MARKER, AsyncWriter, CheckpointError, CheckpointStore, snapshot
+
+
+def _uris(tmp_path: Path) -> list[str]:
+    return [str(tmp_path / "plain"), f"file://{tmp_path / 'url'}", f"memory://ck-{uuid.uuid4().hex}"]
+
+
+def _save(store: CheckpointStore, step: int, value: float) -> None:
+    w = AsyncWriter(store)
+    w.start(step, {"model.pt": {"w": torch.full((4,), value)}, "rank0.pt": {"step": step}})
+    store.commit(step, w.result())
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2], ids=["plain-path", "file-url", "memory"])
+def test_commit_then_load_latest(tmp_path: Path, kind: int) -> None:
+    store = CheckpointStore(_uris(tmp_path)[kind])
+    assert store.latest_valid() is None
+    _save(store, 10, 1.0)
+    _save(store, 20, 2.0)
+    assert store.latest_valid() == 20
+    assert torch.equal(store.load(20, "model.pt")["w"], torch.full((4,), 2.0))
+    manifest = store.verify(20)
+    assert manifest is not None and set(manifest["files"]) == {"model.pt", "rank0.pt"}
+
+
+@pytest.mark.parametrize("kind", [0, 2], ids=["plain-path", "memory"])
+def test_uncommitted_and_corrupt_checkpoints_are_skipped(tmp_path: Path, kind: int) -> None:
+    store = CheckpointStore(_uris(tmp_path)[kind])
+    _save(store, 10, 1.0)
+    _save(store, 20, 2.0)
+    store.write(30, "model.pt", b"half a checkpoint, no marker")
+    assert store.latest_valid() == 20
+    store.fs.pipe_file(f"{store.step_dir(20)}/model.pt", b"bit rot")
+    logged: list[str] = []
+    assert store.latest_valid(logged.append) == 10
+    assert any("step-20" in m for m in logged)
+
+
+def test_keep_latest_k_prunes_only_after_a_newer_commit(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "ck"))
+    for step in (1, 2, 3):
+        _save(store, step, float(step))
+        store.prune(2)
+    assert store.steps() == [3, 2]
+    store.write(4, "model.pt", b"in flight")  # not committed: must not cause a prune
+    assert store.prune(2) == [] and store.committed() == [3, 2]
+
+
+def test_local_writes_leave_no_temp_files(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "ck"))
+    _save(store, 5, 5.0)
+    assert sorted(os.listdir(tmp_path / "ck" / "step-5")) == [MARKER, "model.pt", "rank0.pt"]
+
+
+def test_weights_only_load_refuses_arbitrary_objects(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "ck"))
+    import io
+    import pickle
+
+    buf = io.BytesIO()
+    pickle.dump(Path("/etc"), buf)  # an object weights_only must not reconstruct
+    entry = store.write(1, "evil.pt", buf.getvalue())
+    store.commit(1, [entry])
+    with pytest.raises(Exception, match="(?i)weights_only|unsupported|not allowed"):
+        store.load(1, "evil.pt")
+
+
+def test_background_failure_is_raised_and_older_checkpoints_stay(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    store = CheckpointStore(str(root))
+    _save(store, 1, 1.0)
+    os.chmod(root, 0o500)  # a permission error on the next step folder
+    try:
+        if os.geteuid() == 0:
+            # root ignores permissions: make the step folder a file instead, an equally real failure
+            os.chmod(root, 0o755)
+            (root / "step-2").write_text("not a folder")
+        w = AsyncWriter(store)
+        w.start(2, {"model.pt": {"w": torch.zeros(2)}})
+        with pytest.raises(CheckpointError, match="checkpoint step 2: cannot write model.pt"):
+            w.result()
+    finally:
+        os.chmod(root, 0o755)
+    assert store.latest_valid() == 1
+
+
+def test_at_most_one_save_in_flight(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "ck"))
+    w = AsyncWriter(store)
+    w.start(1, {"a.pt": {"x": torch.zeros(1000)}})
+    w.start(2, {"a.pt": {"x": torch.ones(1000)}})  # waits for the first before starting
+    assert w.step == 2 and [e.name for e in w.result()] == ["a.pt"]
+
+
+def test_snapshot_is_a_copy() -> None:
+    live = {"w": torch.zeros(3), "nested": [torch.ones(2)]}
+    snap = snapshot(live)
+    live["w"] += 5
+    live["nested"][0] += 5
+    assert torch.equal(snap["w"], torch.zeros(3)) and torch.equal(snap["nested"][0], torch.ones(2))
+
+
+KILLER = """
+import sys, torch
+from slurmkit.worker.checkpoint import AsyncWriter, CheckpointStore
+store = CheckpointStore(sys.argv[1])
+step = int(sys.argv[2])
+w = AsyncWriter(store)
+w.start(step, {"model.pt": {"w": torch.randn(2_000_000)}, "optim.pt": {"m": torch.randn(2_000_000)}})
+store.commit(step, w.result())
+print("committed", flush=True)
+"""
+
+
+def test_sigkill_during_saves_never_leaves_an_accepted_broken_checkpoint(tmp_path: Path) -> None:
+    import random
+    import time
+
+    root = tmp_path / "ck"
+    rng = random.Random(0)
+    for step in range(1, 13):
+        proc = subprocess.Popen([sys.executable, "-c", KILLER, str(root), str(step)], stdout=subprocess.PIPE)
+        time.sleep(rng.uniform(0.3, 1.5))
+        proc.kill()
+        proc.wait()
+    store = CheckpointStore(str(root))
+    for step in store.committed():
+        assert store.verify(step) is not None, f"step-{step} has a marker but does not verify"
+    latest = store.latest_valid()
+    if latest is not None:
+        assert store.load(latest, "model.pt")["w"].numel() == 2_000_000

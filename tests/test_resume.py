@@ -1,0 +1,86 @@
+"""Resuming from checkpoints is bitwise identical to an uninterrupted run (single process here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmkit.config.train import TrainConfig
+from slurmkit.worker.checkpoint import CheckpointStore
+from slurmkit.worker.dist import distributed
+from slurmkit.worker.lifecycle import Lifecycle
+from slurmkit.worker.tasks.train import build
+from slurmkit.worker.tasks.train import run as train
+
+BASE = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 5, "checkpoint_every": 10}
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("SLURM_PROCID", "SLURM_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "RANK", "WORLD_SIZE",
+                "SLURM_RESTART_COUNT", "SLURMKIT_CHECKPOINT_URI"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def incarnation(config: dict[str, Any], run_dir: Path, signal_at: int | None = None) -> dict[str, Any] | None:
+    """One incarnation of a training run; a USR2 at `signal_at` stops it the way Slurm would."""
+    cfg = TrainConfig.model_validate(config)
+    with distributed() as dist:
+        trainer, _ = build(cfg, dist, run_dir)
+        life = Lifecycle(dist, str(run_dir), cfg)
+        life.attach(trainer)
+        if signal_at is not None:
+            trainer.hooks.insert(0, lambda t, r: os.kill(os.getpid(), signal.SIGUSR2)
+                                 if t.state.step == signal_at else None)
+        summary = trainer.fit()
+        life.finish()
+        trainer.metrics.close()
+        if life.stopped:
+            return None
+        return {**summary, **life.summary()}
+
+
+def test_signal_stops_at_the_step_saves_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
+    full = train(BASE, str(tmp_path / "full"))
+    run_dir = tmp_path / "interrupted"
+    assert incarnation(BASE, run_dir, signal_at=17) is None
+    store = CheckpointStore(str(run_dir / "checkpoints"))
+    assert store.latest_valid() == 17  # the final save happened at the signalled step
+    resumed = incarnation(BASE, run_dir)
+    assert resumed is not None and resumed["steps"] == 40
+    assert resumed["params_sha256"] == full["params_sha256"]
+    steps = [json.loads(ln)["step"] for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 41))  # nothing recomputed: the save was at the stop step
+
+
+def test_corrupt_newest_checkpoint_falls_back_and_still_matches(tmp_path: Path) -> None:
+    full = train(BASE, str(tmp_path / "full"))
+    run_dir = tmp_path / "corrupt"
+    assert incarnation(BASE, run_dir, signal_at=25) is None
+    store = CheckpointStore(str(run_dir / "checkpoints"))
+    assert store.committed()[:2] == [25, 20]
+    (run_dir / "checkpoints" / "step-25" / "model.pt").write_bytes(b"corrupted on disk")
+    assert store.latest_valid() == 20
+    resumed = incarnation(BASE, run_dir)
+    assert resumed is not None and resumed["resumed_from_step"] == 20
+    assert resumed["params_sha256"] == full["params_sha256"]
+    steps = [json.loads(ln)["step"] for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) - 40 == 5  # steps 21-25 recomputed: less than one checkpoint interval
+
+
+def test_keep_latest_k_during_training(tmp_path: Path) -> None:
+    train({**BASE, "keep_latest_k": 2}, str(tmp_path / "k"))
+    assert CheckpointStore(str(tmp_path / "k" / "checkpoints")).steps() == [40, 30]
+
+
+def test_sync_and_async_saves_give_the_same_checkpoint(tmp_path: Path) -> None:
+    a = train({**BASE, "async_save": True}, str(tmp_path / "a"))
+    b = train({**BASE, "async_save": False}, str(tmp_path / "b"))
+    assert a["params_sha256"] == b["params_sha256"]
+    sa, sb = CheckpointStore(str(tmp_path / "a" / "checkpoints")), CheckpointStore(str(tmp_path / "b" / "checkpoints"))
+    assert sa.manifest(40)["files"]["model.pt"] == sb.manifest(40)["files"]["model.pt"]  # type: ignore[index]
