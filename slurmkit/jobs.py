@@ -133,13 +133,15 @@ def statuses(records: list[dict[str, Any]]) -> list[RunStatus]:
     for rec in records:
         job_ids = rec.get("job_ids") or []
         jid = job_ids[-1] if job_ids else ""
-        state, nodes, elapsed, restarts = "NOT_SUBMITTED", "", "", 0
+        state, nodes, elapsed = "NOT_SUBMITTED", "", ""
         if jid and rec.get("executor") == "local":
             state = _local_state(RunPaths(Path(rec["run_dir"])), jid, int(rec.get("num_tasks", 1)))
         elif jid:
             info = infos.get(jid)
             state = info.state if info else "UNKNOWN"
-            nodes, elapsed, restarts = (info.nodes, info.elapsed, info.restarts) if info else ("", "", 0)
+            nodes, elapsed = (info.nodes, info.elapsed) if info else ("", "")
+        # run.json knows every restart and its cause, whichever incarnation is live now.
+        restarts = max(len(rec.get("restarts", [])), infos[jid].restarts if jid in infos else 0)
         out.append(RunStatus(rec["run_id"], rec.get("name", ""), jid, state, nodes, elapsed, restarts,
                              len(job_ids), rec["run_dir"], rec.get("created", "")))
     return out

@@ -1,0 +1,182 @@
+"""Fault injection on the real dev cluster: every run must complete with the digest of an
+uninterrupted run, losing at most one checkpoint interval of steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmkit import jobs
+from slurmkit.config.loader import resolve
+from slurmkit.runs import RunPaths, RunRecord
+from tests.conftest import EXAMPLES
+
+pytestmark = pytest.mark.cluster
+EVERY = 50
+STEPS = 300
+SETS = ["resources.nodes=2", "resources.tasks_per_node=1", f"config.steps={STEPS}",
+        f"config.checkpoint_every={EVERY}", "config.log_every=50", "config.seed=11"]
+
+
+def start(profile: Path, *extra: str) -> tuple[RunPaths, str]:
+    sub = jobs.submit(resolve(EXAMPLES / "train_gpt.yaml", str(profile), [*SETS, *extra]))
+    assert sub.job_id
+    return RunPaths(Path(sub.run_dir)), sub.job_id
+
+
+def steps_done(paths: RunPaths) -> list[int]:
+    try:
+        return [json.loads(ln)["step"] for ln in paths.metrics.read_text().splitlines() if ln.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_until(predicate: Any, timeout_s: float = 90, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_step(paths: RunPaths, step: int) -> None:
+    wait_until(lambda: (steps_done(paths) or [0])[-1] >= step, what=f"step {step}")
+
+
+def rank_pid(paths: RunPaths, rank: int) -> int:
+    """The pid of one rank's Python process (all nodes share this machine's process table)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if "submitit.core._submit" in cmd and str(paths.job_folder) in cmd and f"SLURM_PROCID={rank}".encode() in env:
+            return int(proc.name)
+    raise AssertionError(f"rank {rank} process not found")
+
+
+def finish(paths: RunPaths, timeout_s: float = 240) -> str:
+    return jobs.wait(paths, poll_s=1.0, timeout_s=timeout_s).state
+
+
+def check(paths: RunPaths, reference: dict[str, Any], max_lost: int = EVERY) -> dict[str, Any]:
+    assert finish(paths) == "COMPLETED", jobs.failing_rank_tail(paths, RunRecord(paths).read()["job_ids"][-1])
+    results = [jobs.result(paths, rank=r) for r in (0, 1)]
+    assert results[0]["params_sha256"] == results[1]["params_sha256"] == reference["params_sha256"]
+    lost = len(steps_done(paths)) - STEPS
+    assert 0 <= lost <= max_lost, f"{lost} steps recomputed"
+    assert results[0]["restarts"] >= 1
+    return results[0]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("ref")
+    profile = root / "p.yaml"
+    profile.write_text(f"extends: devcluster\nrun_root: {root / 'runs'}\n")
+    paths, _ = start(profile)
+    assert finish(paths) == "COMPLETED"
+    result: dict[str, Any] = jobs.result(paths)
+    assert result["restarts"] == 0 and len(steps_done(paths)) == STEPS
+    return result
+
+
+def test_preemption_signal_saves_at_the_step_and_resumes(cluster: None, dev_profile: Path,
+                                                         reference: dict[str, Any]) -> None:
+    paths, job = start(dev_profile)
+    wait_step(paths, 60)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    result = check(paths, reference, max_lost=0)  # the final save is at the stop step
+    assert result["restart_causes"] == ["preemption"]
+
+
+def test_scontrol_requeue_resumes_from_the_last_checkpoint(cluster: None, dev_profile: Path,
+                                                           reference: dict[str, Any]) -> None:
+    paths, job = start(dev_profile)
+    wait_step(paths, 75)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    result = check(paths, reference)
+    assert result["restart_causes"] == ["requeue"]
+
+
+def test_node_down_mid_run(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    paths, job = start(dev_profile)
+    wait_step(paths, 75)
+    try:
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=DOWN", "Reason=fault-test"], check=True)
+        result = check(paths, reference)
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False, capture_output=True)
+    assert result["restart_causes"] == ["node_failure"]
+
+
+def test_kill_9_of_one_rank(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    paths, _ = start(dev_profile)
+    wait_step(paths, 75)
+    os.kill(rank_pid(paths, 1), signal.SIGKILL)
+    result = check(paths, reference)
+    assert result["restart_causes"] == ["crash"]
+
+
+def test_sigstop_of_one_rank_is_a_hang(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    paths, _ = start(dev_profile, "config.hang_timeout_s=6")
+    wait_step(paths, 75)
+    stopped = time.monotonic()
+    os.kill(rank_pid(paths, 1), signal.SIGSTOP)
+    wait_until(lambda: RunRecord(paths).read().get("failures") is not None
+               or paths.restart_request.exists() or RunRecord(paths).read().get("restarts"), what="hang handling")
+    detected_s = time.monotonic() - stopped
+    result = check(paths, reference)
+    assert result["restart_causes"] == ["hang"]
+    assert detected_s < 60
+    assert "slurmkit watchdog: no step progress" in "\n".join(jobs.logs(paths, rank=0))
+
+
+def test_sigkill_during_a_checkpoint_write(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    paths, _ = start(dev_profile)
+    wait_step(paths, 60)
+    ckpt = paths.checkpoints
+
+    def save_in_flight() -> bool:
+        return any(d.name.startswith("step-") and not (d / "COMMITTED.json").exists() for d in ckpt.iterdir())
+
+    wait_until(save_in_flight, what="a checkpoint write in flight")
+    os.kill(rank_pid(paths, 0), signal.SIGKILL)
+    result = check(paths, reference)
+    assert result["restart_causes"] == ["crash"]
+
+
+def test_corrupt_newest_checkpoint_falls_back(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    from slurmkit.worker.checkpoint import CheckpointStore
+
+    paths, job = start(dev_profile)
+    wait_step(paths, 110)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    # The ranks may go on (and save) until Slurm's SIGKILL; corrupt what is newest once they are gone.
+    wait_until(lambda: jobs.run_state(paths).state not in ("RUNNING", "COMPLETING"), what="the job to stop")
+    store = CheckpointStore(str(paths.checkpoints))
+    newest = store.committed()[0]
+    (paths.checkpoints / f"step-{newest}" / "model.pt").write_bytes(b"corrupted")
+    result = check(paths, reference, max_lost=2 * EVERY)  # the newest interval is gone with the corruption
+    assert result["resumed_from_step"] == newest - EVERY
+
+
+def test_deterministic_error_is_not_requeued_twice(cluster: None, dev_profile: Path) -> None:
+    paths, _ = start(dev_profile, "config.inject_error_at_step=60", f"config.checkpoint_every={EVERY}")
+    assert finish(paths) == "FAILED"
+    record = RunRecord(paths).read()
+    assert [r["cause"] for r in record["restarts"]] == ["crash"]
+    assert "deterministic error at step 60" in record["final"]
+    failed = jobs.failing_rank_tail(paths, record["job_ids"][-1])[1]
+    assert "injected error at step 60" in failed
