@@ -180,3 +180,13 @@ def test_deterministic_error_is_not_requeued_twice(cluster: None, dev_profile: P
     assert "deterministic error at step 60" in record["final"]
     failed = jobs.failing_rank_tail(paths, record["job_ids"][-1])[1]
     assert "injected error at step 60" in failed
+
+
+def test_time_limit_signal_is_a_timeout_and_resumes(cluster: None, dev_profile: Path) -> None:
+    """The one real time limit: 1 minute, the signal 10 s before it (Slurm may send it up to ~30 s early)."""
+    paths, _ = start(dev_profile, "resources.time=00:01:00", "profile.signal_delay_s=10", "config.steps=1100")
+    assert finish(paths, timeout_s=420) == "COMPLETED"
+    result = jobs.result(paths)
+    assert result["steps"] == 1100 and result["restarts"] >= 1
+    assert set(result["restart_causes"]) == {"timeout"}
+    assert len(steps_done(paths)) == 1100  # each stop saved at its own step: nothing recomputed

@@ -1,6 +1,6 @@
 """The profile field reference in docs/profiles.md, generated from the models so the two never drift.
 
-Regenerate with: python -m slurmkit.config.reference > /tmp/ref.md (and paste between the markers).
+Regenerate in place with: python -m slurmkit.config.reference docs/profiles.md
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from slurmkit.config.profile import ClusterProfile, Container, RequeueBudget, Resources, Setup
 
-BEGIN = "<!-- BEGIN FIELD REFERENCE (generated: python -m slurmkit.config.reference) -->"
+BEGIN = "<!-- BEGIN FIELD REFERENCE (generated: python -m slurmkit.config.reference docs/profiles.md) -->"
 END = "<!-- END FIELD REFERENCE -->"
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("profile", ClusterProfile), ("resources", Resources), ("requeue", RequeueBudget), ("setup", Setup),
@@ -40,5 +40,19 @@ def reference() -> str:
     return "\n".join(out)
 
 
+def update(path: str) -> None:
+    """Replace the text between the markers in `path` with the current reference."""
+    from pathlib import Path
+
+    text = Path(path).read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    Path(path).write_text(text[:start] + reference() + text[end:])
+
+
 if __name__ == "__main__":
-    print(reference())
+    import sys
+
+    if len(sys.argv) > 1:
+        update(sys.argv[1])
+    else:
+        print(reference())

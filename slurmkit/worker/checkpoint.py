@@ -25,6 +25,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 MARKER = "COMMITTED.json"
+WRITE_CHUNK = 1 << 20
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -76,6 +77,10 @@ class CheckpointStore:
         """Write one file of a checkpoint atomically; it counts only once the marker names it."""
         folder = self.step_dir(step)
         path = f"{folder}/{name}"
+        # Hash while writing: hashlib releases the GIL, and hashing alone costs as much as a fast disk.
+        digest: list[str] = []
+        hasher = threading.Thread(target=lambda: digest.append(hashlib.sha256(data).hexdigest()))
+        hasher.start()
         try:
             if self.local:
                 self._write_local(folder, path, data)
@@ -84,7 +89,9 @@ class CheckpointStore:
                 self.fs.pipe_file(path, data)
         except OSError as exc:
             raise CheckpointError(f"checkpoint step {step}: cannot write {name}: {_explain(exc, path)}") from exc
-        return Entry(name, hashlib.sha256(data).hexdigest(), len(data))
+        finally:
+            hasher.join()
+        return Entry(name, digest[0], len(data))
 
     def _write_local(self, folder: str, path: str, data: bytes) -> None:
         os.makedirs(folder, exist_ok=True)
@@ -92,9 +99,12 @@ class CheckpointStore:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
+                # 1 MiB writes, as dd bs=1M: one huge write() was 3x slower here.
                 view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
+                for start in range(0, len(view), WRITE_CHUNK):
+                    chunk = view[start:start + WRITE_CHUNK]
+                    while chunk:
+                        chunk = chunk[os.write(fd, chunk):]
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -234,13 +244,16 @@ class AsyncWriter:
         self._thread = threading.Thread(target=work, name=f"slurmkit-ckpt-{step}", daemon=True)
         self._thread.start()
 
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
+    def wait(self, heartbeat: Callable[[], None] | None = None) -> None:
+        """Join the writer; `heartbeat` is called every second meanwhile (a save is progress)."""
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(1.0)
+            if heartbeat is not None:
+                heartbeat()
 
-    def result(self) -> list[Entry]:
+    def result(self, heartbeat: Callable[[], None] | None = None) -> list[Entry]:
         """This rank's entries of the finished save (raising its background error, if any)."""
-        self.wait()
+        self.wait(heartbeat)
         error, self._error = self._error, None
         if error is not None:
             self.step = None

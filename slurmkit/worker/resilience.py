@@ -122,7 +122,7 @@ class Resilience:
         error = None
         entries: list[Entry] = []
         try:
-            entries = self.writer.result()
+            entries = self.writer.result(heartbeat=self.watchdog.progress)
         except CheckpointError as exc:
             error = str(exc)
         gathered = self._gather(([e.__dict__ for e in entries], error))

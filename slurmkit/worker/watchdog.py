@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable
 
 HANG_EXIT_CODE = 75
-FLOOR_S = 30.0
-STEP_MULTIPLE = 20.0
+FLOOR_S = 10.0
+STEP_MULTIPLE = 10.0
 
 
 def auto_timeout(median_step_s: float, floor_s: float = FLOOR_S) -> float:
-    """Default: 20 median steps, never under the floor."""
+    """Default: 10 median steps, never under the floor."""
     return max(floor_s, STEP_MULTIPLE * median_step_s)
 
 
