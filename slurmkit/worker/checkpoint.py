@@ -193,18 +193,29 @@ class CheckpointStore:
         return removed
 
 
-def snapshot(obj: Any) -> Any:
-    """A CPU copy of a (nested) state, taken at a step boundary so training may go on."""
+def snapshot(obj: Any, buffers: dict[str, Any] | None = None, _key: str = "") -> Any:
+    """A CPU copy of a (nested) state, taken at a step boundary so training may go on.
+
+    With `buffers`, tensors are copied into the previous snapshot's memory when shapes match:
+    fresh allocations (page faults) cost more than the copy itself. Safe because at most one
+    save is in flight, so the previous snapshot has been written by now.
+    """
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        src = obj.detach()
+        old = buffers.get(_key) if buffers is not None else None
+        if old is not None and old.shape == src.shape and old.dtype == src.dtype:
+            return old.copy_(src)
+        copy = src.to("cpu", copy=True)
+        if buffers is not None:
+            buffers[_key] = copy
+        return copy
     if isinstance(obj, dict):
-        return {k: snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [snapshot(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(snapshot(v) for v in obj)
+        return {k: snapshot(v, buffers, f"{_key}/{k}") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [snapshot(v, buffers, f"{_key}/{i}") for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
     return obj
 
 

@@ -54,6 +54,7 @@ class Resilience:
         self.flag = StopFlag().install()
         self.watchdog = Watchdog(hang_timeout_s, on_hang).start()
         self.stall_s = 0.0
+        self._buffers: dict[str, Any] = {}
         self.resumed_step: int | None = None
         self.stopped_at: int | None = None
 
@@ -115,7 +116,7 @@ class Resilience:
                 "batch_in_epoch": trainer.state.batch_in_epoch, "history": trainer.state.history,
                 "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
             }
-        return snapshot(files)
+        return snapshot(files, self._buffers)
 
     def _commit(self) -> None:
         step = self.writer.step
@@ -156,6 +157,13 @@ class Resilience:
     # --------------------------------------------------------------- the step boundary
 
     def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        stall_before = self.stall_s
+        try:
+            self._step_end(trainer)
+        finally:
+            record["ckpt_stall_s"] = self.stall_s - stall_before
+
+    def _step_end(self, trainer: Trainer) -> None:
         history = trainer.state.history
         median = sorted(h["step_s"] for h in history[-20:])[len(history[-20:]) // 2]
         self.watchdog.progress(median)

@@ -168,12 +168,14 @@ class Trainer:
         while self.state.step < self.steps and not self.stop_requested:
             record = self.train_step(batches)
             self.state.history.append({k: record[k] for k in ("step", "loss", "step_s")})
-            self.metrics.write(record)
             if self.dist.is_main and (record["step"] % self.log_every == 0 or record["step"] == self.steps):
                 print(f"step {record['step']}/{self.steps} loss {record['loss']:.4f} "
                       f"{record['samples_per_s']:.1f} samples/s mfu {record['mfu']:.2%}", flush=True)
-            for hook in self.hooks:
-                hook(self, record)
+            try:
+                for hook in self.hooks:
+                    hook(self, record)  # hooks may add fields, e.g. the checkpoint stall of this step
+            finally:
+                self.metrics.write(record)
         return self.summary()
 
     def summary(self) -> dict[str, Any]:

@@ -1,0 +1,111 @@
+"""Goodput under repeated preemption on the dev cluster (2 nodes x 1 rank, gloo, ~1 s steps).
+
+A preemption signal (scancel --signal=USR2) is injected after every ~60 s of RUNNING time.
+Runtime goodput = productive step time / time the job was RUNNING (sacct, every incarnation);
+queue wait is reported apart. The baseline is the usual submitit + DDP pattern measured on the
+same cluster (shared/notes/preemption-facts.md): 0.81. Also reported: seconds from the signal to
+the job's exit (final save included), and from RUNNING again to the first step.
+
+Usage: python benchmarks/bench_goodput.py [--steps 240] [--every 60] [--interval 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from slurmkit import jobs
+from slurmkit.config.loader import resolve
+from slurmkit.runs import RunPaths
+
+BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a preemption every 60 s
+
+
+def _incarnations(job_id: str) -> list[dict[str, str]]:
+    out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "--format=Submit,Start,End,State"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        submit, start, end, state = line.split("|")[:4]
+        rows.append({"submit": submit, "start": start, "end": end, "state": state.split()[0]})
+    return rows
+
+
+def _ts(text: str) -> float:
+    return dt.datetime.fromisoformat(text).timestamp()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--every", type=float, default=60.0, help="seconds of RUNNING between preemptions")
+    parser.add_argument("--interval", type=int, default=20, help="checkpoint_every (steps)")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-goodput-"))
+    (tmp / "p.yaml").write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(tmp / "runs"),
+                                                "resources": {"time": "00:30:00"}}))
+    sets = ["resources.nodes=2", "resources.tasks_per_node=1", f"config.steps={args.steps}",
+            f"config.checkpoint_every={args.interval}", "config.d_model=512", "config.n_layer=3",
+            "config.n_head=8", "config.seq_len=128", "config.batch_size=16", "config.log_every=20"]
+    sub = jobs.submit(resolve("examples/train_gpt.yaml", str(tmp / "p.yaml"), sets))
+    paths = RunPaths(Path(sub.run_dir))
+    assert sub.job_id
+    signals: list[float] = []
+    running_since: float | None = None
+    while True:
+        state = jobs.run_state(paths).state
+        now = time.time()
+        if state == "RUNNING":
+            running_since = running_since or now
+            if now - running_since >= args.every:
+                subprocess.run(["scancel", "--signal=USR2", sub.job_id], check=True)
+                signals.append(now)
+                running_since = None
+                time.sleep(3)
+        else:
+            running_since = None
+            if not jobs.is_active(state):
+                break
+        time.sleep(0.5)
+    lines = [json.loads(ln) for ln in paths.metrics.read_text().splitlines()]
+    last: dict[int, dict[str, float]] = {}
+    for ln in lines:
+        last[ln["step"]] = ln
+    productive = sum(ln["step_s"] for ln in last.values())
+    recomputed = sum(ln["step_s"] for ln in lines) - productive
+    stalls = sum(ln.get("ckpt_stall_s", 0.0) for ln in lines)
+    inc = _incarnations(sub.job_id)
+    running = sum(_ts(r["end"]) - _ts(r["start"]) for r in inc)
+    queue = _ts(inc[0]["start"]) - _ts(inc[0]["submit"]) + sum(
+        _ts(b["start"]) - _ts(a["end"]) for a, b in zip(inc, inc[1:], strict=False))
+    # Restart overhead: RUNNING again -> the first step of that incarnation ends.
+    restart = []
+    for r in inc[1:]:
+        start = _ts(r["start"])
+        firsts = [ln["time"] for ln in lines if ln["time"] >= start]
+        if firsts:
+            restart.append(min(firsts) - start)
+    exits = [min((_ts(r["end"]) for r in inc if _ts(r["end"]) >= s), default=s) - s for s in signals]
+    goodput = productive / running if running else 0.0
+    print(json.dumps({
+        "steps": args.steps, "preemptions": len(signals), "incarnations": len(inc), "final": inc[-1]["state"],
+        "running_s": round(running, 1), "queue_wait_s": round(queue, 1), "productive_s": round(productive, 1),
+        "runtime_goodput": round(goodput, 3), "baseline_goodput": BASELINE_GOODPUT,
+        "goodput_vs_baseline": round(goodput / BASELINE_GOODPUT, 3),
+        "lost_s": {"restart_overhead": round(sum(restart), 1), "recomputed_steps": round(recomputed, 1),
+                   "save_stalls": round(stalls, 1),
+                   "other": round(running - productive - sum(restart) - recomputed - stalls, 1)},
+        "signal_to_exit_s": [round(x, 1) for x in exits], "restart_to_first_step_s": [round(x, 1) for x in restart],
+        "median_step_s": round(sorted(ln["step_s"] for ln in lines)[len(lines) // 2], 3),
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
