@@ -120,6 +120,10 @@ def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
                                  device_id=device if backend == "nccl" else None)
     try:
         yield Dist(denv, backend, str(device))
+        if owns_group:
+            # Leave together: a rank whose peers (or the store on rank 0) vanish mid-teardown can
+            # abort at exit ("terminate called without an active exception").
+            tdist.barrier()
     finally:
         if owns_group and tdist.is_initialized():
             tdist.destroy_process_group()

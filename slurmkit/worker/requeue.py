@@ -8,6 +8,7 @@ run.json with its cause.
 
 Also the batch shell's entry point, after srun exits non-zero:
     python -m slurmkit.worker.requeue --run-dir DIR --exit-code RC
+It exits 0 only when every rank had in fact finished (the job is then recorded as completed).
 """
 
 from __future__ import annotations
@@ -109,9 +110,29 @@ def _error_signature(paths: RunPaths, job_id: str, num_tasks: int) -> str | None
     return None
 
 
+def _all_succeeded(paths: RunPaths, job_id: str, num_tasks: int) -> bool:
+    """Every rank wrote a success result: the work is done, whatever failed afterwards."""
+    from submitit.core.utils import pickle_load
+
+    for rank in range(num_tasks):
+        try:
+            if pickle_load(paths.job_folder / f"{job_id}_{rank}_result.pkl")[0] != "success":
+                return False
+        except Exception:
+            return False
+    return True
+
+
+COMPLETED = "completed"
+
+
 def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
     """Decide, after srun failed, whether to requeue; returns what was decided."""
     record = RunRecord(paths).read()
+    if _all_succeeded(paths, job_id, int(record.get("num_tasks", 1))):
+        # Results are written only at the very end, and a requeued incarnation never reaches it,
+        # so these are this incarnation's: a rank failed while exiting, after its work was done.
+        return COMPLETED
     hangs = sorted(paths.run_dir.glob("hang-rank*.json"))
     step = _last_step(paths)
     if hangs:
@@ -141,9 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     if not job_id:
         print("slurmkit requeue: not inside a Slurm job", file=sys.stderr)
         return 2
-    print(f"slurmkit: ranks failed (exit {args.exit_code}); "
-          f"{after_failure(RunPaths(Path(args.run_dir)), job_id, args.exit_code)}", file=sys.stderr, flush=True)
-    return 0
+    decision = after_failure(RunPaths(Path(args.run_dir)), job_id, args.exit_code)
+    if decision == COMPLETED:
+        print(f"slurmkit: srun exit {args.exit_code}, but every rank had finished its work; the run is complete",
+              file=sys.stderr, flush=True)
+        return 0
+    print(f"slurmkit: ranks failed (exit {args.exit_code}); {decision}", file=sys.stderr, flush=True)
+    return 1
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ while true; do
 done
 if [ "$SLURMKIT_RC" -ne 0 ]; then
   # Hang or crash: requeue within the profile's budget, unless the error is deterministic.
-  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir /shared/runs/golden-run --exit-code "$SLURMKIT_RC" || true
+  # Exit status 0 means every rank had finished its work before the failure (e.g. at exit).
+  if /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir /shared/runs/golden-run --exit-code "$SLURMKIT_RC"; then
+    SLURMKIT_RC=0
+  fi
 fi
 exit "$SLURMKIT_RC"
