@@ -106,23 +106,10 @@ class RunStatus:
 
 def _local_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
     """A local run's state from its controller pid and result pickles (no scheduler to ask)."""
-    results = [paths.job_folder / f"{job_id}_{t}_result.pkl" for t in range(num_tasks)]
-    outcomes = [_outcome(r) for r in results if r.exists()]
-    alive = job_id.isdigit() and pid_alive(int(job_id))
-    if alive:
+    if job_id.isdigit() and pid_alive(int(job_id)):
         return "RUNNING"
-    if len(outcomes) == num_tasks and all(o == "success" for o in outcomes):
-        return "COMPLETED"
-    return "FAILED"
-
-
-def _outcome(result_pickle: Path) -> str:
-    from submitit.core.utils import pickle_load
-
-    try:
-        return str(pickle_load(result_pickle)[0])
-    except Exception:
-        return "unreadable"
+    outcomes = [paths.outcome(job_id, t) for t in range(num_tasks)]
+    return "COMPLETED" if all(o is not None and o[0] == "success" for o in outcomes) else "FAILED"
 
 
 def statuses(records: list[dict[str, Any]]) -> list[RunStatus]:
@@ -188,16 +175,12 @@ def cancel(paths: RunPaths) -> list[str]:
 
 def result(paths: RunPaths, rank: int = 0) -> Any:
     """The callable's return value on `rank`; a failure raises with the failing rank's log tail."""
-    from submitit.core.utils import pickle_load
-
     st = run_state(paths)
     if not st.job_id:
         raise JobFailedError("run was never submitted", where=paths.run_id)
-    pickle = paths.job_folder / f"{st.job_id}_{rank}_result.pkl"
-    if pickle.exists():
-        outcome, value = pickle_load(pickle)
-        if outcome == "success":
-            return value
+    outcome = paths.outcome(st.job_id, rank)
+    if outcome is not None and outcome[0] == "success":
+        return outcome[1]
     if is_active(st.state):
         raise SlurmkitError(f"run is still {st.state}; no result yet", where=paths.run_id,
                             valid="wait with `slurmkit submit --wait` or poll `slurmkit status`")
@@ -208,14 +191,11 @@ def result(paths: RunPaths, rank: int = 0) -> Any:
 
 def failing_rank_tail(paths: RunPaths, job_id: str) -> tuple[int, str]:
     """The first rank whose result is an error or missing, and the tail of its stderr."""
-    from submitit.core.utils import pickle_load
-
     rec = RunRecord(paths).read()
-    ranks = range(int(rec.get("num_tasks", 1)))
     failing = 0
-    for rank in ranks:
-        pickle = paths.job_folder / f"{job_id}_{rank}_result.pkl"
-        if not pickle.exists() or pickle_load(pickle)[0] != "success":
+    for rank in range(int(rec.get("num_tasks", 1))):
+        outcome = paths.outcome(job_id, rank)
+        if outcome is None or outcome[0] != "success":
             failing = rank
             break
     lines: list[str] = []

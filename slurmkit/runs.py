@@ -113,6 +113,20 @@ class RunPaths:
     def hang_marker(self, rank: int) -> Path:
         return self.run_dir / f"hang-rank{rank}.json"
 
+    def result_pickle(self, job_id: str, rank: int) -> Path:
+        """submitit's per-rank result: ("success", value) or ("error", traceback)."""
+        return self.job_folder / f"{job_id}_{rank}_result.pkl"
+
+    def outcome(self, job_id: str, rank: int) -> tuple[str, Any] | None:
+        """A rank's (outcome, value), or None when it wrote none or it cannot be read."""
+        from submitit.core.utils import pickle_load
+
+        try:
+            outcome, value = pickle_load(self.result_pickle(job_id, rank))
+        except Exception:
+            return None
+        return str(outcome), value
+
     def rank_log(self, job_id: str, rank: int, stream: str = "out") -> Path:
         """submitit's per-rank log name (its JobPaths layout: JOBID_RANK_log.out)."""
         return self.job_folder / f"{job_id}_{rank}_log.{stream}"

@@ -43,6 +43,14 @@ def cluster() -> None:
 
 
 @pytest.fixture
+def single_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training in the test process itself: no launcher's rank variables leak in."""
+    for key in ("SLURM_PROCID", "SLURM_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "RANK", "WORLD_SIZE",
+                "SLURM_RESTART_COUNT", "SLURMKIT_CHECKPOINT_URI"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
 def run_root(tmp_path: Path) -> Path:
     root = tmp_path / "runs"
     root.mkdir()

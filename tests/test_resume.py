@@ -20,11 +20,7 @@ from slurmkit.worker.tasks.train import run as train
 BASE = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 5, "checkpoint_every": 10}
 
 
-@pytest.fixture(autouse=True)
-def single_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("SLURM_PROCID", "SLURM_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "RANK", "WORLD_SIZE",
-                "SLURM_RESTART_COUNT", "SLURMKIT_CHECKPOINT_URI"):
-        monkeypatch.delenv(key, raising=False)
+pytestmark = pytest.mark.usefixtures("single_process")
 
 
 def incarnation(config: dict[str, Any], run_dir: Path, signal_at: int | None = None) -> dict[str, Any] | None:

@@ -16,10 +16,7 @@ from tests.conftest import EXAMPLES
 SHORT = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 3}
 
 
-@pytest.fixture(autouse=True)
-def single_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("SLURM_PROCID", "SLURM_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
+pytestmark = pytest.mark.usefixtures("single_process")
 
 
 def test_fixed_seed_gives_the_same_digest_twice() -> None:

@@ -97,30 +97,17 @@ def _last_step(paths: RunPaths) -> int | None:
 
 def _error_signature(paths: RunPaths, job_id: str, num_tasks: int) -> str | None:
     """The last line of the first rank's error traceback, if a rank raised (submitit's pickle)."""
-    from submitit.core.utils import pickle_load
-
     for rank in range(num_tasks):
-        pickle = paths.job_folder / f"{job_id}_{rank}_result.pkl"
-        try:
-            outcome, value = pickle_load(pickle)
-        except Exception:
-            continue
-        if outcome == "error":
-            return str(value).strip().splitlines()[-1]
+        outcome = paths.outcome(job_id, rank)
+        if outcome is not None and outcome[0] == "error":
+            return str(outcome[1]).strip().splitlines()[-1]
     return None
 
 
 def _all_succeeded(paths: RunPaths, job_id: str, num_tasks: int) -> bool:
     """Every rank wrote a success result: the work is done, whatever failed afterwards."""
-    from submitit.core.utils import pickle_load
-
-    for rank in range(num_tasks):
-        try:
-            if pickle_load(paths.job_folder / f"{job_id}_{rank}_result.pkl")[0] != "success":
-                return False
-        except Exception:
-            return False
-    return True
+    outcomes = [paths.outcome(job_id, rank) for rank in range(num_tasks)]
+    return all(o is not None and o[0] == "success" for o in outcomes)
 
 
 COMPLETED = "completed"

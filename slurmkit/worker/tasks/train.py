@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from slurmkit.config.train import TrainConfig
+from slurmkit.runs import RunPaths
 from slurmkit.worker.dist import Dist, distributed
 from slurmkit.worker.metrics import MetricsWriter, peak_flops
 from slurmkit.worker.trainer import Trainer, warmup_cosine
@@ -47,7 +48,7 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     extras["peak_flops"], extras["peak_source"] = peak, source
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.steps))
-    metrics = MetricsWriter(run_dir / "metrics.jsonl" if run_dir else None, dist.is_main)
+    metrics = MetricsWriter(RunPaths(run_dir).metrics if run_dir else None, dist.is_main)
     trainer = Trainer(net, optimizer, train_set, loss, dist, steps=cfg.steps,
                       micro_batch=cfg.per_rank_batch(dist.world_size), grad_accum=cfg.grad_accum, seed=cfg.seed,
                       scheduler=scheduler, flops_per_sample=per_sample, tokens_per_sample=tokens, peak_flops=peak,
@@ -100,4 +101,4 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
 
 
 def checkpoint_uri(run_dir: str | None) -> str | None:
-    return os.environ.get("SLURMKIT_CHECKPOINT_URI") or (f"{run_dir}/checkpoints" if run_dir else None)
+    return os.environ.get("SLURMKIT_CHECKPOINT_URI") or (str(RunPaths(Path(run_dir)).checkpoints) if run_dir else None)
