@@ -14,6 +14,7 @@ from slurmkit.config.train import TrainConfig
 from slurmkit.runs import RunPaths, RunRecord, atomic_write_text
 from slurmkit.worker import requeue
 from slurmkit.worker.dist import Dist
+from slurmkit.worker.preempt import TERMINATE
 from slurmkit.worker.resilience import Resilience
 from slurmkit.worker.trainer import Trainer
 
@@ -74,9 +75,12 @@ class Lifecycle:
         return "preemption", "signal with time to spare" if left is None else f"signal with {left:.0f} s left"
 
     def requeue_and_exit(self, trainer: Trainer) -> None:
-        """After the final save: rank 0 requeues (within budget), then every rank exits."""
+        """After the final save: rank 0 requeues (within budget; not after SIGTERM), then every rank exits."""
         step = trainer.state.step
-        if self.dist.is_main:
+        assert self.res is not None
+        if self.dist.is_main and self.res.stop_kind == TERMINATE:
+            print(f"slurmkit: SIGTERM; saved at step {step}. Slurm ends or requeues the job itself", flush=True)
+        elif self.dist.is_main:
             if self.job_id and self.paths:
                 cause, detail = self._cause()
                 ok = requeue.request(self.paths, self.job_id, cause, step, detail)

@@ -1,7 +1,13 @@
-"""The stop signal: the handler only sets a flag; ranks act on it together at a step boundary.
+"""Stop signals: the handlers only set flags; ranks act on them together at a step boundary.
 
-It replaces submitit's own USR2 handler, which checkpoints on rank 0 only, from inside the
-handler, and guesses timeout vs preemption from wall-clock time.
+- The profile's signal (USR2 by default; NCCL uses USR1) means "save, then requeue": Slurm sends
+  it before the time limit, and on preemption where the admin enables the user signal.
+- SIGTERM means "save, then exit": Slurm sends it on scancel, on `scontrol requeue`, on
+  preemption without the user signal, and at the limit, then SIGKILL after KillWait/GraceTime.
+  Slurm itself decides whether the job comes back, so the ranks ask for nothing.
+
+They replace submitit's handlers: its USR2 handler checkpoints on rank 0 only, from inside the
+handler, and guesses timeout vs preemption from wall-clock time; its SIGTERM handler ignores it.
 """
 
 from __future__ import annotations
@@ -10,21 +16,27 @@ import os
 import signal
 from types import FrameType
 
-DEFAULT_SIGNAL = "USR2"  # not USR1: NCCL uses it
+DEFAULT_SIGNAL = "USR2"
+REQUEUE, TERMINATE = 1, 2  # what a rank saw; the ranks agree on the largest
 
 
 class StopFlag:
     def __init__(self) -> None:
-        self.signum: int | None = None
+        self.kind = 0
 
     def install(self, name: str | None = None) -> StopFlag:
-        sig = getattr(signal, f"SIG{name or os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}")
-        signal.signal(sig, self._handler)
+        requeue_sig = getattr(signal, f"SIG{name or os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}")
+        signal.signal(requeue_sig, self._requeue)
+        if requeue_sig != signal.SIGTERM:
+            signal.signal(signal.SIGTERM, self._terminate)
         return self
 
-    def _handler(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
+    def _requeue(self, signum: int, frame: FrameType | None) -> None:
+        self.kind = max(self.kind, REQUEUE)
+
+    def _terminate(self, signum: int, frame: FrameType | None) -> None:
+        self.kind = TERMINATE
 
     @property
     def is_set(self) -> bool:
-        return self.signum is not None
+        return self.kind != 0

@@ -1,7 +1,7 @@
 """Checkpoint, preemption and hang handling around the Trainer's step boundaries.
 
-At every step boundary the ranks all-reduce two flags (a stop signal seen; a background save
-still writing), so they all stop at the same step and commit a save only once every rank's
+At every step boundary the ranks all-reduce two flags (a stop signal seen, and which; a
+background save still writing), so they all stop at the same step and commit a save only once every rank's
 files are written. Rank 0 writes the commit marker. The signal handler itself only sets a flag.
 """
 
@@ -57,6 +57,7 @@ class Resilience:
         self._buffers: dict[str, Any] = {}
         self.resumed_step: int | None = None
         self.stopped_at: int | None = None
+        self.stop_kind = 0  # preempt.REQUEUE or preempt.TERMINATE, as agreed by all ranks
 
     # --------------------------------------------------------------- collectives
 
@@ -167,7 +168,7 @@ class Resilience:
         history = trainer.state.history
         median = sorted(h["step_s"] for h in history[-20:])[len(history[-20:]) // 2]
         self.watchdog.progress(median)
-        stop, writing = self._max([int(self.flag.is_set), int(self.writer.pending and not self.writer.done)])
+        stop, writing = self._max([self.flag.kind, int(self.writer.pending and not self.writer.done)])
         if self.writer.pending and not writing:
             t0 = time.perf_counter()
             self._commit()
@@ -176,6 +177,7 @@ class Resilience:
             # Every rank stops at this same step and takes part in the final save.
             self.save(trainer, wait=True)
             self.stopped_at = trainer.state.step
+            self.stop_kind = stop
             trainer.stop_requested = True
         elif self.every and trainer.state.step % self.every == 0:
             self.save(trainer, wait=False)
