@@ -38,12 +38,12 @@ def steps_done(paths: RunPaths) -> list[int]:
         return []
 
 
-def wait_until(predicate: Any, timeout_s: float = 90, what: str = "") -> None:
+def wait_until(predicate: Any, timeout_s: float = 90, what: str = "", poll_s: float = 0.05) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.05)
+        time.sleep(poll_s)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -99,6 +99,7 @@ def test_preemption_signal_saves_at_the_step_and_resumes(cluster: None, dev_prof
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     result = check(paths, reference, max_lost=0)  # the final save is at the stop step
     assert result["restart_causes"] == ["preemption"]
+    assert jobs.run_state(paths).restarts == 1  # what `slurmkit status` shows
 
 
 def test_scontrol_requeue_resumes_from_the_last_checkpoint(cluster: None, dev_profile: Path,
@@ -153,7 +154,7 @@ def test_sigkill_during_a_checkpoint_write(cluster: None, dev_profile: Path, ref
     def save_in_flight() -> bool:
         return any(d.name.startswith("step-") and not (d / "COMMITTED.json").exists() for d in ckpt.iterdir())
 
-    wait_until(save_in_flight, what="a checkpoint write in flight")
+    wait_until(save_in_flight, what="a checkpoint write in flight", poll_s=0.002)  # a save lasts ~50-100 ms
     os.kill(rank_pid(paths, 0), signal.SIGKILL)
     result = check(paths, reference)
     assert result["restart_causes"] == ["crash"]
