@@ -47,4 +47,5 @@ def test_budgets_are_per_cause(tmp_path: Path) -> None:
     assert requeue.allowed(record, "preemption")
     assert not requeue.allowed(record, "crash")
     assert requeue.allowed(record, "requeue")  # an external requeue spends the preemption budget
+    assert requeue.budget(record, "unknown") == 2
     assert not requeue.allowed({**record, "final": "done"}, "preemption")

@@ -33,8 +33,9 @@ def _now() -> str:
 
 def budget(record: dict[str, Any], cause: str) -> int:
     budgets = (record.get("profile") or {}).get("requeue") or {}
-    # An external `scontrol requeue` spends the preemption budget: it is the same kind of event.
-    return int(budgets.get("preemption" if cause == "requeue" else cause, 0))
+    # An external `scontrol requeue` (or a restart nobody recorded a reason for) spends the
+    # preemption budget: from inside the job it looks the same.
+    return int(budgets.get("preemption" if cause in ("requeue", "unknown") else cause, 0))
 
 
 def spent(record: dict[str, Any], cause: str) -> int:
@@ -55,7 +56,12 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
         return False
     atomic_write_text(paths.restart_request, json.dumps(
         {"cause": cause, "step": step, "detail": detail, "job_id": job_id, "time": _now()}) + "\n")
-    commands.requeue(job_id)
+    try:
+        commands.requeue(job_id)
+    except BaseException:
+        # No requeue happened: a stale marker would give the next restart the wrong cause.
+        paths.restart_request.unlink(missing_ok=True)
+        raise
     return True
 
 
