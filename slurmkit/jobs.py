@@ -147,11 +147,20 @@ def is_active(state: str) -> bool:
     return state in commands.ACTIVE_STATES or state == "UNKNOWN"
 
 
+UNKNOWN_GRACE_S = 120.0
+
+
 def wait(paths: RunPaths, poll_s: float = 2.0, timeout_s: float | None = None) -> RunStatus:
+    """Poll until the run is no longer active (or timeout_s passes)."""
     start = time.monotonic()
+    unknown_since: float | None = None
     while True:
         st = run_state(paths)
-        if not is_active(st.state) or (timeout_s is not None and time.monotonic() - start > timeout_s):
+        now = time.monotonic()
+        # Neither squeue nor sacct knowing the job for long (accounting wiped): stop waiting.
+        unknown_since = (unknown_since or now) if st.state == "UNKNOWN" else None
+        if (not is_active(st.state) or (timeout_s is not None and now - start > timeout_s)
+                or (unknown_since is not None and now - unknown_since > UNKNOWN_GRACE_S)):
             return st
         time.sleep(poll_s)
 
