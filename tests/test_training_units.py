@@ -67,28 +67,30 @@ def test_master_port_is_derived_from_the_job_id_in_range() -> None:
     assert min(ports) >= 20000 and max(ports) <= 39999
 
 
-def test_detect_from_slurm_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in ("SUBMITIT_LOCAL_GLOBALID", "RANK", "WORLD_SIZE", "SUBMITIT_EXECUTOR"):
+LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID",
+                 "SUBMITIT_EXECUTOR", "SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_LOCALID", "SUBMITIT_LOCAL_NTASKS",
+                 "SUBMITIT_LOCAL_JOB_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launch_env(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
+    """Exactly these launcher variables, none inherited from whatever runs the tests."""
+    for key in LAUNCHER_VARS:
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("SLURM_PROCID", "3")
-    monkeypatch.setenv("SLURM_NTASKS", "4")
-    monkeypatch.setenv("SLURM_LOCALID", "1")
-    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x2)")
-    monkeypatch.setenv("SLURM_JOB_ID", "777")
-    monkeypatch.setenv("MASTER_ADDR", "node1")
-    monkeypatch.delenv("MASTER_PORT", raising=False)
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_detect_from_slurm_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    launch_env(monkeypatch, SLURM_PROCID="3", SLURM_NTASKS="4", SLURM_LOCALID="1", SLURM_NTASKS_PER_NODE="2(x2)",
+               SLURM_JOB_ID="777", MASTER_ADDR="node1")
     env = dist.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
     assert (env.master_addr, env.master_port, env.launcher) == ("node1", 20777, "slurm")
 
 
 def test_detect_from_submitit_local_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
-    monkeypatch.setenv("SUBMITIT_LOCAL_GLOBALID", "1")
-    monkeypatch.setenv("SUBMITIT_LOCAL_LOCALID", "1")
-    monkeypatch.setenv("SUBMITIT_LOCAL_NTASKS", "2")
-    monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID", "4242")
-    monkeypatch.delenv("MASTER_PORT", raising=False)
+    launch_env(monkeypatch, SUBMITIT_EXECUTOR="local", SUBMITIT_LOCAL_GLOBALID="1", SUBMITIT_LOCAL_LOCALID="1",
+               SUBMITIT_LOCAL_NTASKS="2", SUBMITIT_LOCAL_JOB_ID="4242")
     env = dist.detect()
     assert (env.rank, env.world_size, env.master_addr, env.master_port) == (1, 2, "127.0.0.1", 24242)
     assert env.launcher == "local"

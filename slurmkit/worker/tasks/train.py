@@ -101,4 +101,6 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
 
 
 def checkpoint_uri(run_dir: str | None) -> str | None:
-    return os.environ.get("SLURMKIT_CHECKPOINT_URI") or (str(RunPaths(Path(run_dir)).checkpoints) if run_dir else None)
+    if os.environ.get("SLURMKIT_CHECKPOINT_URI"):
+        return os.environ["SLURMKIT_CHECKPOINT_URI"]
+    return RunPaths(Path(run_dir)).checkpoint_uri(None) if run_dir else None
