@@ -29,25 +29,34 @@ class Submitted:
     script: str
 
 
-def _entry(resolved: Resolved, paths: RunPaths) -> Any:
+def run_env(resolved: Resolved, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every rank gets on top of the batch script's: profile, then spec, then extra."""
+    return {**resolved.profile.setup.env, **resolved.spec.env, **(extra or {})}
+
+
+def entry(resolved: Resolved, paths: RunPaths) -> Any:
+    """The callable submitit pickles for this run."""
     from slurmkit.worker.entry import Run
 
-    env = {**resolved.profile.setup.env, **resolved.spec.env}
-    return Run(spec=resolved.spec.model_dump(), run_dir=str(paths.run_dir), env=env,
+    return Run(spec=resolved.spec.model_dump(), run_dir=str(paths.run_dir), env=run_env(resolved),
                checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root))
 
 
-def dry_run(resolved: Resolved) -> Submitted:
+def dry_run(resolved: Resolved, dependency: str | None = None) -> Submitted:
     """Render exactly what submit would, creating nothing and calling no Slurm daemon."""
-    from slurmkit.slurm.executor import python_command, render_for, submitit_command
+    from slurmkit.slurm.executor import rank_python, render_for, submitit_command
 
     paths = RunPaths(expand_root(resolved.profile.run_root) / "<run-id>")
-    script = render_for(resolved, paths.job_folder, submitit_command(python_command(resolved), paths.job_folder))
+    script = render_for(resolved, paths.job_folder, submitit_command(rank_python(resolved), paths.job_folder),
+                        dependency=dependency)
     return Submitted(run_id="<run-id>", job_id=None, run_dir=str(paths.run_dir), script=script)
 
 
-def submit(resolved: Resolved) -> Submitted:
-    """Pre-flight, create the run folder and record, submit through submitit, record the job id."""
+def submit(resolved: Resolved, dependency: str | None = None) -> Submitted:
+    """Pre-flight, create the run folder and record, submit through submitit, record the job id.
+
+    dependency is an sbatch --dependency value, e.g. from sweeps.submit.after_dependency.
+    """
     from slurmkit.slurm import executor as ex_mod
 
     slurm = resolved.profile.executor == "slurm"
@@ -66,10 +75,13 @@ def submit(resolved: Resolved) -> Submitted:
     })
     try:
         if slurm:
-            executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved)
+            executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved, dependency)
         else:
+            if dependency:
+                raise SlurmkitError("--after needs the slurm executor", where=resolved.profile_name,
+                                    valid="valid: a Slurm profile, e.g. -p devcluster")
             executor = ex_mod.local_executor(paths.job_folder, resolved)
-        job = executor.submit(_entry(resolved, paths))
+        job = executor.submit(entry(resolved, paths))
     except Exception as exc:
         # Nothing was queued: leave no record that could claim a job.
         shutil.rmtree(paths.run_dir, ignore_errors=True)
@@ -104,7 +116,7 @@ class RunStatus:
         return asdict(self)
 
 
-def _local_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
+def local_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
     """A local run's state from its controller pid and result pickles (no scheduler to ask)."""
     if job_id.isdigit() and pid_alive(int(job_id)):
         return "RUNNING"
@@ -122,7 +134,7 @@ def statuses(records: list[dict[str, Any]]) -> list[RunStatus]:
         jid = job_ids[-1] if job_ids else ""
         state, nodes, elapsed = "NOT_SUBMITTED", "", ""
         if jid and rec.get("executor") == "local":
-            state = _local_state(RunPaths(Path(rec["run_dir"])), jid, int(rec.get("num_tasks", 1)))
+            state = local_state(RunPaths(Path(rec["run_dir"])), jid, int(rec.get("num_tasks", 1)))
         elif jid:
             info = infos.get(jid)
             state = info.state if info else "UNKNOWN"

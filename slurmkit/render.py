@@ -83,7 +83,29 @@ class RenderInput:
     run_dir: str
     array: str | None = None
     dependency: str | None = None
+    sweep: dict[str, Any] | None = None
+    """For a sweep's job array: {"dir": sweep folder, "base": sweep index of array task 0}."""
     extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def container_context(res: Resolved, run_dir: str) -> dict[str, Any]:
+    """Mounts (the user's, then the run folder, run_root and a local checkpoint root), env names, GPU flag."""
+    c = res.profile.container
+    if c is None:
+        return {"srun": False, "prefix": False}
+    from slurmkit.runs import expand_root
+
+    root = str(expand_root(res.profile.run_root))
+    paths = [root] if run_dir.startswith(root.rstrip("/") + "/") else [root, run_dir]
+    ckpt = res.profile.checkpoint_root
+    if ckpt and ("://" not in ckpt or ckpt.startswith("file://")):
+        paths.append(str(expand_root(ckpt.removeprefix("file://"))))
+    taken = {m.split(":")[1] for m in c.mounts}
+    mounts = [*c.mounts, *(f"{p}:{p}" for p in dict.fromkeys(paths) if p not in taken)]
+    env_names = list(dict.fromkeys([*c.env, *res.profile.setup.env, *res.spec.env, *res.profile.nccl_env]))
+    gpus = c.gpus if c.gpus is not None else bool(res.resources.gpus_per_node)
+    return {"srun": c.runtime == "pyxis", "prefix": c.runtime != "pyxis", "mounts": mounts,
+            "env_names": env_names, "gpus": gpus}
 
 
 def render(inp: RenderInput) -> str:
@@ -100,6 +122,8 @@ def render(inp: RenderInput) -> str:
         "command": Shell(inp.command),
         "python": Shell(inp.python),
         "run_dir": inp.run_dir,
+        "sweep": inp.sweep,
+        "container": container_context(res, inp.run_dir),
         "env": {**res.spec.env, **inp.extra_env},
         "slurm": res.profile.executor == "slurm",
     }

@@ -79,10 +79,6 @@ class RunPaths:
         return self.run_dir / RUN_FILE
 
     @property
-    def lock(self) -> Path:
-        return self.run_dir / ".run.lock"
-
-    @property
     def script(self) -> Path:
         return self.run_dir / "sbatch.sh"
 
@@ -99,10 +95,10 @@ class RunPaths:
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def checkpoint_uri(self, checkpoint_root: str | None) -> str:
-        """Where this run's checkpoints go: <checkpoint_root>/<run_id>, or the run folder's checkpoints/."""
+    def checkpoint_uri(self, checkpoint_root: str | None, key: str | None = None) -> str:
+        """Where this run's checkpoints go: <checkpoint_root>/<key or run_id>, or the run folder's checkpoints/."""
         if checkpoint_root:
-            return f"{os.path.expandvars(checkpoint_root).rstrip('/')}/{self.run_id}"
+            return f"{os.path.expandvars(checkpoint_root).rstrip('/')}/{key or self.run_id}"
         return str(self.checkpoints)
 
     @property
@@ -140,16 +136,19 @@ class RunPaths:
         return dict(sorted(found.items()))
 
 
-class RunRecord:
-    """run.json, read and updated under a file lock so concurrent writers never lose a job id."""
+class LockedJson:
+    """A JSON file read and updated under a file lock, so concurrent writers never lose an update."""
 
-    def __init__(self, paths: RunPaths) -> None:
-        self.paths = paths
+    missing_error = "no such file"
+    indent: int | None = 1
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.paths.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.paths.lock, "a+") as lock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.parent / f".{self.path.name}.lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -158,13 +157,13 @@ class RunRecord:
 
     def read(self) -> dict[str, Any]:
         try:
-            data: dict[str, Any] = json.loads(self.paths.record.read_text())
+            data: dict[str, Any] = json.loads(self.path.read_text())
         except FileNotFoundError as exc:
-            raise RunNotFoundError("run has no run.json", where=str(self.paths.run_dir)) from exc
+            raise RunNotFoundError(self.missing_error, where=str(self.path.parent)) from exc
         return data
 
     def _save(self, data: dict[str, Any]) -> None:
-        atomic_write_text(self.paths.record, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        atomic_write_text(self.path, json.dumps(data, indent=self.indent, sort_keys=True, default=str) + "\n")
 
     def write(self, data: dict[str, Any]) -> None:
         with self._locked():
@@ -177,37 +176,65 @@ class RunRecord:
             self._save(data)
             return data
 
-    def add_job_id(self, job_id: str) -> dict[str, Any]:
+    @contextmanager
+    def editing(self) -> Iterator[dict[str, Any]]:
+        """Read, let the caller change the mapping in place, write it back; all under the lock."""
         with self._locked():
             data = self.read()
+            yield data
+            self._save(data)
+
+
+class RunRecord(LockedJson):
+    """run.json: every job id the run ever had, its restarts and their causes."""
+
+    missing_error = "run has no run.json"
+
+    def __init__(self, paths: RunPaths) -> None:
+        super().__init__(paths.record)
+        self.paths = paths
+
+    def add_job_id(self, job_id: str) -> dict[str, Any]:
+        with self.editing() as data:
             if job_id not in data.setdefault("job_ids", []):
                 data["job_ids"].append(job_id)
-            self._save(data)
-            return data
+        return data
+
+
+def folders_with(run_root: str, marker: str) -> list[Path]:
+    """Folders under the root that hold `marker` (run.json, sweep.json), newest first."""
+    root = expand_root(run_root)
+    if not root.is_dir():
+        return []
+    found = [d for d in root.iterdir() if (d / marker).is_file()]
+    return sorted(found, key=lambda d: (d / marker).stat().st_mtime_ns, reverse=True)
+
+
+def find_folder(run_root: str, ident: str, marker: str, what: str) -> Path:
+    """A run or sweep folder by id, unique id prefix, or path."""
+    direct = Path(ident).expanduser()
+    if (direct / marker).is_file():
+        return direct.resolve()
+    folders = folders_with(run_root, marker)
+    exact = [f for f in folders if f.name == ident]
+    matches = exact or [f for f in folders if f.name.startswith(ident)]
+    if len(matches) == 1:
+        return matches[0]
+    where = str(expand_root(run_root))
+    if matches:
+        raise RunNotFoundError(f"{what} '{ident}' is ambiguous", where=where,
+                               valid=f"matches: {', '.join(f.name for f in matches[:5])}")
+    ids = [f.name for f in folders]
+    raise RunNotFoundError(f"no {what} '{ident}'{did_you_mean(ident, ids)}", where=where,
+                           valid=f"valid: a {what} id from `slurmkit {'list' if what == 'run' else 'sweep list'}`, "
+                                 f"a unique prefix, or its folder")
 
 
 def list_runs(run_root: str) -> list[RunPaths]:
     """Runs under the root, newest first."""
-    root = expand_root(run_root)
-    if not root.is_dir():
-        return []
-    runs = [RunPaths(d) for d in root.iterdir() if (d / RUN_FILE).is_file()]
-    return sorted(runs, key=lambda p: p.record.stat().st_mtime_ns, reverse=True)
+    return [RunPaths(d) for d in folders_with(run_root, RUN_FILE)]
 
 
 def find_run(run_root: str, run: str) -> RunPaths:
     """A run by id, unique id prefix, or path of its folder."""
-    direct = Path(run).expanduser()
-    if (direct / RUN_FILE).is_file():
-        return RunPaths(direct.resolve())
-    runs = list_runs(run_root)
-    exact = [r for r in runs if r.run_id == run]
-    matches = exact or [r for r in runs if r.run_id.startswith(run)]
-    if len(matches) == 1:
-        return matches[0]
-    ids = [r.run_id for r in runs]
-    if matches:
-        raise RunNotFoundError(f"run '{run}' is ambiguous", where=str(expand_root(run_root)),
-                               valid=f"matches: {', '.join(r.run_id for r in matches[:5])}")
-    raise RunNotFoundError(f"no run '{run}'{did_you_mean(run, ids)}", where=str(expand_root(run_root)),
-                           valid="valid: a run id from `slurmkit list`, a unique prefix, or a run folder")
+    return RunPaths(find_folder(run_root, run, RUN_FILE, "run"))

@@ -48,6 +48,35 @@ def test_templates_doc_override_example_renders(tmp_path: Path) -> None:
     assert 'echo "running on $(hostname)"' in result.output
 
 
+def test_sweeps_doc_example_expands_to_the_documented_24_tasks(tmp_path: Path) -> None:
+    import json
+
+    text = (DOCS / "sweeps.md").read_text()
+    example = text.split("# lr-sweep.yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "lr-sweep.yaml"
+    path.write_text(example)
+    prof = tmp_path / "p.yaml"
+    prof.write_text(f"extends: devcluster\nrun_root: {tmp_path / 'runs'}\n")
+    result = CliRunner().invoke(app, ["sweep", str(path), "-p", str(prof), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["tasks"] == 24 and info["arrays"] == [{"tasks": "0-23", "array": "0-23%4"}]
+    assert info["varying"] == ["config.lr", "config.seed", "config.hidden", "config.weight_decay"]
+
+
+def test_containers_doc_profile_renders_a_checked_script(tmp_path: Path) -> None:
+    from tests.test_render import check_shell
+
+    text = (DOCS / "containers.md").read_text()
+    prof = tmp_path / "my-cluster.yaml"
+    prof.write_text(text.split("# my-cluster.yaml\n", 1)[1].split("```", 1)[0])
+    result = CliRunner().invoke(app, ["render", str(ROOT / "examples/hostnames.yaml"), "-p", str(prof)])
+    assert result.exit_code == 0, result.output
+    assert "apptainer exec --nv --bind /datasets:/data:ro," in result.output
+    assert "--writable-tmpfs /images/pytorch-24.05.sif)" in result.output
+    check_shell(result.output, tmp_path)
+
+
 def test_every_doc_page_is_linked_from_the_index() -> None:
     index = (DOCS / "index.md").read_text()
     for page in DOCS.glob("*.md"):

@@ -62,7 +62,7 @@ def test_extends_cycle_is_refused(tmp_path: Path) -> None:
         ("resources:\n  nodes: 0\n", "resources.nodes", "greater than or equal to 1"),
         ("executor: kubernetes\n", "executor", "'slurm' or 'local'"),
         ("sbatch_extra: ['-x y']\n", "sbatch_extra", "--key=value"),
-        ("container:\n  runtime: pyxis\n  image: i\n  mounts: ['/a']\n", "container", "SRC:DST"),
+        ("container:\n  runtime: pyxis\n  image: i\n  mounts: ['/a']\n", "container", "valid: /SRC:/DST or /SRC:/DST:ro|rw"),
         ("partition: \"a\\nb\"\n", "partition", "control characters"),
         ("setup:\n  env:\n    BAD-NAME: x\n", "setup.env", "[A-Za-z_]"),
     ],

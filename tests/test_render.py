@@ -13,7 +13,7 @@ import yaml
 
 from slurmkit.config.loader import resolve
 from slurmkit.errors import RenderError
-from slurmkit.slurm.executor import python_command, render_for, submitit_command
+from slurmkit.slurm.executor import ArraySpec, rank_python, render_for, submitit_command
 from tests.conftest import ROOT, write_spec
 from tests.test_profiles import SHIPPED
 
@@ -21,10 +21,11 @@ GOLDEN = ROOT / "tests" / "golden"
 FOLDER = Path("/shared/runs/golden-run/submitit")
 
 
-def render_profile(spec: Path, profile: str, sets: list[str] | None = None, array: str | None = None) -> str:
+def render_profile(spec: Path, profile: str, sets: list[str] | None = None, array: ArraySpec | None = None,
+                   dependency: str | None = None) -> str:
     # A fixed interpreter, so the goldens do not depend on where the venv lives.
     res = resolve(spec, profile, ["profile.python=/opt/venv/bin/python", *(sets or [])])
-    return render_for(res, FOLDER, submitit_command(python_command(res), FOLDER), array=array)
+    return render_for(res, FOLDER, submitit_command(rank_python(res), FOLDER), array, dependency)
 
 
 def check_shell(script: str, tmp_path: Path) -> None:
@@ -38,7 +39,8 @@ def check_shell(script: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("profile", SHIPPED)
-def test_golden_render(profile: str, tmp_path: Path) -> None:
+def test_golden_render(profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("USER", "alice")  # run_root and checkpoint_root expand $USER on the login node
     script = render_profile(GOLDEN / "spec.yaml", profile)
     golden = GOLDEN / f"{profile}.sh"
     if os.environ.get("UPDATE_GOLDEN"):
@@ -58,10 +60,15 @@ def test_header_carries_resources_signal_and_submitit_log_layout(tmp_path: Path)
     assert "#SBATCH --exclusive" in script
 
 
-def test_array_uses_array_log_pattern(tmp_path: Path) -> None:
-    script = render_profile(GOLDEN / "spec.yaml", "devcluster", array="0-9%2")
+def test_sweep_array_script_finds_each_task_folder(tmp_path: Path) -> None:
+    array = ArraySpec("0-9%2", list(range(10)), 1001, "/shared/runs/my sweep")
+    script = render_profile(GOLDEN / "spec.yaml", "devcluster", array=array, dependency="afterok:7:8")
     assert "#SBATCH --array=0-9%2" in script
+    assert "#SBATCH --dependency=afterok:7:8" in script
     assert f"--output={FOLDER}/%A_%a_%t_log.out" in script
+    # The sweep folder is quoted; the task index is base + the array task id.
+    assert "--sweep-dir '/shared/runs/my sweep' --index \"$(( 1001 + SLURM_ARRAY_TASK_ID ))\"" in script
+    assert '--run-dir "$SLURMKIT_RUN_DIR"' in script
     check_shell(script, tmp_path)
 
 

@@ -44,8 +44,6 @@ def print_json(data: Any) -> None:
 
 def run_root_for(profile: str | None) -> str:
     """The run root of the given (or default) profile, where run ids are looked up."""
-    import os
+    from slurmkit.config.loader import load_profile, profile_name
 
-    from slurmkit.config.loader import DEFAULT_PROFILE, load_profile
-
-    return load_profile(profile or os.environ.get("SLURMKIT_PROFILE") or DEFAULT_PROFILE).run_root
+    return load_profile(profile_name(profile)).run_root

@@ -19,6 +19,8 @@ def submit(
     set_: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the script; submit nothing.")] = False,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the run to end and print its result.")] = False,
+    after: Annotated[str | None, typer.Option(
+        "--after", help="Start only after this run or sweep succeeded (sbatch --dependency=afterok).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit RUNSPEC; print its run id and job id."""
@@ -27,10 +29,15 @@ def submit(
     from slurmkit.runs import RunPaths
 
     resolved = resolve(runspec, profile, set_ or [])
+    dependency = None
+    if after:
+        from slurmkit.sweeps.submit import after_dependency
+
+        dependency = after_dependency(run_root_for(profile), after)
     if dry_run:
-        typer.echo(jobs.dry_run(resolved).script, nl=False)
+        typer.echo(jobs.dry_run(resolved, dependency).script, nl=False)
         return
-    sub = jobs.submit(resolved)
+    sub = jobs.submit(resolved, dependency)
     if as_json and not wait:
         print_json({"run_id": sub.run_id, "job_id": sub.job_id, "run_dir": sub.run_dir})
     elif not as_json:

@@ -187,17 +187,26 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
     return profile
 
 
-def load_runspec(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | None = None) -> RunSpec:
-    """A run spec from a YAML file, or from a mapping built in Python."""
-    layers: list[Layer] = [("<spec>", spec) if isinstance(spec, dict) else (str(spec), read_yaml(Path(spec)))]
-    if overrides:
-        layers.append(("--set", overrides))
+def spec_layers(spec: str | Path | dict[str, Any]) -> list[Layer]:
+    """A run spec file, or a mapping built in Python, as the lowest spec layer."""
+    return [("<spec>", spec) if isinstance(spec, dict) else (str(spec), read_yaml(Path(spec)))]
+
+
+def validate_runspec(layers: list[Layer]) -> RunSpec:
     run_spec: RunSpec = validate_layers(RunSpec, layers)
     if run_spec.task == "train":
         from slurmkit.config.train import TrainConfig
 
         validate_layers(TrainConfig, layers, prefix=("config",))
     return run_spec
+
+
+def load_runspec(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | None = None) -> RunSpec:
+    """A run spec from a YAML file, or from a mapping built in Python."""
+    layers = spec_layers(spec)
+    if overrides:
+        layers.append(("--set", overrides))
+    return validate_runspec(layers)
 
 
 def merge_resources(*layers: Resources) -> Resources:
@@ -208,12 +217,24 @@ def merge_resources(*layers: Resources) -> Resources:
     return Resources.model_validate(merged)
 
 
+def resolve_layers(layers: list[Layer], profile: ClusterProfile, profile_name: str) -> Resolved:
+    """Run-spec layers (lowest first) against an already loaded profile."""
+    run_spec = validate_runspec(layers)
+    resources = merge_resources(DEFAULT_RESOURCES, profile.resources, run_spec.resources)
+    return Resolved(spec=run_spec, profile=profile, profile_name=profile_name, resources=resources,
+                    spec_source=layers[0][0])
+
+
+def profile_name(profile: str | None) -> str:
+    """The profile asked for, else $SLURMKIT_PROFILE, else the default."""
+    return profile or os.environ.get("SLURMKIT_PROFILE") or DEFAULT_PROFILE
+
+
 def resolve(spec: str | Path | dict[str, Any], profile: str | None = None, sets: list[str] | None = None) -> Resolved:
     """Load a run spec (file or mapping) against a profile, with --set overrides on top."""
     spec_sets, profile_sets = split_sets(sets or [])
-    name = profile or os.environ.get("SLURMKIT_PROFILE") or DEFAULT_PROFILE
-    prof = load_profile(name, profile_sets)
-    run_spec = load_runspec(spec, spec_sets)
-    resources = merge_resources(DEFAULT_RESOURCES, prof.resources, run_spec.resources)
-    source = "<spec>" if isinstance(spec, dict) else str(spec)
-    return Resolved(spec=run_spec, profile=prof, profile_name=name, resources=resources, spec_source=source)
+    name = profile_name(profile)
+    layers = spec_layers(spec)
+    if spec_sets:
+        layers.append(("--set", spec_sets))
+    return resolve_layers(layers, load_profile(name, profile_sets), name)

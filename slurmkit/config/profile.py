@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
+from slurmkit.config.container import Container
 from slurmkit.config.fields import EnvMap, SbatchOptions, SlurmMem, SlurmTime, Strict
 
 
@@ -55,29 +56,6 @@ class Setup(Strict):
     """Path of a virtual environment to activate (`source VENV/bin/activate`)."""
     commands: list[str] = Field(default_factory=list)
     """Raw shell lines, run as written; the one place where the profile author writes shell."""
-
-
-class Container(Strict):
-    """The container the ranks run in. Rendering each runtime fully is a later feature."""
-
-    runtime: Literal["pyxis", "apptainer", "docker"]
-    """Container runtime: pyxis (srun --container-image), apptainer (apptainer exec) or docker."""
-    image: str = Field(min_length=1)
-    """Image reference: a registry path, a .sqsh/.sif file or a docker image name."""
-    mounts: list[str] = Field(default_factory=list)
-    """Bind mounts as SRC:DST[:ro]; the run folder and checkpoint root are always added."""
-    workdir: str | None = None
-    """Working directory inside the container."""
-    env: EnvMap = Field(default_factory=dict)
-    """Extra environment variables passed into the container."""
-
-    @model_validator(mode="after")
-    def _mounts_shape(self) -> Container:
-        for m in self.mounts:
-            parts = m.split(":")
-            if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-                raise ValueError(f"invalid mount {m!r}; valid: SRC:DST or SRC:DST:ro|rw")
-        return self
 
 
 class ClusterProfile(Strict):

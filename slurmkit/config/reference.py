@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from slurmkit.config.profile import ClusterProfile, Container, RequeueBudget, Resources, Setup
+from slurmkit.config.container import Container
+from slurmkit.config.profile import ClusterProfile, RequeueBudget, Resources, Setup
 
 BEGIN = "<!-- BEGIN FIELD REFERENCE (generated: python -m slurmkit.config.reference docs/profiles.md) -->"
 END = "<!-- END FIELD REFERENCE -->"

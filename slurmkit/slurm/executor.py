@@ -7,23 +7,34 @@ range and tests/test_executor_hook.py fails if the hook stops being used.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import submitit
-from submitit.core.utils import JobPaths
+from submitit.core.utils import DelayedSubmission, JobPaths
 
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
 from slurmkit.render import JobFiles, RenderInput, render
+from slurmkit.slurm import commands
 
 SBATCH_TIMEOUT_S = 60
 
 
 def python_command(resolved: Resolved) -> str:
+    """The interpreter on the host: the batch shell's helpers, and the ranks when there is no container."""
     return shlex.quote(resolved.profile.python or sys.executable)
+
+
+def rank_python(resolved: Resolved) -> str:
+    """The interpreter that runs each rank: the container's, if it names one."""
+    c = resolved.profile.container
+    return shlex.quote(c.python) if c is not None and c.python else python_command(resolved)
 
 
 def submitit_command(python: str, folder: Path) -> str:
@@ -40,20 +51,36 @@ def job_files(folder: Path, array: bool = False) -> JobFiles:
     return JobFiles(out.replace("%t", "0"), err.replace("%t", "0"), out, err)
 
 
-def render_for(resolved: Resolved, folder: Path, command: str, array: str | None = None) -> str:
-    """The script for a run whose submitit folder is `folder` (inside the run folder)."""
+@dataclass(frozen=True)
+class ArraySpec:
+    """One sbatch job array of a sweep: task i of the array is sweep task base + i."""
+
+    array: str
+    """The --array value, e.g. 0-5%2."""
+    task_ids: list[int]
+    base: int
+    sweep_dir: str
+
+
+def render_for(resolved: Resolved, folder: Path, command: str, array: ArraySpec | None = None,
+               dependency: str | None = None) -> str:
+    """The script for a run whose submitit folder is `folder` (inside the run or sweep folder)."""
+    sweep = {"dir": array.sweep_dir, "base": array.base} if array else None
     return render(RenderInput(resolved, command, job_files(folder, array is not None), python_command(resolved),
-                              str(folder.parent), array=array))
+                              str(folder.parent), array=array.array if array else None, dependency=dependency,
+                              sweep=sweep))
 
 
 class RenderedSlurmExecutor(submitit.SlurmExecutor):
     """A SlurmExecutor whose submission file is slurmkit's rendered script."""
 
-    def __init__(self, folder: Path, resolved: Resolved) -> None:
+    def __init__(self, folder: Path, resolved: Resolved, dependency: str | None = None) -> None:
         super().__init__(folder, max_num_timeout=resolved.profile.requeue.timeout,
-                         python=python_command(resolved))
+                         python=rank_python(resolved))
         self.resolved = resolved
+        self.dependency = dependency
         self.last_script: str | None = None
+        self._array: ArraySpec | None = None
         r = resolved.resources
         assert r.time is not None
         # submitit reads these for the task count and its own timeout bookkeeping; the script
@@ -61,12 +88,58 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
         self.update_parameters(nodes=r.nodes, ntasks_per_node=r.tasks_per_node, time=time_to_minutes(r.time))
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        self.last_script = render_for(self.resolved, Path(self.folder), command)
+        self.last_script = render_for(self.resolved, Path(self.folder), command, self._array, self.dependency)
         return self.last_script
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
         # submitit runs this itself without a timeout; coreutils timeout bounds a hung slurmctld.
-        return ["timeout", "--kill-after=5", str(SBATCH_TIMEOUT_S), "sbatch", str(submission_file_path)]
+        argv = ["timeout", "--kill-after=5", str(SBATCH_TIMEOUT_S), "sbatch", str(submission_file_path)]
+        commands.CALL_LOG.append(argv[3:])
+        return argv
+
+    def submit_sweep_array(self, fn: Any, array: ArraySpec) -> list[submitit.Job[Any]]:
+        """One sbatch job array whose tasks all run `fn`, which finds its own config from its array index.
+
+        One pickle serves every task (hard-linked under each task's name): a 1,000-task sweep
+        costs one pickling, not a thousand.
+        """
+        return self._submit_array([DelayedSubmission(fn)], array)
+
+    def _internal_process_submissions(self, delayed_submissions: list[DelayedSubmission]) -> list[submitit.Job[Any]]:
+        # submitit's own array path builds a plain SlurmExecutor; ours keeps the rendered script.
+        if len(delayed_submissions) == 1:
+            return super()._internal_process_submissions(delayed_submissions)
+        n = len(delayed_submissions)
+        return self._submit_array(delayed_submissions, ArraySpec(f"0-{n - 1}", list(range(n)), 0, ""))
+
+    def _submit_array(self, delayed: list[DelayedSubmission], array: ArraySpec) -> list[submitit.Job[Any]]:
+        """One pickle per task, or a single one shared by all tasks."""
+        folder = JobPaths.get_first_id_independent_folder(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        pickles = []
+        for d in delayed:
+            path = folder / f".{uuid.uuid4().hex}.pkl"
+            d.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+            d.dump(path)
+            pickles.append(path)
+        self._array = array
+        try:
+            first = self._submit_command(self._submitit_command_str)
+            ranks = list(range(first.num_tasks))
+            jobs: list[submitit.Job[Any]] = []
+            for k, task_id in enumerate(array.task_ids):
+                job: submitit.Job[Any] = submitit.SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{task_id}",
+                                                           tasks=ranks)
+                if len(pickles) == 1:
+                    os.link(pickles[0], job.paths.submitted_pickle)
+                else:
+                    job.paths.move_temporary_file(pickles[k], "submitted_pickle")
+                jobs.append(job)
+        finally:
+            self._array = None
+            for path in pickles:
+                path.unlink(missing_ok=True)
+        return jobs
 
 
 def local_executor(folder: Path, resolved: Resolved) -> Any:

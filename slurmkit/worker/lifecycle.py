@@ -31,7 +31,7 @@ class Lifecycle:
 
         self.dist, self.cfg = dist, cfg
         self.paths = RunPaths(Path(run_dir)) if run_dir else None
-        self.job_id = os.environ.get("SLURM_JOB_ID") if dist.env.launcher == "slurm" else None
+        self.job_id = requeue.slurm_job_id() if dist.env.launcher == "slurm" else None
         uri = checkpoint_uri(run_dir)
         self.res = Resilience(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
                               cfg.hang_timeout_s or None, self._on_hang) if uri else None

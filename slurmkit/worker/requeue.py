@@ -31,6 +31,12 @@ def _now() -> str:
     return dt.datetime.now().isoformat(timespec="seconds")
 
 
+def slurm_job_id() -> str:
+    """This job's id as submitit names its files: ARRAYID_TASKID for an array task."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
+
+
 def budget(record: dict[str, Any], cause: str) -> int:
     budgets = (record.get("profile") or {}).get("requeue") or {}
     # An external `scontrol requeue` (or a restart nobody recorded a reason for) spends the
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--exit-code", type=int, required=True)
     args = parser.parse_args(argv)
-    job_id = os.environ.get("SLURM_JOB_ID", "")
+    job_id = slurm_job_id()
     if not job_id:
         print("slurmkit requeue: not inside a Slurm job", file=sys.stderr)
         return 2

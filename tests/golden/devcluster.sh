@@ -19,6 +19,7 @@ set -uo pipefail
 # setup
 export OMP_NUM_THREADS=1
 export SLURMKIT_RUN_NAME=golden
+SLURMKIT_RUN_DIR=/shared/runs/golden-run
 
 
 
@@ -49,7 +50,7 @@ done
 if [ "$SLURMKIT_RC" -ne 0 ]; then
   # Hang or crash: requeue within the profile's budget, unless the error is deterministic.
   # Exit status 0 means every rank had finished its work before the failure (e.g. at exit).
-  if /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir /shared/runs/golden-run --exit-code "$SLURMKIT_RC"; then
+  if /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC"; then
     SLURMKIT_RC=0
   fi
 fi

@@ -25,6 +25,7 @@ set -uo pipefail
 
 # setup
 export SLURMKIT_RUN_NAME=golden
+SLURMKIT_RUN_DIR=/shared/runs/golden-run
 
 # NCCL
 export NCCL_SOCKET_IFNAME='^lo,docker0'
@@ -33,9 +34,12 @@ export NCCL_IB_GID_INDEX=3
 export NCCL_NET_GDR_LEVEL=PHB
 export NCCL_DEBUG=WARN
 
-# container: pyxis
+# container: pyxis; the run folder, run_root and a local checkpoint root are always mounted.
 SLURMKIT_CONTAINER_IMAGE='nvcr.io#nvidia/pytorch:24.05-py3'
 export SLURMKIT_CONTAINER_IMAGE
+# pyxis/enroot: srun options; --container-env makes these host values win over the image's.
+# shellcheck disable=SC2054  # the commas belong to single options
+SLURMKIT_SRUN_CONTAINER=(--container-image='nvcr.io#nvidia/pytorch:24.05-py3' --container-mounts=/lustre/datasets:/data:ro,/lustre/checkpoints:/checkpoints,/lustre/scratch/alice/slurmkit-runs:/lustre/scratch/alice/slurmkit-runs,/shared/runs/golden-run:/shared/runs/golden-run,/lustre/checkpoints/alice:/lustre/checkpoints/alice --container-workdir=/workspace --container-env=NCCL_SOCKET_IFNAME,NCCL_IB_HCA,NCCL_IB_GID_INDEX,NCCL_NET_GDR_LEVEL,NCCL_DEBUG)
 
 # Slurm signals the batch shell (USR2, 300 s before the limit, or on
 # preemption). The trap forwards it to the ranks and the shell keeps waiting, so the ranks can
@@ -53,7 +57,7 @@ trap slurmkit_forward_signal USR2
 # launch: one rank per task; one rank exiting non-zero (a crash, the hang watchdog) stops them all.
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
-srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
+srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err "${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
 SLURMKIT_LAUNCH_PID=$!
 # wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
 while true; do
@@ -64,7 +68,7 @@ done
 if [ "$SLURMKIT_RC" -ne 0 ]; then
   # Hang or crash: requeue within the profile's budget, unless the error is deterministic.
   # Exit status 0 means every rank had finished its work before the failure (e.g. at exit).
-  if /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir /shared/runs/golden-run --exit-code "$SLURMKIT_RC"; then
+  if /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC"; then
     SLURMKIT_RC=0
   fi
 fi

@@ -24,13 +24,17 @@ module load cuda/12.4
 module load apptainer/1.3
 export HF_HOME="/scratch/$USER/hf-cache"
 export SLURMKIT_RUN_NAME=golden
+SLURMKIT_RUN_DIR=/shared/runs/golden-run
 
 # NCCL
 export NCCL_SOCKET_IFNAME=ib0
 
-# container: apptainer
+# container: apptainer; the run folder, run_root and a local checkpoint root are always mounted.
 SLURMKIT_CONTAINER_IMAGE=/projects/proj-1234/images/pytorch-24.05.sif
 export SLURMKIT_CONTAINER_IMAGE
+# apptainer: the host environment (SLURM_*, NCCL_*, slurmkit's) passes through; /dev (InfiniBand) is shared.
+# shellcheck disable=SC2054  # the commas belong to single options
+SLURMKIT_RANK_PREFIX=(apptainer exec --nv --bind /scratch:/scratch,/scratch/alice/slurmkit-runs:/scratch/alice/slurmkit-runs,/shared/runs/golden-run:/shared/runs/golden-run --pwd /scratch /projects/proj-1234/images/pytorch-24.05.sif)
 
 # Slurm signals the batch shell (USR2, 180 s before the limit, or on
 # preemption). The trap forwards it to the ranks and the shell keeps waiting, so the ranks can
@@ -48,7 +52,7 @@ trap slurmkit_forward_signal USR2
 # launch: one rank per task; one rank exiting non-zero (a crash, the hang watchdog) stops them all.
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
-srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
+srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err "${SLURMKIT_RANK_PREFIX[@]}" /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
 SLURMKIT_LAUNCH_PID=$!
 # wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
 while true; do
@@ -59,7 +63,7 @@ done
 if [ "$SLURMKIT_RC" -ne 0 ]; then
   # Hang or crash: requeue within the profile's budget, unless the error is deterministic.
   # Exit status 0 means every rank had finished its work before the failure (e.g. at exit).
-  if /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir /shared/runs/golden-run --exit-code "$SLURMKIT_RC"; then
+  if /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC"; then
     SLURMKIT_RC=0
   fi
 fi

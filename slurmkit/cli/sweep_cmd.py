@@ -1,0 +1,184 @@
+"""`slurmkit sweep SPEC | status | results | resubmit | list | cancel`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from slurmkit.cli.common import JsonOpt, ProfileOpt, SetOpt, print_json, run_root_for, user_errors
+
+
+class _SubmitByDefault(TyperGroup):
+    """`slurmkit sweep SPEC ...` means `slurmkit sweep submit SPEC ...`."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["submit", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(cls=_SubmitByDefault, no_args_is_help=True,
+                  help="Config sweeps as Slurm job arrays: `slurmkit sweep SPEC` submits one.")
+
+# The results table keeps to these (and the --sort metric); --json and --csv carry every metric.
+TABLE_METRICS = ("loss", "accuracy", "mfu", "samples_per_s", "restarts", "returncode")
+SweepArg = Annotated[str, typer.Argument(help="Sweep id, unique prefix, or sweep folder.")]
+
+
+@app.command("submit")
+@user_errors
+def submit(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec YAML: a run spec plus a `sweep:` section.")],
+    profile: ProfileOpt = None,
+    grid: Annotated[list[str] | None, typer.Option("--grid", help="KEY=V1,V2,... adds or replaces a grid key.")] = None,
+    set_: SetOpt = None,
+    max_parallel: Annotated[int | None, typer.Option("--max-parallel", min=1,
+                                                     help="Tasks running at once (--array=...%N).")] = None,
+    max_array_size: Annotated[int | None, typer.Option(
+        "--max-array-size", min=1, help="Arrays of at most N tasks (default and cap: MaxArraySize).")] = None,
+    after: Annotated[str | None, typer.Option("--after", help="Start after this run or sweep succeeded.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the tasks and arrays; submit nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a sweep: one job array per chunk of at most MaxArraySize tasks."""
+    from slurmkit.sweeps import spec as spec_mod
+    from slurmkit.sweeps import submit as sub
+
+    plan = spec_mod.load(spec, grid, max_parallel)
+    if dry_run:
+        info = sub.preview(plan, sub.resolve_tasks(plan, profile, set_), max_array_size)
+        if as_json:
+            print_json(info)
+            return
+        typer.echo(f"{info['tasks']} tasks in {len(info['arrays'])} array(s) "
+                   f"(MaxArraySize {info['max_array_size']} assumed; submit reads the cluster's):")
+        for k, arr in enumerate(info["arrays"]):
+            typer.echo(f"  array {k}: tasks {arr['tasks']} as --array={arr['array']}")
+        _table(["index", *plan.varying, "seed"], info["configs"])
+        return
+    dependency = sub.after_dependency(run_root_for(profile), after) if after else None
+    done = sub.submit(plan, profile, set_, max_array_size, dependency)
+    if as_json:
+        print_json(done.as_dict())
+    else:
+        arrays = ", ".join(done.array_job_ids) or "local runner"
+        typer.echo(f"sweep {done.sweep_id}  {done.tasks} tasks  arrays {arrays}  {done.sweep_dir}")
+
+
+@app.command("status")
+@user_errors
+def status(sweep: SweepArg, profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
+    """Counts by state and a per-task table (one squeue call, at most one sacct)."""
+    from slurmkit.sweeps import report, store
+
+    paths = store.find_sweep(run_root_for(profile), sweep)
+    states = report.task_states(paths)
+    if as_json:
+        print_json({"sweep_id": paths.sweep_id, "counts": report.counts(states),
+                    "tasks": [s.as_dict() for s in states]})
+        return
+    typer.echo(f"sweep {paths.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in report.counts(states).items()))
+    _table(["index", "job", "state", "nodes", "elapsed", "restarts"],
+           [{"index": s.index, "job": s.job_id, "state": s.state, "nodes": s.nodes, "elapsed": s.elapsed,
+             "restarts": s.restarts} for s in states])
+
+
+@app.command("results")
+@user_errors
+def results(
+    sweep: SweepArg,
+    profile: ProfileOpt = None,
+    csv_file: Annotated[Path | None, typer.Option("--csv", help="Also write the table to this CSV file.")] = None,
+    sort: Annotated[str | None, typer.Option("--sort", help="Order by this metric, best first.")] = None,
+    maximize: Annotated[bool | None, typer.Option(
+        "--max/--min", help="Whether larger is better (default: smaller for loss/error/time, else larger).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One row per task: its varying config, final metrics and state; the best row is marked."""
+    from slurmkit.sweeps import report, store
+
+    res = report.results(store.find_sweep(run_root_for(profile), sweep), sort, maximize)
+    if csv_file is not None:
+        report.write_csv(res, str(csv_file))
+    if as_json:
+        print_json(res.rows)
+        return
+    shown = [m for m in res.metrics if m in TABLE_METRICS or m == res.sort]
+    _table(["index", "state", *res.varying, *shown], res.rows, best=res.best)
+    if len(shown) < len(res.metrics):
+        typer.echo(f"({len(res.metrics) - len(shown)} more metrics in --json and --csv)")
+    if res.best is not None:
+        typer.echo(f"best: task {res.best} by {res.sort}")
+
+
+@app.command("resubmit")
+@user_errors
+def resubmit(
+    sweep: SweepArg,
+    failed: Annotated[bool, typer.Option("--failed", help="Failed, cancelled, timed-out, unsubmitted tasks.")] = False,
+    profile: ProfileOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run again, in one new array under the same sweep, only the tasks that did not succeed."""
+    from slurmkit.errors import SlurmkitError
+    from slurmkit.sweeps import report, store
+    from slurmkit.sweeps import submit as sub
+
+    if not failed:
+        raise SlurmkitError("say which tasks to resubmit", where="resubmit", valid="valid: --failed")
+    paths = store.find_sweep(run_root_for(profile), sweep)
+    states = {s.index: s.state for s in report.task_states(paths)}
+    indices = sub.resubmit_failed(paths, states)
+    if as_json:
+        print_json({"sweep_id": paths.sweep_id, "resubmitted": indices})
+    else:
+        typer.echo(f"resubmitted {len(indices)} task(s): {sub.compress(indices) if indices else 'none'}")
+
+
+@app.command("list")
+@user_errors
+def list_sweeps(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
+    """Sweeps under the run root, newest first."""
+    from slurmkit.sweeps import store
+
+    rows = []
+    for paths in store.list_sweeps(run_root_for(profile)):
+        m = store.Manifest(paths).read()
+        rows.append({"sweep_id": m["sweep_id"], "tasks": len(m["tasks"]), "created": m["created"],
+                     "arrays": ",".join(a["job_id"] for a in m["arrays"] if a.get("job_id"))})
+    if as_json:
+        print_json(rows)
+    else:
+        _table(["sweep_id", "tasks", "arrays", "created"], rows)
+
+
+@app.command("cancel")
+@user_errors
+def cancel(sweep: SweepArg, profile: ProfileOpt = None) -> None:
+    """Cancel every array of the sweep."""
+    from slurmkit.sweeps import store
+    from slurmkit.sweeps import submit as sub
+
+    ids = sub.cancel(store.find_sweep(run_root_for(profile), sweep))
+    typer.echo(f"cancelled {', '.join(ids) or 'nothing'}")
+
+
+def _table(columns: list[str], rows: list[dict[str, Any]], best: int | None = None) -> None:
+    """Plain aligned columns (wide sweeps stay readable when piped); '*' marks the best row."""
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c), *(len(r[k]) for r in cells)]) for k, c in enumerate(columns)]
+    typer.echo("  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row, line in zip(rows, cells, strict=True):
+        mark = "* " if best is not None and row.get("index") == best else "  "
+        typer.echo(mark + "  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

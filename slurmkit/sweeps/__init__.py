@@ -1,0 +1,1 @@
+"""Config sweeps through Slurm job arrays."""

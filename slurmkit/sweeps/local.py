@@ -1,0 +1,73 @@
+"""Sweeps on the `local` profile: a detached runner puts each task through submitit's LocalExecutor,
+at most max_parallel at a time, so `slurmkit sweep` returns at once as it does on Slurm.
+
+    python -m slurmkit.sweeps.local --sweep-dir DIR --array N
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from slurmkit.runs import RunRecord
+from slurmkit.sweeps.store import Manifest, SweepPaths, materialize_task
+from slurmkit.sweeps.task import SweepTask
+
+POLL_S = 0.5
+
+
+def start(paths: SweepPaths, indices: list[int]) -> int:
+    """Record a local "array" for `indices` and launch its runner in its own session; returns its pid."""
+    with Manifest(paths).editing() as manifest:
+        number = len(manifest["arrays"])
+        manifest["arrays"].append({"kind": "local", "indices": indices, "base": 0, "job_id": None, "jobs": {},
+                                   "runner_pid": None})
+    log = open(paths.sweep_dir / "local-runner.log", "a")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir), "--array", str(number)],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    with Manifest(paths).editing() as manifest:
+        manifest["arrays"][number]["runner_pid"] = proc.pid
+    return proc.pid
+
+
+def run(paths: SweepPaths, number: int) -> None:
+    """Run the tasks of local array `number`, at most max_parallel at once; each job's pid goes to the manifest."""
+    from slurmkit.slurm.executor import local_executor
+    from slurmkit.sweeps.submit import manifest_resolved
+
+    manifest = Manifest(paths).read()
+    resolved = manifest_resolved(manifest)
+    queue = list(manifest["arrays"][number]["indices"])
+    limit = manifest.get("max_parallel") or len(queue)
+    running: list[Any] = []
+    while queue or running:
+        running = [job for job in running if not job.done()]
+        while queue and len(running) < limit:
+            i = queue.pop(0)
+            task = materialize_task(paths, i, "")
+            job = local_executor(task.job_folder, resolved[i]).submit(SweepTask(str(paths.sweep_dir), index=i))
+            RunRecord(task).add_job_id(str(job.job_id))
+            with Manifest(paths).editing() as m:
+                m["arrays"][number]["jobs"][str(i)] = str(job.job_id)
+            print(f"task {i}: job {job.job_id}", flush=True)
+            running.append(job)
+        time.sleep(POLL_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurmkit.sweeps.local")
+    parser.add_argument("--sweep-dir", required=True)
+    parser.add_argument("--array", type=int, required=True)
+    args = parser.parse_args(argv)
+    run(SweepPaths(Path(args.sweep_dir)), args.array)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Sweep status (one squeue call, at most one sacct, whatever the task count) and the results table."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from slurmkit.errors import SlurmkitError, did_you_mean
+from slurmkit.procs import pid_alive
+from slurmkit.runs import atomic_write_text
+from slurmkit.sweeps.store import Manifest, SweepPaths, latest_job_ids, newest_arrays
+
+NOT_SUBMITTED = "NOT_SUBMITTED"
+DEFAULT_METRIC = "loss"
+_MINIMIZE_RE = re.compile(r"loss|err|perplexity|ppl|time|latency|_s$")
+
+
+@dataclass(frozen=True)
+class TaskState:
+    index: int
+    state: str
+    job_id: str
+    nodes: str = ""
+    elapsed: str = ""
+    restarts: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _local_states(paths: SweepPaths, manifest: dict[str, Any]) -> list[TaskState]:
+    from slurmkit.jobs import local_state
+
+    latest = latest_job_ids(manifest)
+    out = []
+    for index, arr in newest_arrays(manifest).items():
+        jid = latest[index]
+        if jid:
+            state = local_state(paths.task(index), jid, manifest["tasks"][index]["num_tasks"])
+        else:
+            runner = arr.get("runner_pid") if arr else None
+            state = "PENDING" if runner and pid_alive(int(runner)) else NOT_SUBMITTED
+        out.append(TaskState(index, state, jid or ""))
+    return out
+
+
+def task_states(paths: SweepPaths, manifest: dict[str, Any] | None = None) -> list[TaskState]:
+    """Every task's state: the newest job of each task, from one squeue and (if needed) one sacct."""
+    from slurmkit.slurm import commands
+
+    manifest = manifest or Manifest(paths).read()
+    if manifest["executor"] == "local":
+        return _local_states(paths, manifest)
+    latest = latest_job_ids(manifest)
+    if not any(latest.values()):
+        return [TaskState(i, NOT_SUBMITTED, "") for i in latest]
+    live = commands.squeue_all()
+    # sacct on an array's base id lists all of its tasks: one call covers every finished task.
+    finished_arrays = sorted({commands.base_id(j) for j in latest.values() if j and j not in live})
+    done = commands.sacct(finished_arrays) if finished_arrays else {}
+    out = []
+    for index, jid in latest.items():
+        info = (live.get(jid) or done.get(jid)) if jid else None
+        if info is None:
+            out.append(TaskState(index, "UNKNOWN" if jid else NOT_SUBMITTED, jid or ""))
+        else:
+            out.append(TaskState(index, info.state, jid or "", info.nodes, info.elapsed, info.restarts))
+    return out
+
+
+def counts(states: list[TaskState]) -> dict[str, int]:
+    return dict(sorted(Counter(s.state for s in states).items()))
+
+
+def _numbers(mapping: dict[str, Any]) -> dict[str, float | int]:
+    return {k: v for k, v in mapping.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def final_metrics(paths: SweepPaths, index: int, job_id: str) -> dict[str, float | int]:
+    """Rank 0's returned numbers, else the last line of the task's metrics.jsonl."""
+    task = paths.task(index)
+    outcome = task.outcome(job_id, 0) if job_id else None
+    if outcome is not None and outcome[0] == "success" and isinstance(outcome[1], dict):
+        return _numbers(outcome[1])
+    try:
+        lines = task.metrics.read_text().strip().splitlines()
+        return _numbers(json.loads(lines[-1])) if lines else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def minimize(metric: str) -> bool:
+    return bool(_MINIMIZE_RE.search(metric))
+
+
+@dataclass(frozen=True)
+class Results:
+    rows: list[dict[str, Any]]
+    varying: list[str]
+    metrics: list[str]
+    sort: str | None
+    best: int | None
+    """Index (task index) of the best row by `sort` (or loss), None when no row has it."""
+
+
+def results(paths: SweepPaths, sort: str | None = None, maximize: bool | None = None) -> Results:
+    """One row per task: index, state, the varying config keys and its final metrics."""
+    manifest = Manifest(paths).read()
+    states = task_states(paths, manifest)
+    varying = manifest.get("varying", [])
+    rows: list[dict[str, Any]] = []
+    for task, st in zip(manifest["tasks"], states, strict=True):
+        row = {"index": task["index"], "state": st.state, **{k: task["overrides"].get(k) for k in varying}}
+        row.update(final_metrics(paths, task["index"], st.job_id))
+        rows.append(row)
+    fixed = {"index", "state", *varying}
+    metrics = list(dict.fromkeys(k for r in rows for k in r if k not in fixed))
+    if sort is not None and sort not in metrics:
+        raise SlurmkitError(f"unknown metric '{sort}'{did_you_mean(sort, metrics)}", where="--sort",
+                            valid=f"valid: {', '.join(metrics) or 'none yet (no task has finished)'}")
+    key = sort or (DEFAULT_METRIC if DEFAULT_METRIC in metrics else None)
+    best = None
+    if key is not None:
+        largest = maximize if maximize is not None else not minimize(key)
+        ranked = sorted((r for r in rows if key in r), key=lambda r: r[key], reverse=largest)
+        best = ranked[0]["index"] if ranked else None
+        if sort is not None:
+            rows = ranked + [r for r in rows if key not in r]
+    return Results(rows, varying, metrics, key, best)
+
+
+def to_csv(res: Results) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, ["index", "state", *res.varying, *res.metrics])
+    writer.writeheader()
+    writer.writerows(res.rows)
+    return buf.getvalue()
+
+
+def write_csv(res: Results, path: str) -> None:
+    from pathlib import Path
+
+    atomic_write_text(Path(path), to_csv(res))

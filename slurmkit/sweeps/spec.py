@@ -1,0 +1,198 @@
+"""The sweep spec: a run spec plus a `sweep:` section, expanded into one override set per task.
+
+    name: lr-sweep            # the base run spec, as for `slurmkit submit`
+    task: train
+    config: {steps: 200}
+    sweep:
+      grid:   {config.lr: [1e-3, 3e-3], config.seed: [0, 1]}   # cartesian product
+      list:   [{config.hidden: 64}, {config.hidden: 256}]       # explicit configs
+      random: {n: 4, seed: 0, params: {config.weight_decay: {uniform: [0, 0.1]}}}
+
+Keys are dotted run-spec paths. When several modes are given, the tasks are their product
+(grid x list x random), in that order, so task indices are stable for a given spec.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from slurmkit.config.fields import Strict
+from slurmkit.config.loader import Layer, read_yaml
+from slurmkit.config.overrides import parse_set, set_path
+from slurmkit.config.runspec import RunSpec
+from slurmkit.errors import ConfigError, did_you_mean
+
+SWEEP_KEY = "sweep"
+DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
+
+
+class RandomSection(Strict):
+    """`n` samples, each drawing every parameter from its distribution with one seeded generator."""
+
+    n: int = Field(ge=1)
+    """How many configs to sample."""
+    seed: int = 0
+    """Seed of the sampler: the same spec always gives the same configs."""
+    params: dict[str, dict[str, Any]] = Field(min_length=1)
+    """KEY: {uniform: [lo, hi]} | {log_uniform: [lo, hi]} | {int: [lo, hi]} (inclusive) | {choice: [v, ...]}."""
+
+    @model_validator(mode="after")
+    def _distributions(self) -> RandomSection:
+        for key, dist in self.params.items():
+            if len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
+                raise ValueError(f"{key}: one of {', '.join(DISTRIBUTIONS)} is needed, got {sorted(dist)}")
+            kind, args = next(iter(dist.items()))
+            if not isinstance(args, list) or not args:
+                raise ValueError(f"{key}: {kind} takes a non-empty list")
+            if kind != "choice" and (len(args) != 2 or args[0] > args[1]):
+                raise ValueError(f"{key}: {kind} takes [low, high] with low <= high")
+            if kind == "log_uniform" and args[0] <= 0:
+                raise ValueError(f"{key}: log_uniform needs low > 0")
+        return self
+
+
+class SweepSection(Strict):
+    """What varies across tasks, and how many of them may run at once."""
+
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    """KEY: [values]; every combination becomes a task."""
+    configs: list[dict[str, Any]] = Field(default_factory=list, alias="list")
+    """Explicit configs, each a mapping of KEY: value."""
+    random: RandomSection | None = None
+    """Sampled configs."""
+    max_parallel: int | None = Field(None, ge=1)
+    """Tasks running at once (sbatch --array=...%N); --max-parallel overrides it."""
+    seed: int = 0
+    """Base of the per-task seed for runs without config.seed: task i gets seed + i (as $SLURMKIT_SEED)."""
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> SweepSection:
+        for key, values in self.grid.items():
+            if not values:
+                raise ValueError(f"grid key {key} has no values; valid: a non-empty list")
+        if not (self.grid or self.configs or self.random):
+            raise ValueError("the sweep is empty; valid: at least one of grid, list or random")
+        return self
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A base run spec (as layers) and the flat overrides of every task, in task order."""
+
+    source: str
+    name: str
+    base_layers: list[Layer]
+    section: SweepSection
+    overrides: list[dict[str, Any]]
+
+    @property
+    def varying(self) -> list[str]:
+        """Keys whose value differs between tasks, in first-seen order."""
+        keys = dict.fromkeys(k for o in self.overrides for k in o)
+        return [k for k in keys if len({repr(o.get(k)) for o in self.overrides}) > 1]
+
+
+def _key_error(key: str, where: str, valid: list[str], part: str) -> ConfigError:
+    return ConfigError(f"'{key}' is not a run-spec key{did_you_mean(part, valid)}", where=f"{where}.{key}",
+                       valid=f"valid at that level: {', '.join(sorted(valid))}")
+
+
+def check_key(key: str, where: str, task: str | None) -> None:
+    """Refuse a dotted key that does not name a field of the run spec (free-form maps excepted)."""
+    model: type[BaseModel] | None = RunSpec
+    for part in key.split("."):
+        if model is None:  # inside kwargs/env: any key is the user's
+            return
+        if part not in model.model_fields or part == "name":
+            valid = [f for f in model.model_fields if f != "name"]
+            raise _key_error(key, where, valid, part)
+        if model is RunSpec and part == "config":
+            if task != "train":
+                raise ConfigError(f"'{key}': config is only valid with task", where=f"{where}.{key}")
+            from slurmkit.config.train import TrainConfig
+
+            model = TrainConfig
+            continue
+        ann = model.model_fields[part].annotation
+        nested = [c for c in (ann, *getattr(ann, "__args__", ())) if isinstance(c, type) and issubclass(c, BaseModel)]
+        model = nested[0] if nested else None
+
+
+def _sample(rng: random.Random, kind: str, args: list[Any]) -> Any:
+    if kind == "choice":
+        return rng.choice(args)
+    lo, hi = args
+    if kind == "int":
+        return rng.randint(int(lo), int(hi))
+    if kind == "log_uniform":
+        return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+    return rng.uniform(lo, hi)
+
+
+def expand(section: SweepSection) -> list[dict[str, Any]]:
+    """Every task's flat overrides: grid x list x random."""
+    parts: list[list[dict[str, Any]]] = []
+    if section.grid:
+        keys = list(section.grid)
+        parts.append([dict(zip(keys, combo, strict=True)) for combo in itertools.product(*section.grid.values())])
+    if section.configs:
+        parts.append([dict(entry) for entry in section.configs])
+    if section.random:
+        rng = random.Random(section.random.seed)
+        params = section.random.params
+        parts.append([{k: _sample(rng, *next(iter(d.items()))) for k, d in params.items()}
+                      for _ in range(section.random.n)])
+    return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*parts)]
+
+
+def nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """{'config.lr': 1} -> {'config': {'lr': 1}}, the shape of a spec layer."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        set_path(out, key.split("."), value)
+    return out
+
+
+def parse_grid_option(item: str) -> tuple[str, list[Any]]:
+    """--grid key=v1,v2,... (each value read as YAML, like --set)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key or not raw:
+        raise ConfigError(f"malformed --grid {item!r}", where="--grid", valid="valid: KEY=V1,V2,...")
+    return key, [parse_set(f"{key}={v}")[1] for v in raw.split(",")]
+
+
+def load(path: Path, grid: list[str] | None = None, max_parallel: int | None = None) -> SweepPlan:
+    """Read a sweep spec; --grid options replace (or add) grid keys. Keys are checked here."""
+    raw = read_yaml(path)
+    section_raw = raw.pop(SWEEP_KEY, None)
+    if not isinstance(section_raw, dict):
+        raise ConfigError("no sweep section", where=f"{path}:{SWEEP_KEY}",
+                          valid="valid: a mapping with grid, list and/or random")
+    section_raw = dict(section_raw)
+    section_raw["grid"] = {**(section_raw.get("grid") or {}), **dict(parse_grid_option(g) for g in grid or [])}
+    if max_parallel is not None:
+        section_raw["max_parallel"] = max_parallel
+    try:
+        section = SweepSection.model_validate(section_raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(err["msg"].removeprefix("Value error, "),
+                          where=f"{path}:{SWEEP_KEY}" + (f".{field}" if field else "")) from None
+    task = raw.get("task")
+    for mode, keys in (("grid", list(section.grid)), ("random.params", list(section.random.params)
+                                                       if section.random else [])):
+        for key in keys:
+            check_key(key, f"{path}:{SWEEP_KEY}.{mode}", task)
+    for i, entry in enumerate(section.configs):
+        for key in entry:
+            check_key(key, f"{path}:{SWEEP_KEY}.list[{i}]", task)
+    name = str(raw.get("name") or path.stem)
+    return SweepPlan(str(path), name, [(str(path), raw)], section, expand(section))

@@ -1,0 +1,58 @@
+"""What one sweep task runs.
+
+The batch shell of each array task first runs
+
+    python -m slurmkit.sweeps.task --sweep-dir DIR --index N
+
+which creates the task's run folder and run.json (once), records this job id there, and prints
+the run folder for the shell. Then every rank calls the pickled SweepTask, which looks up its own
+config in the manifest by its array index. Kept free of torch at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmkit.sweeps.store import SweepPaths, materialize_task
+from slurmkit.worker.requeue import slurm_job_id
+
+
+@dataclass(frozen=True)
+class SweepTask:
+    """The callable of every task of one array: sweep task base + SLURM_ARRAY_TASK_ID (or index)."""
+
+    sweep_dir: str
+    base: int = 0
+    index: int | None = None
+
+    def __call__(self) -> Any:
+        from slurmkit.sweeps.store import Manifest
+        from slurmkit.worker.entry import Run
+
+        index = self.index if self.index is not None else self.base + int(os.environ["SLURM_ARRAY_TASK_ID"])
+        task = Manifest(SweepPaths(Path(self.sweep_dir))).read()["tasks"][index]
+        return Run(spec=task["spec"], run_dir=task["run_dir"], env=task["env"],
+                   checkpoint_uri=task["checkpoint_uri"])()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurmkit.sweeps.task")
+    parser.add_argument("--sweep-dir", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    args = parser.parse_args(argv)
+    try:
+        task = materialize_task(SweepPaths(Path(args.sweep_dir)), args.index, slurm_job_id())
+    except (OSError, IndexError, ValueError) as exc:
+        print(f"slurmkit sweep task {args.index}: {exc}", file=sys.stderr)
+        return 1
+    print(task.run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Sweeps as job arrays on the real dev cluster: throttling, resubmitting failures, splitting, chaining."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from slurmkit.cli.app import app
+from slurmkit.slurm import commands
+from slurmkit.sweeps import report, spec, store
+from slurmkit.sweeps import submit as sub
+from tests.conftest import EXAMPLES
+
+pytestmark = pytest.mark.cluster
+runner = CliRunner()
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+def write_sweep(tmp_path: Path, sweep: dict[str, Any], command: str = "sleep 3") -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "csw", "command": command, "resources": {"time": "00:05:00"},
+                                    "sweep": sweep}))
+    return path
+
+
+def invoke(*args: str) -> dict[str, Any]:
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.output)
+    return data
+
+
+def sbatch_calls_during(fn: Any) -> tuple[Any, int]:
+    before = len(commands.CALL_LOG)
+    value = fn()
+    return value, sum(1 for argv in commands.CALL_LOG[before:] if argv[0] == "sbatch")
+
+
+def wait_sweep(paths: store.SweepPaths, timeout_s: float = 240, every: Any = None) -> list[report.TaskState]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = report.task_states(paths)
+        if every is not None:
+            every(states)
+        if all(s.state in FINAL for s in states):
+            return states
+        assert time.monotonic() < deadline, f"sweep still running: {report.counts(states)}"
+        time.sleep(0.3)
+
+
+def test_grid_of_six_is_one_array_throttled_to_two_then_a_job_runs_after_it(
+        cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    path = write_sweep(tmp_path, {"grid": {"env.LR": ["0.1", "0.03", "0.01"], "env.WD": ["0", "0.1"]}})
+    done, sbatches = sbatch_calls_during(lambda: invoke("sweep", str(path), "-p", str(dev_profile),
+                                                        "--max-parallel", "2"))
+    assert done["tasks"] == 6 and len(done["array_job_ids"]) == 1
+    assert sbatches == 1
+    paths = store.SweepPaths(Path(done["sweep_dir"]))
+    assert "#SBATCH --array=0-5%2" in paths.script(0).read_text()
+
+    after = invoke("submit", str(EXAMPLES / "hostnames.yaml"), "-p", str(dev_profile), "--after", paths.sweep_id)
+    script = (Path(after["run_dir"]) / "sbatch.sh").read_text()
+    assert f"#SBATCH --dependency=afterok:{done['array_job_ids'][0]}" in script
+
+    peak: list[int] = []
+    states = wait_sweep(paths, every=lambda st: peak.append(sum(s.state == "RUNNING" for s in st)))
+    assert max(peak) <= 2, f"more than 2 tasks ran at once: {peak}"
+    assert max(peak) == 2, "the throttle never let 2 run together"
+    assert [s.state for s in states] == ["COMPLETED"] * 6
+
+    before = len(commands.CALL_LOG)
+    rows = runner.invoke(app, ["sweep", "results", paths.sweep_id, "-p", str(dev_profile), "--json"])
+    calls = [argv[0] for argv in commands.CALL_LOG[before:]]
+    assert calls.count("squeue") == 1 and calls.count("sacct") <= 1 and len(calls) <= 2
+    table = json.loads(rows.output)
+    assert len(table) == 6
+    assert {(r["env.LR"], r["env.WD"]) for r in table} == {(a, b) for a in ("0.1", "0.03", "0.01")
+                                                          for b in ("0", "0.1")}
+    assert all(r["returncode"] == 0 for r in table)
+
+    from slurmkit import jobs
+    from slurmkit.runs import RunPaths
+
+    final = jobs.wait(RunPaths(Path(after["run_dir"])), poll_s=0.5, timeout_s=120)
+    assert final.state == "COMPLETED"
+    ids = [f"{done['array_job_ids'][0]}_{i}" for i in range(6)] + [after["job_id"]]
+    out = commands.run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", ",".join(ids),
+                        "--format=JobID,Start,End"])
+    times = {line.split("|")[0]: line.split("|")[1:] for line in out.splitlines() if line}
+    last_end = max(times[i][1] for i in ids[:-1])
+    assert times[after["job_id"]][0] >= last_end, "the dependent job started before the sweep ended"
+
+
+def test_a_failed_config_is_resubmitted_alone_and_the_sweep_completes(
+        cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    command = 'if [ "$MODE" = flaky ] && [ ! -e "$SLURMKIT_RUN_DIR/fixed" ]; then exit 3; fi'
+    path = write_sweep(tmp_path, {"grid": {"env.MODE": ["ok", "flaky", "fine"]}}, command)
+    # No automatic requeue of the crash: the user fixes the cause, then resubmits.
+    done = invoke("sweep", str(path), "-p", str(dev_profile), "--set", "profile.requeue.crash=0")
+    paths = store.SweepPaths(Path(done["sweep_dir"]))
+    assert [s.state for s in wait_sweep(paths)] == ["COMPLETED", "FAILED", "COMPLETED"]
+
+    (paths.task(1).run_dir / "fixed").write_text("")
+    again, sbatches = sbatch_calls_during(
+        lambda: invoke("sweep", "resubmit", paths.sweep_id, "--failed", "-p", str(dev_profile)))
+    assert again["resubmitted"] == [1] and sbatches == 1
+    manifest = store.Manifest(paths).read()
+    assert [(a["kind"], a["indices"], a["array"]) for a in manifest["arrays"]] == [
+        ("initial", [0, 1, 2], "0-2"), ("resubmit", [1], "1")]
+    states = wait_sweep(paths)
+    assert [s.state for s in states] == ["COMPLETED"] * 3
+    first = manifest["arrays"][0]["job_id"]
+    assert [s.job_id for s in states] == [f"{first}_0", f"{manifest['arrays'][1]['job_id']}_1", f"{first}_2"]
+    assert report.counts(states) == {"COMPLETED": 3}
+
+
+def test_a_sweep_over_the_array_limit_is_split_into_chained_arrays(
+        cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    plan = spec.load(write_sweep(tmp_path, {"grid": {"env.X": [str(i) for i in range(6)]}, "max_parallel": 2},
+                                 "sleep 1"))
+    done, sbatches = sbatch_calls_during(lambda: sub.submit(plan, str(dev_profile), max_array_size=4))
+    assert sbatches == 2 and len(done.array_job_ids) == 2
+    paths = store.SweepPaths(Path(done.sweep_dir))
+    manifest = store.Manifest(paths).read()
+    assert [(a["indices"], a["base"], a["array"]) for a in manifest["arrays"]] == [
+        ([0, 1, 2, 3], 0, "0-3%2"), ([4, 5], 4, "0-1%2")]
+    # Each chunk waits for the previous one, so %2 holds across the whole sweep.
+    assert f"#SBATCH --dependency=afterany:{done.array_job_ids[0]}" in paths.script(1).read_text()
+    states = wait_sweep(paths)
+    assert [s.state for s in states] == ["COMPLETED"] * 6
+    assert states[5].job_id == f"{done.array_job_ids[1]}_1"
+    # Each task folder is an ordinary run: `slurmkit result/logs <folder>` work on it.
+    from slurmkit import jobs
+
+    assert jobs.result(paths.task(5))["returncode"] == 0
+    assert jobs.run_state(paths.task(5)).state == "COMPLETED"
+    assert {json.loads(paths.task(i).record.read_text())["sweep"]["overrides"]["env.X"] for i in range(6)} == {
+        str(i) for i in range(6)}
+
+
+def test_a_sweep_larger_than_the_cluster_job_limit_is_refused_before_anything(
+        cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    max_jobs = int(commands.show_config()["MaxJobCount"])
+    path = write_sweep(tmp_path, {"grid": {"env.A": list(range(max_jobs // 10 + 1)), "env.B": list(range(10))}})
+    before = len(commands.CALL_LOG)
+    result = runner.invoke(app, ["sweep", str(path), "-p", str(dev_profile)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert f"exceeds the cluster's MaxJobCount={max_jobs}" in result.output
+    assert not any(argv[0] == "sbatch" for argv in commands.CALL_LOG[before:])
+    assert not list((tmp_path / "runs").iterdir())
+
+
+def test_digits_sweep_example_trains_every_config(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    done = invoke("sweep", str(EXAMPLES / "sweep_digits.yaml"), "-p", str(dev_profile), "--set", "config.steps=60")
+    paths = store.SweepPaths(Path(done["sweep_dir"]))
+    assert [s.state for s in wait_sweep(paths, timeout_s=300)] == ["COMPLETED"] * 4
+    result = runner.invoke(app, ["sweep", "results", paths.sweep_id, "-p", str(dev_profile), "--sort", "accuracy"])
+    assert result.exit_code == 0, result.output
+    assert "best: task" in result.output
+    rows = json.loads(runner.invoke(app, ["sweep", "results", paths.sweep_id, "-p", str(dev_profile),
+                                          "--json"]).output)
+    assert [(r["config.lr"], r["config.seed"]) for r in rows] == [(0.003, 0), (0.003, 1), (0.03, 0), (0.03, 1)]
+    assert all(r["steps"] == 60 and r["world_size"] == 2 and 0 < r["accuracy"] <= 1 for r in rows)
+    # Different seeds give different models; each task kept its own metrics file.
+    assert len({r["loss"] for r in rows}) == 4
+    assert all(paths.task(i).metrics.exists() for i in range(4))

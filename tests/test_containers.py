@@ -1,0 +1,101 @@
+"""Containers without a cluster: each runtime renders, passes bash -n and shellcheck, and bad fields are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from slurmkit.cli.app import app
+from slurmkit.config.loader import resolve
+from slurmkit.jobs import dry_run
+from tests.conftest import EXAMPLES
+from tests.test_render import check_shell
+
+runner = CliRunner()
+
+CONTAINERS: dict[str, dict[str, Any]] = {
+    "pyxis": {"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.05-py3", "mounts": ["/data:/data:ro"],
+              "workdir": "/workspace", "env": {"HF_HOME": "/data/hf cache"}, "python": "/usr/bin/python"},
+    "apptainer": {"runtime": "apptainer", "image": "/images/torch.sif", "mounts": ["/data:/data:ro"],
+                  "workdir": "/work", "env": {"HF_HOME": "/data/hf cache"}, "gpus": True},
+    "docker": {"runtime": "docker", "image": "pytorch/pytorch:2.5.0-cuda12.4", "mounts": ["/data:/data:z"],
+               "workdir": "/work", "env": {"HF_HOME": "/data/hf cache"}, "extra_args": ["--shm-size=8g"]},
+}
+
+
+def profile_with(tmp_path: Path, container: dict[str, Any], **fields: Any) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(tmp_path / "runs"),
+                                    "container": container, **fields}))
+    return path
+
+
+def script_for(tmp_path: Path, container: dict[str, Any], *sets: str, **fields: Any) -> str:
+    resolved = resolve(EXAMPLES / "hostnames.yaml", str(profile_with(tmp_path, container, **fields)), list(sets))
+    return dry_run(resolved).script
+
+
+@pytest.mark.parametrize("runtime", sorted(CONTAINERS))
+def test_every_runtime_renders_a_script_that_passes_shellcheck(tmp_path: Path, runtime: str) -> None:
+    script = script_for(tmp_path, CONTAINERS[runtime], checkpoint_root=f"file://{tmp_path}/ckpt")
+    check_shell(script, tmp_path)
+    runs = str(tmp_path / "runs")
+    # The run folder's root and a local checkpoint root are always mounted, beside the user's mounts.
+    assert f"{runs}:{runs}" in script and f"{tmp_path}/ckpt:{tmp_path}/ckpt" in script
+    assert "export HF_HOME='/data/hf cache'" in script
+
+
+def test_pyxis_passes_its_options_to_srun_and_runs_the_container_python(tmp_path: Path) -> None:
+    script = script_for(tmp_path, CONTAINERS["pyxis"])
+    line = next(ln for ln in script.splitlines() if ln.startswith("SLURMKIT_SRUN_CONTAINER=("))
+    assert "--container-image='nvcr.io#nvidia/pytorch:24.05-py3'" in line
+    assert "--container-mounts=/data:/data:ro," in line and "--container-workdir=/workspace" in line
+    assert "--container-env=HF_HOME,OMP_NUM_THREADS" in line
+    launch = next(ln for ln in script.splitlines() if ln.startswith("srun "))
+    assert '"${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -u -m submitit.core._submit' in launch
+    # The batch shell's own helper stays on the host interpreter.
+    assert "/usr/bin/python -m slurmkit.worker.requeue" not in script
+
+
+def test_apptainer_wraps_each_rank_with_nv_only_when_gpus_are_used(tmp_path: Path) -> None:
+    no_gpu = {**CONTAINERS["apptainer"], "gpus": None}
+    assert "--nv" not in script_for(tmp_path, no_gpu)
+    prefix = next(ln for ln in script_for(tmp_path, no_gpu, "resources.gpus_per_node=1").splitlines()
+                  if ln.startswith("SLURMKIT_RANK_PREFIX=("))
+    assert prefix.startswith("SLURMKIT_RANK_PREFIX=(apptainer exec --nv --bind /data:/data:ro,")
+    assert "--pwd /work --env 'HF_HOME=/data/hf cache' /images/torch.sif)" in prefix
+
+
+def test_docker_runs_one_container_per_rank_with_host_network_and_gpus(tmp_path: Path) -> None:
+    script = script_for(tmp_path, {**CONTAINERS["docker"], "gpus": True})
+    for fragment in ("--network host --ipc host", "args+=(--gpus all)", "args+=(-v /data:/data:z)",
+                     "args+=(-w /work)", "args+=(-e HF_HOME)", "args+=(--shm-size=8g)",
+                     "SLURM_*|SLURMKIT_*|SUBMITIT_*|NCCL_*", "--device /dev/infiniband",
+                     "exec docker run \"${args[@]}\" pytorch/pytorch:2.5.0-cuda12.4 \"$@\"",
+                     "export -f slurmkit_docker_rank"):
+        assert fragment in script, fragment
+    assert "--gpus" not in script_for(tmp_path, {**CONTAINERS["docker"], "gpus": False})
+
+
+@pytest.mark.parametrize("container, fragment", [
+    ({"runtime": "apptainer", "image": "nvcr.io#nvidia/pytorch:24.05"}, "does not fit runtime apptainer"),
+    ({"runtime": "docker", "image": "/images/torch.sif"}, "does not fit runtime docker"),
+    ({"runtime": "pyxis", "image": "oras://ghcr.io/x/y:1"}, "does not fit runtime pyxis"),
+    ({"runtime": "docker", "image": "x", "mounts": ["/a:/b:Z:ro"]}, "invalid docker mount '/a:/b:Z:ro'"),
+    ({"runtime": "apptainer", "image": "/i.sif", "mounts": ["/a:/b:z"]}, "valid: /SRC:/DST or /SRC:/DST:ro|rw"),
+    ({"runtime": "pyxis", "image": "x", "mounts": ["data:/data"]}, "invalid pyxis mount 'data:/data'"),
+    ({"runtime": "docker", "image": "x", "workdir": "work"}, "workdir 'work' is not absolute"),
+    ({"runtime": "docker", "image": "x", "extra_args": ["--gpus all; rm -rf /"]}, "invalid extra_args entry"),
+    ({"runtime": "podman", "image": "x"}, "container.runtime"),
+])
+def test_contradictory_container_fields_are_refused_in_one_line(tmp_path: Path, container: dict[str, Any],
+                                                                fragment: str) -> None:
+    path = profile_with(tmp_path, container)
+    result = runner.invoke(app, ["profiles", "validate", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and fragment in result.output
+    assert f"{path.resolve()}:container" in result.output
