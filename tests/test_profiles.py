@@ -62,7 +62,8 @@ def test_extends_cycle_is_refused(tmp_path: Path) -> None:
         ("resources:\n  nodes: 0\n", "resources.nodes", "greater than or equal to 1"),
         ("executor: kubernetes\n", "executor", "'slurm' or 'local'"),
         ("sbatch_extra: ['-x y']\n", "sbatch_extra", "--key=value"),
-        ("container:\n  runtime: pyxis\n  image: i\n  mounts: ['/a']\n", "container", "valid: /SRC:/DST or /SRC:/DST:ro|rw"),
+        ("container:\n  runtime: pyxis\n  image: i\n  mounts: ['/a']\n", "container",
+         "valid: /SRC:/DST or /SRC:/DST:ro|rw"),
         ("partition: \"a\\nb\"\n", "partition", "control characters"),
         ("setup:\n  env:\n    BAD-NAME: x\n", "setup.env", "[A-Za-z_]"),
     ],
@@ -124,7 +125,7 @@ def test_set_values_are_typed(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fields", "sets", "where", "fragment"),
     [
-        ({"name": "x"}, [], "spec.yaml", "exactly one of command, callable or task"),
+        ({"name": "x"}, [], "spec.yaml", "exactly one of command, callable, task, ray is needed, got none"),
         ({"name": "x", "command": "a", "task": "train"}, [], "spec.yaml", "got command, task"),
         ({"name": "bad name", "command": "a"}, [], "spec.yaml:name", "letters, digits"),
         ({"name": "x", "command": "a"}, ["resurces.nodes=2"], "--set:resurces", "did you mean 'resources'"),

@@ -37,8 +37,9 @@ class Resolved:
 
     @property
     def num_tasks(self) -> int:
+        """Processes submitit runs: every rank, or for Ray the one driver."""
         assert self.resources.nodes and self.resources.tasks_per_node
-        return self.resources.nodes * self.resources.tasks_per_node
+        return 1 if self.spec.ray else self.resources.nodes * self.resources.tasks_per_node
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -217,10 +218,27 @@ def merge_resources(*layers: Resources) -> Resources:
     return Resources.model_validate(merged)
 
 
+def _check_ray(spec: RunSpec, resources: Resources, source: str) -> None:
+    """A Ray driver path is read beside the spec file; Ray runs one node per Slurm node."""
+    assert spec.ray is not None
+    driver = Path(spec.ray.driver).expanduser()
+    if not driver.is_absolute() and source != "<spec>":
+        driver = Path(source).resolve().parent / driver
+    if not driver.is_file():
+        raise ConfigError(f"driver script not found: {driver}", where=f"{source}:ray.driver")
+    spec.ray.driver = str(driver)
+    if resources.tasks_per_node != 1:
+        raise ConfigError(f"tasks_per_node={resources.tasks_per_node} with ray",
+                          where=f"{source}:resources.tasks_per_node",
+                          valid="valid: 1 (one Ray node per Slurm node; give it CPUs with cpus_per_task)")
+
+
 def resolve_layers(layers: list[Layer], profile: ClusterProfile, profile_name: str) -> Resolved:
     """Run-spec layers (lowest first) against an already loaded profile."""
     run_spec = validate_runspec(layers)
     resources = merge_resources(DEFAULT_RESOURCES, profile.resources, run_spec.resources)
+    if run_spec.ray is not None:
+        _check_ray(run_spec, resources, layers[0][0])
     return Resolved(spec=run_spec, profile=profile, profile_name=profile_name, resources=resources,
                     spec_source=layers[0][0])
 

@@ -9,14 +9,16 @@ from pydantic import Field, field_validator, model_validator
 
 from slurmkit.config.fields import EnvMap, Strict
 from slurmkit.config.profile import Resources
+from slurmkit.config.ray import RaySpec
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 TASKS = ("train",)
+KINDS = ("command", "callable", "task", "ray")
 
 
 class RunSpec(Strict):
-    """One run: exactly one of command, callable or task, plus resources."""
+    """One run: exactly one of command, callable, task or ray, plus resources."""
 
     multiline_fields = frozenset({"command", "kwargs", "config"})
 
@@ -32,6 +34,8 @@ class RunSpec(Strict):
     """A built-in task: train."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Configuration of the built-in task."""
+    ray: RaySpec | None = None
+    """A Ray cluster over the allocation (one Ray node per Slurm node) and a driver script run against it."""
     resources: Resources = Field(default_factory=lambda: Resources())
     """Resources of this run; unset fields come from the profile, then the defaults."""
     env: EnvMap = Field(default_factory=dict)
@@ -62,11 +66,9 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> RunSpec:
-        given = [k for k in ("command", "callable", "task") if getattr(self, k) is not None]
+        given = [k for k in KINDS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(
-                f"exactly one of command, callable or task is needed, got {', '.join(given) or 'none'}"
-            )
+            raise ValueError(f"exactly one of {', '.join(KINDS)} is needed, got {', '.join(given) or 'none'}")
         if self.kwargs and self.callable is None:
             raise ValueError("kwargs is only valid with callable")
         if self.config and self.task is None:
@@ -75,4 +77,4 @@ class RunSpec(Strict):
 
     @property
     def kind(self) -> str:
-        return "command" if self.command is not None else "callable" if self.callable is not None else "task"
+        return next(k for k in KINDS if getattr(self, k) is not None)

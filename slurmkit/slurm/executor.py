@@ -87,6 +87,9 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
         # itself comes from render().
         self.update_parameters(nodes=r.nodes, ntasks_per_node=r.tasks_per_node, time=time_to_minutes(r.time))
 
+    def _num_tasks(self) -> int:
+        return self.resolved.num_tasks  # a Ray run has one submitit task (the driver) over N nodes
+
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         self.last_script = render_for(self.resolved, Path(self.folder), command, self._array, self.dependency)
         return self.last_script

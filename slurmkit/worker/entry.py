@@ -38,6 +38,10 @@ class Run:
             return run_command(self.spec["command"])
         if self.spec.get("callable") is not None:
             return call(self.spec["callable"], self.spec.get("kwargs") or {})
+        if self.spec.get("ray") is not None:
+            from slurmkit.worker import ray_driver
+
+            return ray_driver.run(self.spec["ray"])
         task = importlib.import_module(f"slurmkit.worker.tasks.{self.spec['task']}")
         return task.run(self.spec.get("config") or {}, self.run_dir)
 
