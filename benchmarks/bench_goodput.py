@@ -12,7 +12,6 @@ Usage: python benchmarks/bench_goodput.py [--steps 240] [--every 60] [--interval
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import subprocess
 import tempfile
@@ -21,25 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from slurmkit import jobs
+from slurmkit import goodput, jobs
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths
 
 BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a preemption every 60 s
-
-
-def _incarnations(job_id: str) -> list[dict[str, str]]:
-    out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "--format=Submit,Start,End,State"],
-                         capture_output=True, text=True, check=True).stdout
-    rows = []
-    for line in out.splitlines():
-        submit, start, end, state = line.split("|")[:4]
-        rows.append({"submit": submit, "start": start, "end": end, "state": state.split()[0]})
-    return rows
-
-
-def _ts(text: str) -> float:
-    return dt.datetime.fromisoformat(text).timestamp()
 
 
 def main() -> None:
@@ -74,34 +59,22 @@ def main() -> None:
             if not jobs.is_active(state):
                 break
         time.sleep(0.5)
-    lines = [json.loads(ln) for ln in paths.metrics.read_text().splitlines()]
-    last: dict[int, dict[str, float]] = {}
-    for ln in lines:
-        last[ln["step"]] = ln
-    productive = sum(ln["step_s"] for ln in last.values())
-    recomputed = sum(ln["step_s"] for ln in lines) - productive
-    stalls = sum(ln.get("ckpt_stall_s", 0.0) for ln in lines)
-    inc = _incarnations(sub.job_id)
-    running = sum(_ts(r["end"]) - _ts(r["start"]) for r in inc)
-    queue = _ts(inc[0]["start"]) - _ts(inc[0]["submit"]) + sum(
-        _ts(b["start"]) - _ts(a["end"]) for a, b in zip(inc, inc[1:], strict=False))
-    # Restart overhead: RUNNING again -> the first step of that incarnation ends.
+    gp, incs = goodput.of_run(paths.run_dir, [sub.job_id])
+    lines = goodput.read_metrics(paths.metrics)
+    running = sum((i.end or 0.0) - (i.start or 0.0) for i in incs if i.start)
     restart = []
-    for r in inc[1:]:
-        start = _ts(r["start"])
-        firsts = [ln["time"] for ln in lines if ln["time"] >= start]
-        if firsts:
-            restart.append(min(firsts) - start)
-    exits = [min((_ts(r["end"]) for r in inc if _ts(r["end"]) >= s), default=s) - s for s in signals]
-    goodput = productive / running if running else 0.0
+    for inc in incs[1:]:
+        firsts = [ln["time"] for ln in lines if inc.start and ln["time"] >= inc.start]
+        if firsts and inc.start:
+            restart.append(min(firsts) - inc.start)
+    exits = [min((i.end for i in incs if i.end and i.end >= s), default=s) - s for s in signals]
+    runtime_goodput = gp.productive_s / running if running else 0.0
     print(json.dumps({
-        "steps": args.steps, "preemptions": len(signals), "incarnations": len(inc), "final": inc[-1]["state"],
-        "running_s": round(running, 1), "queue_wait_s": round(queue, 1), "productive_s": round(productive, 1),
-        "runtime_goodput": round(goodput, 3), "baseline_goodput": BASELINE_GOODPUT,
-        "goodput_vs_baseline": round(goodput / BASELINE_GOODPUT, 3),
-        "lost_s": {"restart_overhead": round(sum(restart), 1), "recomputed_steps": round(recomputed, 1),
-                   "save_stalls": round(stalls, 1),
-                   "other": round(running - productive - sum(restart) - recomputed - stalls, 1)},
+        "steps": args.steps, "preemptions": len(signals), "incarnations": len(incs), "final": incs[-1].state,
+        "running_s": round(running, 1), "productive_s": round(gp.productive_s, 1),
+        "runtime_goodput": round(runtime_goodput, 3), "baseline_goodput": BASELINE_GOODPUT,
+        "goodput_vs_baseline": round(runtime_goodput / BASELINE_GOODPUT, 3),
+        "wall_goodput": round(gp.goodput, 3), "lost_s": gp.as_dict(),
         "signal_to_exit_s": [round(x, 1) for x in exits], "restart_to_first_step_s": [round(x, 1) for x in restart],
         "median_step_s": round(sorted(ln["step_s"] for ln in lines)[len(lines) // 2], 3),
     }, indent=1))

@@ -111,6 +111,8 @@ class RunStatus:
     jobs: int
     run_dir: str
     created: str
+    goodput: float | None = None
+    """Productive step time / wall time, once the run has ended on Slurm (see slurmkit.goodput)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,8 +144,25 @@ def statuses(records: list[dict[str, Any]]) -> list[RunStatus]:
         # run.json knows every restart and its cause, whichever incarnation is live now.
         restarts = max(len(rec.get("restarts", [])), infos[jid].restarts if jid in infos else 0)
         out.append(RunStatus(rec["run_id"], rec.get("name", ""), jid, state, nodes, elapsed, restarts,
-                             len(job_ids), rec["run_dir"], rec.get("created", "")))
+                             len(job_ids), rec["run_dir"], rec.get("created", ""),
+                             _goodput(rec, infos.get(jid)) if not is_active(state) else None))
     return out
+
+
+def _goodput(rec: dict[str, Any], info: commands.JobInfo | None) -> float | None:
+    """A finished training run's goodput, from the sacct answer status already has; cached in run.json."""
+    cached = rec.get("goodput") or {}
+    if info is None or cached.get("job_id") == info.job_id:
+        return cached.get("goodput")
+    if not info.history or info.active or any(i.end is None for i in info.history):
+        return None  # accounting has not recorded the end yet
+    from slurmkit import goodput
+
+    paths = RunPaths(Path(rec["run_dir"]))
+    steps = goodput.read_metrics(paths.metrics)
+    value = goodput.account(steps, list(info.history)).as_dict() if steps else {"goodput": None}
+    RunRecord(paths).update(goodput={**value, "job_id": info.job_id})
+    return value["goodput"]
 
 
 def status(run_root: str, runs: list[str] | None = None) -> list[RunStatus]:

@@ -91,6 +91,10 @@ class RunPaths:
     def metrics(self) -> Path:
         return self.run_dir / "metrics.jsonl"
 
+    def gpu_metrics(self, host: str) -> Path:
+        """GPU samples of one node (each node's first rank writes its own file)."""
+        return self.run_dir / f"metrics-gpu-{host}.jsonl"
+
     @property
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"

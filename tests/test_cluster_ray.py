@@ -62,3 +62,30 @@ def test_two_ray_jobs_on_the_same_nodes_keep_separate_clusters(cluster: None, tm
     out = commands.run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", ",".join(ids),
                         "--format=NodeList"])
     assert out.split() == ["node[1-2]", "node[1-2]"]
+
+
+def test_preemption_stops_ray_and_the_requeued_job_runs_the_driver_again(cluster: None, tmp_path: Path,
+                                                                       dev_profile: Path) -> None:
+    driver = tmp_path / "slow.py"
+    driver.write_text("import os, time\nimport ray\nray.init()\n"
+                      "restart = int(os.environ.get('SLURM_RESTART_COUNT', '0'))\n"
+                      "print('driver started, restart', restart, flush=True)\n"
+                      "if restart == 0:\n    time.sleep(300)\n"
+                      "result = {'restart': restart, 'nodes': len([n for n in ray.nodes() if n['Alive']])}\n")
+    spec = tmp_path / "ray.yaml"
+    spec.write_text(yaml.safe_dump({"name": "ray-preempt", "ray": {"driver": "slow.py"},
+                                    "resources": {"nodes": 2, "cpus_per_task": 1, "time": "00:10:00"}}))
+    out = submit(str(spec), "-p", str(dev_profile))
+    paths = RunPaths(Path(out["run_dir"]))
+    log = paths.rank_log(out["job_id"], 0)
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "driver started, restart 0" in log.read_text()):
+        assert time.monotonic() < deadline, "the driver never started"
+        time.sleep(0.5)
+    # What Slurm does on preemption with --signal=B:USR2: signal the batch shell only.
+    commands.run(["scancel", "--batch", "--signal=USR2", out["job_id"]])
+    final = jobs.wait(paths, poll_s=0.5, timeout_s=180)
+    assert final.state == "COMPLETED"
+    assert jobs.result(paths) == {"restart": 1, "nodes": 2}
+    states = commands.incarnation_states(out["job_id"])
+    assert len(states) == 2 and states[-1] == "COMPLETED", states

@@ -7,7 +7,16 @@ from typing import Annotated
 import typer
 
 from slurmkit import __version__
-from slurmkit.cli import bench_cmd, devcluster_cmd, jobs_cmd, profiles_cmd, render_cmd, sweep_cmd
+from slurmkit.cli import (
+    bench_cmd,
+    devcluster_cmd,
+    doctor_cmd,
+    jobs_cmd,
+    profiles_cmd,
+    render_cmd,
+    report_cmd,
+    sweep_cmd,
+)
 
 app = typer.Typer(
     name="slurmkit",
@@ -39,6 +48,8 @@ app.command("list")(jobs_cmd.list_runs)
 app.command("logs")(jobs_cmd.logs)
 app.command("cancel")(jobs_cmd.cancel)
 app.command("result")(jobs_cmd.result)
+app.command("doctor")(doctor_cmd.doctor)
+app.command("report")(report_cmd.report)
 app.add_typer(sweep_cmd.app, name="sweep")
 app.add_typer(profiles_cmd.app, name="profiles")
 app.add_typer(devcluster_cmd.app, name="devcluster")

@@ -1,4 +1,4 @@
-"""`slurmkit bench allreduce`."""
+"""`slurmkit bench allreduce | fs`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 
 from slurmkit.cli.common import JsonOpt, ProfileOpt, SetOpt, print_json, user_errors
 
-app = typer.Typer(no_args_is_help=True, help="Benchmarks that run as jobs on the cluster.")
+app = typer.Typer(no_args_is_help=True, help="Benchmarks: all-reduce over the cluster, filesystem throughput.")
 
 
 @app.command()
@@ -44,3 +44,30 @@ def allreduce(
         table.add_row(str(r["bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}",
                       f"{r['memcpy_GBps']:.2f}")
     Console().print(table)
+
+
+@app.command()
+@user_errors
+def fs(
+    uri: Annotated[str, typer.Argument(help="Folder or fsspec URI to test, e.g. the checkpoint root.")],
+    size: Annotated[str, typer.Option("--size", help="Bytes to write and read back, e.g. 256MB, 1GB.")] = "1GB",
+    checkpoint_size: Annotated[str | None, typer.Option(
+        "--checkpoint-size", help="Estimate the save time of a checkpoint this big (default: --size).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Checkpoint-style write (fsync, rename) and read throughput through fsspec, against dd on the same path."""
+    from slurmkit.bench import fs as fs_bench
+
+    result = fs_bench.run(uri, fs_bench.parse_size(size),
+                          fs_bench.parse_size(checkpoint_size) if checkpoint_size else None)
+    if as_json:
+        print_json(result)
+        return
+    typer.echo(f"{uri}: write {result['write_MBps']} MB/s, read {result['read_MBps']} MB/s ({result['bytes']} bytes)")
+    if "write_vs_dd" in result:
+        typer.echo(f"  dd on the same path: write {result['dd_write_MBps']} MB/s, read {result['dd_read_MBps']} MB/s"
+                   f" -> write {result['write_vs_dd']}x, read {result['read_vs_dd']}x of dd")
+    else:
+        typer.echo(f"  {result['baseline']}")
+    typer.echo(f"  a {result['checkpoint_bytes'] / 1e9:.2f} GB checkpoint would take about "
+               f"{result['estimated_save_s']} s")

@@ -70,9 +70,10 @@ def status(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("run", "job", "state", "nodes", "elapsed", "restarts", "jobs")
+    table = Table("run", "job", "state", "nodes", "elapsed", "restarts", "goodput", "jobs")
     for r in rows:
-        table.add_row(r.run_id, r.job_id, r.state, r.nodes, r.elapsed, str(r.restarts), str(r.jobs))
+        gp = f"{r.goodput:.0%}" if r.goodput is not None else ""
+        table.add_row(r.run_id, r.job_id, r.state, r.nodes, r.elapsed, str(r.restarts), gp, str(r.jobs))
     Console().print(table)
 
 

@@ -25,6 +25,7 @@ app = typer.Typer(cls=_SubmitByDefault, no_args_is_help=True,
 
 # The results table keeps to these (and the --sort metric); --json and --csv carry every metric.
 TABLE_METRICS = ("loss", "accuracy", "mfu", "samples_per_s", "restarts", "returncode")
+SHOWN_TASKS = 20  # a submit lists the first tasks; --dry-run and `sweep status` list them all
 SweepArg = Annotated[str, typer.Argument(help="Sweep id, unique prefix, or sweep folder.")]
 
 
@@ -63,9 +64,13 @@ def submit(
     done = sub.submit(plan, profile, set_, max_array_size, dependency)
     if as_json:
         print_json(done.as_dict())
-    else:
-        arrays = ", ".join(done.array_job_ids) or "local runner"
-        typer.echo(f"sweep {done.sweep_id}  {done.tasks} tasks  arrays {arrays}  {done.sweep_dir}")
+        return
+    arrays = ", ".join(done.array_job_ids) or "local runner"
+    typer.echo(f"sweep {done.sweep_id}  {done.tasks} tasks  arrays {arrays}  {done.sweep_dir}")
+    tasks = [{"index": i, **o} for i, o in enumerate(plan.overrides[:SHOWN_TASKS])]
+    _table(["index", *plan.varying], tasks)
+    if done.tasks > SHOWN_TASKS:
+        typer.echo(f"... and {done.tasks - SHOWN_TASKS} more: `slurmkit sweep status {done.sweep_id}`")
 
 
 @app.command("status")

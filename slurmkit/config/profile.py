@@ -91,6 +91,11 @@ class ClusterProfile(Strict):
     """Modules, environment variables, venv and raw lines run before the ranks start."""
     nccl_env: EnvMap = Field(default_factory=dict)
     """NCCL environment, e.g. NCCL_SOCKET_IFNAME, NCCL_IB_HCA; exported before launch."""
+    health_gate: Literal["gpu", "always", "never"] = "gpu"
+    """Node health gate before the ranks start (GPU count, uncorrectable ECC): gpu runs it for jobs that ask for
+    GPUs, always for every job. A failing node is recorded and excluded when the job is requeued."""
+    health_allreduce: bool = False
+    """The health gate also runs a short all-reduce across the job's nodes (imports torch: a few seconds)."""
     container: Container | None = None
     """Container the ranks run in; unset runs on the host."""
     run_root: str = "~/slurmkit-runs"

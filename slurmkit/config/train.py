@@ -54,6 +54,9 @@ class TrainConfig(Strict):
     """gpt: vocabulary of the synthetic token stream."""
     dataset_size: int = Field(4096, ge=1)
     """gpt: number of synthetic sequences."""
+    gpu_sample_s: float = Field(10.0, ge=0)
+    """Sample each node's GPUs (NVML, else nvidia-smi) this often into metrics-gpu-<host>.jsonl; 0: never.
+    Nodes without GPUs sample nothing."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype: auto is bf16 autocast on CUDA, float32 on CPU."""
 

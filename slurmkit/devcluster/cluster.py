@@ -263,6 +263,16 @@ def down(purge: bool = False, log: Log = print) -> None:
     _save({"nodes": 0, "daemons": {}})
 
 
+def stop_daemon(name: str) -> bool:
+    """Stop one recorded daemon (e.g. slurmctld, to see what an outage looks like); `up` starts it again."""
+    require_root()
+    pid = _load()["daemons"].get(name)
+    if not ours(name, pid):
+        return False
+    _stop(pid)
+    return True
+
+
 def _stop(pid: int, grace_s: float = 10) -> None:
     try:
         os.kill(pid, signal.SIGTERM)

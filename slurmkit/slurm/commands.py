@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slurmkit.errors import SlurmError
@@ -35,6 +35,26 @@ def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, check: bool = Tr
 
 
 @dataclass(frozen=True)
+class Incarnation:
+    """One run of a job as accounting saw it (a requeued job has several); times are epoch seconds."""
+
+    job_id: str
+    submit: float | None
+    start: float | None
+    end: float | None
+    state: str
+    nodes: str
+
+
+def _epoch(text: str) -> float | None:
+    if not text or text in ("Unknown", "None"):
+        return None
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(text).timestamp()
+
+
+@dataclass(frozen=True)
 class JobInfo:
     job_id: str
     state: str
@@ -44,6 +64,8 @@ class JobInfo:
     exit_code: str = ""
     restarts: int = 0
     source: str = "squeue"
+    history: tuple[Incarnation, ...] = ()
+    """sacct only: every incarnation, oldest first."""
 
     @property
     def active(self) -> bool:
@@ -68,23 +90,26 @@ def squeue_all() -> dict[str, JobInfo]:
 
 
 def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
-    """One sacct call for finished jobs: allocation lines only, one per job or array task."""
+    """One sacct call for finished jobs: allocation lines only, one per job or array task, with every
+    incarnation (--duplicates lists requeued ones, oldest first: their count is the restarts)."""
     if not job_ids:
         return {}
     out = run(
-        ["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates",
-         "--jobs", ",".join(job_ids), "--format=JobID,State,Reason,NodeList,Elapsed,ExitCode"]
+        ["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", "--jobs", ",".join(job_ids),
+         "--format=JobID,State,Reason,NodeList,Elapsed,ExitCode,Submit,Start,End"]
     )
+    history: dict[str, list[Incarnation]] = {}
     jobs: dict[str, JobInfo] = {}
-    seen: dict[str, int] = {}
     for line in out.splitlines():
         parts = line.split("|")
-        if len(parts) < 6:
+        if len(parts) < 9:
             continue
-        job_id, state, reason, nodes, elapsed, exit_code = parts[:6]
-        # --duplicates lists every requeued incarnation, oldest first: the count is the restarts.
-        seen[job_id] = seen.get(job_id, -1) + 1
-        jobs[job_id] = JobInfo(job_id, state.split()[0], reason, nodes, elapsed, exit_code, seen[job_id], "sacct")
+        job_id, state, reason, nodes, elapsed, exit_code, submit, start, end = parts[:9]
+        state = state.split()[0]
+        history.setdefault(job_id, []).append(
+            Incarnation(job_id, _epoch(submit), _epoch(start), _epoch(end), state, nodes))
+        jobs[job_id] = JobInfo(job_id, state, reason, nodes, elapsed, exit_code, len(history[job_id]) - 1, "sacct",
+                               tuple(history[job_id]))
     return jobs
 
 
@@ -103,8 +128,12 @@ def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
             found.update((t.job_id, t) for t in tasks)
         else:
             missing.append(jid)
-    if missing:
-        found.update(sacct(missing))
+    # Jobs squeue still shows as ended get their accounting history too (times for goodput), in the same call.
+    ended = [jid for jid in job_ids if jid in live and not live[jid].active]
+    if missing or ended:
+        acct = sacct(missing + ended)
+        found.update((jid, replace(found[jid], history=acct[jid].history)) for jid in ended if jid in acct)
+        found.update((jid, info) for jid, info in acct.items() if jid not in found)
     return found
 
 
@@ -136,10 +165,12 @@ def time_left_s(job_id: str) -> float | None:
 
 
 def incarnation_states(job_id: str) -> list[str]:
-    """State of every incarnation of a job, oldest first (sacct --duplicates)."""
-    out = run(["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", "--jobs", job_id,
-               "--format=State"], check=False)
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
+    """State of every incarnation of a job, oldest first; [] when accounting cannot say."""
+    try:
+        info = sacct([job_id]).get(job_id)
+    except SlurmError:
+        return []
+    return [i.state for i in info.history] if info else []
 
 
 def show_config() -> dict[str, str]:

@@ -34,6 +34,8 @@ class Run:
         os.environ["SLURMKIT_RUN_DIR"] = self.run_dir
         if self.checkpoint_uri:
             os.environ["SLURMKIT_CHECKPOINT_URI"] = self.checkpoint_uri
+        if self.spec.get("task") is None:  # `task: train` records it itself, with the step it resumed from
+            record_restart(self.run_dir)
         if self.spec.get("command") is not None:
             return run_command(self.spec["command"])
         if self.spec.get("callable") is not None:
@@ -44,6 +46,18 @@ class Run:
             return ray_driver.run(self.spec["ray"])
         task = importlib.import_module(f"slurmkit.worker.tasks.{self.spec['task']}")
         return task.run(self.spec.get("config") or {}, self.run_dir)
+
+
+def record_restart(run_dir: str) -> None:
+    """On a requeued incarnation, rank 0 appends the restart and its cause to run.json."""
+    count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if count and os.environ.get("SLURM_PROCID", "0") == "0" and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        from pathlib import Path
+
+        from slurmkit.runs import RunPaths
+        from slurmkit.worker import requeue
+
+        requeue.record_restart(RunPaths(Path(run_dir)), requeue.slurm_job_id(), count, None)
 
 
 def call(target: str, kwargs: dict[str, Any]) -> Any:

@@ -18,8 +18,6 @@ from slurmkit.worker.preempt import TERMINATE
 from slurmkit.worker.resilience import Resilience
 from slurmkit.worker.trainer import Trainer
 
-TIMEOUT_MARGIN_S = 60  # Slurm checks limits about every 30 s, so the signal may come that early
-
 
 class BudgetSpent(RuntimeError):
     """This run was requeued more often for one cause than its profile allows."""
@@ -63,17 +61,6 @@ class Lifecycle:
         if self.res:
             self.res.finish()
 
-    def _cause(self) -> tuple[str, str]:
-        """Timeout when the limit is near, else preemption; the signal is the same for both."""
-        from slurmkit.slurm import commands
-
-        assert self.job_id and self.paths
-        left = commands.time_left_s(self.job_id)
-        delay = int((RunRecord(self.paths).read().get("profile") or {}).get("signal_delay_s", 0))
-        if left is not None and left <= delay + TIMEOUT_MARGIN_S:
-            return "timeout", f"{left:.0f} s left of the time limit"
-        return "preemption", "signal with time to spare" if left is None else f"signal with {left:.0f} s left"
-
     def requeue_and_exit(self, trainer: Trainer) -> None:
         """After the final save: rank 0 requeues (within budget; not after SIGTERM), then every rank exits."""
         step = trainer.state.step
@@ -82,7 +69,7 @@ class Lifecycle:
             print(f"slurmkit: SIGTERM; saved at step {step}. Slurm ends or requeues the job itself", flush=True)
         elif self.dist.is_main:
             if self.job_id and self.paths:
-                cause, detail = self._cause()
+                cause, detail = requeue.signal_cause(self.paths, self.job_id)
                 ok = requeue.request(self.paths, self.job_id, cause, step, detail)
                 print(f"slurmkit: stopped at step {step} ({cause}); "
                       f"{'requeued' if ok else 'requeue budget spent, not requeued'}", flush=True)

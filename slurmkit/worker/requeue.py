@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,20 @@ def slurm_job_id() -> str:
     return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
 
 
+TIMEOUT_MARGIN_S = 60  # Slurm checks limits about every 30 s, so the signal may come that early
+
+
+def signal_cause(paths: RunPaths, job_id: str) -> tuple[str, str]:
+    """Timeout when the limit is near, else preemption: Slurm sends the same signal for both."""
+    from slurmkit.slurm import commands
+
+    left = commands.time_left_s(job_id)
+    delay = int((RunRecord(paths).read().get("profile") or {}).get("signal_delay_s", 0))
+    if left is not None and left <= delay + TIMEOUT_MARGIN_S:
+        return "timeout", f"{left:.0f} s left of the time limit"
+    return "preemption", "signal with time to spare" if left is None else f"signal with {left:.0f} s left"
+
+
 def budget(record: dict[str, Any], cause: str) -> int:
     budgets = (record.get("profile") or {}).get("requeue") or {}
     # An external `scontrol requeue` (or a restart nobody recorded a reason for) spends the
@@ -52,23 +67,62 @@ def allowed(record: dict[str, Any], cause: str) -> bool:
     return not record.get("final") and spent(record, cause) < budget(record, cause)
 
 
-def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, detail: str = "") -> bool:
-    """Ask Slurm to requeue this job for `cause`, if its budget allows; the marker goes first."""
+def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, detail: str = "",
+            bad_nodes: list[str] | None = None) -> bool:
+    """Ask Slurm to requeue this job for `cause`, if its budget allows; the marker goes first.
+
+    bad_nodes (a failed health gate) join the run's excluded nodes; every requeue asks Slurm to
+    keep the job off all of them, as long as the partition still has enough other nodes.
+    """
     from slurmkit.slurm import commands
 
     record = RunRecord(paths).read()
     if not allowed(record, cause):
         RunRecord(paths).update(final=f"{cause} budget of {budget(record, cause)} spent")
         return False
+    excluded = sorted({*record.get("excluded_nodes", []), *(bad_nodes or [])})
     atomic_write_text(paths.restart_request, json.dumps(
         {"cause": cause, "step": step, "detail": detail, "job_id": job_id, "time": _now()}) + "\n")
+    # Requeueing from inside the job makes Slurm signal this very process; finish both calls first.
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         commands.requeue(job_id)
+        note = _exclude(job_id, excluded, record)
     except BaseException:
         # No requeue happened: a stale marker would give the next restart the wrong cause.
         paths.restart_request.unlink(missing_ok=True)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if excluded:
+        RunRecord(paths).update(excluded_nodes=excluded, exclusion=note)
     return True
+
+
+def _exclude(job_id: str, nodes: list[str], record: dict[str, Any]) -> str:
+    """Keep the requeued job off `nodes`, if the partition has enough others; says what was done.
+
+    Safe without a race: the requeued job stays COMPLETING (so cannot start) until this process,
+    part of its batch step, has exited.
+    """
+    from slurmkit.errors import SlurmError
+    from slurmkit.slurm import commands
+
+    if not nodes:
+        return ""
+    profile_exclude = [n for n in ((record.get("profile") or {}).get("exclude") or "").split(",") if n]
+    partition = os.environ.get("SLURM_JOB_PARTITION", "")
+    needed = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+    try:
+        total = int(commands.show_partitions().get(partition, {}).get("TotalNodes", "0") or 0)
+        spare = total - len({*nodes, *profile_exclude})
+        if spare < needed:
+            return (f"not excluded {','.join(nodes)}: partition {partition} would have {spare} node(s) left for a "
+                    f"{needed}-node job")
+        commands.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join([*nodes, *profile_exclude])}"])
+    except SlurmError as exc:
+        return f"not excluded {','.join(nodes)}: {exc.one_line()}"
+    return f"excluded {','.join(nodes)}"
 
 
 def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_step: int | None) -> dict[str, Any]:
@@ -152,16 +206,37 @@ def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
     return f"not requeued: {cause} budget spent"
 
 
+def after_health_gate(paths: RunPaths, job_id: str) -> str:
+    """Some node failed the health gate: requeue (cause node_failure) with those nodes excluded."""
+    from slurmkit.worker.health import MARKER_GLOB
+
+    found = [json.loads(m.read_text()) for m in sorted(paths.run_dir.glob(MARKER_GLOB))]
+    for m in paths.run_dir.glob(MARKER_GLOB):
+        m.unlink()
+    nodes = [f["node"] for f in found]
+    detail = "; ".join(f"{f['node']}: {', '.join(f['problems'])}" for f in found) or "health gate failed"
+    record = RunRecord(paths).read()
+    RunRecord(paths).update(unhealthy=[*record.get("unhealthy", []), *({**f, "time": _now()} for f in found)])
+    if request(paths, job_id, "node_failure", _last_step(paths), f"health gate: {detail}", bad_nodes=nodes):
+        return f"requeued: node_failure ({detail}); {RunRecord(paths).read().get('exclusion', '')}"
+    return f"not requeued: node_failure budget spent ({detail})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.requeue")
     parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--exit-code", type=int, required=True)
+    parser.add_argument("--exit-code", type=int, default=1)
+    parser.add_argument("--health", action="store_true", help="the node health gate failed")
     args = parser.parse_args(argv)
     job_id = slurm_job_id()
     if not job_id:
         print("slurmkit requeue: not inside a Slurm job", file=sys.stderr)
         return 2
-    decision = after_failure(RunPaths(Path(args.run_dir)), job_id, args.exit_code)
+    paths = RunPaths(Path(args.run_dir))
+    if args.health:
+        print(f"slurmkit: {after_health_gate(paths, job_id)}", file=sys.stderr, flush=True)
+        return 1
+    decision = after_failure(paths, job_id, args.exit_code)
     if decision == COMPLETED:
         print(f"slurmkit: srun exit {args.exit_code}, but every rank had finished its work; the run is complete",
               file=sys.stderr, flush=True)

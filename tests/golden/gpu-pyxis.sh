@@ -57,6 +57,12 @@ trap slurmkit_forward_signal USR2
 # launch: one rank per task; one rank exiting non-zero (a crash, the hang watchdog) stops them all.
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
+# Health gate, one check per node before any rank starts: GPUs as requested, no uncorrectable ECC.
+if ! srun --ntasks-per-node=1 -n "$SLURM_JOB_NUM_NODES" -c 1 --kill-on-bad-exit=0 /opt/venv/bin/python -m slurmkit.worker.health --run-dir "$SLURMKIT_RUN_DIR" --gpus 8; then
+  # Requeued with the failing nodes excluded (cause node_failure), within the profile's budget.
+  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --health
+  exit 1
+fi
 srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err "${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
 SLURMKIT_LAUNCH_PID=$!
 # wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.

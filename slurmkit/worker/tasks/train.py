@@ -79,12 +79,15 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
             print(f"slurmkit train: model={cfg.model} world_size={dist.world_size} backend={dist.backend} "
                   f"global_batch={trainer.global_batch} peak={extras['peak_flops']:.3g} ({extras['peak_source']})",
                   flush=True)
+        sampler = _gpu_sampler(cfg, dist, run_dir)
         t0 = time.perf_counter()
         try:
             summary = trainer.fit()
             life.finish()
         finally:
             trainer.metrics.close()
+            if sampler is not None:
+                sampler.stop()
         if life.stopped:
             life.requeue_and_exit(trainer)  # does not return
         summary.update(model=cfg.model, rank=dist.rank, peak_flops=extras["peak_flops"],
@@ -98,6 +101,16 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
                      if k in summary}
             print(f"slurmkit train: done {json.dumps(shown)}", flush=True)
         return summary
+
+
+def _gpu_sampler(cfg: TrainConfig, dist: Dist, run_dir: str | None) -> Any:
+    """On each node's first rank, sample its GPUs into the run folder; None without GPUs (silently)."""
+    if not run_dir or dist.env.local_rank != 0 or cfg.gpu_sample_s <= 0:
+        return None
+    from slurmkit.worker.gpu import GpuSampler
+
+    sampler = GpuSampler(RunPaths(Path(run_dir)).gpu_metrics(os.uname().nodename), cfg.gpu_sample_s)
+    return sampler if sampler.start() else None
 
 
 def checkpoint_uri(run_dir: str | None) -> str | None:

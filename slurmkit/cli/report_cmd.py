@@ -1,0 +1,37 @@
+"""`slurmkit report RUN`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from slurmkit.cli.common import JsonOpt, ProfileOpt, print_json, run_root_for, user_errors
+
+
+@user_errors
+def report(
+    run: Annotated[str, typer.Argument(help="Run id, unique prefix, or run folder.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="report.png or report.html "
+                                                "(default: report.png in the run folder).")] = None,
+    profile: ProfileOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Plot loss, throughput, MFU, GPU use and the timeline of every job, with the goodput accounting."""
+    from slurmkit import report as rep
+    from slurmkit.runs import find_run
+
+    paths = find_run(run_root_for(profile), run)
+    target = output or paths.run_dir / "report.png"
+    data = rep.write(paths, target)
+    a = data.accounting
+    if as_json:
+        print_json({"report": str(target), "goodput": a.as_dict(), "incarnations": len(data.segments),
+                    "restart_causes": data.summary["restart_causes"]})
+        return
+    typer.echo(f"{target}")
+    typer.echo(f"goodput {a.goodput:.1%} ({a.productive_s:.0f} s productive of {a.wall_s:.0f} s wall, "
+               f"{len(data.segments)} incarnation(s))")
+    typer.echo(f"lost: queue {a.queue_wait_s:.1f} s, restarts {a.restart_overhead_s:.1f} s, recomputed steps "
+               f"{a.recomputed_s:.1f} s, checkpoint stalls {a.checkpoint_stall_s:.1f} s, other {a.other_s:.1f} s")

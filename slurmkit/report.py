@@ -1,0 +1,159 @@
+"""`slurmkit report RUN`: one picture of a run (loss, throughput and MFU, GPU use, the timeline of every
+job and incarnation with what ended each) and its goodput accounting. matplotlib is imported only here.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurmkit import goodput
+from slurmkit.errors import SlurmkitError
+from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.slurm.commands import Incarnation
+
+STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
+                "PREEMPTED": "#ef6c00", "TIMEOUT": "#ef6c00", "NODE_FAIL": "#c62828", "FAILED": "#c62828",
+                "CANCELLED": "#757575"}
+
+
+@dataclass
+class Segment:
+    """One incarnation on the timeline: queued from `queued`, running from `start` to `end`."""
+
+    job_id: str
+    n: int
+    queued: float | None
+    start: float | None
+    end: float | None
+    state: str
+    nodes: str
+    cause: str = ""
+    """Why this incarnation ended and the run was restarted (run.json), empty for the last one."""
+
+
+@dataclass
+class ReportData:
+    run_id: str
+    steps: list[dict[str, Any]]
+    gpu: list[dict[str, Any]]
+    segments: list[Segment]
+    accounting: goodput.Goodput
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def collect(paths: RunPaths) -> ReportData:
+    """Everything the report draws: metrics files, run.json restarts, one sacct call."""
+    record = RunRecord(paths).read()
+    job_ids = list(record.get("job_ids") or [])
+    incs: list[Incarnation] = goodput.incarnations(job_ids) if record.get("executor") == "slurm" else []
+    steps = goodput.read_metrics(paths.metrics)
+    if not incs and steps:
+        incs = [goodput.local_incarnation(steps)]
+    gpu = [ln for f in sorted(paths.run_dir.glob(paths.gpu_metrics("*").name)) for ln in goodput.read_metrics(f)]
+    # restarts[k] in run.json is the cause that ended incarnation k (and started k + 1).
+    causes = [r.get("cause", "") for r in record.get("restarts", [])]
+    segments = []
+    for n, inc in enumerate(incs):
+        queued = inc.submit if n == 0 else incs[n - 1].end
+        cause = causes[n] if n < len(causes) and n < len(incs) - 1 else ""
+        segments.append(Segment(inc.job_id, n, queued, inc.start, inc.end, inc.state, inc.nodes, cause))
+    return ReportData(paths.run_id, steps, gpu, segments, goodput.account(steps, incs),
+                      {"restarts": len(causes), "restart_causes": causes, "name": record.get("name", "")})
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise SlurmkitError("slurmkit report needs matplotlib", valid="install it: pip install 'slurmkit[report]'"
+                            ) from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _timeline(ax: Any, data: ReportData, t0: float) -> None:
+    for seg in data.segments:
+        y = seg.n
+        if seg.queued is not None and seg.start is not None and seg.start > seg.queued:
+            ax.broken_barh([(seg.queued - t0, seg.start - seg.queued)], (y - 0.3, 0.6), color="#bdbdbd")
+        if seg.start is not None:
+            end = seg.end or dt.datetime.now().timestamp()
+            ax.broken_barh([(seg.start - t0, end - seg.start)], (y - 0.3, 0.6),
+                           color=STATE_COLORS.get(seg.state, "#1565c0"))
+            label = f"job {seg.job_id} #{seg.n} on {seg.nodes}: {seg.state}" + (f" ({seg.cause})" if seg.cause else "")
+            ax.text(seg.start - t0, y + 0.35, label, fontsize=7, va="bottom")
+    ax.set_yticks([s.n for s in data.segments], [f"#{s.n}" for s in data.segments])
+    ax.set_ylim(-0.6, max(len(data.segments), 1) - 0.2)
+    ax.set_xlabel("seconds since the first submit")
+    ax.set_title("timeline: queued (grey), running (colour by how it ended)", fontsize=9)
+
+
+def render_png(data: ReportData) -> bytes:
+    plt = _plt()
+    fig, axes = plt.subplots(4, 1, figsize=(10, 12), constrained_layout=True)
+    t0 = min([s.queued or s.start or 0.0 for s in data.segments] or [data.steps[0]["time"] if data.steps else 0.0])
+    steps = [s["step"] for s in data.steps]
+    axes[0].plot(steps, [s["loss"] for s in data.steps], ".", markersize=2, color="#1565c0")
+    axes[0].set_ylabel("loss")
+    axes[0].set_title(f"run {data.run_id}", fontsize=10)
+    # MFU is samples/s times a constant of the model: one curve, two scales.
+    axes[1].plot(steps, [s.get("samples_per_s", 0.0) for s in data.steps], "-", linewidth=0.8, color="#2e7d32")
+    axes[1].set_ylabel("samples/s (line)")
+    mfu_ax = axes[1].twinx()
+    mfu_ax.plot(steps, [100 * s.get("mfu", 0.0) for s in data.steps], ".", markersize=2, color="#ef6c00")
+    mfu_ax.set_ylabel("MFU % (dots)")
+    axes[1].set_xlabel("step")
+    if data.gpu:
+        for host in sorted({g["host"] for g in data.gpu}):
+            rows = [g for g in data.gpu if g["host"] == host]
+            util = [sum(x["util_pct"] or 0 for x in g["gpus"]) / max(len(g["gpus"]), 1) for g in rows]
+            axes[2].plot([g["time"] - t0 for g in rows], util, label=host)
+        axes[2].legend(fontsize=7)
+        axes[2].set_ylabel("GPU util % (mean)")
+    else:
+        axes[2].text(0.5, 0.5, "no GPU samples (no GPU on these nodes)", ha="center", va="center")
+        axes[2].set_yticks([])
+    _timeline(axes[3], data, t0)
+    a = data.accounting
+    fig.suptitle(f"goodput {a.goodput:.1%} of {a.wall_s:.0f} s wall; lost: queue {a.queue_wait_s:.0f} s, restarts "
+                 f"{a.restart_overhead_s:.0f} s, recomputed {a.recomputed_s:.0f} s, checkpoint stalls "
+                 f"{a.checkpoint_stall_s:.0f} s, other {a.other_s:.0f} s", fontsize=9)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def render_html(data: ReportData, png: bytes) -> str:
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in data.accounting.as_dict().items())
+    segs = "".join(f"<tr><td>#{s.n}</td><td>{html.escape(s.job_id)}</td><td>{html.escape(s.nodes)}</td>"
+                   f"<td>{html.escape(s.state)}</td><td>{html.escape(s.cause)}</td></tr>" for s in data.segments)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>slurmkit report {html.escape(data.run_id)}"
+            f"</title></head><body><h1>{html.escape(data.run_id)}</h1>"
+            f"<img alt='report' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+            f"<h2>Goodput</h2><table>{rows}</table>"
+            f"<h2>Incarnations</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>state</th><th>restarted "
+            f"because</th></tr>{segs}</table></body></html>\n")
+
+
+def write(paths: RunPaths, output: Path) -> ReportData:
+    """Write the report as PNG or HTML (by the file's suffix); returns what it drew."""
+    if output.suffix not in (".png", ".html"):
+        raise SlurmkitError(f"cannot write a report as {output.suffix or 'a file without suffix'}",
+                            where=str(output), valid="valid: a .png or .html file")
+    data = collect(paths)
+    png = render_png(data)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if output.suffix == ".png":
+        output.write_bytes(png)
+    else:
+        output.write_text(render_html(data, png))
+    return data

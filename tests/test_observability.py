@@ -1,0 +1,85 @@
+"""Observability without a cluster: filesystem bench, doctor on the local profile, goodput accounting,
+and the report of a real local training run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from slurmkit import goodput
+from slurmkit.cli.app import app
+from slurmkit.slurm.commands import Incarnation
+from tests.conftest import EXAMPLES
+
+runner = CliRunner()
+
+
+def test_bench_fs_compares_with_dd_on_the_same_path_and_cleans_up(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["bench", "fs", str(tmp_path), "--size", "8MB", "--checkpoint-size", "1GB",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["bytes"] == 8 * 2**20 and out["write_MBps"] > 0 and out["dd_write_MBps"] > 0
+    assert out["write_vs_dd"] > 0 and out["checkpoint_bytes"] == 2**30
+    assert out["estimated_save_s"] == pytest.approx(2**30 / (out["bytes"] / out["write_s"]), rel=0.05)
+    assert list(tmp_path.iterdir()) == [], "the bench left files behind"
+
+
+def test_bench_fs_on_an_object_store_has_no_dd_baseline() -> None:
+    out = json.loads(runner.invoke(app, ["bench", "fs", "memory://bench", "--size", "2MB", "--json"]).output)
+    assert out["baseline"].startswith("none") and "write_vs_dd" not in out
+
+
+def test_bench_fs_refuses_a_bad_size_in_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["bench", "fs", str(tmp_path), "--size", "lots"])
+    assert result.exit_code == 2 and result.output.strip() == (
+        "error: --size: invalid size 'lots' valid: e.g. 256MB, 1GB, 4096")
+
+
+def test_doctor_on_the_local_profile_needs_no_slurm(local_profile: Path) -> None:
+    result = runner.invoke(app, ["doctor", "-p", str(local_profile), "--json"])
+    assert result.exit_code == 0, result.output
+    checks = {c["name"]: c for c in json.loads(result.output)}
+    assert checks["slurm"]["status"] == "SKIP" and checks["run_root"]["status"] in ("PASS", "WARN")
+
+
+def test_doctor_fails_an_unwritable_checkpoint_root_with_a_fix(tmp_path: Path) -> None:
+    profile = tmp_path / "p.yaml"
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    profile.write_text(f"extends: local\nrun_root: {tmp_path}/runs\ncheckpoint_root: {blocker}/sub\n")
+    result = runner.invoke(app, ["doctor", "-p", str(profile)])
+    assert result.exit_code == 1
+    assert "FAIL  checkpoint_root" in result.output and "fix: create" in result.output
+
+
+def test_goodput_splits_wall_time_into_productive_and_lost() -> None:
+    # Two incarnations: steps 1-4, preempted after a save at step 2, requeued; steps 3-6 again.
+    incs = [Incarnation("7", 0.0, 10.0, 20.0, "REQUEUED", "node1"),
+            Incarnation("7", 20.0, 25.0, 40.0, "COMPLETED", "node1")]
+    steps = [{"step": s, "time": t, "step_s": 1.0, "ckpt_stall_s": 0.5 if s == 2 else 0.0}
+             for s, t in [(1, 12.0), (2, 13.0), (3, 14.0), (4, 15.0), (3, 28.0), (4, 29.0), (5, 30.0), (6, 31.0)]]
+    gp = goodput.account(steps, incs)
+    assert gp.wall_s == 30.0 and gp.productive_s == 6.0 and gp.steps == 6
+    assert gp.recomputed_s == 2.0 and gp.checkpoint_stall_s == 0.5
+    assert gp.queue_wait_s == 5.0 and gp.restart_overhead_s == 3.0
+    assert gp.other_s == pytest.approx(30.0 - 6.0 - 2.0 - 0.5 - 5.0 - 3.0)
+    assert gp.goodput == pytest.approx(0.2)
+
+
+def test_report_of_a_local_run_draws_a_png(tmp_path: Path, local_profile: Path) -> None:
+    result = runner.invoke(app, ["submit", str(EXAMPLES / "train_digits.yaml"), "-p", str(local_profile), "--set",
+                                 "config.steps=40", "--wait", "--json"])
+    assert result.exit_code == 0, result.output
+    run_dir = Path(json.loads(result.output)["run_dir"])
+    result = runner.invoke(app, ["report", str(run_dir), "-p", str(local_profile), "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    png = run_dir / "report.png"
+    assert info["report"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
+    assert info["goodput"]["steps"] == 40 and 0 < info["goodput"]["goodput"] <= 1
+    bad = runner.invoke(app, ["report", str(run_dir), "-p", str(local_profile), "-o", str(tmp_path / "r.pdf")])
+    assert bad.exit_code == 2 and "valid: a .png or .html file" in bad.output
