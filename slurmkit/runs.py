@@ -173,6 +173,14 @@ class LockedJson:
         with self._locked():
             self._save(data)
 
+    def create(self, data: dict[str, Any]) -> bool:
+        """Write `data` only if the file does not exist yet; False when someone else was first."""
+        with self._locked():
+            if self.path.exists():
+                return False
+            self._save(data)
+            return True
+
     def update(self, **changes: Any) -> dict[str, Any]:
         with self._locked():
             data = self.read()

@@ -40,3 +40,12 @@ def custom_trainer(steps: int) -> dict[str, object]:
 
         trainer = Trainer(model, opt, data, loss_fn, dist, steps=steps, micro_batch=16, seed=0)
         return trainer.fit()
+
+
+def sleep_unless_restarted() -> dict[str, int]:
+    """Blocks in its first incarnation (until a stop signal); returns at once once requeued."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    print("started", restarts, flush=True)
+    if not restarts:
+        time.sleep(300)
+    return {"restarts": restarts}

@@ -240,3 +240,29 @@ def test_sacct_reports_finished_jobs_in_one_call(cluster: None, tmp_path: Path, 
     assert [c[0] for c in commands.CALL_LOG] == ["sacct"]
     assert {i: infos[i].state for i in ids} == dict.fromkeys(ids, "COMPLETED")
     assert all(infos[i].restarts == 0 and infos[i].exit_code == "0:0" for i in ids)
+
+
+@pytest.mark.parametrize("kind", ["command", "callable"])
+def test_preemption_signal_requeues_a_run_without_steps(cluster: None, tmp_path: Path, dev_profile: Path,
+                                                        kind: str) -> None:
+    # The first incarnation blocks; the requeued one (SLURM_RESTART_COUNT=1) finishes at once.
+    fields: dict[str, object] = (
+        {"command": 'echo "started $SLURM_RESTART_COUNT"; [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || sleep 300; '
+                    'echo "done $SLURM_RESTART_COUNT"'}
+        if kind == "command" else {"callable": "tests.helpers_fns:sleep_unless_restarted"})
+    spec = write_spec(tmp_path, name=f"pre-{kind}", resources={"nodes": 1, "time": "00:05:00"}, **fields)
+    sub = submit(spec, dev_profile)
+    paths = RunPaths(Path(sub["run_dir"]))
+    log = paths.rank_log(sub["job_id"], 0)
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "started" in log.read_text()):
+        assert time.monotonic() < deadline, "the run never started"
+        time.sleep(0.3)
+    # Slurm's preemption warning with --signal=B:USR2: the batch shell only; it forwards to the ranks.
+    commands.run(["scancel", "--batch", "--signal=USR2", sub["job_id"]])
+    st = finish(sub["run_dir"], timeout_s=120)
+    assert st.state == "COMPLETED"
+    value = jobs.result(paths)
+    assert (value["stdout"].split()[-2:] == ["done", "1"]) if kind == "command" else value == {"restarts": 1}
+    record = RunRecord(paths).read()
+    assert [r["cause"] for r in record["restarts"]] == ["preemption"]

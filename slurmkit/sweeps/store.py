@@ -109,9 +109,7 @@ def materialize_task(paths: SweepPaths, index: int, job_id: str) -> RunPaths:
         manifest = Manifest(paths).read()
         if not 0 <= index < len(manifest["tasks"]):
             raise IndexError(f"sweep {paths.sweep_id} has no task {index}")
-        with record._locked():
-            if not task.record.exists():
-                record._save(task_record(manifest, index))
+        record.create(task_record(manifest, index))
         if not task.job_folder.is_symlink():
             paths.job_folder.mkdir(parents=True, exist_ok=True)
             # The task's submitit files live in the sweep's shared folder; the link keeps

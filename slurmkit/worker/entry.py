@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STDOUT_TAIL_LINES = 200
+COMMAND_GRACE_S = 5.0
 
 
 class CommandFailed(RuntimeError):
@@ -34,18 +35,20 @@ class Run:
         os.environ["SLURMKIT_RUN_DIR"] = self.run_dir
         if self.checkpoint_uri:
             os.environ["SLURMKIT_CHECKPOINT_URI"] = self.checkpoint_uri
-        if self.spec.get("task") is None:  # `task: train` records it itself, with the step it resumed from
-            record_restart(self.run_dir)
-        if self.spec.get("command") is not None:
-            return run_command(self.spec["command"])
-        if self.spec.get("callable") is not None:
-            return call(self.spec["callable"], self.spec.get("kwargs") or {})
-        if self.spec.get("ray") is not None:
+        if self.spec.get("task") is not None:  # stops at an agreed step and records its own restarts
+            task = importlib.import_module(f"slurmkit.worker.tasks.{self.spec['task']}")
+            return task.run(self.spec.get("config") or {}, self.run_dir)
+        from slurmkit.worker.interrupt import requeue_on_signal
+
+        record_restart(self.run_dir)
+        with requeue_on_signal(self.run_dir):
+            if self.spec.get("command") is not None:
+                return run_command(self.spec["command"])
+            if self.spec.get("callable") is not None:
+                return call(self.spec["callable"], self.spec.get("kwargs") or {})
             from slurmkit.worker import ray_driver
 
             return ray_driver.run(self.spec["ray"])
-        task = importlib.import_module(f"slurmkit.worker.tasks.{self.spec['task']}")
-        return task.run(self.spec.get("config") or {}, self.run_dir)
 
 
 def record_restart(run_dir: str) -> None:
@@ -73,10 +76,19 @@ def run_command(command: str) -> dict[str, Any]:
     tail: deque[str] = deque(maxlen=STDOUT_TAIL_LINES)
     with subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=None, text=True) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            tail.append(line)
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                tail.append(line)
+        except BaseException:
+            # Interrupted (a stop signal): the command goes too, before Popen's exit waits for it.
+            proc.terminate()
+            try:
+                proc.wait(timeout=COMMAND_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
         rc = proc.wait()
     if rc != 0:
         raise CommandFailed(f"command exited with code {rc}: {command}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import runpy
-import signal
 import sys
 import time
 from typing import Any
@@ -48,35 +47,11 @@ def wait_for_nodes(address: str, tag: str, expected: int, timeout_s: float) -> l
         ray.shutdown()
 
 
-class _Stop(BaseException):
-    """Raised in the driver by the stop signals: a foreign script has no step boundary to wait for."""
-
-    def __init__(self, requeue: bool) -> None:
-        super().__init__("requeue signal" if requeue else "SIGTERM")
-        self.requeue = requeue
-
-
-def _install_stop_handlers() -> None:
-    """Replace submitit's handlers (it guesses timeout from wall-clock time, and ignores SIGTERM)."""
-    from slurmkit.worker.preempt import DEFAULT_SIGNAL
-
-    def stop(requeue: bool) -> Any:
-        def handler(signum: int, frame: Any) -> None:
-            raise _Stop(requeue)
-
-        return handler
-
-    requeue_sig = getattr(signal, f"SIG{os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}")
-    signal.signal(requeue_sig, stop(True))
-    if requeue_sig != signal.SIGTERM:
-        signal.signal(signal.SIGTERM, stop(False))
-
-
 def run(spec: dict[str, Any]) -> Any:
     """Wait for the whole Ray cluster, then run the driver script; its module-level `result` is returned.
 
-    On the profile's signal (preemption or the time limit), the job is requeued within the profile's
-    budget and the driver starts again in the new allocation; on SIGTERM it just ends.
+    The stop signals interrupt the driver (slurmkit.worker.interrupt): on preemption or the time
+    limit the job is requeued and the driver starts again in the new allocation.
     """
     nodes = wait_for_nodes(os.environ["RAY_ADDRESS"], os.environ["SLURMKIT_RAY_TAG"],
                            int(os.environ["SLURMKIT_RAY_NODES"]), float(spec.get("start_timeout_s", 120)))
@@ -84,28 +59,8 @@ def run(spec: dict[str, Any]) -> Any:
     driver = spec["driver"]
     saved = sys.argv
     sys.argv = [driver, *spec.get("args", [])]
-    _install_stop_handlers()
     try:
         namespace = runpy.run_path(driver, run_name="__main__")
-    except _Stop as stop:
-        _after_stop(stop.requeue)
-        raise SystemExit(0) from None  # not an exception: no result for this incarnation
     finally:
         sys.argv = saved
     return namespace.get("result")
-
-
-def _after_stop(requeue_asked: bool) -> None:
-    from pathlib import Path
-
-    from slurmkit.runs import RunPaths
-    from slurmkit.worker import requeue
-
-    if not requeue_asked:
-        print("slurmkit ray: SIGTERM; the driver stops, Slurm ends or requeues the job itself", flush=True)
-        return
-    paths, job_id = RunPaths(Path(os.environ["SLURMKIT_RUN_DIR"])), requeue.slurm_job_id()
-    cause, detail = requeue.signal_cause(paths, job_id)
-    ok = requeue.request(paths, job_id, cause, None, detail)
-    print(f"slurmkit ray: stopped ({cause}); {'requeued' if ok else 'requeue budget spent, not requeued'}",
-          flush=True)

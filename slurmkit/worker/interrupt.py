@@ -1,0 +1,71 @@
+"""Stop signals for runs without step boundaries (command, callable, ray): interrupt, requeue, exit.
+
+`task: train` stops all ranks at an agreed step (slurmkit.worker.lifecycle). A shell command, a
+user's callable or a Ray driver has no step to wait for, so here the handler raises in the main
+thread, as SIGINT's KeyboardInterrupt does. On the profile's signal (preemption or the time limit)
+rank 0 requeues the job within the profile's budget and the work starts again in the next
+allocation; on SIGTERM the run just stops and Slurm decides. These handlers replace submitit's:
+its USR2 handler guesses "timed out" from wall-clock time and then fails a non-checkpointable run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+class Interrupted(BaseException):
+    """Raised by the stop handlers; a BaseException so that `except Exception` in user code lets it pass."""
+
+    def __init__(self, requeue: bool) -> None:
+        super().__init__("requeue signal" if requeue else "SIGTERM")
+        self.requeue = requeue
+
+
+def _raise(requeue: bool) -> Any:
+    def handler(signum: int, frame: Any) -> None:
+        raise Interrupted(requeue)
+
+    return handler
+
+
+def install() -> None:
+    from slurmkit.worker.preempt import DEFAULT_SIGNAL
+
+    requeue_sig = getattr(signal, f"SIG{os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}")
+    signal.signal(requeue_sig, _raise(True))
+    if requeue_sig != signal.SIGTERM:
+        signal.signal(signal.SIGTERM, _raise(False))
+
+
+def after(run_dir: str, requeue_asked: bool) -> str:
+    """Rank 0 requeues (within budget) after the profile's signal; says what happened."""
+    from slurmkit.runs import RunPaths
+    from slurmkit.worker import requeue
+
+    if not requeue_asked:
+        return "SIGTERM: stopped; Slurm ends or requeues the job itself"
+    if os.environ.get("SLURM_PROCID", "0") != "0":
+        return "stopped; rank 0 asks for the requeue"
+    paths, job_id = RunPaths(Path(run_dir)), requeue.slurm_job_id()
+    cause, detail = requeue.signal_cause(paths, job_id)
+    ok = requeue.request(paths, job_id, cause, None, detail)
+    return f"stopped ({cause}); {'requeued: the run starts again' if ok else 'requeue budget spent, not requeued'}"
+
+
+@contextmanager
+def requeue_on_signal(run_dir: str) -> Iterator[None]:
+    """Under Slurm: the stop signals interrupt the body; then requeue and exit without a result."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        yield
+        return
+    install()
+    try:
+        yield
+    except Interrupted as stop:
+        print(f"slurmkit: {after(run_dir, stop.requeue)}", flush=True)
+        raise SystemExit(0) from None  # not an exception: no result (or error) for this incarnation
