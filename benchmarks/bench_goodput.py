@@ -23,6 +23,7 @@ import yaml
 from slurmkit import goodput, jobs
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths
+from slurmkit.worker.metrics import read_records
 
 BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a preemption every 60 s
 
@@ -60,13 +61,9 @@ def main() -> None:
                 break
         time.sleep(0.5)
     gp, incs = goodput.of_run(paths.run_dir, [sub.job_id])
-    lines = goodput.read_metrics(paths.metrics)
+    lines = read_records(paths.metrics)
     running = sum((i.end or 0.0) - (i.start or 0.0) for i in incs if i.start)
-    restart = []
-    for inc in incs[1:]:
-        firsts = [ln["time"] for ln in lines if inc.start and ln["time"] >= inc.start]
-        if firsts and inc.start:
-            restart.append(min(firsts) - inc.start)
+    restart = goodput.restart_overheads(lines, incs)
     exits = [min((i.end for i in incs if i.end and i.end >= s), default=s) - s for s in signals]
     runtime_goodput = gp.productive_s / running if running else 0.0
     print(json.dumps({

@@ -11,13 +11,13 @@ goodput = productive / wall. Incarnations come from one `sacct --duplicates` cal
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from slurmkit.slurm.commands import Incarnation
+from slurmkit.worker.metrics import read_records
 
 
 @dataclass(frozen=True)
@@ -44,24 +44,22 @@ def incarnations(job_ids: list[str]) -> list[Incarnation]:
     return sorted(found, key=lambda i: i.start or i.submit or 0.0)
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    lines = []
-    for ln in text.splitlines():
-        try:
-            lines.append(json.loads(ln))
-        except ValueError:
-            continue  # a line cut by a kill
-    return lines
-
-
 def local_incarnation(steps: list[dict[str, Any]]) -> Incarnation:
     """Without accounting (a local run): the run's own clock, from the start of its first step to its last."""
     first = float(steps[0]["time"]) - float(steps[0].get("step_s", 0.0))
     return Incarnation("local", None, first, float(steps[-1]["time"]), "LOCAL", "this machine")
+
+
+def restart_overheads(steps: list[dict[str, Any]], incs: list[Incarnation]) -> list[float]:
+    """For each incarnation after the first: seconds from running again to the end of its first step."""
+    out = []
+    for inc in incs[1:]:
+        if inc.start is None:
+            continue
+        firsts = [float(r["time"]) for r in steps if float(r.get("time", 0.0)) >= inc.start]
+        if firsts:
+            out.append(min(firsts) - inc.start)
+    return out
 
 
 def account(steps: list[dict[str, Any]], incs: list[Incarnation], now: float | None = None) -> Goodput:
@@ -83,11 +81,7 @@ def account(steps: list[dict[str, Any]], incs: list[Incarnation], now: float | N
     stalls = sum(float(r.get("ckpt_stall_s", 0.0)) for r in steps)
     queue = sum(max(0.0, (b.start or 0.0) - (a.end or b.start or 0.0)) for a, b in zip(started, started[1:],
                                                                                          strict=False))
-    restart = 0.0
-    for inc in started[1:]:
-        firsts = [float(r["time"]) for r in steps if float(r.get("time", 0.0)) >= (inc.start or 0.0)]
-        if firsts:
-            restart += min(firsts) - (inc.start or 0.0)
+    restart = sum(restart_overheads(steps, started))
     other = wall - productive - recomputed - stalls - queue - restart
     return Goodput(wall, productive, queue, restart, recomputed, stalls, max(other, 0.0), productive / wall,
                    len(final))
@@ -97,4 +91,4 @@ def of_run(run_dir: Path, job_ids: list[str]) -> tuple[Goodput, list[Incarnation
     from slurmkit.runs import RunPaths
 
     incs = incarnations(job_ids)
-    return account(read_metrics(RunPaths(run_dir).metrics), incs), incs
+    return account(read_records(RunPaths(run_dir).metrics), incs), incs

@@ -157,9 +157,10 @@ def _goodput(rec: dict[str, Any], info: commands.JobInfo | None) -> float | None
     if not info.history or info.active or any(i.end is None for i in info.history):
         return None  # accounting has not recorded the end yet
     from slurmkit import goodput
+    from slurmkit.worker.metrics import read_records
 
     paths = RunPaths(Path(rec["run_dir"]))
-    steps = goodput.read_metrics(paths.metrics)
+    steps = read_records(paths.metrics)
     value = goodput.account(steps, list(info.history)).as_dict() if steps else {"goodput": None}
     RunRecord(paths).update(goodput={**value, "job_id": info.job_id})
     return value["goodput"]

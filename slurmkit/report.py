@@ -16,6 +16,7 @@ from slurmkit import goodput
 from slurmkit.errors import SlurmkitError
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.slurm.commands import Incarnation
+from slurmkit.worker.metrics import read_records
 
 STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
                 "PREEMPTED": "#ef6c00", "TIMEOUT": "#ef6c00", "NODE_FAIL": "#c62828", "FAILED": "#c62828",
@@ -52,10 +53,10 @@ def collect(paths: RunPaths) -> ReportData:
     record = RunRecord(paths).read()
     job_ids = list(record.get("job_ids") or [])
     incs: list[Incarnation] = goodput.incarnations(job_ids) if record.get("executor") == "slurm" else []
-    steps = goodput.read_metrics(paths.metrics)
+    steps = read_records(paths.metrics)
     if not incs and steps:
         incs = [goodput.local_incarnation(steps)]
-    gpu = [ln for f in sorted(paths.run_dir.glob(paths.gpu_metrics("*").name)) for ln in goodput.read_metrics(f)]
+    gpu = [ln for f in sorted(paths.run_dir.glob(paths.gpu_metrics("*").name)) for ln in read_records(f)]
     # restarts[k] in run.json is the cause that ended incarnation k (and started k + 1).
     causes = [r.get("cause", "") for r in record.get("restarts", [])]
     segments = []

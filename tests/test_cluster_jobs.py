@@ -19,6 +19,7 @@ from slurmkit.procs import pid_alive
 from slurmkit.runs import RunPaths, RunRecord, list_runs
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, write_spec
+from tests.test_cluster_faults import wait_until
 
 pytestmark = pytest.mark.cluster
 runner = CliRunner()
@@ -254,10 +255,7 @@ def test_preemption_signal_requeues_a_run_without_steps(cluster: None, tmp_path:
     sub = submit(spec, dev_profile)
     paths = RunPaths(Path(sub["run_dir"]))
     log = paths.rank_log(sub["job_id"], 0)
-    deadline = time.monotonic() + 60
-    while not (log.exists() and "started" in log.read_text()):
-        assert time.monotonic() < deadline, "the run never started"
-        time.sleep(0.3)
+    wait_until(lambda: log.exists() and "started" in log.read_text(), 60, "the run to start", poll_s=0.3)
     # Slurm's preemption warning with --signal=B:USR2: the batch shell only; it forwards to the ranks.
     commands.run(["scancel", "--batch", "--signal=USR2", sub["job_id"]])
     st = finish(sub["run_dir"], timeout_s=120)

@@ -15,6 +15,7 @@ from slurmkit.cli.app import app
 from slurmkit.runs import RunPaths
 from slurmkit.slurm import commands
 from tests.conftest import EXAMPLES
+from tests.test_cluster_faults import wait_until
 
 pytestmark = pytest.mark.cluster
 runner = CliRunner()
@@ -78,10 +79,8 @@ def test_preemption_stops_ray_and_the_requeued_job_runs_the_driver_again(cluster
     out = submit(str(spec), "-p", str(dev_profile))
     paths = RunPaths(Path(out["run_dir"]))
     log = paths.rank_log(out["job_id"], 0)
-    deadline = time.monotonic() + 120
-    while not (log.exists() and "driver started, restart 0" in log.read_text()):
-        assert time.monotonic() < deadline, "the driver never started"
-        time.sleep(0.5)
+    wait_until(lambda: log.exists() and "driver started, restart 0" in log.read_text(), 120, "the driver to start",
+               poll_s=0.5)
     # What Slurm does on preemption with --signal=B:USR2: signal the batch shell only.
     commands.run(["scancel", "--batch", "--signal=USR2", out["job_id"]])
     final = jobs.wait(paths, poll_s=0.5, timeout_s=180)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -14,6 +13,7 @@ from slurmkit.errors import SlurmkitError, did_you_mean
 from slurmkit.procs import pid_alive
 from slurmkit.runs import atomic_write_text
 from slurmkit.sweeps.store import Manifest, SweepPaths, latest_job_ids, newest_arrays
+from slurmkit.worker.metrics import last_record
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 DEFAULT_METRIC = "loss"
@@ -87,11 +87,7 @@ def final_metrics(paths: SweepPaths, index: int, job_id: str) -> dict[str, float
     outcome = task.outcome(job_id, 0) if job_id else None
     if outcome is not None and outcome[0] == "success" and isinstance(outcome[1], dict):
         return _numbers(outcome[1])
-    try:
-        lines = task.metrics.read_text().strip().splitlines()
-        return _numbers(json.loads(lines[-1])) if lines else {}
-    except (OSError, ValueError):
-        return {}
+    return _numbers(last_record(task.metrics) or {})
 
 
 def minimize(metric: str) -> bool:

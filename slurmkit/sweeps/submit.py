@@ -124,6 +124,7 @@ def cluster_limits() -> tuple[int, int]:
 def _submit_arrays(paths: SweepPaths, resolved: list[Resolved], arrays: list[dict[str, Any]], kind: str,
                    dependency: str | None) -> list[str]:
     """sbatch each planned array, recording each job id in the manifest as soon as it exists."""
+    from slurmkit.slurm import commands
     from slurmkit.slurm.executor import ArraySpec, RenderedSlurmExecutor
 
     with Manifest(paths).editing() as manifest:
@@ -149,7 +150,7 @@ def _submit_arrays(paths: SweepPaths, resolved: list[Resolved], arrays: list[dic
             raise SlurmError(f"array {first_number + k} (tasks {compress(arr['indices'])}) failed to submit: {detail}",
                              where=paths.sweep_id, valid="its tasks show NOT_SUBMITTED; `slurmkit sweep resubmit "
                              "SWEEP --failed` retries them" if queued else None) from exc
-        job_id = jobs[0].job_id.split("_", 1)[0]
+        job_id = commands.base_id(jobs[0].job_id)
         ids.append(job_id)
         paths.script(first_number + k).write_text(executor.last_script or "")
         with Manifest(paths).editing() as manifest:
@@ -230,12 +231,12 @@ def resubmit_failed(paths: SweepPaths, states: dict[int, str], max_array_size: i
     indices = sorted(i for i, st in states.items() if st in RETRY_STATES)
     if not indices:
         return []
-    resolved = manifest_resolved(manifest)
     if manifest["executor"] == "local":
         from slurmkit.sweeps import local
 
         local.start(paths, indices)
         return indices
+    resolved = manifest_resolved(manifest)
     live_array, _ = cluster_limits()
     arrays = plan_arrays(resolved, indices, max_array_size or live_array, manifest.get("max_parallel"))
     _submit_arrays(paths, resolved, arrays, "resubmit", None)
@@ -269,6 +270,7 @@ def after_dependency(run_root: str, ident: str) -> str:
     """`afterok` on a sweep's arrays or a run's newest job, for --after RUN_OR_SWEEP."""
     from slurmkit.errors import RunNotFoundError
     from slurmkit.runs import RunRecord, find_run
+    from slurmkit.slurm import commands
     from slurmkit.sweeps.store import find_sweep
 
     try:
@@ -277,7 +279,7 @@ def after_dependency(run_root: str, ident: str) -> str:
         ids = [j for j in latest_job_ids(manifest).values() if j]
         # After a resubmit the first array holds failures forever; then depend on each task's newest job.
         if not any(a.get("kind") == "resubmit" for a in manifest["arrays"]):
-            ids = list(dict.fromkeys(j.split("_", 1)[0] for j in ids))
+            ids = list(dict.fromkeys(commands.base_id(j) for j in ids))
     except RunNotFoundError:
         try:
             record = RunRecord(find_run(run_root, ident)).read()

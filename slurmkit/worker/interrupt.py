@@ -11,7 +11,6 @@ its USR2 handler guesses "timed out" from wall-clock time and then fails a non-c
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,15 +32,6 @@ def _raise(requeue: bool) -> Any:
     return handler
 
 
-def install() -> None:
-    from slurmkit.worker.preempt import DEFAULT_SIGNAL
-
-    requeue_sig = getattr(signal, f"SIG{os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}")
-    signal.signal(requeue_sig, _raise(True))
-    if requeue_sig != signal.SIGTERM:
-        signal.signal(signal.SIGTERM, _raise(False))
-
-
 def after(run_dir: str, requeue_asked: bool) -> str:
     """Rank 0 requeues (within budget) after the profile's signal; says what happened."""
     from slurmkit.runs import RunPaths
@@ -51,9 +41,7 @@ def after(run_dir: str, requeue_asked: bool) -> str:
         return "SIGTERM: stopped; Slurm ends or requeues the job itself"
     if os.environ.get("SLURM_PROCID", "0") != "0":
         return "stopped; rank 0 asks for the requeue"
-    paths, job_id = RunPaths(Path(run_dir)), requeue.slurm_job_id()
-    cause, detail = requeue.signal_cause(paths, job_id)
-    ok = requeue.request(paths, job_id, cause, None, detail)
+    cause, ok = requeue.requeue_after_signal(RunPaths(Path(run_dir)), requeue.slurm_job_id(), None)
     return f"stopped ({cause}); {'requeued: the run starts again' if ok else 'requeue budget spent, not requeued'}"
 
 
@@ -63,7 +51,9 @@ def requeue_on_signal(run_dir: str) -> Iterator[None]:
     if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
         yield
         return
-    install()
+    from slurmkit.worker.preempt import install_handlers
+
+    install_handlers(_raise(True), _raise(False))
     try:
         yield
     except Interrupted as stop:

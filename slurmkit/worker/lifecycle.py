@@ -69,8 +69,7 @@ class Lifecycle:
             print(f"slurmkit: SIGTERM; saved at step {step}. Slurm ends or requeues the job itself", flush=True)
         elif self.dist.is_main:
             if self.job_id and self.paths:
-                cause, detail = requeue.signal_cause(self.paths, self.job_id)
-                ok = requeue.request(self.paths, self.job_id, cause, step, detail)
+                cause, ok = requeue.requeue_after_signal(self.paths, self.job_id, step)
                 print(f"slurmkit: stopped at step {step} ({cause}); "
                       f"{'requeued' if ok else 'requeue budget spent, not requeued'}", flush=True)
             else:

@@ -50,6 +50,36 @@ def mfu(flops_per_step: float, step_s: float, world_size: int, peak: float) -> f
     return flops_per_step / step_s / (world_size * peak)
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every record of a JSONL metrics file; a line cut by a kill is skipped, a missing file is empty."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def last_record(path: Path) -> dict[str, Any] | None:
+    """The newest complete record, parsing from the end (a file can hold many thousands of steps)."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            record: dict[str, Any] = json.loads(line)
+            return record
+        except ValueError:
+            continue
+    return None
+
+
 class MetricsWriter:
     """Appends one JSON line per step; only rank 0 writes, everyone may call it."""
 

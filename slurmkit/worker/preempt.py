@@ -14,10 +14,21 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from types import FrameType
 
 DEFAULT_SIGNAL = "USR2"
 REQUEUE, TERMINATE = 1, 2  # what a rank saw; the ranks agree on the largest
+
+
+def install_handlers(on_requeue: Callable[[int, FrameType | None], None],
+                     on_terminate: Callable[[int, FrameType | None], None], name: str | None = None) -> None:
+    """The profile's signal (SLURMKIT_SIGNAL, else USR2) means requeue; SIGTERM, unless it is that signal,
+    means terminate."""
+    requeue_sig = getattr(signal, f"SIG{name or os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}")
+    signal.signal(requeue_sig, on_requeue)
+    if requeue_sig != signal.SIGTERM:
+        signal.signal(signal.SIGTERM, on_terminate)
 
 
 class StopFlag:
@@ -25,10 +36,7 @@ class StopFlag:
         self.kind = 0
 
     def install(self, name: str | None = None) -> StopFlag:
-        requeue_sig = getattr(signal, f"SIG{name or os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}")
-        signal.signal(requeue_sig, self._requeue)
-        if requeue_sig != signal.SIGTERM:
-            signal.signal(signal.SIGTERM, self._terminate)
+        install_handlers(self._requeue, self._terminate, name)
         return self
 
     def _requeue(self, signum: int, frame: FrameType | None) -> None:

@@ -52,6 +52,12 @@ def signal_cause(paths: RunPaths, job_id: str) -> tuple[str, str]:
     return "preemption", "signal with time to spare" if left is None else f"signal with {left:.0f} s left"
 
 
+def requeue_after_signal(paths: RunPaths, job_id: str, step: int | None) -> tuple[str, bool]:
+    """After the profile's signal: requeue for its cause (timeout or preemption) within budget."""
+    cause, detail = signal_cause(paths, job_id)
+    return cause, request(paths, job_id, cause, step, detail)
+
+
 def budget(record: dict[str, Any], cause: str) -> int:
     budgets = (record.get("profile") or {}).get("requeue") or {}
     # An external `scontrol requeue` (or a restart nobody recorded a reason for) spends the
@@ -154,11 +160,10 @@ def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_ste
 
 
 def _last_step(paths: RunPaths) -> int | None:
-    try:
-        lines = paths.metrics.read_text().strip().splitlines()
-        return int(json.loads(lines[-1])["step"]) if lines else None
-    except (FileNotFoundError, ValueError, KeyError):
-        return None
+    from slurmkit.worker.metrics import last_record
+
+    record = last_record(paths.metrics)
+    return int(record["step"]) if record and "step" in record else None
 
 
 def _error_signature(paths: RunPaths, job_id: str, num_tasks: int) -> str | None:
