@@ -72,6 +72,15 @@ def test_sweep_array_script_finds_each_task_folder(tmp_path: Path) -> None:
     check_shell(script, tmp_path)
 
 
+def test_plain_array_without_a_sweep_keeps_the_run_folder(tmp_path: Path) -> None:
+    # submitit's map_array through our executor: an array, but no sweep manifest to look tasks up in.
+    script = render_profile(GOLDEN / "spec.yaml", "devcluster", array=ArraySpec("0-3", list(range(4))))
+    assert "#SBATCH --array=0-3" in script
+    assert "slurmkit.sweeps.task" not in script
+    assert "SLURMKIT_RUN_DIR=/shared/runs/golden-run" in script
+    check_shell(script, tmp_path)
+
+
 def test_profile_template_dir_overrides_one_block(tmp_path: Path) -> None:
     tdir = tmp_path / "tpl"
     tdir.mkdir()

@@ -53,19 +53,20 @@ def job_files(folder: Path, array: bool = False) -> JobFiles:
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """One sbatch job array of a sweep: task i of the array is sweep task base + i."""
+    """One sbatch job array: task i of the array is sweep task base + i (when it belongs to a sweep)."""
 
     array: str
     """The --array value, e.g. 0-5%2."""
     task_ids: list[int]
-    base: int
-    sweep_dir: str
+    base: int = 0
+    sweep_dir: str | None = None
+    """The sweep whose tasks these are; None for a plain submitit map_array, whose tasks share the run folder."""
 
 
 def render_for(resolved: Resolved, folder: Path, command: str, array: ArraySpec | None = None,
                dependency: str | None = None) -> str:
     """The script for a run whose submitit folder is `folder` (inside the run or sweep folder)."""
-    sweep = {"dir": array.sweep_dir, "base": array.base} if array else None
+    sweep = {"dir": array.sweep_dir, "base": array.base} if array and array.sweep_dir else None
     return render(RenderInput(resolved, command, job_files(folder, array is not None), python_command(resolved),
                               str(folder.parent), array=array.array if array else None, dependency=dependency,
                               sweep=sweep))
@@ -113,7 +114,7 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
         if len(delayed_submissions) == 1:
             return super()._internal_process_submissions(delayed_submissions)
         n = len(delayed_submissions)
-        return self._submit_array(delayed_submissions, ArraySpec(f"0-{n - 1}", list(range(n)), 0, ""))
+        return self._submit_array(delayed_submissions, ArraySpec(f"0-{n - 1}", list(range(n))))
 
     def _submit_array(self, delayed: list[DelayedSubmission], array: ArraySpec) -> list[submitit.Job[Any]]:
         """One pickle per task, or a single one shared by all tasks."""
