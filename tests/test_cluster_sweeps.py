@@ -16,6 +16,7 @@ from slurmkit.slurm import commands
 from slurmkit.sweeps import report, spec, store
 from slurmkit.sweeps import submit as sub
 from tests.conftest import EXAMPLES
+from tests.test_cluster_faults import wait_until
 
 pytestmark = pytest.mark.cluster
 runner = CliRunner()
@@ -90,9 +91,15 @@ def test_grid_of_six_is_one_array_throttled_to_two_then_a_job_runs_after_it(
     final = jobs.wait(RunPaths(Path(after["run_dir"])), poll_s=0.5, timeout_s=120)
     assert final.state == "COMPLETED"
     ids = [f"{done['array_job_ids'][0]}_{i}" for i in range(6)] + [after["job_id"]]
-    out = commands.run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", ",".join(ids),
-                        "--format=JobID,Start,End"])
-    times = {line.split("|")[0]: line.split("|")[1:] for line in out.splitlines() if line}
+    times: dict[str, list[str]] = {}
+
+    def accounted() -> bool:  # slurmdbd records a job's end a moment after squeue drops it
+        out = commands.run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", ",".join(ids),
+                            "--format=JobID,Start,End"])
+        times.update((line.split("|")[0], line.split("|")[1:]) for line in out.splitlines() if line)
+        return all(i in times and times[i][1] not in ("", "Unknown") for i in ids)
+
+    wait_until(accounted, 30, "accounting to record every job", poll_s=0.5)
     last_end = max(times[i][1] for i in ids[:-1])
     assert times[after["job_id"]][0] >= last_end, "the dependent job started before the sweep ended"
 
