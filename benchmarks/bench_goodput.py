@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import tempfile
 import time
@@ -23,6 +24,7 @@ import yaml
 from slurmkit import goodput, jobs
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths
+from slurmkit.slurm.commands import Incarnation
 from slurmkit.worker.metrics import read_records
 
 BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a preemption every 60 s
@@ -64,7 +66,9 @@ def main() -> None:
     lines = read_records(paths.metrics)
     running = sum((i.end or 0.0) - (i.start or 0.0) for i in incs if i.start)
     restart = goodput.restart_overheads(lines, incs)
-    exits = [min((i.end for i in incs if i.end and i.end >= s), default=s) - s for s in signals]
+    startups = [(inc, rec["startup"]) for inc, rec in goodput.first_steps(lines, incs)[1:] if "startup" in rec]
+    # sacct's End is a whole second, which may read as just before a sub-second signal.
+    exits = [max(0.0, min((i.end for i in incs if i.end and i.end >= int(s)), default=s) - s) for s in signals]
     runtime_goodput = gp.productive_s / running if running else 0.0
     print(json.dumps({
         "steps": args.steps, "preemptions": len(signals), "incarnations": len(incs), "final": incs[-1].state,
@@ -73,8 +77,18 @@ def main() -> None:
         "goodput_vs_baseline": round(runtime_goodput / BASELINE_GOODPUT, 3),
         "wall_goodput": round(gp.goodput, 3), "lost_s": gp.as_dict(),
         "signal_to_exit_s": [round(x, 1) for x in exits], "restart_to_first_step_s": [round(x, 1) for x in restart],
-        "median_step_s": round(sorted(ln["step_s"] for ln in lines)[len(lines) // 2], 3),
+        "median_step_s": round(goodput.typical_step(lines), 3),
+        "restart_phases_median_s": phase_medians(startups),
     }, indent=1))
+
+
+def phase_medians(startups: list[tuple[Incarnation, dict[str, float]]]) -> dict[str, float]:
+    """Median seconds of each start-up phase over the restarts."""
+    spans: dict[str, list[float]] = {}
+    for inc, marks in startups:
+        for phase, secs in goodput.startup_spans(inc, marks).items():
+            spans.setdefault(phase, []).append(secs)
+    return {k: round(statistics.median(v), 2) for k, v in spans.items()}
 
 
 if __name__ == "__main__":

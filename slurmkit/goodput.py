@@ -50,16 +50,53 @@ def local_incarnation(steps: list[dict[str, Any]]) -> Incarnation:
     return Incarnation("local", None, first, float(steps[-1]["time"]), "LOCAL", "this machine")
 
 
-def restart_overheads(steps: list[dict[str, Any]], incs: list[Incarnation]) -> list[float]:
-    """For each incarnation after the first: seconds from running again to the end of its first step."""
+def typical_step(steps: list[dict[str, Any]]) -> float:
+    """The median step time: what a step costs once an incarnation is warm."""
+    times = sorted(float(r.get("step_s", 0.0)) for r in steps)
+    return times[len(times) // 2] if times else 0.0
+
+
+def first_steps(steps: list[dict[str, Any]], incs: list[Incarnation]) -> list[tuple[Incarnation, dict[str, Any]]]:
+    """Each started incarnation with the first step it ran (incarnations that ran none are left out).
+
+    A step belongs to the incarnation that started last before it (sacct's times are whole seconds).
+    """
+    started = sorted((i for i in incs if i.start is not None), key=lambda i: i.start or 0.0)
     out = []
-    for inc in incs[1:]:
-        if inc.start is None:
-            continue
-        firsts = [float(r["time"]) for r in steps if float(r.get("time", 0.0)) >= inc.start]
-        if firsts:
-            out.append(min(firsts) - inc.start)
+    for inc, after in zip(started, [*started[1:], None], strict=True):
+        end = after.start if after is not None and after.start is not None else float("inf")
+        ran = [r for r in steps if (inc.start or 0.0) <= float(r.get("time", 0.0)) < end]
+        if ran:
+            out.append((inc, min(ran, key=lambda r: float(r["time"]))))
     return out
+
+
+def restart_overheads(steps: list[dict[str, Any]], incs: list[Incarnation]) -> list[float]:
+    """For each incarnation after the first: seconds from running again until training is back at speed.
+
+    That is until its first step began, plus what that step took beyond a typical step: the
+    first step pays for work deferred to it (torch._dynamo's import, allocator warm-up), and that
+    part is restart cost, not training.
+    """
+    typical = typical_step(steps)
+    out = []
+    for inc, rec in first_steps(steps, incs)[1:]:
+        step_s = float(rec.get("step_s", 0.0))
+        began = float(rec["time"]) - step_s
+        out.append(max(0.0, began - (inc.start or began)) + max(0.0, step_s - typical))
+    return out
+
+
+def startup_spans(inc: Incarnation, marks: dict[str, float]) -> dict[str, float]:
+    """Seconds spent in each start-up phase of one incarnation (a first step's `startup` record):
+    `launch` from Slurm's start to the process, then each phase the worker marked, in order."""
+    launched = inc.start is not None and marks["process_start"] >= inc.start  # not for a local run's own clock
+    spans = {"launch": round(marks["process_start"] - (inc.start or 0.0), 2)} if launched else {}
+    prev = 0.0
+    for phase, at in marks.items():
+        if phase != "process_start":
+            spans[phase], prev = round(max(0.0, at - prev), 2), at
+    return spans
 
 
 def account(steps: list[dict[str, Any]], incs: list[Incarnation], now: float | None = None) -> Goodput:
@@ -73,11 +110,18 @@ def account(steps: list[dict[str, Any]], incs: list[Incarnation], now: float | N
     first = started[0].start or 0.0
     last = max((i.end or now) for i in started)
     wall = max(last - first, 1e-9)
+    typical = typical_step(steps)
+    warm_up = {id(rec) for _, rec in first_steps(steps, started)}
+
+    def useful(rec: dict[str, Any]) -> float:
+        step_s = float(rec.get("step_s", 0.0))
+        return min(step_s, typical) if id(rec) in warm_up else step_s
+
     final: dict[int, dict[str, Any]] = {}
     for rec in steps:
         final[int(rec["step"])] = rec
-    productive = sum(float(r.get("step_s", 0.0)) for r in final.values())
-    recomputed = sum(float(r.get("step_s", 0.0)) for r in steps) - productive
+    productive = sum(useful(r) for r in final.values())
+    recomputed = sum(useful(r) for r in steps) - productive
     stalls = sum(float(r.get("ckpt_stall_s", 0.0)) for r in steps)
     queue = sum(max(0.0, (b.start or 0.0) - (a.end or b.start or 0.0)) for a, b in zip(started, started[1:],
                                                                                          strict=False))

@@ -36,6 +36,8 @@ class Segment:
     nodes: str
     cause: str = ""
     """Why this incarnation ended and the run was restarted (run.json), empty for the last one."""
+    startup: dict[str, float] = field(default_factory=dict)
+    """Seconds in each start-up phase, from its first step's record (goodput.startup_spans)."""
 
 
 @dataclass
@@ -59,11 +61,14 @@ def collect(paths: RunPaths) -> ReportData:
     gpu = [ln for f in sorted(paths.run_dir.glob(paths.gpu_metrics("*").name)) for ln in read_records(f)]
     # restarts[k] in run.json is the cause that ended incarnation k (and started k + 1).
     causes = [r.get("cause", "") for r in record.get("restarts", [])]
+    startups = {id(inc): goodput.startup_spans(inc, rec["startup"])
+                for inc, rec in goodput.first_steps(steps, incs) if "startup" in rec}
     segments = []
     for n, inc in enumerate(incs):
         queued = inc.submit if n == 0 else incs[n - 1].end
         cause = causes[n] if n < len(causes) and n < len(incs) - 1 else ""
-        segments.append(Segment(inc.job_id, n, queued, inc.start, inc.end, inc.state, inc.nodes, cause))
+        segments.append(Segment(inc.job_id, n, queued, inc.start, inc.end, inc.state, inc.nodes, cause,
+                                startups.get(id(inc), {})))
     return ReportData(paths.run_id, steps, gpu, segments, goodput.account(steps, incs),
                       {"restarts": len(causes), "restart_causes": causes, "name": record.get("name", "")})
 
@@ -136,13 +141,18 @@ def render_png(data: ReportData) -> bytes:
 def render_html(data: ReportData, png: bytes) -> str:
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in data.accounting.as_dict().items())
     segs = "".join(f"<tr><td>#{s.n}</td><td>{html.escape(s.job_id)}</td><td>{html.escape(s.nodes)}</td>"
-                   f"<td>{html.escape(s.state)}</td><td>{html.escape(s.cause)}</td></tr>" for s in data.segments)
+                   f"<td>{html.escape(s.state)}</td><td>{html.escape(s.cause)}</td>"
+                   f"<td>{html.escape(_spans(s.startup))}</td></tr>" for s in data.segments)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>slurmkit report {html.escape(data.run_id)}"
             f"</title></head><body><h1>{html.escape(data.run_id)}</h1>"
             f"<img alt='report' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
             f"<h2>Goodput</h2><table>{rows}</table>"
             f"<h2>Incarnations</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>state</th><th>restarted "
-            f"because</th></tr>{segs}</table></body></html>\n")
+            f"because</th><th>start-up (s)</th></tr>{segs}</table></body></html>\n")
+
+
+def _spans(spans: dict[str, float]) -> str:
+    return ", ".join(f"{phase} {secs:.2f}" for phase, secs in spans.items())
 
 
 def write(paths: RunPaths, output: Path) -> ReportData:

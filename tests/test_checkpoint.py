@@ -49,6 +49,21 @@ def test_uncommitted_and_corrupt_checkpoints_are_skipped(tmp_path: Path, kind: i
     assert any("step-20" in m for m in logged)
 
 
+@pytest.mark.parametrize("kind", [0, 2], ids=["plain-path", "memory"])
+def test_prefetch_verifies_in_the_background_and_keeps_only_the_chosen_bytes(tmp_path: Path, kind: int) -> None:
+    store = CheckpointStore(_uris(tmp_path)[kind])
+    assert store.prefetch().result() == (None, {})
+    _save(store, 10, 1.0)
+    _save(store, 20, 2.0)
+    store.fs.pipe_file(f"{store.step_dir(20)}/model.pt", b"bit rot")
+    prefetch = store.prefetch()
+    step, data = prefetch.result()
+    assert step == 10 and set(data) == {"model.pt", "rank0.pt"}
+    assert any("step-20" in m for m in prefetch.messages)
+    # The kept bytes are step-10's files, verified: loading them equals loading from storage.
+    assert torch.equal(store.load(10, "model.pt", data["model.pt"])["w"], store.load(10, "model.pt")["w"])
+
+
 def test_keep_latest_k_prunes_only_after_a_newer_commit(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path / "ck"))
     for step in (1, 2, 3):

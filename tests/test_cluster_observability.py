@@ -101,6 +101,10 @@ def test_report_of_a_run_preempted_once_shows_both_job_segments(cluster: None, t
     first, second = data.segments
     assert first.job_id == second.job_id == job_id and first.cause == "preemption"
     assert first.end is not None and second.start is not None and second.start >= first.end
+    # Where the restart's seconds went, from the resumed first step's record.
+    assert list(second.startup) == ["launch", "imports", "rendezvous", "build", "restore", "first_step"]
+    assert all(v >= 0 for v in second.startup.values()) and second.startup["imports"] > 0
+    assert info["startup_s"][1] == second.startup
     gp = data.accounting
     assert 0 < gp.goodput < 1 and gp.steps == 300
     assert gp.productive_s < gp.wall_s and gp.queue_wait_s > 0

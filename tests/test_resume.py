@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from slurmkit.config.train import TrainConfig
 from slurmkit.worker.checkpoint import CheckpointStore
 from slurmkit.worker.dist import distributed
 from slurmkit.worker.lifecycle import Lifecycle
-from slurmkit.worker.tasks.train import build
+from slurmkit.worker.tasks.train import InjectedError, build
 from slurmkit.worker.tasks.train import run as train
 
 BASE = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 5, "checkpoint_every": 10}
@@ -52,6 +53,25 @@ def test_signal_stops_at_the_step_saves_and_resume_is_bitwise_identical(tmp_path
     assert resumed["params_sha256"] == full["params_sha256"]
     steps = [json.loads(ln)["step"] for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 41))  # nothing recomputed: the save was at the stop step
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap-startup", "sequential-startup"])
+def test_a_crashed_run_started_again_resumes_and_records_where_startup_went(tmp_path: Path, overlap: bool) -> None:
+    config = {**BASE, "overlap_startup": overlap, "async_save": False}  # step-20 surely committed by step 25
+    full = train(config, str(tmp_path / "full"))
+    run_dir = tmp_path / "crashed"
+    with pytest.raises(InjectedError):
+        train({**config, "inject_error_at_step": 25}, str(run_dir))
+    # The failed run's watchdog stood down: this process goes on (it would be killed with exit 75).
+    assert not any(t.name == "slurmkit-watchdog" and t.is_alive() for t in threading.enumerate())
+    resumed = train(config, str(run_dir))
+    assert resumed["resumed_from_step"] == 20 and resumed["params_sha256"] == full["params_sha256"]
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    firsts = [r for r in records if "startup" in r]
+    assert [r["step"] for r in firsts] == [1, 21]  # the first step of each start, and only that one
+    for rec in firsts:
+        phases = [rec["startup"][k] for k in ("imports", "rendezvous", "build", "restore", "first_step")]
+        assert phases == sorted(phases) and phases[0] > 0
 
 
 def test_corrupt_newest_checkpoint_falls_back_and_still_matches(tmp_path: Path) -> None:

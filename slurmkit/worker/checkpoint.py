@@ -26,6 +26,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 MARKER = "COMMITTED.json"
 WRITE_CHUNK = 1 << 20
+KEEP_MAX_BYTES = 8 << 30  # verified bytes kept for the load that follows; above this, read again
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -146,11 +147,16 @@ class CheckpointStore:
     def committed(self) -> list[int]:
         return [s for s in self.steps() if self.fs.exists(f"{self.step_dir(s)}/{MARKER}")]
 
-    def verify(self, step: int) -> dict[str, Any] | None:
-        """The manifest if every file exists with its recorded size and sha256, else None."""
+    def verify(self, step: int, keep: dict[str, bytes] | None = None) -> dict[str, Any] | None:
+        """The manifest if every file exists with its recorded size and sha256, else None.
+
+        With `keep`, the verified bytes are kept there (up to KEEP_MAX_BYTES in all), so loading
+        them does not read the files a second time.
+        """
         manifest = self.manifest(step)
         if manifest is None:
             return None
+        kept = 0
         for name, want in manifest["files"].items():
             try:
                 data = self.fs.cat_file(f"{self.step_dir(step)}/{name}")
@@ -158,19 +164,31 @@ class CheckpointStore:
                 return None
             if len(data) != want["bytes"] or hashlib.sha256(data).hexdigest() != want["sha256"]:
                 return None
+            if keep is not None and kept + len(data) <= KEEP_MAX_BYTES:
+                keep[name], kept = data, kept + len(data)
         return manifest
 
-    def latest_valid(self, log: Callable[[str], None] | None = None) -> int | None:
+    def latest_valid(self, log: Callable[[str], None] | None = None,
+                     keep: dict[str, bytes] | None = None) -> int | None:
         """The newest checkpoint whose files all verify; incomplete or corrupt ones are skipped."""
         for step in self.steps():
-            if self.verify(step) is not None:
+            if keep is not None:
+                keep.clear()
+            if self.verify(step, keep) is not None:
                 return step
             if log:
                 log(f"checkpoint step-{step} is incomplete or corrupt; falling back")
+        if keep is not None:
+            keep.clear()
         return None
 
-    def load(self, step: int, name: str) -> Any:
-        return from_bytes(self.fs.cat_file(f"{self.step_dir(step)}/{name}"))
+    def load(self, step: int, name: str, data: bytes | None = None) -> Any:
+        """One file of step-N as tensors (weights_only); `data`: its bytes, already read and verified."""
+        return from_bytes(data if data is not None else self.fs.cat_file(f"{self.step_dir(step)}/{name}"))
+
+    def prefetch(self) -> Prefetch:
+        """Start finding, reading and verifying the newest valid checkpoint in the background."""
+        return Prefetch(self)
 
     # ------------------------------------------------------------------ pruning
 
@@ -217,6 +235,36 @@ def snapshot(obj: Any, buffers: dict[str, Any] | None = None, _key: str = "") ->
         items = [snapshot(v, buffers, f"{_key}/{i}") for i, v in enumerate(obj)]
         return items if isinstance(obj, list) else tuple(items)
     return obj
+
+
+class Prefetch:
+    """latest_valid() run in a thread while the process does other start-up work.
+
+    File reads and sha256 release the GIL, so on a restart this overlaps with torch.distributed's
+    rendezvous and building the model; the verified bytes are then loaded without a second read.
+    """
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+        self.messages: list[str] = []
+        self._data: dict[str, bytes] = {}
+        self._step: int | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="slurmkit-ckpt-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._step = self.store.latest_valid(self.messages.append, self._data)
+        except BaseException as exc:  # raised by result(), in the thread that asks
+            self._error = exc
+
+    def result(self) -> tuple[int | None, dict[str, bytes]]:
+        """The newest valid step (None: none) and its verified file bytes, by name."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._step, self._data
 
 
 class AsyncWriter:

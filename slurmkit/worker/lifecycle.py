@@ -13,10 +13,23 @@ import torch.distributed as tdist
 from slurmkit.config.train import TrainConfig
 from slurmkit.runs import RunPaths, RunRecord, atomic_write_text
 from slurmkit.worker import requeue
+from slurmkit.worker.checkpoint import CheckpointStore, Prefetch
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.preempt import TERMINATE
 from slurmkit.worker.resilience import Resilience
 from slurmkit.worker.trainer import Trainer
+
+
+def checkpoint_uri(run_dir: str | None) -> str | None:
+    if os.environ.get("SLURMKIT_CHECKPOINT_URI"):
+        return os.environ["SLURMKIT_CHECKPOINT_URI"]
+    return RunPaths(Path(run_dir)).checkpoint_uri(None) if run_dir else None
+
+
+def start_prefetch(run_dir: str | None) -> Prefetch | None:
+    """Begin reading the newest valid checkpoint now, before torch.distributed and the model are up."""
+    uri = checkpoint_uri(run_dir)
+    return CheckpointStore(uri).prefetch() if uri else None
 
 
 class BudgetSpent(RuntimeError):
@@ -24,15 +37,14 @@ class BudgetSpent(RuntimeError):
 
 
 class Lifecycle:
-    def __init__(self, dist: Dist, run_dir: str | None, cfg: TrainConfig) -> None:
-        from slurmkit.worker.tasks.train import checkpoint_uri
-
+    def __init__(self, dist: Dist, run_dir: str | None, cfg: TrainConfig, prefetch: Prefetch | None = None) -> None:
+        """`prefetch`: the checkpoint search already started (see `start_prefetch`), else started here."""
         self.dist, self.cfg = dist, cfg
         self.paths = RunPaths(Path(run_dir)) if run_dir else None
         self.job_id = requeue.slurm_job_id() if dist.env.launcher == "slurm" else None
         uri = checkpoint_uri(run_dir)
         self.res = Resilience(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
-                              cfg.hang_timeout_s or None, self._on_hang) if uri else None
+                              cfg.hang_timeout_s or None, self._on_hang, prefetch) if uri else None
         self.restart: dict[str, Any] | None = None
 
     def _on_hang(self, idle_s: float) -> None:
@@ -60,6 +72,11 @@ class Lifecycle:
     def finish(self) -> None:
         if self.res:
             self.res.finish()
+
+    def close(self) -> None:
+        """However training ended: the watchdog stands down (it must not kill a process that goes on)."""
+        if self.res:
+            self.res.watchdog.stop()
 
     def requeue_and_exit(self, trainer: Trainer) -> None:
         """After the final save: rank 0 requeues (within budget; not after SIGTERM), then every rank exits."""

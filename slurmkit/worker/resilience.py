@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from slurmkit.worker.checkpoint import AsyncWriter, CheckpointError, CheckpointStore, Entry, snapshot
+from slurmkit.worker.checkpoint import AsyncWriter, CheckpointError, CheckpointStore, Entry, Prefetch, snapshot
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.preempt import StopFlag
 from slurmkit.worker.trainer import Trainer
@@ -46,9 +46,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 class Resilience:
     def __init__(self, dist: Dist, uri: str, every: int, keep_latest_k: int = 3, async_save: bool = True,
-                 hang_timeout_s: float | None = None, on_hang: Any = None) -> None:
+                 hang_timeout_s: float | None = None, on_hang: Any = None, prefetch: Prefetch | None = None) -> None:
         self.dist = dist
         self.store = CheckpointStore(uri)
+        self.prefetch: Prefetch | None = prefetch or self.store.prefetch()
         self.writer = AsyncWriter(self.store)
         self.every, self.keep, self.async_save = every, keep_latest_k, async_save
         self.flag = StopFlag().install()
@@ -85,13 +86,25 @@ class Resilience:
     # --------------------------------------------------------------- restore
 
     def restore(self, trainer: Trainer) -> int | None:
-        """Load the newest valid checkpoint (rank 0 picks it, every rank loads it)."""
-        step = self._from_main(self.store.latest_valid(print) if self.dist.is_main else None)
+        """Load the newest valid checkpoint: rank 0 picks it, every rank loads it (verified)."""
+        assert self.prefetch is not None, "restore() runs once"
+        found, data = self.prefetch.result()
+        if self.dist.is_main:
+            for message in self.prefetch.messages:
+                print(message, flush=True)
+        self.prefetch = None
+        step = self._from_main(found)
         if step is None:
             return None
-        trainer.raw_model.load_state_dict(self.store.load(step, "model.pt"))
-        trainer.optimizer.load_state_dict(self.store.load(step, "optim.pt"))
-        meta = self.store.load(step, "trainer.pt")
+        if step != found:  # a checkpoint committed since this rank looked: read rank 0's choice
+            data = {}
+
+        def load(name: str) -> Any:
+            return self.store.load(step, name, data.pop(name, None))
+
+        trainer.raw_model.load_state_dict(load("model.pt"))
+        trainer.optimizer.load_state_dict(load("optim.pt"))
+        meta = load("trainer.pt")
         if trainer.scheduler is not None and meta.get("scheduler") is not None:
             trainer.scheduler.load_state_dict(meta["scheduler"])
         trainer.state.step, trainer.state.epoch = meta["step"], meta["epoch"]
@@ -99,7 +112,7 @@ class Resilience:
         rng_file = f"rng-rank{self.dist.rank}.pt"
         manifest = self.store.manifest(step) or {}
         if rng_file in manifest.get("files", {}):
-            set_rng_state(self.store.load(step, rng_file))
+            set_rng_state(load(rng_file))
         self.resumed_step = step
         if self.dist.is_main:
             print(f"slurmkit: resumed from checkpoint step-{step}", flush=True)

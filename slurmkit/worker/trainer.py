@@ -172,7 +172,7 @@ class Trainer:
                 print(f"step {record['step']}/{self.steps} loss {record['loss']:.4f} "
                       f"{record['samples_per_s']:.1f} samples/s mfu {record['mfu']:.2%}", flush=True)
             try:
-                for hook in self.hooks:
+                for hook in list(self.hooks):
                     hook(self, record)  # hooks may add fields, e.g. the checkpoint stall of this step
             finally:
                 self.metrics.write(record)

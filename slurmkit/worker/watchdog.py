@@ -49,6 +49,8 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(4 * self.poll_s)
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):

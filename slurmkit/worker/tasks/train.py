@@ -12,8 +12,10 @@ import torch
 
 from slurmkit.config.train import TrainConfig
 from slurmkit.runs import RunPaths
+from slurmkit.worker import lifecycle, startup
 from slurmkit.worker.dist import Dist, distributed
 from slurmkit.worker.metrics import MetricsWriter, peak_flops
+from slurmkit.worker.tasks import digits, gpt
 from slurmkit.worker.trainer import Trainer, warmup_cosine
 
 
@@ -29,8 +31,6 @@ def _dtype(cfg: TrainConfig, dist: Dist) -> torch.dtype | None:
 
 def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, dict[str, Any]]:
     """The Trainer for cfg, and the task's extras (evaluation data, peak source)."""
-    from slurmkit.worker.tasks import digits, gpt
-
     torch.manual_seed(cfg.seed)  # same init on every rank; DDP also broadcasts rank 0's
     extras: dict[str, Any] = {}
     if cfg.model == "digits":
@@ -66,13 +66,20 @@ def _inject(step: int) -> Any:
 
 def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """Train on every rank; each rank returns the summary (with its own parameter digest)."""
-    from slurmkit.worker import lifecycle
-
     cfg = TrainConfig.model_validate(config)
+    prefetch = lifecycle.start_prefetch(run_dir) if cfg.overlap_startup else None
+    if cfg.overlap_startup:
+        startup.defer_dynamo_import()
+        startup.preload_dynamo()
+    startup.mark("imports")
     with distributed() as dist:
+        startup.mark("rendezvous")
         trainer, extras = build(cfg, dist, Path(run_dir) if run_dir else None)
-        life = lifecycle.Lifecycle(dist, run_dir, cfg)
+        startup.mark("build")
+        life = lifecycle.Lifecycle(dist, run_dir, cfg, prefetch)
         life.attach(trainer)
+        startup.mark("restore")
+        trainer.hooks.append(startup.first_step_hook)
         if cfg.inject_error_at_step:
             trainer.hooks.append(_inject(cfg.inject_error_at_step))
         if dist.is_main:
@@ -85,6 +92,7 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
             summary = trainer.fit()
             life.finish()
         finally:
+            life.close()
             trainer.metrics.close()
             if sampler is not None:
                 sampler.stop()
@@ -93,9 +101,7 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
         summary.update(model=cfg.model, rank=dist.rank, peak_flops=extras["peak_flops"],
                        peak_source=extras["peak_source"], wall_s=time.perf_counter() - t0, **life.summary())
         if "test_set" in extras:
-            from slurmkit.worker.tasks.digits import accuracy
-
-            summary["accuracy"] = accuracy(trainer.raw_model, extras["test_set"], trainer.device)
+            summary["accuracy"] = digits.accuracy(trainer.raw_model, extras["test_set"], trainer.device)
         if dist.is_main:
             shown = {k: summary[k] for k in ("steps", "loss", "accuracy", "samples_per_s", "mfu", "restarts")
                      if k in summary}
@@ -111,9 +117,3 @@ def _gpu_sampler(cfg: TrainConfig, dist: Dist, run_dir: str | None) -> Any:
 
     sampler = GpuSampler(RunPaths(Path(run_dir)).gpu_metrics(os.uname().nodename), cfg.gpu_sample_s)
     return sampler if sampler.start() else None
-
-
-def checkpoint_uri(run_dir: str | None) -> str | None:
-    if os.environ.get("SLURMKIT_CHECKPOINT_URI"):
-        return os.environ["SLURMKIT_CHECKPOINT_URI"]
-    return RunPaths(Path(run_dir)).checkpoint_uri(None) if run_dir else None
