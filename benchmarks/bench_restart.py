@@ -5,7 +5,7 @@ about 256 MB and commit a checkpoint; then the same run starts again, resumes an
 The restart cost is read from the first step's start-up record: seconds from the process start
 until the first step began, plus what that step took beyond a typical one (work deferred to it).
 Baseline, same run: two processes at once doing only `import torch, torch._dynamo`, the floor of
-any PyTorch restart on this machine. Both settings of `overlap_startup` are measured, alternating.
+any PyTorch restart on this machine. Both settings of `prefetch_checkpoint` are measured, alternating.
 
 Usage: python benchmarks/bench_restart.py [--reps 3]
 """
@@ -50,9 +50,9 @@ def two_ranks(args: list[str], port: int) -> float:
     return time.perf_counter() - t0
 
 
-def restart_once(folder: Path, overlap: bool) -> dict[str, Any]:
-    run_dir = folder / f"run-{overlap}-{time.time_ns()}"
-    first = {**CONFIG, "steps": 2, "checkpoint_every": 2, "overlap_startup": overlap}
+def restart_once(folder: Path, prefetch: bool) -> dict[str, Any]:
+    run_dir = folder / f"run-{prefetch}-{time.time_ns()}"
+    first = {**CONFIG, "steps": 2, "checkpoint_every": 2, "prefetch_checkpoint": prefetch}
     two_ranks(["-c", TRAIN, json.dumps(first), str(run_dir)], free_port())
     state_mb = sum(f.stat().st_size for f in (run_dir / "checkpoints").rglob("*.pt")) / 1024**2
     two_ranks(["-c", TRAIN, json.dumps({**first, "steps": 5}), str(run_dir)], free_port())
@@ -72,14 +72,14 @@ def main() -> None:
     bare, runs = [], {True: [], False: []}  # type: ignore[var-annotated]
     for _ in range(args.reps):
         bare.append(two_ranks(["-c", "import torch, torch._dynamo"], free_port()))
-        for overlap in (True, False):
-            runs[overlap].append(restart_once(folder, overlap))
+        for prefetch in (True, False):
+            runs[prefetch].append(restart_once(folder, prefetch))
     floor = statistics.median(bare)
     out: dict[str, Any] = {"state_MB": runs[True][0]["state_MB"], "bare_imports_s": round(floor, 2)}
-    for overlap, name in ((True, "overlap"), (False, "sequential")):
-        restart = statistics.median(r["restart_s"] for r in runs[overlap])
+    for prefetch, name in ((True, "prefetch"), (False, "no_prefetch")):
+        restart = statistics.median(r["restart_s"] for r in runs[prefetch])
         out[name] = {"restart_to_first_step_s": round(restart, 2), "vs_bare_imports": round(restart / floor, 2),
-                     "phases_of_median": min(runs[overlap], key=lambda r: abs(r["restart_s"] - restart))["phases"]}
+                     "phases_of_median": min(runs[prefetch], key=lambda r: abs(r["restart_s"] - restart))["phases"]}
     out["goal_s"] = 3.0
     print(json.dumps(out, indent=1))
 

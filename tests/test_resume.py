@@ -55,9 +55,9 @@ def test_signal_stops_at_the_step_saves_and_resume_is_bitwise_identical(tmp_path
     assert steps == list(range(1, 41))  # nothing recomputed: the save was at the stop step
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap-startup", "sequential-startup"])
-def test_a_crashed_run_started_again_resumes_and_records_where_startup_went(tmp_path: Path, overlap: bool) -> None:
-    config = {**BASE, "overlap_startup": overlap, "async_save": False}  # step-20 surely committed by step 25
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
+def test_a_crashed_run_started_again_resumes_and_records_where_startup_went(tmp_path: Path, prefetch: bool) -> None:
+    config = {**BASE, "prefetch_checkpoint": prefetch, "async_save": False}  # step-20 surely committed by step 25
     full = train(config, str(tmp_path / "full"))
     run_dir = tmp_path / "crashed"
     with pytest.raises(InjectedError):

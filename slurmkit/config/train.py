@@ -34,9 +34,9 @@ class TrainConfig(Strict):
     """Write checkpoints in the background (a CPU snapshot at the step boundary, one save in flight)."""
     hang_timeout_s: float = Field(0.0, ge=0)
     """Watchdog: exit and requeue after this long without a step; 0 derives it (10 median steps, >= 10 s)."""
-    overlap_startup: bool = True
-    """Restart faster: read and verify the newest checkpoint and import torch._dynamo (which the first
-    optimizer step needs) in background threads while the process group and the model come up."""
+    prefetch_checkpoint: bool = True
+    """On a restart, find, read and verify the newest checkpoint in a background thread while the
+    process group and the model come up (off: read it after them)."""
     inject_error_at_step: int | None = Field(None, ge=1)
     """Fault injection: raise an error at this step on every rank (to try the requeue policy)."""
     log_every: int = Field(10, ge=1)

@@ -67,10 +67,7 @@ def _inject(step: int) -> Any:
 def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """Train on every rank; each rank returns the summary (with its own parameter digest)."""
     cfg = TrainConfig.model_validate(config)
-    prefetch = lifecycle.start_prefetch(run_dir) if cfg.overlap_startup else None
-    if cfg.overlap_startup:
-        startup.defer_dynamo_import()
-        startup.preload_dynamo()
+    prefetch = lifecycle.start_prefetch(run_dir) if cfg.prefetch_checkpoint else None
     startup.mark("imports")
     with distributed() as dist:
         startup.mark("rendezvous")
