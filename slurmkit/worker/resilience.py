@@ -96,7 +96,7 @@ class Resilience:
         step = self._from_main(found)
         if step is None:
             return None
-        if step != found:  # a checkpoint committed since this rank looked: read rank 0's choice
+        if step != found:  # this rank sees storage differently from rank 0: read what rank 0 verified
             data = {}
 
         def load(name: str) -> Any:
