@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -162,6 +165,25 @@ def test_task_record_is_made_once_and_a_new_job_id_clears_old_verdicts(tmp_path:
     assert record["job_ids"] == ["50_1", "61_0"] and "final" not in record and "failures" not in record
     with pytest.raises(IndexError):
         store.materialize_task(paths, 5, "50_5")
+
+
+def test_each_array_task_batch_shell_gets_its_own_folder_and_env_quoted(tmp_path: Path,
+                                                                       local_profile: Path) -> None:
+    values = ["plain", "it's $HOME; `touch pwned` \"x\""]
+    paths = _create(tmp_path, local_profile, {"grid": {"env.X": values}})
+    for index, want in enumerate(values):
+        helper = subprocess.run([sys.executable, "-m", "slurmkit.sweeps.task", "--sweep-dir", str(paths.sweep_dir),
+                                 "--index", str(index)], capture_output=True, text=True, check=True,
+                                env={**os.environ, "SLURM_JOB_ID": f"70{index}"})
+        # What the array script does with the helper's answer.
+        shown = subprocess.run(["bash", "-c", 'eval "$1"; printf "%s|%s|%s" "$SLURMKIT_RUN_DIR" "$X" '
+                                '"$(bash -c \'echo "$SLURMKIT_SEED"\')"', "_", helper.stdout],
+                               capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+        assert shown == f"{paths.task(index).run_dir}|{want}|{index}"  # exported: child processes see it
+    assert not (tmp_path / "pwned").exists()
+    bad = subprocess.run([sys.executable, "-m", "slurmkit.sweeps.task", "--sweep-dir", str(paths.sweep_dir),
+                          "--index", "9"], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stdout == "" and "no task 9" in bad.stderr
 
 
 def test_after_a_sweep_waits_for_each_task_newest_job(tmp_path: Path, local_profile: Path) -> None:

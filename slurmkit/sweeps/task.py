@@ -5,7 +5,8 @@ The batch shell of each array task first runs
     python -m slurmkit.sweeps.task --sweep-dir DIR --index N
 
 which creates the task's run folder and run.json (once), records this job id there, and prints
-the run folder for the shell. Then every rank calls the pickled SweepTask, which looks up its own
+shell assignments for the batch shell to eval: the run folder and the task's own environment
+(every value shell-quoted). Then every rank calls the pickled SweepTask, which looks up its own
 config in the manifest by its array index. Kept free of torch at import time.
 """
 
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmkit.sweeps.store import SweepPaths, materialize_task
+from slurmkit.sweeps.store import Manifest, SweepPaths, materialize_task
 from slurmkit.worker.requeue import slurm_job_id
 
 
@@ -31,7 +33,6 @@ class SweepTask:
     index: int | None = None
 
     def __call__(self) -> Any:
-        from slurmkit.sweeps.store import Manifest
         from slurmkit.worker.entry import Run
 
         index = self.index if self.index is not None else self.base + int(os.environ["SLURM_ARRAY_TASK_ID"])
@@ -45,12 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-dir", required=True)
     parser.add_argument("--index", type=int, required=True)
     args = parser.parse_args(argv)
+    paths = SweepPaths(Path(args.sweep_dir))
     try:
-        task = materialize_task(SweepPaths(Path(args.sweep_dir)), args.index, slurm_job_id())
-    except (OSError, IndexError, ValueError) as exc:
+        task = materialize_task(paths, args.index, slurm_job_id())
+        env: dict[str, str] = Manifest(paths).read()["tasks"][args.index]["env"]
+    except (OSError, IndexError, ValueError, KeyError) as exc:
         print(f"slurmkit sweep task {args.index}: {exc}", file=sys.stderr)
         return 1
-    print(task.run_dir)
+    lines = [f"SLURMKIT_RUN_DIR={shlex.quote(str(task.run_dir))}"]
+    # Names were checked as shell identifiers when the spec was loaded (config.fields.EnvMap).
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+    print("\n".join(lines))
     return 0
 
 
