@@ -78,9 +78,12 @@ def restart_overheads(steps: list[dict[str, Any]], incs: list[Incarnation]) -> l
     first step pays for work deferred to it (torch._dynamo's import, allocator warm-up), and that
     part is restart cost, not training.
     """
-    typical = typical_step(steps)
+    return _restarts(first_steps(steps, incs), typical_step(steps))
+
+
+def _restarts(firsts: list[tuple[Incarnation, dict[str, Any]]], typical: float) -> list[float]:
     out = []
-    for inc, rec in first_steps(steps, incs)[1:]:
+    for inc, rec in firsts[1:]:
         step_s = float(rec.get("step_s", 0.0))
         began = float(rec["time"]) - step_s
         out.append(max(0.0, began - (inc.start or began)) + max(0.0, step_s - typical))
@@ -111,7 +114,8 @@ def account(steps: list[dict[str, Any]], incs: list[Incarnation], now: float | N
     last = max((i.end or now) for i in started)
     wall = max(last - first, 1e-9)
     typical = typical_step(steps)
-    warm_up = {id(rec) for _, rec in first_steps(steps, started)}
+    firsts = first_steps(steps, started)
+    warm_up = {id(rec) for _, rec in firsts}
 
     def useful(rec: dict[str, Any]) -> float:
         step_s = float(rec.get("step_s", 0.0))
@@ -125,7 +129,7 @@ def account(steps: list[dict[str, Any]], incs: list[Incarnation], now: float | N
     stalls = sum(float(r.get("ckpt_stall_s", 0.0)) for r in steps)
     queue = sum(max(0.0, (b.start or 0.0) - (a.end or b.start or 0.0)) for a, b in zip(started, started[1:],
                                                                                          strict=False))
-    restart = sum(restart_overheads(steps, started))
+    restart = sum(_restarts(firsts, typical))
     other = wall - productive - recomputed - stalls - queue - restart
     return Goodput(wall, productive, queue, restart, recomputed, stalls, max(other, 0.0), productive / wall,
                    len(final))

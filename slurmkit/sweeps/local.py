@@ -50,7 +50,7 @@ def run(paths: SweepPaths, number: int) -> None:
         running = [job for job in running if not job.done()]
         while queue and len(running) < limit:
             i = queue.pop(0)
-            task = materialize_task(paths, i, "")
+            task = materialize_task(paths, i, "", manifest)
             job = local_executor(task.job_folder, resolved[i]).submit(SweepTask(str(paths.sweep_dir), index=i))
             RunRecord(task).add_job_id(str(job.job_id))
             with Manifest(paths).editing() as m:

@@ -97,16 +97,17 @@ def task_record(manifest: dict[str, Any], index: int) -> dict[str, Any]:
     }
 
 
-def materialize_task(paths: SweepPaths, index: int, job_id: str) -> RunPaths:
+def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: dict[str, Any] | None = None) -> RunPaths:
     """Create the task's run folder and run.json on first start, and record this job id.
 
     Done by the batch shell of each array task rather than at submission: 1,000 fsynced records
-    would cost about a second on the login node, the manifest alone is one write.
+    would cost about a second on the login node, the manifest alone is one write. `manifest`:
+    the manifest when the caller has already read it.
     """
     task = paths.task(index)
     record = RunRecord(task)
     if not task.record.exists():
-        manifest = Manifest(paths).read()
+        manifest = manifest or Manifest(paths).read()
         if not 0 <= index < len(manifest["tasks"]):
             raise IndexError(f"sweep {paths.sweep_id} has no task {index}")
         record.create(task_record(manifest, index))

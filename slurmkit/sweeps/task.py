@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     paths = SweepPaths(Path(args.sweep_dir))
     try:
-        task = materialize_task(paths, args.index, slurm_job_id())
-        env: dict[str, str] = Manifest(paths).read()["tasks"][args.index]["env"]
+        manifest = Manifest(paths).read()
+        task = materialize_task(paths, args.index, slurm_job_id(), manifest)  # checks the index
+        env: dict[str, str] = manifest["tasks"][args.index]["env"]
     except (OSError, IndexError, ValueError, KeyError) as exc:
         print(f"slurmkit sweep task {args.index}: {exc}", file=sys.stderr)
         return 1

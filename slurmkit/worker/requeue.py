@@ -215,13 +215,14 @@ def after_health_gate(paths: RunPaths, job_id: str) -> str:
     """Some node failed the health gate: requeue (cause node_failure) with those nodes excluded."""
     from slurmkit.worker.health import MARKER_GLOB
 
-    found = [json.loads(m.read_text()) for m in sorted(paths.run_dir.glob(MARKER_GLOB))]
-    for m in paths.run_dir.glob(MARKER_GLOB):
+    markers = sorted(paths.run_dir.glob(MARKER_GLOB))
+    found = [json.loads(m.read_text()) for m in markers]
+    for m in markers:
         m.unlink()
     nodes = [f["node"] for f in found]
     detail = "; ".join(f"{f['node']}: {', '.join(f['problems'])}" for f in found) or "health gate failed"
-    record = RunRecord(paths).read()
-    RunRecord(paths).update(unhealthy=[*record.get("unhealthy", []), *({**f, "time": _now()} for f in found)])
+    with RunRecord(paths).editing() as record:
+        record["unhealthy"] = [*record.get("unhealthy", []), *({**f, "time": _now()} for f in found)]
     if request(paths, job_id, "node_failure", _last_step(paths), f"health gate: {detail}", bad_nodes=nodes):
         return f"requeued: node_failure ({detail}); {RunRecord(paths).read().get('exclusion', '')}"
     return f"not requeued: node_failure budget spent ({detail})"
