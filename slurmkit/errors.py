@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Iterable
+from typing import Any
+
+CLIP_CHARS = 80
 
 
 class SlurmkitError(Exception):
@@ -59,3 +63,23 @@ class DevClusterError(SlurmkitError):
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def cut(text: str, limit: int = CLIP_CHARS) -> str:
+    """Text for a message, cut to about `limit` characters: a 10,000-character value stays readable."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def clip(value: Any, limit: int = CLIP_CHARS) -> str:
+    """repr of a value for a message, cut (see cut)."""
+    return cut(repr(value), limit)
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr: something was skipped or degraded, and the command goes on."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def squash(text: str, limit: int = 300) -> str:
+    """Error text on one line, its end kept (where a traceback says what went wrong)."""
+    return " ".join(text.split())[-limit:]

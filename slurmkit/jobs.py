@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit import perms, procs
 from slurmkit.config.loader import Resolved
-from slurmkit.errors import JobFailedError, SlurmError, SlurmkitError
-from slurmkit.procs import pid_alive
-from slurmkit.runs import RunPaths, RunRecord, expand_root, find_run, list_runs
+from slurmkit.errors import JobFailedError, SlurmError, SlurmkitError, squash, warn
+from slurmkit.runs import RunPaths, RunRecord, expand_root, find_run, list_runs, read_records
 from slurmkit.slurm import commands
 
 LOG_TAIL_LINES = 20
@@ -56,6 +56,8 @@ def submit(resolved: Resolved, dependency: str | None = None) -> Submitted:
     """Pre-flight, create the run folder and record, submit through submitit, record the job id.
 
     dependency is an sbatch --dependency value, e.g. from sweeps.submit.after_dependency.
+    Everything the submit creates gets the run's umask (perms); a submit that fails before
+    anything is queued leaves nothing behind.
     """
     from slurmkit.slurm import executor as ex_mod
 
@@ -64,37 +66,51 @@ def submit(resolved: Resolved, dependency: str | None = None) -> Submitted:
         from slurmkit.slurm import preflight
 
         preflight.check(resolved)
-    paths = RunPaths.create(resolved.profile.run_root, resolved.spec.name)
-    record = RunRecord(paths)
-    record.write({
-        "run_id": paths.run_id, "name": resolved.spec.name, "run_dir": str(paths.run_dir),
-        "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": resolved.profile.executor,
-        "profile_name": resolved.profile_name, "spec_source": resolved.spec_source,
-        "spec": resolved.spec.model_dump(), "profile": resolved.profile.model_dump(),
-        "resources": resolved.resources.model_dump(), "num_tasks": resolved.num_tasks, "job_ids": [],
-    })
-    try:
-        if slurm:
-            executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved, dependency)
-        else:
-            if dependency:
-                raise SlurmkitError("--after needs the slurm executor", where=resolved.profile_name,
-                                    valid="valid: a Slurm profile, e.g. -p devcluster")
-            executor = ex_mod.local_executor(paths.job_folder, resolved)
-        job = executor.submit(entry(resolved, paths))
-    except Exception as exc:
-        # Nothing was queued: leave no record that could claim a job.
-        shutil.rmtree(paths.run_dir, ignore_errors=True)
-        if isinstance(exc, SlurmkitError):
-            raise
-        detail = " ".join(str(exc).split())[-300:]
-        raise SlurmError(f"submission failed: {detail}", where=resolved.profile_name) from exc
-    script = getattr(executor, "last_script", None) or ""
-    if script:
-        paths.script.write_text(script)
-    record.update(script=script)
-    record.add_job_id(str(job.job_id))
-    return Submitted(run_id=paths.run_id, job_id=str(job.job_id), run_dir=str(paths.run_dir), script=script)
+    elif dependency:
+        raise SlurmkitError("--after needs the slurm executor", where=resolved.profile_name,
+                            valid="valid: a Slurm profile, e.g. -p devcluster")
+    else:
+        warn_oversubscribed(resolved)
+    run_mode = resolved.profile.run_mode
+    with perms.umask(run_mode):
+        paths = RunPaths.create(resolved.profile.run_root, resolved.spec.name, run_mode)
+        record = RunRecord(paths)
+        try:
+            record.create({
+                "run_id": paths.run_id, "name": resolved.spec.name, "run_dir": str(paths.run_dir),
+                "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": resolved.profile.executor,
+                "profile_name": resolved.profile_name, "spec_source": resolved.spec_source,
+                "spec": resolved.spec.model_dump(), "profile": resolved.profile.model_dump(),
+                "resources": resolved.resources.model_dump(), "num_tasks": resolved.num_tasks, "job_ids": [],
+            })
+            if slurm:
+                executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved, dependency)
+            else:
+                executor = ex_mod.local_executor(paths.job_folder, resolved)
+            job = executor.submit(entry(resolved, paths))
+        except BaseException as exc:
+            # Nothing was queued: leave no folder and no record that could claim a job.
+            shutil.rmtree(paths.run_dir, ignore_errors=True)
+            if isinstance(exc, SlurmkitError) or not isinstance(exc, Exception):
+                raise
+            raise SlurmError(f"submission failed: {squash(str(exc))}", where=resolved.profile_name) from exc
+        # Queued: the job id is recorded first, so nothing later can lose it.
+        job_id = str(job.job_id)
+        record.add_job_id(job_id, pid_start=None if slurm else procs.start_time(int(job_id)))
+        script = getattr(executor, "last_script", None) or ""
+        if script:
+            paths.write_script(script)
+        record.update(script=script)
+    return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
+
+
+def warn_oversubscribed(resolved: Resolved) -> None:
+    """A local run with more ranks than CPUs still runs, slowly: say so."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ranks = resolved.num_tasks * (resolved.resources.cpus_per_task or 1)
+    if ranks > cpus:
+        warn(f"{resolved.profile_name}: {resolved.num_tasks} local rank(s) x {resolved.resources.cpus_per_task or 1} "
+             f"CPU(s) each on {cpus} CPU(s); ranks will share cores")
 
 
 # ---------------------------------------------------------------- status
@@ -118,38 +134,51 @@ class RunStatus:
         return asdict(self)
 
 
-def local_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
-    """A local run's state from its controller pid and result pickles (no scheduler to ask)."""
-    if job_id.isdigit() and pid_alive(int(job_id)):
+LEGACY_ENDED = "ENDED"
+"""A local run from before outcome records: it ended; how is only in its pickles, which `result` reads."""
+
+
+def local_state(paths: RunPaths, record: dict[str, Any]) -> str:
+    """A local run's state from its controller (pid and start time) and its ranks' outcome records."""
+    job_ids = record.get("job_ids") or []
+    job_id = job_ids[-1] if job_ids else ""
+    if procs.same_process(job_id, (record.get("pid_starts") or {}).get(job_id)):
         return "RUNNING"
-    outcomes = [paths.outcome(job_id, t) for t in range(num_tasks)]
-    return "COMPLETED" if all(o is not None and o[0] == "success" for o in outcomes) else "FAILED"
+    found = [paths.outcome(job_id, t) for t in range(int(record.get("num_tasks", 1)))]
+    if all(o is not None and o.ok for o in found):
+        return "COMPLETED"
+    if not paths.outcome_file(job_id, 0).parent.exists() and paths.result_pickle(job_id, 0).exists():
+        return LEGACY_ENDED
+    return "FAILED"
 
 
-def statuses(records: list[dict[str, Any]]) -> list[RunStatus]:
-    """Status of many runs with one squeue call (and one sacct call for finished jobs)."""
-    slurm_ids = [r["job_ids"][-1] for r in records if r.get("job_ids") and r.get("executor") == "slurm"]
+def statuses(runs: list[tuple[RunPaths, dict[str, Any]]]) -> list[RunStatus]:
+    """Status of many runs with one squeue call (and one sacct call for finished jobs).
+
+    Each run's folder is where its run.json was found; the run_dir written inside is not trusted.
+    """
+    slurm_ids = [r["job_ids"][-1] for _, r in runs if r.get("job_ids") and r.get("executor") == "slurm"]
     infos = commands.job_states(slurm_ids) if slurm_ids else {}
     out: list[RunStatus] = []
-    for rec in records:
+    for paths, rec in runs:
         job_ids = rec.get("job_ids") or []
         jid = job_ids[-1] if job_ids else ""
         state, nodes, elapsed = "NOT_SUBMITTED", "", ""
         if jid and rec.get("executor") == "local":
-            state = local_state(RunPaths(Path(rec["run_dir"])), jid, int(rec.get("num_tasks", 1)))
+            state = local_state(paths, rec)
         elif jid:
             info = infos.get(jid)
             state = info.state if info else "UNKNOWN"
             nodes, elapsed = (info.nodes, info.elapsed) if info else ("", "")
         # run.json knows every restart and its cause, whichever incarnation is live now.
         restarts = max(len(rec.get("restarts", [])), infos[jid].restarts if jid in infos else 0)
-        out.append(RunStatus(rec["run_id"], rec.get("name", ""), jid, state, nodes, elapsed, restarts,
-                             len(job_ids), rec["run_dir"], rec.get("created", ""),
-                             _goodput(rec, infos.get(jid)) if not is_active(state) else None))
+        out.append(RunStatus(paths.run_id, rec.get("name", ""), jid, state, nodes, elapsed, restarts,
+                             len(job_ids), str(paths.run_dir), rec.get("created", ""),
+                             _goodput(paths, rec, infos.get(jid)) if not is_active(state) else None))
     return out
 
 
-def _goodput(rec: dict[str, Any], info: commands.JobInfo | None) -> float | None:
+def _goodput(paths: RunPaths, rec: dict[str, Any], info: commands.JobInfo | None) -> float | None:
     """A finished training run's goodput, from the sacct answer status already has; cached in run.json."""
     cached = rec.get("goodput") or {}
     if info is None or cached.get("job_id") == info.job_id:
@@ -157,22 +186,24 @@ def _goodput(rec: dict[str, Any], info: commands.JobInfo | None) -> float | None
     if not info.history or info.active or any(i.end is None for i in info.history):
         return None  # accounting has not recorded the end yet
     from slurmkit import goodput
-    from slurmkit.worker.metrics import read_records
+    from slurmkit.worker.metrics import read_records as read_metrics
 
-    paths = RunPaths(Path(rec["run_dir"]))
-    steps = read_records(paths.metrics)
+    steps = read_metrics(paths.metrics)
     value = goodput.account(steps, list(info.history)).as_dict() if steps else {"goodput": None}
     RunRecord(paths).update(goodput={**value, "job_id": info.job_id})
     return value["goodput"]
 
 
 def status(run_root: str, runs: list[str] | None = None) -> list[RunStatus]:
-    paths = [find_run(run_root, r) for r in runs] if runs else list_runs(run_root)
-    return statuses([RunRecord(p).read() for p in paths])
+    """Runs asked for by id (an unreadable record is an error), else every run of the caller
+    under the root (other users' folders and unreadable records skipped, each with a warning)."""
+    if runs:
+        return statuses([(p, RunRecord(p).read()) for p in (find_run(run_root, r) for r in runs)])
+    return statuses(read_records(list_runs(run_root)))
 
 
 def run_state(paths: RunPaths) -> RunStatus:
-    return statuses([RunRecord(paths).read()])[0]
+    return statuses([(paths, RunRecord(paths).read())])[0]
 
 
 def is_active(state: str) -> bool:
@@ -205,9 +236,9 @@ def cancel(paths: RunPaths) -> list[str]:
     if not ids:
         return []
     if rec.get("executor") == "local":
-        for jid in ids:
-            if jid.isdigit() and pid_alive(int(jid)):
-                os.kill(int(jid), signal.SIGINT)
+        starts = rec.get("pid_starts") or {}
+        # Only a controller that is still the process we started: its pid may have been reused.
+        ids = [jid for jid in ids if procs.signal_process(jid, starts.get(jid), signal.SIGINT)]
     else:
         commands.scancel(ids)
     RunRecord(paths).update(cancelled=True)
@@ -215,13 +246,20 @@ def cancel(paths: RunPaths) -> list[str]:
 
 
 def result(paths: RunPaths, rank: int = 0) -> Any:
-    """The callable's return value on `rank`; a failure raises with the failing rank's log tail."""
+    """The callable's return value on `rank`; a failure raises with the failing rank's log tail.
+
+    The value is unpickled from submitit's result only in a folder the caller owns that no one
+    else can write; elsewhere that refuses with one line (the JSON outcome is still readable).
+    """
     st = run_state(paths)
     if not st.job_id:
         raise JobFailedError("run was never submitted", where=paths.run_id)
     outcome = paths.outcome(st.job_id, rank)
-    if outcome is not None and outcome[0] == "success":
-        return outcome[1]
+    legacy = outcome is None and paths.result_pickle(st.job_id, rank).exists()
+    if (outcome is not None and outcome.ok) or legacy:
+        state, value = paths.unpickle_result(st.job_id, rank)
+        if state == "success":
+            return value
     if is_active(st.state):
         raise SlurmkitError(f"run is still {st.state}; no result yet", where=paths.run_id,
                             valid="wait with `slurmkit submit --wait` or poll `slurmkit status`")
@@ -231,12 +269,12 @@ def result(paths: RunPaths, rank: int = 0) -> Any:
 
 
 def failing_rank_tail(paths: RunPaths, job_id: str) -> tuple[int, str]:
-    """The first rank whose result is an error or missing, and the tail of its stderr."""
+    """The first rank whose outcome is an error or missing, and the tail of its stderr."""
     rec = RunRecord(paths).read()
     failing = 0
     for rank in range(int(rec.get("num_tasks", 1))):
         outcome = paths.outcome(job_id, rank)
-        if outcome is None or outcome[0] != "success":
+        if outcome is None or not outcome.ok:
             failing = rank
             break
     lines: list[str] = []

@@ -1,8 +1,14 @@
-"""Process liveness, shared by local runs and the dev cluster's daemons."""
+"""Process liveness, shared by local runs and the dev cluster's daemons.
+
+A recorded pid alone proves nothing: the process may have ended and the pid been reused. Local
+runs record the start time (/proc/PID/stat field 22, clock ticks since boot) with the pid, and
+status and cancel act only on a process that has both.
+"""
 
 from __future__ import annotations
 
 import os
+import signal as signals
 from pathlib import Path
 
 
@@ -21,3 +27,33 @@ def pid_alive(pid: int | None) -> bool:
         return not stat.read_text().split(") ", 1)[-1].startswith("Z")
     except OSError:
         return False
+
+
+def start_time(pid: int | None) -> int | None:
+    """When the process started, in clock ticks since boot; None when there is no such process."""
+    if not pid:
+        return None
+    try:
+        # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int | str | None, start: int | None) -> bool:
+    """Alive and the very process recorded: same pid and same start time (a bare pid is never trusted)."""
+    if start is None or not str(pid or "").isdigit():
+        return False
+    return pid_alive(int(str(pid))) and start_time(int(str(pid))) == start
+
+
+def signal_process(pid: int | str | None, start: int | None, sig: int = signals.SIGINT) -> bool:
+    """Send `sig` only to the recorded process; False when it is gone or the pid now belongs to another."""
+    if not same_process(pid, start):
+        return False
+    try:
+        os.kill(int(str(pid)), sig)
+    except ProcessLookupError:
+        return False
+    return True

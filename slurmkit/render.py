@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 
 from slurmkit.config.loader import Resolved
-from slurmkit.errors import RenderError
+from slurmkit.errors import RenderError, clip
 from slurmkit.resources import shipped_dir
 
 ENTRY_TEMPLATE = "sbatch.sh.j2"
@@ -34,6 +34,22 @@ def shell_quote(value: Any) -> Shell:
 
 def _raw(value: Any) -> Shell:
     return Shell(str(value))
+
+
+def sbatch_value(value: Any, option: str, pattern: bool = False) -> Shell:
+    """A value for an #SBATCH line, which sbatch's own parser reads (not bash): refuse what it
+    reads specially, then quote. pattern: a log path whose file name holds our own %j/%t patterns."""
+    from slurmkit.config.fields import has_control, sbatch_safe
+
+    text = str(value)
+    checked = text.rsplit("/", 1)[0] if pattern else text
+    try:
+        sbatch_safe(checked)
+        if has_control(text):
+            raise ValueError(f"{clip(text)} holds control characters; valid: one line of text")
+    except ValueError as exc:
+        raise RenderError(f"#SBATCH --{option}: {exc}") from None
+    return shell_quote(text)
 
 
 def _finalize(value: Any) -> Any:
@@ -61,6 +77,7 @@ def make_environment(template_dir: str | None = None) -> jinja2.Environment:
     )
     env.filters["q"] = shell_quote
     env.filters["raw"] = _raw
+    env.filters["sbatch"] = sbatch_value
     return env
 
 

@@ -1,8 +1,12 @@
 """Run folders and the run registry: RunPaths is the only code that builds run-folder paths.
 
-A run folder holds run.json (the record), the rendered script, submitit's job folder, metrics
-and checkpoints. The run id stays the same across requeues and resubmits; every Slurm job id
-the run ever had is appended to run.json.
+A run folder holds run.json (the record), the rendered script, submitit's job folder, each
+rank's outcome, metrics and checkpoints. The run id stays the same across requeues and
+resubmits; every Slurm job id the run ever had is appended to run.json. run.json changes only
+through LockedJson's locked editor (update, editing, create), so no update is ever lost.
+
+Listing trusts only what the caller owns: folders of other users under a shared run_root are
+skipped (and counted), and a record's own folder is where it was found, whatever it says.
 """
 
 from __future__ import annotations
@@ -12,16 +16,20 @@ import fcntl
 import json
 import os
 import secrets
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from slurmkit.errors import RunNotFoundError, did_you_mean
+from slurmkit import outcomes, perms
+from slurmkit.errors import ConfigError, RunNotFoundError, SlurmkitError, clip, did_you_mean, warn
 
+Outcome = outcomes.Outcome
 RUN_FILE = "run.json"
+CREATE_ATTEMPTS = 20
 
 
 def expand_root(run_root: str) -> Path:
@@ -33,11 +41,16 @@ def new_run_id(name: str) -> str:
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temp file in the same folder, fsync, rename, fsync the folder."""
+def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
+    """Write to a temp file in the same folder, fsync, rename, fsync the folder.
+
+    The file is 0600 (mkstemp's mode), or `mode`; it never exists with a wider mode first.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -60,15 +73,38 @@ class RunPaths:
     run_dir: Path
 
     @classmethod
-    def create(cls, run_root: str, name: str) -> RunPaths:
+    def create(cls, run_root: str, name: str, run_mode: str = perms.PRIVATE) -> RunPaths:
+        """A new, empty run folder (0700, or 0750+setgid for run_mode group); one clear error if it cannot be."""
         root = expand_root(run_root)
-        while True:
+        where = f"profile:run_root={clip(run_root)}"
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            # A dangling symlink or a file in the way reads as FileExistsError: say what is there.
+            what = "a dangling symlink" if root.is_symlink() and not root.exists() else exc.strerror or str(exc)
+            raise ConfigError(f"cannot create the run root: {what}", where=where,
+                              valid="valid: a writable folder on a filesystem shared with the compute nodes") from exc
+        if not root.is_dir():
+            raise ConfigError("the run root is not a folder", where=where, valid="valid: a writable folder")
+        for _ in range(CREATE_ATTEMPTS):  # a clash on the random id is rare; never spin forever
             paths = cls(root / new_run_id(name))
             try:
-                paths.run_dir.mkdir(parents=True)
+                perms.make_private_dir(paths.run_dir, run_mode)
                 return paths
             except FileExistsError:
                 continue
+            except OSError as exc:
+                raise ConfigError(f"cannot create a run folder: {exc.strerror or exc}", where=where,
+                                  valid="valid: a writable folder with free space") from exc
+        raise SlurmkitError(f"no free run id after {CREATE_ATTEMPTS} attempts", where=where)
+
+    @property
+    def file_mode(self) -> int:
+        """0600 for the record and script, 0640 in a group-readable (setgid) run folder."""
+        return perms.FILE_MODE[perms.folder_kind(self.run_dir)]
+
+    def write_script(self, text: str) -> None:
+        atomic_write_text(self.script, text, self.file_mode)
 
     @property
     def run_id(self) -> str:
@@ -113,18 +149,29 @@ class RunPaths:
     def hang_marker(self, rank: int) -> Path:
         return self.run_dir / f"hang-rank{rank}.json"
 
+    def hang_markers(self) -> list[Path]:
+        """Every rank's hang marker present, by rank."""
+        return sorted(self.run_dir.glob("hang-rank*.json"))
+
     def result_pickle(self, job_id: str, rank: int) -> Path:
-        """submitit's per-rank result: ("success", value) or ("error", traceback)."""
+        """submitit's per-rank result: ("success", value) or ("error", traceback). Read only by `result`."""
         return self.job_folder / f"{job_id}_{rank}_result.pkl"
 
-    def outcome(self, job_id: str, rank: int) -> tuple[str, Any] | None:
-        """A rank's (outcome, value), or None when it wrote none or it cannot be read."""
+    def outcome_file(self, job_id: str, rank: int) -> Path:
+        """A rank's outcome as JSON (slurmkit.outcomes), written when the rank finishes."""
+        return self.run_dir / "outcomes" / f"{job_id}_{rank}.json"
+
+    def outcome(self, job_id: str, rank: int) -> Outcome | None:
+        """A rank's outcome, or None when it wrote none (still running, requeued, killed)."""
+        return outcomes.read(self.outcome_file(job_id, rank))
+
+    def unpickle_result(self, job_id: str, rank: int) -> tuple[str, Any]:
+        """submitit's result pickle, only from a folder the caller owns and no one else can write."""
         from submitit.core.utils import pickle_load
 
-        try:
-            outcome, value = pickle_load(self.result_pickle(job_id, rank))
-        except Exception:
-            return None
+        pickle = self.result_pickle(job_id, rank)
+        perms.check_trusted([self.run_dir, self.job_folder, pickle], "the result")
+        outcome, value = pickle_load(pickle)
         return str(outcome), value
 
     def rank_log(self, job_id: str, rank: int, stream: str = "out") -> Path:
@@ -161,17 +208,20 @@ class LockedJson:
 
     def read(self) -> dict[str, Any]:
         try:
-            data: dict[str, Any] = json.loads(self.path.read_text())
+            data = json.loads(self.path.read_text())
         except FileNotFoundError as exc:
             raise RunNotFoundError(self.missing_error, where=str(self.path.parent)) from exc
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+            raise CorruptRecordError(f"unreadable: {clip(str(exc))}", where=str(self.path),
+                                     valid="valid: a JSON object; move the file away to drop the record") from exc
+        if not isinstance(data, dict) or not data:
+            raise CorruptRecordError(f"holds {clip(data)}, not a record", where=str(self.path),
+                                     valid="valid: a JSON object; move the file away to drop the record")
         return data
 
     def _save(self, data: dict[str, Any]) -> None:
-        atomic_write_text(self.path, json.dumps(data, indent=self.indent, sort_keys=True, default=str) + "\n")
-
-    def write(self, data: dict[str, Any]) -> None:
-        with self._locked():
-            self._save(data)
+        mode = perms.FILE_MODE[perms.folder_kind(self.path.parent)]
+        atomic_write_text(self.path, json.dumps(data, indent=self.indent, sort_keys=True, default=str) + "\n", mode)
 
     def create(self, data: dict[str, Any]) -> bool:
         """Write `data` only if the file does not exist yet; False when someone else was first."""
@@ -197,6 +247,10 @@ class LockedJson:
             self._save(data)
 
 
+class CorruptRecordError(SlurmkitError):
+    """A run.json or sweep.json that is not a JSON object."""
+
+
 class RunRecord(LockedJson):
     """run.json: every job id the run ever had, its restarts and their causes."""
 
@@ -206,20 +260,37 @@ class RunRecord(LockedJson):
         super().__init__(paths.record)
         self.paths = paths
 
-    def add_job_id(self, job_id: str) -> dict[str, Any]:
+    def add_job_id(self, job_id: str, pid_start: int | None = None) -> dict[str, Any]:
+        """Append a job id; a local run's is the controller's pid, kept with its start time (procs)."""
         with self.editing() as data:
             if job_id not in data.setdefault("job_ids", []):
                 data["job_ids"].append(job_id)
+            if pid_start is not None:
+                data.setdefault("pid_starts", {})[job_id] = pid_start
         return data
 
 
-def folders_with(run_root: str, marker: str) -> list[Path]:
-    """Folders under the root that hold `marker` (run.json, sweep.json), newest first."""
+def folders_with(run_root: str, marker: str) -> tuple[list[Path], int]:
+    """The caller's folders under the root that hold `marker` (run.json, sweep.json), newest first,
+    and how many folders of other users were skipped."""
     root = expand_root(run_root)
     if not root.is_dir():
-        return []
-    found = [d for d in root.iterdir() if (d / marker).is_file()]
-    return sorted(found, key=lambda d: (d / marker).stat().st_mtime_ns, reverse=True)
+        return [], 0
+    found: list[tuple[int, Path]] = []
+    foreign = 0
+    uid = os.getuid()
+    for d in root.iterdir():
+        try:
+            folder, record = d.lstat(), (d / marker).lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(folder.st_mode) or not stat.S_ISREG(record.st_mode):
+            continue  # a symlinked folder or record could point anywhere
+        if folder.st_uid != uid or record.st_uid != uid:
+            foreign += 1
+            continue
+        found.append((record.st_mtime_ns, d))
+    return [d for _, d in sorted(found, reverse=True)], foreign
 
 
 def find_folder(run_root: str, ident: str, marker: str, what: str) -> Path:
@@ -227,7 +298,7 @@ def find_folder(run_root: str, ident: str, marker: str, what: str) -> Path:
     direct = Path(ident).expanduser()
     if (direct / marker).is_file():
         return direct.resolve()
-    folders = folders_with(run_root, marker)
+    folders, _ = folders_with(run_root, marker)
     exact = [f for f in folders if f.name == ident]
     matches = exact or [f for f in folders if f.name.startswith(ident)]
     if len(matches) == 1:
@@ -242,9 +313,36 @@ def find_folder(run_root: str, ident: str, marker: str, what: str) -> Path:
                                  f"a unique prefix, or its folder")
 
 
+def owned_folders(run_root: str, marker: str, what: str) -> list[Path]:
+    """folders_with(), saying on stderr how many folders of other users were skipped."""
+    folders, foreign = folders_with(run_root, marker)
+    if foreign:
+        warn(f"skipped {foreign} {what} folder(s) under {expand_root(run_root)} owned by other users")
+    return folders
+
+
 def list_runs(run_root: str) -> list[RunPaths]:
-    """Runs under the root, newest first."""
-    return [RunPaths(d) for d in folders_with(run_root, RUN_FILE)]
+    """The caller's runs under the root, newest first; other users' folders are skipped, with a count on stderr."""
+    return [RunPaths(d) for d in owned_folders(run_root, RUN_FILE, "run")]
+
+
+T = TypeVar("T")
+
+
+def readable(items: list[T], read: Callable[[T], dict[str, Any]]) -> list[tuple[T, dict[str, Any]]]:
+    """Each item with what `read` gives; an unreadable record is skipped with one warning line naming it."""
+    out = []
+    for item in items:
+        try:
+            out.append((item, read(item)))
+        except (CorruptRecordError, RunNotFoundError) as exc:
+            warn(f"skipped {exc.one_line()}")
+    return out
+
+
+def read_records(runs: list[RunPaths]) -> list[tuple[RunPaths, dict[str, Any]]]:
+    """Each run with its run.json; a corrupt one is skipped with one warning line naming it."""
+    return readable(runs, lambda p: RunRecord(p).read())
 
 
 def find_run(run_root: str, run: str) -> RunPaths:

@@ -14,8 +14,12 @@ from slurmkit.config.loader import resolve
 from slurmkit.errors import ConfigError
 from tests.test_render import FOLDER, check_shell, render_profile
 
-HOSTILE = ["a b", "it's", 'say "hi"', "$(touch PWNED)", "`touch PWNED`", "; touch PWNED", "x && touch PWNED",
-           "${HOME}", "\\", "*", "~", "-rf", "#comment", "!!", "'\"'\"'"]
+# Hostile to bash but read literally by sbatch's #SBATCH parser once shlex-quoted.
+SHELL_HOSTILE = ["a b", "$(touch PWNED)", "`touch PWNED`", "; touch PWNED", "x && touch PWNED", "${HOME}", "*", "~",
+                 "-rf", "!!", "--uid=0", "a --qos=high"]
+# Read specially by sbatch's own parser (escapes, nested quotes, comments, %x patterns): refused there.
+SBATCH_HOSTILE = ["it's", 'say "hi"', "\\", "#comment", "'\"'\"'", "%x", "a\\' --uid=0 '"]
+HOSTILE = SHELL_HOSTILE + SBATCH_HOSTILE
 printable = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_characters="\x7f"), max_size=40)
 value_strategy = st.one_of(st.sampled_from(HOSTILE), printable)
 
@@ -32,7 +36,7 @@ def test_values_round_trip_through_bash_unchanged(tmp_path: Path, env_value: str
     prof = tmp_path / "p.yaml"
     prof.write_text(yaml.safe_dump({
         "extends": "devcluster", "setup": {"env": {"HOSTILE_ENV": env_value}, "modules": [module]},
-        "nccl_env": {"NCCL_HOSTILE": nccl_value}, "partition": env_value or "p", "account": nccl_value or "a",
+        "nccl_env": {"NCCL_HOSTILE": nccl_value},
     }))
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"name": "q", "command": "true", "env": {"SPEC_HOSTILE": spec_value}}))
@@ -46,7 +50,7 @@ def test_values_round_trip_through_bash_unchanged(tmp_path: Path, env_value: str
     assert not (tmp_path / "PWNED").exists()
 
 
-@pytest.mark.parametrize("value", HOSTILE)
+@pytest.mark.parametrize("value", SHELL_HOSTILE)
 def test_hostile_sbatch_values_pass_shellcheck(tmp_path: Path, value: str) -> None:
     prof = tmp_path / "p.yaml"
     prof.write_text(yaml.safe_dump({"extends": "devcluster", "partition": value, "qos": value,
@@ -56,6 +60,20 @@ def test_hostile_sbatch_values_pass_shellcheck(tmp_path: Path, value: str) -> No
     script = render_profile(spec, str(prof))
     assert str(FOLDER) in script
     check_shell(script, tmp_path)
+
+
+@pytest.mark.parametrize("value", SBATCH_HOSTILE)
+@pytest.mark.parametrize("field", ["partition", "qos", "constraint", "run_root", "sbatch_extra"])
+def test_what_sbatch_reads_specially_is_refused_naming_the_field(tmp_path: Path, value: str, field: str) -> None:
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump({"extends": "devcluster",
+                                    field: [f"--comment={value}"] if field == "sbatch_extra" else value}))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "q", "command": "true"}))
+    with pytest.raises(ConfigError, match=f"p.yaml:{field}: .*valid: ") as err:
+        resolve(spec, str(prof))
+    assert "\n" not in str(err.value)
+    assert "sbatch's own parser" in str(err.value) or "without spaces" in str(err.value)
 
 
 @pytest.mark.parametrize("value", ["a\nb", "x\r", "nul\x00", "tab\there", "bell\x07"])

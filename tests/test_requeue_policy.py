@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from submitit.core.utils import cloudpickle_dump
-
+from slurmkit import outcomes
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker import requeue
 
@@ -14,14 +13,17 @@ from slurmkit.worker import requeue
 def _run(tmp_path: Path, **record: object) -> RunPaths:
     paths = RunPaths(tmp_path / "run")
     paths.job_folder.mkdir(parents=True)
-    RunRecord(paths).write({"run_id": "run", "num_tasks": 2, "job_ids": ["7"],
+    RunRecord(paths).create({"run_id": "run", "num_tasks": 2, "job_ids": ["7"],
                             "profile": {"requeue": {"preemption": 2, "crash": 1, "hang": 1}}, **record})
     return paths
 
 
-def _results(paths: RunPaths, *outcomes: tuple[str, object]) -> None:
-    for rank, outcome in enumerate(outcomes):
-        cloudpickle_dump(outcome, paths.job_folder / f"7_{rank}_result.pkl")
+def _results(paths: RunPaths, *found: tuple[str, object]) -> None:
+    for rank, (state, value) in enumerate(found):
+        if state == outcomes.SUCCESS:
+            outcomes.record(paths.outcome_file("7", rank), state, value=value)
+        else:
+            outcomes.record(paths.outcome_file("7", rank), state, error=str(value))
 
 
 def test_every_rank_succeeded_means_completed(tmp_path: Path) -> None:

@@ -147,11 +147,11 @@ def resubmit(
 @user_errors
 def list_sweeps(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Sweeps under the run root, newest first."""
+    from slurmkit.runs import readable
     from slurmkit.sweeps import store
 
     rows = []
-    for paths in store.list_sweeps(run_root_for(profile)):
-        m = store.Manifest(paths).read()
+    for _, m in readable(store.list_sweeps(run_root_for(profile)), lambda p: store.Manifest(p).read()):
         rows.append({"sweep_id": m["sweep_id"], "tasks": len(m["tasks"]), "created": m["created"],
                      "arrays": ",".join(a["job_id"] for a in m["arrays"] if a.get("job_id"))})
     if as_json:

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from slurmkit.config.fields import EnvMap, Strict
+from slurmkit.errors import clip
 
 MOUNT_OPTIONS = {"pyxis": ("ro", "rw"), "apptainer": ("ro", "rw"), "docker": ("ro", "rw", "z", "Z")}
 _APPTAINER_URI = re.compile(r"^(docker|docker-archive|oras|library|shub|https?)://")
@@ -42,18 +43,18 @@ class Container(Strict):
         rt = self.runtime
         image_problem = _image_problem(rt, self.image)
         if image_problem:
-            raise ValueError(f"image {self.image!r} does not fit runtime {rt}; valid: {image_problem}")
+            raise ValueError(f"image {clip(self.image)} does not fit runtime {rt}; valid: {image_problem}")
         valid = MOUNT_OPTIONS[rt]
         for m in self.mounts:
             parts = m.split(":")
             if (len(parts) not in (2, 3) or not all(p.startswith("/") for p in parts[:2])
                     or (len(parts) == 3 and parts[2] not in valid)):
-                raise ValueError(f"invalid {rt} mount {m!r}; valid: /SRC:/DST or /SRC:/DST:{'|'.join(valid)}")
+                raise ValueError(f"invalid {rt} mount {clip(m)}; valid: /SRC:/DST or /SRC:/DST:{'|'.join(valid)}")
         if self.workdir is not None and not self.workdir.startswith("/"):
-            raise ValueError(f"workdir {self.workdir!r} is not absolute; valid: a path starting with /")
+            raise ValueError(f"workdir {clip(self.workdir)} is not absolute; valid: a path starting with /")
         for arg in self.extra_args:
             if not _EXTRA_ARG.match(arg):
-                raise ValueError(f"invalid extra_args entry {arg!r}; valid: --key or --key=value, one per entry")
+                raise ValueError(f"invalid extra_args entry {clip(arg)}; valid: --key or --key=value, one per entry")
         return self
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationInfo, field_validator
+
+from slurmkit.errors import clip
 
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
 _MEM_RE = re.compile(r"^\d+[KMGT]?$")
@@ -20,22 +22,38 @@ class Strict(BaseModel):
     multiline_fields: ClassVar[frozenset[str]] = frozenset()
     """Fields never rendered into the script, where newlines are legitimate."""
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1: `nodes: true` would silently become one node.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and not _admits_bool(field.annotation):
+            raise ValueError(f"got the boolean {str(value).lower()}; valid: a number or text, not true/false "
+                             "(YAML reads unquoted yes/no/on/off as booleans: quote them)")
+        return value
+
     @field_validator("*", mode="after")
     @classmethod
     def _one_line_values(cls, value: Any, info: ValidationInfo) -> Any:
         # A newline inside an #SBATCH value would start a new shell line; refuse it at the source.
-        if info.field_name not in cls.multiline_fields and _has_control(value):
+        if info.field_name not in cls.multiline_fields and has_control(value):
             raise ValueError("control characters (newline, tab, NUL, ...) are not allowed; valid: one line of text")
         return value
 
 
-def _has_control(value: Any) -> bool:
+def _admits_bool(annotation: Any) -> bool:
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_admits_bool(a) for a in getattr(annotation, "__args__", ()) if a is not type(None))
+
+
+def has_control(value: Any) -> bool:
     if isinstance(value, str):
         return any(ord(c) < 32 or ord(c) == 127 for c in value)
     if isinstance(value, dict):
-        return any(_has_control(k) or _has_control(v) for k, v in value.items())
+        return any(has_control(k) or has_control(v) for k, v in value.items())
     if isinstance(value, (list, tuple)):
-        return any(_has_control(v) for v in value)
+        return any(has_control(v) for v in value)
     return False
 
 
@@ -43,7 +61,7 @@ def _slurm_time(value: str) -> str:
     value = str(value)
     if not _TIME_RE.match(value):
         raise ValueError(
-            f"invalid time {value!r}; valid: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+            f"invalid time {clip(value)}; valid: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
         )
     return value
 
@@ -51,27 +69,59 @@ def _slurm_time(value: str) -> str:
 def _slurm_mem(value: str) -> str:
     value = str(value)
     if not _MEM_RE.match(value):
-        raise ValueError(f"invalid memory {value!r}; valid: an integer with optional K, M, G or T (e.g. 8G)")
+        raise ValueError(f"invalid memory {clip(value)}; valid: an integer with optional K, M, G or T (e.g. 8G)")
+    return value
+
+
+def _env_keys(value: Any) -> Any:
+    """YAML 1.1 reads an unquoted key ON, NO, YES or TRUE as a boolean and 12 as a number: say so."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"key {clip(key)} is a {type(key).__name__}, not a name: YAML reads unquoted ON/OFF/"
+                                 "YES/NO/TRUE/FALSE as booleans and digits as numbers; valid: quote it, e.g. 'ON'")
+            if isinstance(item, bool):
+                raise ValueError(f"{key}: got the boolean {str(item).lower()}; valid: text, quoted when it reads as "
+                                 "yes/no/on/off/true/false, e.g. '1' or 'yes'")
+        return {k: str(v) if isinstance(v, (int, float)) else v for k, v in value.items()}
     return value
 
 
 def _env_names(value: dict[str, str]) -> dict[str, str]:
     for key in value:
         if not _ENV_NAME_RE.match(key):
-            raise ValueError(f"invalid environment variable name {key!r}; valid: [A-Za-z_][A-Za-z0-9_]*")
-    return {k: str(v) for k, v in value.items()}
+            raise ValueError(f"invalid environment variable name {clip(key)}; valid: [A-Za-z_][A-Za-z0-9_]*")
+    return value
+
+
+# sbatch reads #SBATCH lines with its own parser, not bash: a backslash escapes even inside
+# quotes, quotes nest, '#' starts a comment and %x patterns are expanded in file names. A value
+# that reaches such a line may hold none of them; shlex quoting then means the same to both.
+SBATCH_FORBIDDEN = "\\'\"#%"
+
+
+def sbatch_safe(value: str) -> str:
+    bad = sorted({c for c in value if c in SBATCH_FORBIDDEN})
+    if bad:
+        shown = " ".join(repr(c) for c in bad)
+        raise ValueError(f"{clip(value)} holds {shown}, which sbatch's own parser reads specially in an #SBATCH line; "
+                         "valid: text without \\ ' \" # % (spaces are fine)")
+    return value
 
 
 def _sbatch_options(value: list[str]) -> list[str]:
     for opt in value:
-        if not _SBATCH_OPT_RE.match(opt) or "\n" in opt:
-            raise ValueError(f"invalid sbatch option {opt!r}; valid: --key=value or --flag on one line")
+        if not _SBATCH_OPT_RE.match(opt) or " " in opt:
+            raise ValueError(f"invalid sbatch option {clip(opt)}; valid: one --key=value or --flag, without spaces")
+        sbatch_safe(opt)
     return value
 
 
 SlurmTime = Annotated[str, AfterValidator(_slurm_time)]
 SlurmMem = Annotated[str, AfterValidator(_slurm_mem)]
-EnvMap = Annotated[dict[str, str], AfterValidator(_env_names)]
+EnvMap = Annotated[dict[str, str], BeforeValidator(_env_keys), AfterValidator(_env_names)]
+SbatchValue = Annotated[str, AfterValidator(sbatch_safe)]
+"""Text that reaches an #SBATCH line (partition, account, run_root, ...)."""
 SbatchOptions = Annotated[list[str], AfterValidator(_sbatch_options)]
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from slurmkit.config.overrides import deep_merge, split_sets
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
-from slurmkit.errors import ConfigError, did_you_mean
+from slurmkit.errors import ConfigError, clip, cut, did_you_mean
 from slurmkit.resources import shipped_dir
 
 DEFAULT_PROFILE = "local"
@@ -42,11 +42,25 @@ class Resolved:
         return 1 if self.spec.ray else self.resources.nodes * self.resources.tasks_per_node
 
 
+MAX_FILE_BYTES = 4 << 20
+MAX_DEPTH = 40
+MAX_NODES = 200_000
+MAX_EXTENDS = 32
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from a UTF-8 file; anything else is one ConfigError naming the file."""
     try:
-        text = path.read_text()
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(f"file is {size} bytes, over {MAX_FILE_BYTES}", where=str(path),
+                              valid="valid: a YAML profile or run spec")
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read file: {exc.strerror}", where=str(path)) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+                          where=str(path), valid="valid: a UTF-8 YAML file") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -54,11 +68,34 @@ def read_yaml(path: Path) -> dict[str, Any]:
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(f"invalid YAML: {problem}", where=f"{path}{line}") from exc
+    except RecursionError:
+        raise ConfigError(f"nested too deeply for YAML's parser (limit about {MAX_DEPTH} levels)",
+                          where=str(path)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", where=str(path))
+    check_size(data, str(path))
     return data
+
+
+def check_size(data: Any, where: str) -> None:
+    """Refuse deep nesting and alias bombs: YAML aliases share one object, which validation would
+    walk once per reference, so count nodes as expanded and stop at MAX_NODES."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    nodes = 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise ConfigError(f"expands to more than {MAX_NODES} values (YAML aliases multiply what they refer to)",
+                              where=where, valid="valid: a config without nested alias chains")
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"nested deeper than {MAX_DEPTH} levels", where=where)
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
 
 
 def profile_search_path() -> list[Path]:
@@ -85,33 +122,51 @@ def find_profile(name_or_path: str) -> Path:
     if looks_like_path:
         if candidate.is_file():
             return candidate
-        raise ConfigError("profile file not found", where=name_or_path)
+        raise ConfigError("profile file not found", where=cut(name_or_path))
     profiles = available_profiles()
     if name_or_path in profiles:
         return profiles[name_or_path]
     raise ConfigError(
-        f"unknown profile '{name_or_path}'{did_you_mean(name_or_path, profiles)}",
+        f"unknown profile {clip(name_or_path)}{did_you_mean(name_or_path, profiles)}",
         valid=f"valid: {', '.join(sorted(profiles))}, or a path to a .yaml file",
     )
 
 
-def profile_layers(name_or_path: str, _seen: tuple[Path, ...] = ()) -> list[Layer]:
+def profile_layers(name_or_path: str) -> list[Layer]:
     """The profile and its `extends` ancestors as layers, ancestors first."""
     path = find_profile(name_or_path).resolve()
-    if path in _seen:
-        chain = " -> ".join(str(p) for p in (*_seen, path))
-        raise ConfigError(f"profile extends itself: {chain}", where=f"{path}:extends")
-    raw = read_yaml(path)
-    parent = raw.get("extends")
+    chain: list[Path] = []
     layers: list[Layer] = []
-    if parent is not None:
-        if not isinstance(parent, str):
-            raise ConfigError("extends must be a profile name or path", where=f"{path}:extends")
-        # A relative parent path is read beside the child, so a folder of profiles moves as a whole.
-        if os.sep in parent and not Path(parent).is_absolute():
-            parent = str(path.parent / parent)
-        layers = profile_layers(parent, (*_seen, path))
-    return [*layers, (str(path), {k: v for k, v in raw.items() if k != "extends"})]
+    while True:
+        if path in chain:
+            shown = " -> ".join(str(p) for p in (*chain, path))
+            raise ConfigError(f"profile extends itself: {clip(shown, 300)}", where=f"{chain[-1]}:extends")
+        if len(chain) >= MAX_EXTENDS:
+            raise ConfigError(f"extends chain longer than {MAX_EXTENDS} profiles", where=f"{chain[-1]}:extends")
+        chain.append(path)
+        raw = read_yaml(path)
+        layers.insert(0, (str(path), {k: v for k, v in raw.items() if k != "extends"}))
+        parent = raw.get("extends")
+        if parent is None:
+            return layers
+        path = _parent_path(parent, path)
+
+
+def _parent_path(parent: Any, child: Path) -> Path:
+    """The file `extends: parent` in `child` names; errors name the child's extends field."""
+    where = f"{child}:extends"
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError(f"extends must be a profile name or path, got {clip(parent)}", where=where)
+    if os.sep in parent and not parent.endswith((".yaml", ".yml")):
+        raise ConfigError(f"extends names {clip(parent)}, not a .yaml file", where=where,
+                          valid="valid: a profile name or a path to a .yaml/.yml file")
+    # A relative parent path is read beside the child, so a folder of profiles moves as a whole.
+    if os.sep in parent and not Path(parent).is_absolute():
+        parent = str(child.parent / parent)
+    try:
+        return find_profile(parent).resolve()
+    except ConfigError as exc:
+        raise ConfigError(exc.what, where=where, valid=exc.valid) from None
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -130,14 +185,17 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
     return current
 
 
+_UNSET = object()
+
+
 def _source_of(loc: tuple[Any, ...], layers: list[Layer]) -> str:
-    """The highest-precedence layer that sets loc (or its nearest parent)."""
+    """The highest-precedence layer that sets loc (or its nearest parent); `X: null` sets it too."""
     for depth in range(len(loc), 0, -1):
         for source, raw in reversed(layers):
             node: Any = raw
             for part in loc[:depth]:
-                node = node.get(part) if isinstance(node, dict) else None
-                if node is None:
+                node = node.get(part, _UNSET) if isinstance(node, dict) else _UNSET
+                if node is _UNSET:
                     break
             else:
                 return source
@@ -163,14 +221,14 @@ def _one_line(model: type[BaseModel], exc: ValidationError, layers: list[Layer],
     err = exc.errors()[0]
     inner = tuple(err["loc"])
     loc = (*prefix, *inner)
-    field = ".".join(str(p) for p in loc)
+    field = cut(".".join(str(p) for p in loc))
     source = _source_of(loc, layers)
     where = f"{source}:{field}" if field else source
     if err["type"] == "extra_forbidden":
         owner = _model_at(model, inner[:-1])
         valid = sorted(owner.model_fields) if owner else []
         return ConfigError(
-            f"unknown field '{loc[-1]}'{did_you_mean(str(loc[-1]), valid)}",
+            f"unknown field {clip(str(loc[-1]))}{did_you_mean(str(loc[-1]), valid)}",
             where=where,
             valid=f"valid: {', '.join(valid)}" if valid else None,
         )

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from slurmkit.errors import ConfigError
+from slurmkit.errors import ConfigError, clip
 
 PROFILE_PREFIX = "profile."
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
@@ -19,7 +19,7 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(
-            f"malformed override {item!r}", where="--set", valid="valid: KEY=VALUE, e.g. resources.nodes=2"
+            f"malformed override {clip(item)}", where="--set", valid="valid: KEY=VALUE, e.g. resources.nodes=2"
         )
     try:
         value = yaml.safe_load(raw) if raw else ""
@@ -41,7 +41,7 @@ def split_sets(items: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         if path[0] == PROFILE_PREFIX.rstrip("."):
             target, path = profile, path[1:]
             if not path:
-                raise ConfigError(f"malformed override {item!r}", where="--set", valid="valid: profile.FIELD=VALUE")
+                raise ConfigError(f"malformed override {clip(item)}", where="--set", valid="valid: profile.FIELD=VALUE")
         set_path(target, path, value)
     return spec, profile
 

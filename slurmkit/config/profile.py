@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from slurmkit.config.container import Container
-from slurmkit.config.fields import EnvMap, SbatchOptions, SlurmMem, SlurmTime, Strict
+from slurmkit.config.fields import EnvMap, SbatchOptions, SbatchValue, SlurmMem, SlurmTime, Strict
 
 
 class Resources(Strict):
@@ -67,19 +67,19 @@ class ClusterProfile(Strict):
     """One line saying what cluster this profile targets."""
     executor: Literal["slurm", "local"] = "slurm"
     """slurm submits through sbatch; local runs the ranks as processes on this machine."""
-    partition: str | None = None
+    partition: SbatchValue | None = None
     """Slurm partition (sbatch --partition)."""
-    account: str | None = None
+    account: SbatchValue | None = None
     """Slurm account to charge (sbatch --account)."""
-    qos: str | None = None
+    qos: SbatchValue | None = None
     """Quality of service (sbatch --qos)."""
     resources: Resources = Field(default_factory=lambda: Resources())
     """Default resources of every job on this cluster; the run spec overrides them field by field."""
-    constraint: str | None = None
+    constraint: SbatchValue | None = None
     """Node features required (sbatch --constraint)."""
-    exclude: str | None = None
+    exclude: SbatchValue | None = None
     """Nodes never to use (sbatch --exclude)."""
-    reservation: str | None = None
+    reservation: SbatchValue | None = None
     """Reservation to run in (sbatch --reservation)."""
     signal: Literal["USR1", "USR2", "TERM", "INT", "HUP"] = "USR2"
     """Signal sent before the time limit or on preemption. USR2 by default: NCCL uses USR1."""
@@ -98,8 +98,11 @@ class ClusterProfile(Strict):
     """The health gate also runs a short all-reduce across the job's nodes (imports torch: a few seconds)."""
     container: Container | None = None
     """Container the ranks run in; unset runs on the host."""
-    run_root: str = "~/slurmkit-runs"
+    run_root: SbatchValue = "~/slurmkit-runs"
     """Folder that holds run folders; must be on a filesystem shared by login and compute nodes."""
+    run_mode: Literal["private", "group"] = "private"
+    """Who may read a run folder: private makes it 0700 (files 0600), group 0750 with setgid (files 0640), so the
+    folder's group can read logs and results. Nobody but the owner can ever write it."""
     checkpoint_root: str | None = None
     """fsspec URI for checkpoints (file://, s3://, ...); unset puts them in the run folder."""
     python: str | None = None

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from slurmkit.config.fields import EnvMap, Strict
 from slurmkit.config.profile import Resources
 from slurmkit.config.ray import RaySpec
+from slurmkit.errors import clip
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -46,7 +47,8 @@ class RunSpec(Strict):
     def _name_shape(cls, v: str) -> str:
         if not _NAME_RE.match(v):
             raise ValueError(
-                f"invalid name {v!r}; valid: 1-64 of letters, digits, '.', '_', '-', starting with a letter or digit"
+                f"invalid name {clip(v)}; valid: 1-64 of letters, digits, '.', '_', '-', starting with a letter "
+                "or digit"
             )
         return v
 
@@ -54,14 +56,14 @@ class RunSpec(Strict):
     @classmethod
     def _callable_shape(cls, v: str | None) -> str | None:
         if v is not None and not _CALLABLE_RE.match(v):
-            raise ValueError(f"invalid callable {v!r}; valid: module.path:function")
+            raise ValueError(f"invalid callable {clip(v)}; valid: module.path:function")
         return v
 
     @field_validator("task")
     @classmethod
     def _known_task(cls, v: str | None) -> str | None:
         if v is not None and v not in TASKS:
-            raise ValueError(f"unknown task {v!r}; valid: {', '.join(TASKS)}")
+            raise ValueError(f"unknown task {clip(v)}; valid: {', '.join(TASKS)}")
         return v
 
     @model_validator(mode="after")

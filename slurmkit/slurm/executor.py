@@ -24,6 +24,7 @@ from slurmkit.render import JobFiles, RenderInput, render
 from slurmkit.slurm import commands
 
 SBATCH_TIMEOUT_S = 60
+NO_LIMIT_MIN = 366 * 24 * 60
 
 
 def python_command(resolved: Resolved) -> str:
@@ -152,6 +153,8 @@ def local_executor(folder: Path, resolved: Resolved) -> Any:
                                 python=python_command(resolved))
     r = resolved.resources
     assert r.time is not None
-    ex.update_parameters(tasks_per_node=resolved.num_tasks, timeout_min=time_to_minutes(r.time),
+    # On Slurm a time of 0 means no limit; submitit's local executor would kill the job at once.
+    timeout_min = time_to_minutes(r.time) or NO_LIMIT_MIN
+    ex.update_parameters(tasks_per_node=resolved.num_tasks, timeout_min=timeout_min,
                          signal_delay_s=resolved.profile.signal_delay_s)
     return ex

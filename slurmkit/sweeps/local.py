@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurmkit.procs import start_time
 from slurmkit.runs import RunRecord
 from slurmkit.sweeps.store import Manifest, SweepPaths, materialize_task
 from slurmkit.sweeps.task import SweepTask
@@ -32,7 +33,7 @@ def start(paths: SweepPaths, indices: list[int]) -> int:
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
     with Manifest(paths).editing() as manifest:
-        manifest["arrays"][number]["runner_pid"] = proc.pid
+        manifest["arrays"][number].update(runner_pid=proc.pid, runner_start=start_time(proc.pid))
     return proc.pid
 
 
@@ -52,9 +53,11 @@ def run(paths: SweepPaths, number: int) -> None:
             i = queue.pop(0)
             task = materialize_task(paths, i, "", manifest)
             job = local_executor(task.job_folder, resolved[i]).submit(SweepTask(str(paths.sweep_dir), index=i))
-            RunRecord(task).add_job_id(str(job.job_id))
+            pid_start = start_time(int(job.job_id))
+            RunRecord(task).add_job_id(str(job.job_id), pid_start)
             with Manifest(paths).editing() as m:
                 m["arrays"][number]["jobs"][str(i)] = str(job.job_id)
+                m["arrays"][number].setdefault("job_starts", {})[str(i)] = pid_start
             print(f"task {i}: job {job.job_id}", flush=True)
             running.append(job)
         time.sleep(POLL_S)

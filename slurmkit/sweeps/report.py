@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from slurmkit.errors import SlurmkitError, did_you_mean
-from slurmkit.procs import pid_alive
-from slurmkit.runs import atomic_write_text
+from slurmkit.procs import same_process
+from slurmkit.runs import RunRecord, atomic_write_text
 from slurmkit.sweeps.store import Manifest, SweepPaths, latest_job_ids, newest_arrays
 from slurmkit.worker.metrics import last_record
 
@@ -41,10 +41,11 @@ def _local_states(paths: SweepPaths, manifest: dict[str, Any]) -> list[TaskState
     for index, arr in newest_arrays(manifest).items():
         jid = latest[index]
         if jid:
-            state = local_state(paths.task(index), jid, manifest["tasks"][index]["num_tasks"])
+            task = paths.task(index)
+            state = local_state(task, RunRecord(task).read()) if task.record.exists() else "PENDING"
         else:
-            runner = arr.get("runner_pid") if arr else None
-            state = "PENDING" if runner and pid_alive(int(runner)) else NOT_SUBMITTED
+            runner = (arr.get("runner_pid"), arr.get("runner_start")) if arr else (None, None)
+            state = "PENDING" if same_process(*runner) else NOT_SUBMITTED
         out.append(TaskState(index, state, jid or ""))
     return out
 
@@ -85,8 +86,8 @@ def final_metrics(paths: SweepPaths, index: int, job_id: str) -> dict[str, float
     """Rank 0's returned numbers, else the last line of the task's metrics.jsonl."""
     task = paths.task(index)
     outcome = task.outcome(job_id, 0) if job_id else None
-    if outcome is not None and outcome[0] == "success" and isinstance(outcome[1], dict):
-        return _numbers(outcome[1])
+    if outcome is not None and outcome.ok and isinstance(outcome.value, dict):
+        return _numbers(outcome.value)
     return _numbers(last_record(task.metrics) or {})
 
 

@@ -27,7 +27,7 @@ from slurmkit.config.fields import Strict
 from slurmkit.config.loader import Layer, read_yaml
 from slurmkit.config.overrides import parse_set, set_path
 from slurmkit.config.runspec import RunSpec
-from slurmkit.errors import ConfigError, did_you_mean
+from slurmkit.errors import ConfigError, clip, did_you_mean
 
 SWEEP_KEY = "sweep"
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
@@ -164,7 +164,7 @@ def parse_grid_option(item: str) -> tuple[str, list[Any]]:
     """--grid key=v1,v2,... (each value read as YAML, like --set)."""
     key, sep, raw = item.partition("=")
     if not sep or not key or not raw:
-        raise ConfigError(f"malformed --grid {item!r}", where="--grid", valid="valid: KEY=V1,V2,...")
+        raise ConfigError(f"malformed --grid {clip(item)}", where="--grid", valid="valid: KEY=V1,V2,...")
     return key, [parse_set(f"{key}={v}")[1] for v in raw.split(",")]
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmkit.runs import LockedJson, RunPaths, RunRecord, find_folder, folders_with
+from slurmkit.runs import LockedJson, RunPaths, RunRecord, find_folder, owned_folders
 
 MANIFEST = "sweep.json"
 
@@ -77,7 +77,7 @@ def latest_job_ids(manifest: dict[str, Any]) -> dict[int, str | None]:
 
 
 def list_sweeps(run_root: str) -> list[SweepPaths]:
-    return [SweepPaths(d) for d in folders_with(run_root, MANIFEST)]
+    return [SweepPaths(d) for d in owned_folders(run_root, MANIFEST, "sweep")]
 
 
 def find_sweep(run_root: str, sweep: str) -> SweepPaths:

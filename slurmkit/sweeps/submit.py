@@ -13,10 +13,11 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
+from slurmkit import perms
 from slurmkit.config.loader import Resolved, load_profile, profile_name, resolve_layers
 from slurmkit.config.overrides import split_sets
 from slurmkit.errors import PreflightError, SlurmError, SlurmkitError
-from slurmkit.runs import RunPaths
+from slurmkit.runs import RunPaths, atomic_write_text
 from slurmkit.sweeps.spec import SweepPlan, nested
 from slurmkit.sweeps.store import Manifest, SweepPaths, latest_job_ids
 from slurmkit.sweeps.task import SweepTask
@@ -152,7 +153,8 @@ def _submit_arrays(paths: SweepPaths, resolved: list[Resolved], arrays: list[dic
                              "SWEEP --failed` retries them" if queued else None) from exc
         job_id = commands.base_id(jobs[0].job_id)
         ids.append(job_id)
-        paths.script(first_number + k).write_text(executor.last_script or "")
+        atomic_write_text(paths.script(first_number + k), executor.last_script or "",
+                          perms.FILE_MODE[perms.folder_kind(paths.sweep_dir)])
         with Manifest(paths).editing() as manifest:
             manifest["arrays"][first_number + k]["job_id"] = job_id
     return ids
@@ -161,7 +163,7 @@ def _submit_arrays(paths: SweepPaths, resolved: list[Resolved], arrays: list[dic
 def create(plan: SweepPlan, resolved: list[Resolved]) -> SweepPaths:
     """Write the manifest atomically; nothing is submitted yet."""
     prof = resolved[0].profile
-    created = RunPaths.create(prof.run_root, f"{plan.name}-sweep")
+    created = RunPaths.create(prof.run_root, f"{plan.name}-sweep", prof.run_mode)
     paths = SweepPaths(created.run_dir)
     from slurmkit.jobs import run_env
 
@@ -173,7 +175,7 @@ def create(plan: SweepPlan, resolved: list[Resolved]) -> SweepPaths:
                       "spec": res.spec.model_dump(), "resources": res.resources.model_dump(),
                       "num_tasks": res.num_tasks, "env": run_env(res, {"SLURMKIT_SEED": str(seed)}),
                       "checkpoint_uri": task.checkpoint_uri(prof.checkpoint_root, f"{paths.sweep_id}/{i}")})
-    Manifest(paths).write({
+    Manifest(paths).create({
         "sweep_id": paths.sweep_id, "name": plan.name, "source": plan.source,
         "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": prof.executor,
         "profile_name": resolved[0].profile_name, "profile": prof.model_dump(), "varying": plan.varying,
@@ -184,9 +186,18 @@ def create(plan: SweepPlan, resolved: list[Resolved]) -> SweepPaths:
 
 def submit(plan: SweepPlan, profile: str | None = None, sets: list[str] | None = None,
            max_array_size: int | None = None, after: str | None = None) -> SweepSubmitted:
-    """Pre-flight, write the manifest, submit. max_array_size lowers the live MaxArraySize."""
+    """Pre-flight, write the manifest, submit. max_array_size lowers the live MaxArraySize.
+
+    Everything created, here and by the jobs, gets the profile's run_mode umask (perms).
+    """
+    prof = load_profile(profile_name(profile), split_sets(sets or [])[1])
+    with perms.umask(prof.run_mode):
+        return _submit(plan, profile, sets, max_array_size, after, prof.executor)
+
+
+def _submit(plan: SweepPlan, profile: str | None, sets: list[str] | None, max_array_size: int | None,
+            after: str | None, executor: str) -> SweepSubmitted:
     n = len(plan.overrides)
-    executor = load_profile(profile_name(profile), split_sets(sets or [])[1]).executor
     if executor == "slurm":
         live_array, max_jobs = cluster_limits()
         if n > max_jobs:  # before resolving: a runaway spec is refused at once
@@ -227,6 +238,11 @@ def manifest_resolved(manifest: dict[str, Any]) -> list[Resolved]:
 
 def resubmit_failed(paths: SweepPaths, states: dict[int, str], max_array_size: int | None = None) -> list[int]:
     """One new array (per chunk) holding only the tasks that ended failed, cancelled or timed out."""
+    with perms.umask(perms.folder_kind(paths.sweep_dir)):
+        return _resubmit(paths, states, max_array_size)
+
+
+def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | None) -> list[int]:
     manifest = Manifest(paths).read()
     indices = sorted(i for i, st in states.items() if st in RETRY_STATES)
     if not indices:
@@ -245,19 +261,15 @@ def resubmit_failed(paths: SweepPaths, states: dict[int, str], max_array_size: i
 
 def cancel(paths: SweepPaths) -> list[str]:
     """scancel every array of the sweep (local: stop the runner and every task's controller)."""
-    import os
-    import signal
-
-    from slurmkit.procs import pid_alive
+    from slurmkit.procs import signal_process
 
     manifest = Manifest(paths).read()
     if manifest["executor"] == "local":
-        pids = [int(a["runner_pid"]) for a in manifest["arrays"] if a.get("runner_pid")]
-        pids += [int(j) for j in latest_job_ids(manifest).values() if j]
-        live = [p for p in pids if pid_alive(p)]
-        for pid in live:
-            os.kill(pid, signal.SIGINT)
-        return [str(p) for p in live]
+        # Each pid with its recorded start time: a pid reused by another process is never signalled.
+        procs = [(a.get("runner_pid"), a.get("runner_start")) for a in manifest["arrays"]]
+        procs += [(jid, a.get("job_starts", {}).get(str(i))) for a in manifest["arrays"] if a.get("kind") == "local"
+                  for i, jid in a.get("jobs", {}).items()]
+        return [str(pid) for pid, start in procs if signal_process(pid, start)]
     from slurmkit.slurm import commands
 
     ids = [a["job_id"] for a in manifest["arrays"] if a.get("job_id")]

@@ -25,6 +25,8 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 MARKER = "COMMITTED.json"
+TRAINER_FILES = ("model.pt", "optim.pt", "trainer.pt")
+"""What a Trainer checkpoint needs to resume: a manifest without all of them is not valid."""
 WRITE_CHUNK = 1 << 20
 KEEP_MAX_BYTES = 8 << 30  # verified bytes kept for the load that follows; above this, read again
 _STEP_RE = re.compile(r"^step-(\d+)$")
@@ -64,10 +66,12 @@ def _explain(exc: OSError, path: str) -> str:
 class CheckpointStore:
     """Storage only: atomic files, the commit marker, listing, verification, pruning. No collectives."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, required: tuple[str, ...] = ()) -> None:
         self.fs, root = fsspec.core.url_to_fs(uri)
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
+        self.required = required
+        self._valid: set[int] = set()  # steps this process committed or verified: their files are final
 
     def step_dir(self, step: int) -> str:
         return f"{self.root}/step-{step}"
@@ -78,6 +82,7 @@ class CheckpointStore:
         """Write one file of a checkpoint atomically; it counts only once the marker names it."""
         folder = self.step_dir(step)
         path = f"{folder}/{name}"
+        self._valid.discard(step)
         # Hash while writing: hashlib releases the GIL, and hashing alone costs as much as a fast disk.
         digest: list[str] = []
         hasher = threading.Thread(target=lambda: digest.append(hashlib.sha256(data).hexdigest()))
@@ -125,6 +130,7 @@ class CheckpointStore:
         manifest = {"step": step, "files": {e.name: {"sha256": e.sha256, "bytes": e.bytes} for e in entries},
                     **(meta or {})}
         self.write(step, MARKER, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        self._valid.add(step)  # hashed as written; no need to read it back
 
     # ------------------------------------------------------------------ reading
 
@@ -142,7 +148,9 @@ class CheckpointStore:
             data: dict[str, Any] = json.loads(self.fs.cat_file(f"{self.step_dir(step)}/{MARKER}"))
         except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             return None
-        return data if isinstance(data.get("files"), dict) else None
+        if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+            return None
+        return data if all(name in data["files"] for name in self.required) else None
 
     def committed(self) -> list[int]:
         return [s for s in self.steps() if self.fs.exists(f"{self.step_dir(s)}/{MARKER}")]
@@ -166,12 +174,19 @@ class CheckpointStore:
                 return None
             if keep is not None and kept + len(data) <= KEEP_MAX_BYTES:
                 keep[name], kept = data, kept + len(data)
+        self._valid.add(step)
         return manifest
 
+    def is_valid(self, step: int) -> bool:
+        """verify(), remembered: a step's files never change once committed."""
+        return step in self._valid or self.verify(step) is not None
+
     def latest_valid(self, log: Callable[[str], None] | None = None,
-                     keep: dict[str, bytes] | None = None) -> int | None:
-        """The newest checkpoint whose files all verify; incomplete or corrupt ones are skipped."""
+                     keep: dict[str, bytes] | None = None, below: int | None = None) -> int | None:
+        """The newest checkpoint (older than `below`) whose files all verify; incomplete or corrupt ones are skipped."""
         for step in self.steps():
+            if below is not None and step >= below:
+                continue
             if keep is not None:
                 keep.clear()
             if self.verify(step, keep) is not None:
@@ -192,15 +207,20 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ pruning
 
-    def prune(self, keep_latest_k: int) -> list[int]:
-        """Remove checkpoints older than the k newest committed ones (never the only valid one)."""
+    def prune(self, keep_latest_k: int, protect: tuple[int | None, ...] = ()) -> list[int]:
+        """Remove checkpoints older than the k newest VALID ones (a committed but corrupt step does not
+        count); never a protected step (the one just committed, the one resumed from)."""
         if keep_latest_k <= 0:
             return []
-        committed = self.committed()
-        if len(committed) <= keep_latest_k:
+        valid: list[int] = []
+        for step in self.committed():
+            if self.is_valid(step):
+                valid.append(step)
+                if len(valid) == keep_latest_k:
+                    break
+        if len(valid) < keep_latest_k:
             return []
-        oldest_kept = committed[keep_latest_k - 1]
-        removed = [s for s in self.steps() if s < oldest_kept]
+        removed = [s for s in self.steps() if s < valid[-1] and s not in protect]
         for step in removed:
             folder = self.step_dir(step)
             # The marker goes first, so a half-removed folder is never taken for a checkpoint.

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 STDOUT_TAIL_LINES = 200
@@ -31,6 +32,21 @@ class Run:
     checkpoint_uri: str | None = None
 
     def __call__(self) -> Any:
+        """Run the spec; the rank's outcome goes to outcomes/ as JSON (a stop for requeue writes none)."""
+        from slurmkit import outcomes
+
+        outcome_file = _outcome_file(self.run_dir)
+        try:
+            value = self._run()
+        except Exception:
+            import traceback
+
+            outcomes.record(outcome_file, outcomes.ERROR, error=traceback.format_exc())
+            raise
+        outcomes.record(outcome_file, outcomes.SUCCESS, value=value)
+        return value
+
+    def _run(self) -> Any:
         os.environ.update(self.env)
         os.environ["SLURMKIT_RUN_DIR"] = self.run_dir
         if self.checkpoint_uri:
@@ -51,12 +67,20 @@ class Run:
             return ray_driver.run(self.spec["ray"])
 
 
+def _outcome_file(run_dir: str) -> Path:
+    """This rank's outcome record, named as submitit names its result (job id, global rank)."""
+    import submitit
+
+    from slurmkit.runs import RunPaths
+
+    env = submitit.JobEnvironment()
+    return RunPaths(Path(run_dir)).outcome_file(str(env.job_id), env.global_rank)
+
+
 def record_restart(run_dir: str) -> None:
     """On a requeued incarnation, rank 0 appends the restart and its cause to run.json."""
     count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if count and os.environ.get("SLURM_PROCID", "0") == "0" and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        from pathlib import Path
-
         from slurmkit.runs import RunPaths
         from slurmkit.worker import requeue
 

@@ -13,7 +13,7 @@ import torch.distributed as tdist
 from slurmkit.config.train import TrainConfig
 from slurmkit.runs import RunPaths, RunRecord, atomic_write_text
 from slurmkit.worker import requeue
-from slurmkit.worker.checkpoint import CheckpointStore, Prefetch
+from slurmkit.worker.checkpoint import TRAINER_FILES, CheckpointStore, Prefetch
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.preempt import TERMINATE
 from slurmkit.worker.resilience import Resilience
@@ -29,7 +29,7 @@ def checkpoint_uri(run_dir: str | None) -> str | None:
 def start_prefetch(run_dir: str | None) -> Prefetch | None:
     """Begin reading the newest valid checkpoint now, before torch.distributed and the model are up."""
     uri = checkpoint_uri(run_dir)
-    return CheckpointStore(uri).prefetch() if uri else None
+    return CheckpointStore(uri, TRAINER_FILES).prefetch() if uri else None
 
 
 class BudgetSpent(RuntimeError):

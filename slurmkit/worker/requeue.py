@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from slurmkit import outcomes
+from slurmkit.outcomes import Outcome
 from slurmkit.runs import RunPaths, RunRecord, atomic_write_text
 
 SLURM_STATE_CAUSE = {"NODE_FAIL": "node_failure", "PREEMPTED": "preemption", "TIMEOUT": "timeout",
@@ -82,18 +84,21 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
     """
     from slurmkit.slurm import commands
 
-    record = RunRecord(paths).read()
-    if not allowed(record, cause):
-        RunRecord(paths).update(final=f"{cause} budget of {budget(record, cause)} spent")
+    with RunRecord(paths).editing() as record:
+        ok = allowed(record, cause)
+        if not ok:
+            record["final"] = f"{cause} budget of {budget(record, cause)} spent"
+        snapshot = dict(record)
+    if not ok:
         return False
-    excluded = sorted({*record.get("excluded_nodes", []), *(bad_nodes or [])})
+    excluded = sorted({*snapshot.get("excluded_nodes", []), *(bad_nodes or [])})
     atomic_write_text(paths.restart_request, json.dumps(
         {"cause": cause, "step": step, "detail": detail, "job_id": job_id, "time": _now()}) + "\n")
     # Requeueing from inside the job makes Slurm signal this very process; finish both calls first.
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         commands.requeue(job_id)
-        note = _exclude(job_id, excluded, record)
+        note = _exclude(job_id, excluded, snapshot)
     except BaseException:
         # No requeue happened: a stale marker would give the next restart the wrong cause.
         paths.restart_request.unlink(missing_ok=True)
@@ -131,31 +136,40 @@ def _exclude(job_id: str, nodes: list[str], record: dict[str, Any]) -> str:
     return f"excluded {','.join(nodes)}"
 
 
-def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_step: int | None) -> dict[str, Any]:
-    """On start of incarnation N > 0: append the restart and its cause to run.json (once)."""
-    record = RunRecord(paths).read()
-    done = [r for r in record.get("restarts", []) if r.get("job_id") == job_id and r.get("n") == restart_count]
-    if done:
-        return done[0]
-    cause, detail = "unknown", ""
+def _restart_cause(paths: RunPaths, job_id: str) -> tuple[str, str]:
+    """The marker the requester left, else what accounting says the previous incarnation ended as."""
     try:
         marker = json.loads(paths.restart_request.read_text())
-        cause, detail = marker["cause"], marker.get("detail", "")
-        paths.restart_request.unlink()
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return str(marker["cause"]), str(marker.get("detail", ""))
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
         from slurmkit.slurm import commands
 
         states = commands.incarnation_states(job_id)
         previous = states[-2] if len(states) >= 2 else ""
-        cause = SLURM_STATE_CAUSE.get(previous, "unknown")
         detail = f"slurm state {previous}" if previous else "no marker and no accounting record"
-    entry = {"n": restart_count, "job_id": job_id, "cause": cause, "detail": detail, "time": _now(),
-             "resumed_step": resumed_step}
-    with_entry = RunRecord(paths).read()
-    with_entry.setdefault("restarts", []).append(entry)
-    if spent(with_entry, cause) > budget(with_entry, cause):
-        with_entry["final"] = f"{cause} budget of {budget(with_entry, cause)} spent"
-    RunRecord(paths).write(with_entry)
+        return SLURM_STATE_CAUSE.get(previous, "unknown"), detail
+
+
+def _recorded(record: dict[str, Any], job_id: str, restart_count: int) -> dict[str, Any] | None:
+    done = [r for r in record.get("restarts", []) if r.get("job_id") == job_id and r.get("n") == restart_count]
+    return done[0] if done else None
+
+
+def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_step: int | None) -> dict[str, Any]:
+    """On start of incarnation N > 0: append the restart and its cause to run.json (once), under its lock."""
+    done = _recorded(RunRecord(paths).read(), job_id, restart_count)
+    if done:
+        return done
+    cause, detail = _restart_cause(paths, job_id)  # before the lock: it may ask sacct
+    with RunRecord(paths).editing() as record:
+        entry = _recorded(record, job_id, restart_count)
+        if entry is None:
+            entry = {"n": restart_count, "job_id": job_id, "cause": cause, "detail": detail, "time": _now(),
+                     "resumed_step": resumed_step}
+            record.setdefault("restarts", []).append(entry)
+            if spent(record, cause) > budget(record, cause):
+                record["final"] = f"{cause} budget of {budget(record, cause)} spent"
+    paths.restart_request.unlink(missing_ok=True)
     return entry
 
 
@@ -166,19 +180,16 @@ def _last_step(paths: RunPaths) -> int | None:
     return int(record["step"]) if record and "step" in record else None
 
 
-def _error_signature(paths: RunPaths, job_id: str, num_tasks: int) -> str | None:
-    """The last line of the first rank's error traceback, if a rank raised (submitit's pickle)."""
-    for rank in range(num_tasks):
-        outcome = paths.outcome(job_id, rank)
-        if outcome is not None and outcome[0] == "error":
-            return str(outcome[1]).strip().splitlines()[-1]
-    return None
+def _outcomes(paths: RunPaths, job_id: str, num_tasks: int) -> list[Outcome | None]:
+    """This incarnation's outcome records (never submitit's pickles); older incarnations' count as none."""
+    count = outcomes.restart_count()
+    found = [paths.outcome(job_id, rank) for rank in range(num_tasks)]
+    return [o if o is not None and o.restart_count == count else None for o in found]
 
 
-def _all_succeeded(paths: RunPaths, job_id: str, num_tasks: int) -> bool:
-    """Every rank wrote a success result: the work is done, whatever failed afterwards."""
-    outcomes = [paths.outcome(job_id, rank) for rank in range(num_tasks)]
-    return all(o is not None and o[0] == "success" for o in outcomes)
+def _error_signature(found: list[Outcome | None]) -> str | None:
+    """The last line of the first rank's error traceback, if a rank raised."""
+    return next((o.error_line for o in found if o is not None and not o.ok), None)
 
 
 COMPLETED = "completed"
@@ -186,26 +197,29 @@ COMPLETED = "completed"
 
 def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
     """Decide, after srun failed, whether to requeue; returns what was decided."""
-    record = RunRecord(paths).read()
-    if _all_succeeded(paths, job_id, int(record.get("num_tasks", 1))):
-        # Results are written only at the very end, and a requeued incarnation never reaches it,
-        # so these are this incarnation's: a rank failed while exiting, after its work was done.
+    num_tasks = int(RunRecord(paths).read().get("num_tasks", 1))
+    found = _outcomes(paths, job_id, num_tasks)
+    if all(o is not None and o.ok for o in found):
+        # Every rank of this incarnation recorded success: it failed while exiting, after its work was done.
         return COMPLETED
-    hangs = sorted(paths.run_dir.glob("hang-rank*.json"))
+    hangs = paths.hang_markers()
     step = _last_step(paths)
     if hangs:
         cause, detail = "hang", hangs[0].read_text().strip()
         for h in hangs:
             h.unlink()
     else:
-        signature = _error_signature(paths, job_id, int(record.get("num_tasks", 1)))
+        signature = _error_signature(found)
         cause, detail = "crash", signature or f"srun exit code {exit_code}"
-        failures = record.get("failures", [])
-        if signature and any(f.get("error") == signature and f.get("step") == step for f in failures):
-            RunRecord(paths).update(final=f"deterministic error at step {step}: {signature}")
+        with RunRecord(paths).editing() as record:
+            failures = record.setdefault("failures", [])
+            repeated = bool(signature) and any(f.get("error") == signature and f.get("step") == step for f in failures)
+            if repeated:
+                record["final"] = f"deterministic error at step {step}: {signature}"
+            else:
+                failures.append({"error": signature, "step": step, "exit_code": exit_code, "time": _now()})
+        if repeated:
             return f"not requeued: the same error at step {step} twice ({signature})"
-        RunRecord(paths).update(failures=[*failures, {"error": signature, "step": step, "exit_code": exit_code,
-                                                      "time": _now()}])
     if request(paths, job_id, cause, step, detail):
         return f"requeued: {cause} ({detail})"
     return f"not requeued: {cause} budget spent"

@@ -15,7 +15,15 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from slurmkit.worker.checkpoint import AsyncWriter, CheckpointError, CheckpointStore, Entry, Prefetch, snapshot
+from slurmkit.worker.checkpoint import (
+    TRAINER_FILES,
+    AsyncWriter,
+    CheckpointError,
+    CheckpointStore,
+    Entry,
+    Prefetch,
+    snapshot,
+)
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.preempt import StopFlag
 from slurmkit.worker.trainer import Trainer
@@ -48,7 +56,7 @@ class Resilience:
     def __init__(self, dist: Dist, uri: str, every: int, keep_latest_k: int = 3, async_save: bool = True,
                  hang_timeout_s: float | None = None, on_hang: Any = None, prefetch: Prefetch | None = None) -> None:
         self.dist = dist
-        self.store = CheckpointStore(uri)
+        self.store = CheckpointStore(uri, TRAINER_FILES)
         self.prefetch: Prefetch | None = prefetch or self.store.prefetch()
         self.writer = AsyncWriter(self.store)
         self.every, self.keep, self.async_save = every, keep_latest_k, async_save
@@ -86,7 +94,12 @@ class Resilience:
     # --------------------------------------------------------------- restore
 
     def restore(self, trainer: Trainer) -> int | None:
-        """Load the newest valid checkpoint: rank 0 picks it, every rank loads it (verified)."""
+        """Load the newest valid checkpoint: rank 0 picks it, every rank loads it (verified).
+
+        One that verifies but does not load (unpickling, a shape mismatch) on any rank is
+        skipped by all, with one line saying so, for the next older valid one; none left means a
+        fresh start from the model's initial state.
+        """
         assert self.prefetch is not None, "restore() runs once"
         found, data = self.prefetch.result()
         if self.dist.is_main:
@@ -94,29 +107,50 @@ class Resilience:
                 print(message, flush=True)
         self.prefetch = None
         step = self._from_main(found)
-        if step is None:
-            return None
-        if step != found:  # this rank sees storage differently from rank 0: read what rank 0 verified
-            data = {}
+        initial: dict[str, Any] | None = None
+        while step is not None:
+            if step != found:  # this rank sees storage differently from rank 0: read what rank 0 verified
+                data = {}
+            initial = initial or snapshot({"model": trainer.raw_model.state_dict(),
+                                           "optim": trainer.optimizer.state_dict()})
+            try:
+                self._load(trainer, step, data)
+                error = ""
+            except Exception as exc:  # noqa: BLE001 - any load failure means: try an older checkpoint
+                error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            errors = [e for e in self._gather(error) if e]
+            if not errors:
+                self.resumed_step = step
+                if self.dist.is_main:
+                    print(f"slurmkit: resumed from checkpoint step-{step}", flush=True)
+                return step
+            older = self.store.latest_valid(below=step) if self.dist.is_main else None
+            if self.dist.is_main:
+                print(f"slurmkit: checkpoint step-{step} does not load ({errors[0]}); falling back to "
+                      f"{f'step-{older}' if older is not None else 'a fresh start'}", flush=True)
+            step, found, data = self._from_main(older), None, {}
+        if initial is not None:  # a failed load may have changed some tensors already
+            trainer.raw_model.load_state_dict(initial["model"])
+            trainer.optimizer.load_state_dict(initial["optim"])
+        return None
 
+    def _load(self, trainer: Trainer, step: int, data: dict[str, bytes]) -> None:
+        """Every file is read first, then applied: an unreadable one changes nothing."""
         def load(name: str) -> Any:
             return self.store.load(step, name, data.pop(name, None))
 
-        trainer.raw_model.load_state_dict(load("model.pt"))
-        trainer.optimizer.load_state_dict(load("optim.pt"))
-        meta = load("trainer.pt")
+        rng_file = f"rng-rank{self.dist.rank}.pt"
+        has_rng = rng_file in (self.store.manifest(step) or {}).get("files", {})
+        model, optim, meta = load("model.pt"), load("optim.pt"), load("trainer.pt")
+        rng = load(rng_file) if has_rng else None
+        trainer.raw_model.load_state_dict(model)
+        trainer.optimizer.load_state_dict(optim)
         if trainer.scheduler is not None and meta.get("scheduler") is not None:
             trainer.scheduler.load_state_dict(meta["scheduler"])
         trainer.state.step, trainer.state.epoch = meta["step"], meta["epoch"]
         trainer.state.batch_in_epoch, trainer.state.history = meta["batch_in_epoch"], meta["history"]
-        rng_file = f"rng-rank{self.dist.rank}.pt"
-        manifest = self.store.manifest(step) or {}
-        if rng_file in manifest.get("files", {}):
-            set_rng_state(load(rng_file))
-        self.resumed_step = step
-        if self.dist.is_main:
-            print(f"slurmkit: resumed from checkpoint step-{step}", flush=True)
-        return step
+        if rng is not None:
+            set_rng_state(rng)
 
     # --------------------------------------------------------------- saving
 
@@ -149,7 +183,7 @@ class Resilience:
                     all_entries = [Entry(**e) for rank_entries, _ in gathered for e in rank_entries]
                     assert step is not None
                     self.store.commit(step, all_entries, {"world_size": self.dist.world_size, "time": time.time()})
-                    self.store.prune(self.keep)
+                    self.store.prune(self.keep, protect=(step, self.resumed_step))
                 except (CheckpointError, OSError) as exc:
                     commit_error = str(exc)
             commit_error = self._from_main(commit_error)

@@ -17,6 +17,8 @@
 #SBATCH --requeue
 
 set -uo pipefail
+# Logs, outcomes and checkpoints are never world-readable (profile run_mode: private).
+umask 0077
 
 # setup
 # shellcheck disable=SC1090,SC1091

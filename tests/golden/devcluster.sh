@@ -15,6 +15,8 @@
 #SBATCH --requeue
 
 set -uo pipefail
+# Logs, outcomes and checkpoints are never world-readable (profile run_mode: private).
+umask 0077
 
 # setup
 export OMP_NUM_THREADS=1

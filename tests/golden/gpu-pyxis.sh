@@ -22,6 +22,8 @@
 #SBATCH --mail-type=FAIL
 
 set -uo pipefail
+# Logs, outcomes and checkpoints are never world-readable (profile run_mode: private).
+umask 0077
 
 # setup
 export SLURMKIT_RUN_NAME=golden

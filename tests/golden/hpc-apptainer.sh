@@ -18,6 +18,8 @@
 #SBATCH --requeue
 
 set -uo pipefail
+# Logs, outcomes and checkpoints are never world-readable (profile run_mode: private).
+umask 0077
 
 # setup
 module load cuda/12.4

@@ -13,6 +13,8 @@
 #SBATCH --requeue
 
 set -uo pipefail
+# Logs, outcomes and checkpoints are never world-readable (profile run_mode: private).
+umask 0077
 
 # setup
 export SLURMKIT_RUN_NAME=golden

@@ -1,0 +1,83 @@
+"""Each rank's outcome as JSON: written on the compute side when the rank finishes, read by the login side.
+
+`status`, `list`, `sweep status/results` and the requeue policy read only these records, never
+submitit's result pickles: a pickle found in a shared folder can run code as whoever loads it,
+JSON cannot. `result` alone unpickles, and only from a folder the caller owns (slurmkit.perms).
+
+One record per (job id, rank): outcomes/<job_id>_<rank>.json in the run folder, holding
+    {"state": "success" | "error", "returncode": 0 | 1, "error": text, "value": JSON or null,
+     "value_omitted": why the value is not here, "restart_count": N, "time": ISO time}
+A rank that stops to be requeued writes none: that incarnation has no result.
+Torch-free: both sides import it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+VALUE_MAX_BYTES = 64 * 1024
+ERROR_MAX_CHARS = 4000
+SUCCESS, ERROR = "success", "error"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str
+    returncode: int
+    error: str = ""
+    value: Any = None
+    value_omitted: str = ""
+    restart_count: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.state == SUCCESS
+
+    @property
+    def error_line(self) -> str:
+        """The last non-empty line of the error text: what a traceback says went wrong."""
+        lines = [ln for ln in self.error.strip().splitlines() if ln.strip()]
+        return lines[-1].strip() if lines else ""
+
+
+def _json_value(value: Any) -> tuple[Any, str]:
+    """The value as JSON when it is small and JSON-able; else None and why."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return None, f"not JSON-serializable ({type(value).__name__}); `slurmkit result` reads the pickle"
+    if len(text) > VALUE_MAX_BYTES:
+        return None, f"{len(text)} bytes of JSON, over {VALUE_MAX_BYTES}; `slurmkit result` reads the pickle"
+    return value, ""
+
+
+def restart_count() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def record(path: Path, state: str, *, value: Any = None, error: str = "") -> None:
+    """Write one rank's outcome atomically (a reader never sees half a record)."""
+    from slurmkit.runs import atomic_write_text
+
+    shown, omitted = _json_value(value) if state == SUCCESS else (None, "")
+    data = {"state": state, "returncode": 0 if state == SUCCESS else 1, "error": error[-ERROR_MAX_CHARS:],
+            "value": shown, "value_omitted": omitted, "restart_count": restart_count(),
+            "time": dt.datetime.now().isoformat(timespec="seconds")}
+    atomic_write_text(path, json.dumps(data) + "\n")
+
+
+def read(path: Path) -> Outcome | None:
+    """The outcome at path; None when the rank wrote none or the record is unreadable."""
+    try:
+        data = json.loads(path.read_text())
+        return Outcome(state=str(data["state"]), returncode=int(data.get("returncode", 1)),
+                       error=str(data.get("error") or ""), value=data.get("value"),
+                       value_omitted=str(data.get("value_omitted") or ""),
+                       restart_count=int(data.get("restart_count") or 0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

@@ -1,0 +1,71 @@
+"""Who may read and write a run: folder modes, the umask of everything a submit creates, and the
+ownership check that comes before anything is unpickled.
+
+A run folder is 0700 (private), or 0750 with setgid under a profile's `run_mode: group`, so a
+team shares one group and can read, never write. The folder's own mode is the one record of
+which it is: files in it are 0600, or 0640 in a group folder. Submitting sets the umask to match
+(0077 or 0027), so submitit's pickles, sbatch's job (Slurm passes the submitter's umask on as
+SLURM_UMASK) and with it logs, outcomes and checkpoints are never world-readable.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from slurmkit.errors import SlurmkitError
+
+PRIVATE, GROUP = "private", "group"
+FOLDER_MODE = {PRIVATE: 0o700, GROUP: 0o2750}
+FILE_MODE = {PRIVATE: 0o600, GROUP: 0o640}
+UMASK = {PRIVATE: 0o077, GROUP: 0o027}
+
+
+def folder_kind(folder: Path) -> str:
+    """group when the folder was made for group access (setgid), else private."""
+    try:
+        return GROUP if folder.stat().st_mode & stat.S_ISGID else PRIVATE
+    except OSError:
+        return PRIVATE
+
+
+def make_private_dir(folder: Path, run_mode: str = PRIVATE) -> None:
+    """Create `folder` (not its parents) with the mode of run_mode, whatever the umask."""
+    folder.mkdir(mode=0o700)
+    os.chmod(folder, FOLDER_MODE[run_mode])
+
+
+@contextmanager
+def umask(run_mode: str = PRIVATE) -> Iterator[None]:
+    """Everything created inside (submitit's folder and pickles, the job sbatch starts) gets run_mode's umask."""
+    previous = os.umask(UMASK[run_mode])
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def untrusted_reason(path: Path) -> str | None:
+    """Why `path` could hold what another user wrote; None when only the caller (or root) could have."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return f"cannot stat {path}: {exc.strerror}"
+    if st.st_uid not in (os.getuid(), 0):
+        return f"{path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'}"
+    return None
+
+
+def check_trusted(paths: list[Path], what: str) -> None:
+    """Refuse (one line) unless every path, symlinks followed, is the caller's and not writable by others."""
+    for path in paths:
+        reason = untrusted_reason(path)
+        if reason:
+            raise SlurmkitError(f"refusing to unpickle {what}: {reason}", where=str(path),
+                                valid="valid: a run folder you own that no one else can write; "
+                                      "its outcome (state, error, JSON value) is in outcomes/*.json")
