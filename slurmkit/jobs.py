@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -75,7 +74,7 @@ def submit(resolved: Resolved, dependency: str | None = None) -> Submitted:
     with perms.umask(run_mode):
         paths = RunPaths.create(resolved.profile.run_root, resolved.spec.name, run_mode)
         record = RunRecord(paths)
-        try:
+        with paths.or_nothing():  # nothing queued: no folder, no record that could claim a job
             record.create({
                 "run_id": paths.run_id, "name": resolved.spec.name, "run_dir": str(paths.run_dir),
                 "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": resolved.profile.executor,
@@ -83,17 +82,16 @@ def submit(resolved: Resolved, dependency: str | None = None) -> Submitted:
                 "spec": resolved.spec.model_dump(), "profile": resolved.profile.model_dump(),
                 "resources": resolved.resources.model_dump(), "num_tasks": resolved.num_tasks, "job_ids": [],
             })
-            if slurm:
-                executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved, dependency)
-            else:
-                executor = ex_mod.local_executor(paths.job_folder, resolved)
-            job = executor.submit(entry(resolved, paths))
-        except BaseException as exc:
-            # Nothing was queued: leave no folder and no record that could claim a job.
-            shutil.rmtree(paths.run_dir, ignore_errors=True)
-            if isinstance(exc, SlurmkitError) or not isinstance(exc, Exception):
-                raise
-            raise SlurmError(f"submission failed: {squash(str(exc))}", where=resolved.profile_name) from exc
+            try:
+                if slurm:
+                    executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved, dependency)
+                else:
+                    executor = ex_mod.local_executor(paths.job_folder, resolved)
+                job = executor.submit(entry(resolved, paths))
+            except Exception as exc:
+                if isinstance(exc, (SlurmkitError, OSError)):
+                    raise
+                raise SlurmError(f"submission failed: {squash(str(exc))}", where=resolved.profile_name) from exc
         # Queued: the job id is recorded first, so nothing later can lose it.
         job_id = str(job.job_id)
         record.add_job_id(job_id, pid_start=None if slurm else procs.start_time(int(job_id)))

@@ -29,7 +29,11 @@ def shell_quote(value: Any) -> Shell:
         return value
     if isinstance(value, bool):
         value = "1" if value else "0"
-    return Shell(shlex.quote(str(value)))
+    text = str(value)
+    if "\\" in text:
+        # '\' is correct bash, but shellcheck flags it (SC1003); $'...' says the same unambiguously.
+        return Shell("$'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'")
+    return Shell(shlex.quote(text))
 
 
 def _raw(value: Any) -> Shell:

@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -97,6 +98,19 @@ class RunPaths:
                 raise ConfigError(f"cannot create a run folder: {exc.strerror or exc}", where=where,
                                   valid="valid: a writable folder with free space") from exc
         raise SlurmkitError(f"no free run id after {CREATE_ATTEMPTS} attempts", where=where)
+
+    @contextmanager
+    def or_nothing(self) -> Iterator[None]:
+        """The first writes into a new folder: on any failure the folder goes, and an OSError (full disk,
+        read-only, quota) becomes one ConfigError, so a failed submit leaves nothing behind."""
+        try:
+            yield
+        except BaseException as exc:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise ConfigError(f"cannot write {clip(exc.filename or str(self.run_dir))}: {exc.strerror or exc}",
+                                  where="profile:run_root", valid="valid: a writable run_root with free space") from exc
+            raise
 
     @property
     def file_mode(self) -> int:
@@ -199,7 +213,8 @@ class LockedJson:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.parent / f".{self.path.name}.lock", "a+") as lock:
+        fd = os.open(self.path.parent / f".{self.path.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "r+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield

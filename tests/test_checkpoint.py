@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slurmkit.worker.checkpoint import MARKER, AsyncWriter, CheckpointError, CheckpointStore, snapshot
+from slurmkit.worker.checkpoint import MARKER, TRAINER_FILES, AsyncWriter, CheckpointError, CheckpointStore, snapshot
 
 
 def _uris(tmp_path: Path) -> list[str]:
@@ -157,3 +157,33 @@ def test_sigkill_during_saves_never_leaves_an_accepted_broken_checkpoint(tmp_pat
     latest = store.latest_valid()
     if latest is not None:
         assert store.load(latest, "model.pt")["w"].numel() == 2_000_000
+
+
+def test_prune_counts_only_checkpoints_that_verify(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "ck"))
+    for step in (20, 30):  # committed, then corrupted: a restart found none valid and began at 0
+        _save(store, step, float(step))
+        (tmp_path / "ck" / f"step-{step}" / "model.pt").write_bytes(b"bit rot")
+    fresh = CheckpointStore(str(tmp_path / "ck"))
+    _save(fresh, 10, 10.0)
+    assert fresh.prune(2) == []  # one valid checkpoint is fewer than 2: nothing goes
+    assert fresh.latest_valid() == 10
+    _save(fresh, 11, 11.0)
+    assert fresh.prune(2) == [] and fresh.latest_valid() == 11
+    assert fresh.steps() == [30, 20, 11, 10]  # the corrupt newer ones did not count toward the two kept
+
+
+def test_prune_keeps_protected_steps(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "ck"))
+    for step in (1, 2, 3, 4):
+        _save(store, step, float(step))
+    assert store.prune(2, protect=(4, 1)) == [2]
+    assert store.steps() == [4, 3, 1]
+
+
+def test_a_manifest_without_a_required_file_is_not_valid(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "ck"), required=TRAINER_FILES)
+    store.commit(5, [store.write(5, "model.pt", b"weights only")])
+    assert store.manifest(5) is None and store.latest_valid() is None
+    store.commit(6, [store.write(6, name, b"x") for name in TRAINER_FILES])
+    assert store.latest_valid() == 6

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -100,6 +101,11 @@ def test_preemption_signal_saves_at_the_step_and_resumes(cluster: None, dev_prof
     result = check(paths, reference, max_lost=0)  # the final save is at the stop step
     assert result["restart_causes"] == ["preemption"]
     assert jobs.run_state(paths).restarts == 1  # what `slurmkit status` shows
+    # Checkpoints the ranks wrote, in both incarnations, under the job's umask: never world-readable.
+    written = list(paths.checkpoints.rglob("*"))
+    assert any(p.name == "model.pt" for p in written)
+    assert all(stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in written), [
+        (p, oct(p.stat().st_mode)) for p in written]
 
 
 def test_scontrol_requeue_resumes_from_the_last_checkpoint(cluster: None, dev_profile: Path,

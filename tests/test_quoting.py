@@ -20,7 +20,9 @@ SHELL_HOSTILE = ["a b", "$(touch PWNED)", "`touch PWNED`", "; touch PWNED", "x &
 # Read specially by sbatch's own parser (escapes, nested quotes, comments, %x patterns): refused there.
 SBATCH_HOSTILE = ["it's", 'say "hi"', "\\", "#comment", "'\"'\"'", "%x", "a\\' --uid=0 '"]
 HOSTILE = SHELL_HOSTILE + SBATCH_HOSTILE
-printable = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_characters="\x7f"), max_size=40)
+# Printable text: no control characters or line separators (refused everywhere, tested apart).
+PRINTABLE = st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_categories=("Cc", "Zl", "Zp"))
+printable = st.text(PRINTABLE, max_size=40)
 value_strategy = st.one_of(st.sampled_from(HOSTILE), printable)
 
 

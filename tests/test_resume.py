@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker.checkpoint import CheckpointStore
+from slurmkit.worker.checkpoint import CheckpointStore, Entry, to_bytes
 from slurmkit.worker.dist import distributed
 from slurmkit.worker.lifecycle import Lifecycle
 from slurmkit.worker.tasks.train import InjectedError, build
@@ -100,3 +101,38 @@ def test_sync_and_async_saves_give_the_same_checkpoint(tmp_path: Path) -> None:
     assert a["params_sha256"] == b["params_sha256"]
     sa, sb = CheckpointStore(str(tmp_path / "a" / "checkpoints")), CheckpointStore(str(tmp_path / "b" / "checkpoints"))
     assert sa.manifest(40)["files"]["model.pt"] == sb.manifest(40)["files"]["model.pt"]  # type: ignore[index]
+
+
+def test_a_checkpoint_that_verifies_but_does_not_load_falls_back(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    full = train(BASE, str(tmp_path / "full"))
+    run_dir = tmp_path / "mismatch"
+    assert incarnation(BASE, run_dir, signal_at=25) is None
+    store = CheckpointStore(str(run_dir / "checkpoints"))
+    # Step 25 is whole (its hashes match) but its model no longer fits: e.g. the code changed a layer.
+    manifest = store.manifest(25)
+    assert manifest is not None
+    bad = store.write(25, "model.pt", to_bytes({"not.a.layer": torch.zeros(3)}))
+    others = [Entry(name, f["sha256"], f["bytes"]) for name, f in manifest["files"].items() if name != "model.pt"]
+    store.commit(25, [bad, *others])
+    assert store.latest_valid() == 25
+    capsys.readouterr()
+    resumed = incarnation(BASE, run_dir)
+    assert resumed is not None and resumed["resumed_from_step"] == 20
+    assert resumed["params_sha256"] == full["params_sha256"]
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "does not load" in ln]
+    assert len(lines) == 1 and "step-25" in lines[0] and "falling back to step-20" in lines[0]
+
+
+def test_prune_during_training_never_removes_the_step_resumed_from(tmp_path: Path) -> None:
+    run_dir = tmp_path / "resumed"
+    assert incarnation({**BASE, "steps": 20}, run_dir, signal_at=20) is None
+    store = CheckpointStore(str(run_dir / "checkpoints"))
+    for step in (30, 40):  # newer checkpoints left by a run that was rolled back: committed, then corrupted
+        store.commit(step, [store.write(step, "model.pt", b"x")])
+        (run_dir / "checkpoints" / f"step-{step}" / "model.pt").write_bytes(b"y")
+    assert store.latest_valid() == 20
+    resumed = incarnation({**BASE, "keep_latest_k": 1}, run_dir)
+    assert resumed is not None and resumed["resumed_from_step"] == 20
+    after = CheckpointStore(str(run_dir / "checkpoints"))
+    assert after.latest_valid() == 40 and after.steps() == [40, 20]  # 20: the step this incarnation resumed from

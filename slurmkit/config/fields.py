@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Any, ClassVar
 
@@ -49,7 +50,8 @@ def _admits_bool(annotation: Any) -> bool:
 
 def has_control(value: Any) -> bool:
     if isinstance(value, str):
-        return any(ord(c) < 32 or ord(c) == 127 for c in value)
+        # C0, DEL, C1 and the Unicode line separators: each ends a line for some reader.
+        return any(ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029" for c in value)
     if isinstance(value, dict):
         return any(has_control(k) or has_control(v) for k, v in value.items())
     if isinstance(value, (list, tuple)):
@@ -117,9 +119,19 @@ def _sbatch_options(value: list[str]) -> list[str]:
     return value
 
 
+def _home_path(value: str) -> str:
+    # The login node's home is the compute nodes' home on a cluster; a quoted ~ would never expand there.
+    expanded = os.path.expanduser(value)
+    if expanded.startswith("~"):
+        raise ValueError(f"{clip(value)} starts with ~ but names no home folder; valid: an absolute path or ~/...")
+    return expanded
+
+
 SlurmTime = Annotated[str, AfterValidator(_slurm_time)]
 SlurmMem = Annotated[str, AfterValidator(_slurm_mem)]
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_keys), AfterValidator(_env_names)]
+HomePath = Annotated[str, AfterValidator(_home_path)]
+"""A path whose leading ~ is expanded on the login node (venv, python)."""
 SbatchValue = Annotated[str, AfterValidator(sbatch_safe)]
 """Text that reaches an #SBATCH line (partition, account, run_root, ...)."""
 SbatchOptions = Annotated[list[str], AfterValidator(_sbatch_options)]

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from slurmkit.config.container import Container
-from slurmkit.config.fields import EnvMap, SbatchOptions, SbatchValue, SlurmMem, SlurmTime, Strict
+from slurmkit.config.fields import EnvMap, HomePath, SbatchOptions, SbatchValue, SlurmMem, SlurmTime, Strict
 
 
 class Resources(Strict):
@@ -52,7 +52,7 @@ class Setup(Strict):
     """Environment modules to load with `module load` (each quoted)."""
     env: EnvMap = Field(default_factory=dict)
     """Environment variables exported in the batch script (values quoted)."""
-    venv: str | None = None
+    venv: HomePath | None = None
     """Path of a virtual environment to activate (`source VENV/bin/activate`)."""
     commands: list[str] = Field(default_factory=list)
     """Raw shell lines, run as written; the one place where the profile author writes shell."""
@@ -105,7 +105,7 @@ class ClusterProfile(Strict):
     folder's group can read logs and results. Nobody but the owner can ever write it."""
     checkpoint_root: str | None = None
     """fsspec URI for checkpoints (file://, s3://, ...); unset puts them in the run folder."""
-    python: str | None = None
+    python: HomePath | None = None
     """Python interpreter on the compute nodes; unset uses the interpreter running slurmkit."""
     sbatch_extra: SbatchOptions = Field(default_factory=list)
     """More sbatch options, each as --key=value or --flag."""

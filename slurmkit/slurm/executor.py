@@ -8,7 +8,6 @@ range and tests/test_executor_hook.py fails if the hook stops being used.
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import uuid
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from submitit.core.utils import DelayedSubmission, JobPaths
 
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
-from slurmkit.render import JobFiles, RenderInput, render
+from slurmkit.render import JobFiles, RenderInput, render, shell_quote
 from slurmkit.slurm import commands
 
 SBATCH_TIMEOUT_S = 60
@@ -29,18 +28,18 @@ NO_LIMIT_MIN = 366 * 24 * 60
 
 def python_command(resolved: Resolved) -> str:
     """The interpreter on the host: the batch shell's helpers, and the ranks when there is no container."""
-    return shlex.quote(resolved.profile.python or sys.executable)
+    return shell_quote(resolved.profile.python or sys.executable)
 
 
 def rank_python(resolved: Resolved) -> str:
     """The interpreter that runs each rank: the container's, if it names one."""
     c = resolved.profile.container
-    return shlex.quote(c.python) if c is not None and c.python else python_command(resolved)
+    return shell_quote(c.python) if c is not None and c.python else python_command(resolved)
 
 
 def submitit_command(python: str, folder: Path) -> str:
     """The command submitit runs on each rank (mirrors SlurmExecutor._submitit_command_str)."""
-    return " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    return " ".join([python, "-u -m submitit.core._submit", shell_quote(str(folder))])
 
 
 def job_files(folder: Path, array: bool = False) -> JobFiles:

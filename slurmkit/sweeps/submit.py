@@ -165,8 +165,15 @@ def create(plan: SweepPlan, resolved: list[Resolved]) -> SweepPaths:
     prof = resolved[0].profile
     created = RunPaths.create(prof.run_root, f"{plan.name}-sweep", prof.run_mode)
     paths = SweepPaths(created.run_dir)
+    with created.or_nothing():
+        _write_manifest(paths, plan, resolved)
+    return paths
+
+
+def _write_manifest(paths: SweepPaths, plan: SweepPlan, resolved: list[Resolved]) -> None:
     from slurmkit.jobs import run_env
 
+    prof = resolved[0].profile
     tasks = []
     for i, (res, overrides) in enumerate(zip(resolved, plan.overrides, strict=True)):
         seed = task_seed(res, plan.section.seed, i)
@@ -181,7 +188,6 @@ def create(plan: SweepPlan, resolved: list[Resolved]) -> SweepPaths:
         "profile_name": resolved[0].profile_name, "profile": prof.model_dump(), "varying": plan.varying,
         "max_parallel": plan.section.max_parallel, "tasks": tasks, "arrays": [],
     })
-    return paths
 
 
 def submit(plan: SweepPlan, profile: str | None = None, sets: list[str] | None = None,
