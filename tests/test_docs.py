@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from slurmkit import perms
 from slurmkit.cli.app import app
+from slurmkit.config.fields import SBATCH_FORBIDDEN
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.reference import BEGIN, END, SECTIONS, reference
 from tests.conftest import ROOT
@@ -82,3 +87,17 @@ def test_every_doc_page_is_linked_from_the_index() -> None:
     for page in DOCS.glob("*.md"):
         if page.name != "index.md":
             assert f"({page.name})" in index, f"docs/index.md does not link {page.name}"
+
+
+def test_security_doc_states_the_modes_and_fields_the_code_uses() -> None:
+    text = (DOCS / "security.md").read_text()
+    for kind in (perms.PRIVATE, perms.GROUP):
+        assert f"`{perms.FILE_MODE[kind]:04o}`" in text and f"umask `{perms.UMASK[kind]:04o}`" in text
+    assert "`0700`" in text and "`0750` + setgid" in text and perms.FOLDER_MODE[perms.GROUP] == 0o2750
+    assert "none of `" + " ".join(SBATCH_FORBIDDEN) + "`" in text
+    named = re.findall(r"`(\w+)`", text.split("reaches such a\nline (", 1)[1].split(")", 1)[0])
+    header = (ROOT / "templates/partials/header.sh.j2").read_text()
+    assert set(re.findall(r'"(\w+)"', header.split("{% for key in [", 1)[1].split("]", 1)[0])) <= set(named)
+    for name in named:  # each one the doc names is refused where sbatch's parser reads specially
+        with pytest.raises(ValidationError, match="sbatch's own parser"):
+            ClusterProfile.model_validate({name: ["--comment=a'b"] if name == "sbatch_extra" else "a'b"})
