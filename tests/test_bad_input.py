@@ -189,3 +189,12 @@ def test_env_keys_read_as_booleans_say_what_happened(tmp_path: Path) -> None:
     spec.write_text('name: x\ncommand: "true"\nenv:\n  N: 4\n')
     result = CliRunner().invoke(app, ["render", str(spec)])
     assert result.exit_code == 0 and "export N=4" in result.stdout  # a number is its text
+
+
+def test_an_alias_bomb_in_one_set_value_is_refused(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="x", callable="m:f")
+    levels = ["&a [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    for prev, name in zip("abcdefg", "bcdefgh", strict=True):
+        levels.append(f"&{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    err = refused(["render", str(spec), "--set", "kwargs.x=[" + ", ".join(levels) + "]"]).stderr
+    assert "error: --set: expands to more than 200000 values" in err

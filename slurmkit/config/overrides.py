@@ -6,8 +6,7 @@ import copy
 import re
 from typing import Any
 
-import yaml
-
+from slurmkit.config.yamlio import YamlSyntaxError, load_text
 from slurmkit.errors import ConfigError, clip
 
 PROFILE_PREFIX = "profile."
@@ -22,8 +21,8 @@ def parse_set(item: str) -> tuple[list[str], Any]:
             f"malformed override {clip(item)}", where="--set", valid="valid: KEY=VALUE, e.g. resources.nodes=2"
         )
     try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
+        value = load_text(raw, "--set") if raw else ""
+    except YamlSyntaxError:  # over the limits (an alias bomb in one value) is refused like a file
         value = raw
     # PyYAML reads 1e-3 as a string (YAML 1.1 wants a dot); users mean a float.
     if isinstance(value, str) and _FLOAT_RE.match(value):

@@ -1,0 +1,79 @@
+"""Reading YAML that users write: UTF-8 only, bounded size, depth and alias expansion, one-line errors.
+
+Every YAML a user gives (profiles, run specs, sweep specs, --set values) goes through here, so a
+binary file, a 5,000-deep nesting or an alias bomb is one ConfigError, never a traceback or a hang.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slurmkit.errors import ConfigError
+
+
+class YamlSyntaxError(ConfigError):
+    """The text is not YAML at all (a --set value is then taken as plain text)."""
+
+
+MAX_FILE_BYTES = 4 << 20
+MAX_DEPTH = 40
+MAX_NODES = 200_000
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from a UTF-8 file; anything else is one ConfigError naming the file."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(f"file is {size} bytes, over {MAX_FILE_BYTES}", where=str(path),
+                              valid="valid: a YAML profile or run spec")
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read file: {exc.strerror}", where=str(path)) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+                          where=str(path), valid="valid: a UTF-8 YAML file") from None
+    data = load_text(text, str(path))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping at the top level", where=str(path))
+    return data
+
+
+def load_text(text: str, where: str) -> Any:
+    """yaml.safe_load within the limits; `where` names the source in errors (a file, or --set)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise YamlSyntaxError(f"invalid YAML: {problem}", where=f"{where}{line}") from exc
+    except RecursionError:
+        raise ConfigError(f"nested too deeply for YAML's parser (limit about {MAX_DEPTH} levels)",
+                          where=where) from None
+    check_size(data, where)
+    return data
+
+
+def check_size(data: Any, where: str) -> None:
+    """Refuse deep nesting and alias bombs: YAML aliases share one object, which validation would
+    walk once per reference, so count nodes as expanded and stop at MAX_NODES."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    nodes = 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise ConfigError(f"expands to more than {MAX_NODES} values (YAML aliases multiply what they refer to)",
+                              where=where, valid="valid: a config without nested alias chains")
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"nested deeper than {MAX_DEPTH} levels", where=where)
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
