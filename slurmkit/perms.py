@@ -32,7 +32,7 @@ def folder_kind(folder: Path) -> str:
         return PRIVATE
 
 
-def make_private_dir(folder: Path, run_mode: str = PRIVATE) -> None:
+def make_run_folder(folder: Path, run_mode: str = PRIVATE) -> None:
     """Create `folder` (not its parents) with the mode of run_mode, whatever the umask."""
     folder.mkdir(mode=0o700)
     os.chmod(folder, FOLDER_MODE[run_mode])

@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 from slurmkit import outcomes, perms
 from slurmkit.errors import ConfigError, RunNotFoundError, SlurmkitError, clip, did_you_mean, warn
+from slurmkit.outcomes import Outcome
 
-Outcome = outcomes.Outcome
 RUN_FILE = "run.json"
 CREATE_ATTEMPTS = 20
 
@@ -90,7 +90,7 @@ class RunPaths:
         for _ in range(CREATE_ATTEMPTS):  # a clash on the random id is rare; never spin forever
             paths = cls(root / new_run_id(name))
             try:
-                perms.make_private_dir(paths.run_dir, run_mode)
+                perms.make_run_folder(paths.run_dir, run_mode)
                 return paths
             except FileExistsError:
                 continue
