@@ -48,6 +48,16 @@ def umask(run_mode: str = PRIVATE) -> Iterator[None]:
         os.umask(previous)
 
 
+def swappable_reason(folder: Path) -> str | None:
+    """Why another user could rename a run folder in `folder` away and put their own in its place
+    (the job would then unpickle their submitted.pkl as you); None when they cannot."""
+    mode = folder.stat().st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        who = "others" if mode & stat.S_IWOTH else "its group"
+        return f"the run root is writable by {who} without the sticky bit: anyone there could swap a run folder"
+    return None
+
+
 def untrusted_reason(path: Path) -> str | None:
     """Why `path` could hold what another user wrote; None when only the caller (or root) could have."""
     try:

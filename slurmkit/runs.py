@@ -87,6 +87,9 @@ class RunPaths:
                               valid="valid: a writable folder on a filesystem shared with the compute nodes") from exc
         if not root.is_dir():
             raise ConfigError("the run root is not a folder", where=where, valid="valid: a writable folder")
+        if reason := perms.swappable_reason(root):
+            raise ConfigError(reason, where=where, valid="valid: a folder of your own, or a shared one with the "
+                                                         "sticky bit (chmod +t, as /tmp)")
         for _ in range(CREATE_ATTEMPTS):  # a clash on the random id is rare; never spin forever
             paths = cls(root / new_run_id(name))
             try:

@@ -270,3 +270,20 @@ def test_a_run_folder_from_before_outcome_records_still_reads(tmp_path: Path, ru
     (row,) = jobs.status(str(run_root))
     assert row.state == jobs.LEGACY_ENDED
     assert jobs.result(RunPaths(folder)) == {"answer": 42}
+
+
+def test_a_run_root_others_could_swap_folders_in_is_refused(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="x", command="true")
+    root = tmp_path / "shared"
+    root.mkdir()
+    prof = tmp_path / "p.yaml"
+    prof.write_text(f"extends: local\nrun_root: {root}\n")
+    os.chmod(root, 0o777)  # anyone may rename a run folder away and put their own pickles in its place
+    result = CliRunner().invoke(app, ["submit", str(spec), "-p", str(prof), "--dry-run"])
+    assert result.exit_code == 0  # a dry run creates nothing
+    result = CliRunner().invoke(app, ["submit", str(spec), "-p", str(prof)])
+    assert result.exit_code == 2 and "writable by others without the sticky bit" in result.stderr
+    assert list(root.iterdir()) == []
+    os.chmod(root, 0o1777)  # sticky, as /tmp: only a folder's owner may rename it
+    result = CliRunner().invoke(app, ["submit", str(spec), "-p", str(prof), "--wait"])
+    assert result.exit_code == 0, result.output
