@@ -22,10 +22,10 @@ from pathlib import Path
 import yaml
 
 from slurmkit import goodput, jobs
+from slurmkit.common.metrics import read_records
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths
 from slurmkit.slurm.commands import Incarnation
-from slurmkit.worker.metrics import read_records
 
 BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a preemption every 60 s
 

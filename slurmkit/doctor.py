@@ -45,8 +45,7 @@ def _slurm(resolved: Resolved) -> list[Check]:
         return [Check("slurm", FAIL, f"slurmctld does not answer: {ping['detail'] or 'no reply'}",
                       "start slurmctld (`slurmkit devcluster up` on the dev cluster) or check SlurmctldHost in "
                       "slurm.conf")]
-    version = commands.run(["scontrol", "--version"], check=False).strip()
-    out = [Check("slurm", PASS, f"{version}, controller up")]
+    out = [Check("slurm", PASS, f"{commands.version()}, controller up")]
     try:
         partition = preflight.check(resolved)
         out.append(Check("partition", PASS, f"'{partition}' accepts {resolved.resources.nodes} node(s) for "
@@ -73,6 +72,8 @@ RUNTIME_TOOLS = {"apptainer": ["apptainer", "singularity"], "docker": ["docker"]
 
 def _compute_node(resolved: Resolved) -> Check:
     """A one-task job: the profile's interpreter imports slurmkit and submitit there, and sees the runtime."""
+    from slurmkit.errors import SlurmError
+    from slurmkit.slurm import commands
     from slurmkit.slurm.executor import python_command
 
     c = resolved.profile.container
@@ -80,18 +81,17 @@ def _compute_node(resolved: Resolved) -> Check:
     probe = ("import json, shutil, sys, slurmkit, submitit; "
              f"print(json.dumps({{'python': sys.executable, 'slurmkit': slurmkit.__version__, "
              f"'runtime': next(filter(None, map(shutil.which, {tools!r})), None)}}))")
-    argv = ["srun", "-N1", "-n1", "--time=2", "--job-name=slurmkit-doctor"]
+    options = ["-N1", "-n1", "--time=2", "--job-name=slurmkit-doctor"]
     if resolved.profile.partition:
-        argv.append(f"--partition={resolved.profile.partition}")
+        options.append(f"--partition={resolved.profile.partition}")
     setup = [f"module load {shlex.quote(m)}" for m in resolved.profile.setup.modules]
     if resolved.profile.setup.venv:
         setup.append(f"source {shlex.quote(resolved.profile.setup.venv + '/bin/activate')}")
     command = " && ".join([*setup, f"{python_command(resolved)} -c {shlex.quote(probe)}"])
     try:
-        proc = subprocess.run([*argv, "bash", "-c", command], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return Check("compute-node python", FAIL, f"the probe job did not finish within {PROBE_TIMEOUT_S} s",
+        proc = commands.srun_probe(options, command, PROBE_TIMEOUT_S)
+    except SlurmError as exc:  # srun missing, or the probe did not finish within PROBE_TIMEOUT_S
+        return Check("compute-node python", FAIL, f"the probe job failed: {exc.what}",
                      "check `squeue` for why it waits (a busy or down partition)")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -108,8 +108,9 @@ def _compute_node(resolved: Resolved) -> Check:
 
 
 def _pyxis() -> Check:
-    proc = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=20, check=False)
-    if "--container-image" not in proc.stdout:
+    from slurmkit.slurm import commands
+
+    if "--container-image" not in commands.srun_help():
         return Check("container runtime", FAIL, "srun has no --container-image: the pyxis plugin is not loaded",
                      "ask the admins for pyxis (plugstack.conf), or use runtime: apptainer")
     return Check("container runtime", PASS, "pyxis plugin loaded (srun --container-image)")

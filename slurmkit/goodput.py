@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common.metrics import read_records
 from slurmkit.slurm.commands import Incarnation
-from slurmkit.worker.metrics import read_records
 
 
 @dataclass(frozen=True)

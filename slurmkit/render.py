@@ -13,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from slurmkit.common import ports
 from slurmkit.config.loader import Resolved
 from slurmkit.errors import RenderError, clip
 from slurmkit.resources import shipped_dir
@@ -147,6 +148,7 @@ def render(inp: RenderInput) -> str:
         "container": container_context(res, inp.run_dir),
         "env": {**res.spec.env, **inp.extra_env},
         "slurm": res.profile.executor == "slurm",
+        "ray_port": ports.ray_port_shell(),
     }
     try:
         return env.get_template(ENTRY_TEMPLATE).render(context)

@@ -18,16 +18,17 @@ import os
 import secrets
 import shutil
 import stat
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from slurmkit import outcomes, perms
+from slurmkit import perms
+from slurmkit.common import outcomes
+from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.outcomes import Outcome
 from slurmkit.errors import ConfigError, RunNotFoundError, SlurmkitError, clip, did_you_mean, warn
-from slurmkit.outcomes import Outcome
 
 RUN_FILE = "run.json"
 CREATE_ATTEMPTS = 20
@@ -40,31 +41,6 @@ def expand_root(run_root: str) -> Path:
 def new_run_id(name: str) -> str:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
-
-
-def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
-    """Write to a temp file in the same folder, fsync, rename, fsync the folder.
-
-    The file is 0600 (mkstemp's mode), or `mode`; it never exists with a wider mode first.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        if mode is not None:
-            os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 @dataclass(frozen=True)
@@ -175,7 +151,7 @@ class RunPaths:
         return self.job_folder / f"{job_id}_{rank}_result.pkl"
 
     def outcome_file(self, job_id: str, rank: int) -> Path:
-        """A rank's outcome as JSON (slurmkit.outcomes), written when the rank finishes."""
+        """A rank's outcome as JSON (slurmkit.common.outcomes), written when the rank finishes."""
         return self.run_dir / "outcomes" / f"{job_id}_{rank}.json"
 
     def outcome(self, job_id: str, rank: int) -> Outcome | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from slurmkit import outcomes
+from slurmkit.common import outcomes
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker import requeue
 

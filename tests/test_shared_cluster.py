@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from slurmkit import jobs, outcomes, perms, procs
+from slurmkit import jobs, perms, procs
 from slurmkit.cli.app import app
+from slurmkit.common import outcomes
 from slurmkit.errors import SlurmkitError
 from slurmkit.runs import RunPaths, RunRecord, list_runs
 from slurmkit.worker import requeue
@@ -238,7 +239,8 @@ def test_outcome_records_hold_json_values_and_say_why_not(tmp_path: Path) -> Non
     outcomes.record(path, outcomes.SUCCESS, value=object())
     read = outcomes.read(path)
     assert read is not None and read.value is None and "not JSON-serializable (object)" in read.value_omitted
-    outcomes.record(path, outcomes.ERROR, error="Traceback...\nValueError: bad\n")
+    with perms.umask(perms.PRIVATE):  # the job's umask
+        outcomes.record(path, outcomes.ERROR, error="Traceback...\nValueError: bad\n")
     read = outcomes.read(path)
     assert read is not None and not read.ok and read.error_line == "ValueError: bad"
     assert _mode(path) == 0o600

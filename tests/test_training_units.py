@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurmkit.bench.allreduce import busbw, sizes
+from slurmkit.common.ports import training_port
 from slurmkit.worker import dist
 from slurmkit.worker.metrics import (
     PEAK_BF16_FLOPS,
@@ -61,10 +62,16 @@ def test_sizes_span_8_bytes_to_256_mib() -> None:
 
 
 def test_master_port_is_derived_from_the_job_id_in_range() -> None:
-    assert dist.master_port("12345") == 20000 + 12345
-    assert dist.master_port("45000") == 20000 + 5000
-    ports = {dist.master_port(str(j)) for j in range(0, 100000, 7)}
-    assert min(ports) >= 20000 and max(ports) <= 39999
+    assert training_port("12345") == 20000 + 2345
+    assert training_port("45000") == 20000
+    picked = {training_port(str(j)) for j in range(0, 100000, 7)}
+    assert min(picked) >= 20000 and max(picked) <= 24999
+
+
+def test_master_addr_is_the_first_host_of_the_nodelist_without_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
+    launch_env(monkeypatch, SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_JOB_ID="9", SLURM_JOB_NODELIST="gpu-a[07-08]")
+    monkeypatch.setenv("PATH", "/nonexistent")  # as in a container image without Slurm's binaries
+    assert dist.detect().master_addr == "gpu-a07"
 
 
 LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID",

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common.atomic import atomic_write_text
 from slurmkit.devcluster import layout as L
 from slurmkit.devcluster import network
 from slurmkit.errors import DevClusterError, SlurmError
 from slurmkit.procs import pid_alive
-from slurmkit.runs import atomic_write_text
 from slurmkit.slurm import commands
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server", "iproute2"]

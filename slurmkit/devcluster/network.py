@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from slurmkit.common.atomic import atomic_write_text
 from slurmkit.devcluster import layout as L
 from slurmkit.errors import DevClusterError
-from slurmkit.runs import atomic_write_text
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -55,7 +55,7 @@ def write_hosts(block: str) -> None:
     new = text + block
     if new != (L.HOSTS_FILE.read_text() if L.HOSTS_FILE.exists() else ""):
         try:
-            atomic_write_text(L.HOSTS_FILE, new)
+            atomic_write_text(L.HOSTS_FILE, new, mode=0o644)  # every user resolves names through it
         except OSError:
             # /etc/hosts can be a bind mount that refuses rename; write in place then.
             L.HOSTS_FILE.write_text(new)

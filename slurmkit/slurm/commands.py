@@ -19,15 +19,21 @@ ACTIVE_STATES = frozenset(
 )
 
 
-def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, check: bool = True) -> str:
-    """Run one Slurm command and return its stdout; failures become one-line SlurmErrors."""
+def call(argv: list[str], timeout: float = DEFAULT_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm command (an argument list, never a shell string) within `timeout`; every
+    Slurm call slurmkit makes comes through here."""
     CALL_LOG.append(list(argv))
     if shutil.which(argv[0]) is None:
         raise SlurmError(f"{argv[0]} not found on PATH", valid="is Slurm installed on this node?")
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s", valid="is slurmctld up?") from exc
+
+
+def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, check: bool = True) -> str:
+    """Run one Slurm command and return its stdout; failures become one-line SlurmErrors."""
+    proc = call(argv, timeout)
     if check and proc.returncode != 0:
         detail = " ".join((proc.stderr or proc.stdout).split()) or f"exit code {proc.returncode}"
         raise SlurmError(f"{' '.join(argv[:2])} failed: {detail}")
@@ -148,6 +154,24 @@ def requeue(job_id: str) -> None:
     run(["scontrol", "requeue", job_id])
 
 
+def exclude_nodes(job_id: str, nodes: list[str]) -> None:
+    """Keep a (pending, requeued) job off these nodes."""
+    run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"])
+
+
+def version() -> str:
+    return run(["scontrol", "--version"], check=False).strip()
+
+
+def srun_probe(options: list[str], command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """One task that runs `bash -c command` on a compute node: its exit status and output."""
+    return call(["srun", *options, "bash", "-c", command], timeout)
+
+
+def srun_help() -> str:
+    return run(["srun", "--help"], timeout=20, check=False)
+
+
 def time_left_s(job_id: str) -> float | None:
     """Seconds before the job's time limit (squeue %L), None when unlimited or unknown."""
     out = run(["squeue", "--noheader", "--jobs", job_id, "--format=%L"], check=False).strip()
@@ -202,10 +226,6 @@ def show_partitions() -> dict[str, dict[str, str]]:
 def partition_gres(partition: str) -> list[str]:
     out = run(["sinfo", "--noheader", "--partition", partition, "--format=%G"])
     return [g for line in out.splitlines() for g in line.strip().split(",") if g and g != "(null)"]
-
-
-def hostnames(nodelist: str) -> list[str]:
-    return run(["scontrol", "show", "hostnames", nodelist]).split()
 
 
 def ping() -> dict[str, Any]:

@@ -9,11 +9,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.metrics import last_record
 from slurmkit.errors import SlurmkitError, did_you_mean
 from slurmkit.procs import same_process
-from slurmkit.runs import RunRecord, atomic_write_text
+from slurmkit.runs import RunRecord
 from slurmkit.sweeps.store import Manifest, SweepPaths, latest_job_ids, newest_arrays
-from slurmkit.worker.metrics import last_record
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 DEFAULT_METRIC = "loss"

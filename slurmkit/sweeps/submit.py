@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmkit import perms
+from slurmkit.common.atomic import atomic_write_text
 from slurmkit.config.loader import Resolved, load_profile, profile_name, resolve_layers
 from slurmkit.config.overrides import split_sets
 from slurmkit.errors import PreflightError, SlurmError, SlurmkitError
-from slurmkit.runs import RunPaths, atomic_write_text
+from slurmkit.runs import RunPaths
 from slurmkit.sweeps.spec import SweepPlan, nested
 from slurmkit.sweeps.store import Manifest, SweepPaths, latest_job_ids
 from slurmkit.sweeps.task import SweepTask

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.sweeps.store import Manifest, SweepPaths, materialize_task
-from slurmkit.worker.requeue import slurm_job_id
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +23,11 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from slurmkit.common.atomic import atomic_write
+
 MARKER = "COMMITTED.json"
 TRAINER_FILES = ("model.pt", "optim.pt", "trainer.pt")
 """What a Trainer checkpoint needs to resume: a manifest without all of them is not valid."""
-WRITE_CHUNK = 1 << 20
 KEEP_MAX_BYTES = 8 << 30  # verified bytes kept for the load that follows; above this, read again
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
@@ -89,7 +89,8 @@ class CheckpointStore:
         hasher.start()
         try:
             if self.local:
-                self._write_local(folder, path, data)
+                # 0666 narrowed by the umask: the job's (perms.UMASK) keeps checkpoints off other users.
+                atomic_write(path, data, mode=0o666)
             else:
                 self.fs.makedirs(folder, exist_ok=True)
                 self.fs.pipe_file(path, data)
@@ -98,32 +99,6 @@ class CheckpointStore:
         finally:
             hasher.join()
         return Entry(name, digest[0], len(data))
-
-    def _write_local(self, folder: str, path: str, data: bytes) -> None:
-        os.makedirs(folder, exist_ok=True)
-        tmp = f"{folder}/.{os.path.basename(path)}.{uuid.uuid4().hex}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                # 1 MiB writes, as dd bs=1M: one huge write() was 3x slower here.
-                view = memoryview(data)
-                for start in range(0, len(view), WRITE_CHUNK):
-                    chunk = view[start:start + WRITE_CHUNK]
-                    while chunk:
-                        chunk = chunk[os.write(fd, chunk):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
     def commit(self, step: int, entries: list[Entry], meta: dict[str, Any] | None = None) -> None:
         """Write the marker last: from now on step-N is a valid checkpoint."""

@@ -1,8 +1,7 @@
 """torch.distributed from the Slurm environment (or submitit's local one), with explicit timeouts.
 
-MASTER_ADDR is the first host of `scontrol show hostnames $SLURM_JOB_NODELIST`; MASTER_PORT is
-20000 + (job id mod 20000), so it lies in [20000, 39999] and two jobs sharing a node differ unless
-their ids are 20000 apart.
+MASTER_ADDR is the first host of $SLURM_JOB_NODELIST, expanded in Python (no scontrol on the
+ranks); MASTER_PORT comes from slurmkit.common.ports (the training range).
 """
 
 from __future__ import annotations
@@ -13,8 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-PORT_BASE = 20000
-PORT_SPAN = 20000
+from slurmkit.common import ports
+from slurmkit.common.slurm_env import expand_hostlist
+
+PORT_BASE = ports.TRAINING[0]  # torchrun or a single process without a job id
 DEFAULT_PG_TIMEOUT_S = 600.0
 # setdefault only: a user's own value always wins.
 NCCL_DEFAULTS = {
@@ -36,28 +37,21 @@ class DistEnv:
     launcher: str  # slurm | local | torchrun | single
 
 
-def master_port(job_id: str) -> int:
-    digits = "".join(c for c in job_id.split("_")[0] if c.isdigit()) or "0"
-    return PORT_BASE + int(digits) % PORT_SPAN
-
-
 def detect() -> DistEnv:
     """Rank layout from Slurm, submitit's local executor, torchrun, or a single process."""
     env = os.environ
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and env.get("SUBMITIT_EXECUTOR") != "local":
-        from slurmkit.slurm.commands import hostnames
-
         job_id = env.get("SLURM_JOB_ID", "0")  # unique per array task too
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
-        addr = env.get("MASTER_ADDR") or (hostnames(nodelist)[0] if nodelist else "127.0.0.1")
+        addr = env.get("MASTER_ADDR") or (expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1")
         return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
                        int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1), addr,
-                       int(env.get("MASTER_PORT") or master_port(job_id)), job_id, "slurm")
+                       int(env.get("MASTER_PORT") or ports.training_port(job_id)), job_id, "slurm")
     if "SUBMITIT_LOCAL_GLOBALID" in env:
         job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "0")
         n = int(env["SUBMITIT_LOCAL_NTASKS"])
         return DistEnv(int(env["SUBMITIT_LOCAL_GLOBALID"]), n, int(env.get("SUBMITIT_LOCAL_LOCALID", 0)), n,
-                       "127.0.0.1", int(env.get("MASTER_PORT") or master_port(job_id)), job_id, "local")
+                       "127.0.0.1", int(env.get("MASTER_PORT") or ports.training_port(job_id)), job_id, "local")
     if "RANK" in env and "WORLD_SIZE" in env:
         return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
                        int(env.get("LOCAL_WORLD_SIZE", 1)), env.get("MASTER_ADDR", "127.0.0.1"),

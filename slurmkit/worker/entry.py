@@ -33,7 +33,7 @@ class Run:
 
     def __call__(self) -> Any:
         """Run the spec; the rank's outcome goes to outcomes/ as JSON (a stop for requeue writes none)."""
-        from slurmkit import outcomes
+        from slurmkit.common import outcomes
 
         outcome_file = _outcome_file(self.run_dir)
         try:
@@ -81,10 +81,11 @@ def record_restart(run_dir: str) -> None:
     """On a requeued incarnation, rank 0 appends the restart and its cause to run.json."""
     count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if count and os.environ.get("SLURM_PROCID", "0") == "0" and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        from slurmkit.common.slurm_env import slurm_job_id
         from slurmkit.runs import RunPaths
         from slurmkit.worker import requeue
 
-        requeue.record_restart(RunPaths(Path(run_dir)), requeue.slurm_job_id(), count, None)
+        requeue.record_restart(RunPaths(Path(run_dir)), slurm_job_id(), count, None)
 
 
 def call(target: str, kwargs: dict[str, Any]) -> Any:

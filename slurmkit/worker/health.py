@@ -47,10 +47,11 @@ def allreduce_problem(timeout_s: float = 60.0) -> str | None:
         import torch
         import torch.distributed as tdist
 
-        from slurmkit.worker.dist import PORT_SPAN, distributed, master_port
+        from slurmkit.common.ports import health_port
+        from slurmkit.worker.dist import distributed
 
         # Not the training's port: its store must not meet this one, even in TIME_WAIT.
-        os.environ.setdefault("MASTER_PORT", str(master_port(os.environ.get("SLURM_JOB_ID", "0")) + PORT_SPAN))
+        os.environ.setdefault("MASTER_PORT", str(health_port(os.environ.get("SLURM_JOB_ID", "0"))))
         with distributed(timeout_s) as d:
             t = torch.ones(1 << 18, device=d.device_str)
             if d.world_size > 1:

@@ -34,6 +34,7 @@ def _raise(requeue: bool) -> Any:
 
 def after(run_dir: str, requeue_asked: bool) -> str:
     """Rank 0 requeues (within budget) after the profile's signal; says what happened."""
+    from slurmkit.common.slurm_env import slurm_job_id
     from slurmkit.runs import RunPaths
     from slurmkit.worker import requeue
 
@@ -41,7 +42,7 @@ def after(run_dir: str, requeue_asked: bool) -> str:
         return "SIGTERM: stopped; Slurm ends or requeues the job itself"
     if os.environ.get("SLURM_PROCID", "0") != "0":
         return "stopped; rank 0 asks for the requeue"
-    cause, ok = requeue.requeue_after_signal(RunPaths(Path(run_dir)), requeue.slurm_job_id(), None)
+    cause, ok = requeue.requeue_after_signal(RunPaths(Path(run_dir)), slurm_job_id(), None)
     return f"stopped ({cause}); {'requeued: the run starts again' if ok else 'requeue budget spent, not requeued'}"
 
 

@@ -10,8 +10,10 @@ from typing import Any
 
 import torch.distributed as tdist
 
+from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
-from slurmkit.runs import RunPaths, RunRecord, atomic_write_text
+from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker import requeue
 from slurmkit.worker.checkpoint import TRAINER_FILES, CheckpointStore, Prefetch
 from slurmkit.worker.dist import Dist
@@ -41,7 +43,7 @@ class Lifecycle:
         """`prefetch`: the checkpoint search already started (see `start_prefetch`), else started here."""
         self.dist, self.cfg = dist, cfg
         self.paths = RunPaths(Path(run_dir)) if run_dir else None
-        self.job_id = requeue.slurm_job_id() if dist.env.launcher == "slurm" else None
+        self.job_id = slurm_job_id() if dist.env.launcher == "slurm" else None
         uri = checkpoint_uri(run_dir)
         self.res = Resilience(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
                               cfg.hang_timeout_s or None, self._on_hang, prefetch) if uri else None

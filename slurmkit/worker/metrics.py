@@ -1,4 +1,4 @@
-"""Per-step metrics (JSONL, rank 0), FLOP counts and MFU.
+"""FLOP counts and MFU (the metrics file itself: slurmkit.common.metrics).
 
 MFU = achieved FLOP/s / (ranks x peak FLOP/s of one rank's device).
 - GPT: 6N + 12·L·H·Q·T FLOPs per token (PaLM appendix B; nanoGPT, torchtitan): N non-embedding
@@ -9,11 +9,6 @@ MFU = achieved FLOP/s / (ranks x peak FLOP/s of one rank's device).
 """
 
 from __future__ import annotations
-
-import json
-import time
-from pathlib import Path
-from typing import Any, TextIO
 
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "B200": 2.25e15}
 # 2 FMA units x 8 fp32 lanes (AVX2) x 2 FLOPs per FMA x 2.0 GHz: a nominal per-core figure.
@@ -48,52 +43,3 @@ def mfu(flops_per_step: float, step_s: float, world_size: int, peak: float) -> f
     if step_s <= 0 or peak <= 0:
         return 0.0
     return flops_per_step / step_s / (world_size * peak)
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every record of a JSONL metrics file; a line cut by a kill is skipped, a missing file is empty."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    records = []
-    for line in text.splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
-
-
-def last_record(path: Path) -> dict[str, Any] | None:
-    """The newest complete record, parsing from the end (a file can hold many thousands of steps)."""
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
-        try:
-            record: dict[str, Any] = json.loads(line)
-            return record
-        except ValueError:
-            continue
-    return None
-
-
-class MetricsWriter:
-    """Appends one JSON line per step; only rank 0 writes, everyone may call it."""
-
-    def __init__(self, path: Path | None, enabled: bool) -> None:
-        self._file: TextIO | None = None
-        if enabled and path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the writer
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None

@@ -22,9 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from slurmkit import outcomes
-from slurmkit.outcomes import Outcome
-from slurmkit.runs import RunPaths, RunRecord, atomic_write_text
+from slurmkit.common import outcomes
+from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.outcomes import Outcome
+from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
+from slurmkit.runs import RunPaths, RunRecord
 
 SLURM_STATE_CAUSE = {"NODE_FAIL": "node_failure", "PREEMPTED": "preemption", "TIMEOUT": "timeout",
                      "REQUEUED": "requeue", "REQUEUE_HOLD": "requeue", "FAILED": "crash"}
@@ -32,12 +34,6 @@ SLURM_STATE_CAUSE = {"NODE_FAIL": "node_failure", "PREEMPTED": "preemption", "TI
 
 def _now() -> str:
     return dt.datetime.now().isoformat(timespec="seconds")
-
-
-def slurm_job_id() -> str:
-    """This job's id as submitit names its files: ARRAYID_TASKID for an array task."""
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
 
 
 TIMEOUT_MARGIN_S = 60  # Slurm checks limits about every 30 s, so the signal may come that early
@@ -121,7 +117,7 @@ def _exclude(job_id: str, nodes: list[str], record: dict[str, Any]) -> str:
 
     if not nodes:
         return ""
-    profile_exclude = [n for n in ((record.get("profile") or {}).get("exclude") or "").split(",") if n]
+    profile_exclude = expand_hostlist((record.get("profile") or {}).get("exclude") or "")
     partition = os.environ.get("SLURM_JOB_PARTITION", "")
     needed = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
     try:
@@ -130,7 +126,7 @@ def _exclude(job_id: str, nodes: list[str], record: dict[str, Any]) -> str:
         if spare < needed:
             return (f"not excluded {','.join(nodes)}: partition {partition} would have {spare} node(s) left for a "
                     f"{needed}-node job")
-        commands.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join([*nodes, *profile_exclude])}"])
+        commands.exclude_nodes(job_id, [*nodes, *profile_exclude])
     except SlurmError as exc:
         return f"not excluded {','.join(nodes)}: {exc.one_line()}"
     return f"excluded {','.join(nodes)}"
@@ -174,7 +170,7 @@ def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_ste
 
 
 def _last_step(paths: RunPaths) -> int | None:
-    from slurmkit.worker.metrics import last_record
+    from slurmkit.common.metrics import last_record
 
     record = last_record(paths.metrics)
     return int(record["step"]) if record and "step" in record else None

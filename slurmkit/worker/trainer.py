@@ -20,8 +20,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from slurmkit.common.metrics import MetricsWriter
 from slurmkit.worker.dist import Dist
-from slurmkit.worker.metrics import MetricsWriter, mfu
+from slurmkit.worker.metrics import mfu
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 Hook = Callable[["Trainer", dict[str, Any]], None]

@@ -10,11 +10,12 @@ from typing import Any
 
 import torch
 
+from slurmkit.common.metrics import MetricsWriter
 from slurmkit.config.train import TrainConfig
 from slurmkit.runs import RunPaths
 from slurmkit.worker import lifecycle, startup
 from slurmkit.worker.dist import Dist, distributed
-from slurmkit.worker.metrics import MetricsWriter, peak_flops
+from slurmkit.worker.metrics import peak_flops
 from slurmkit.worker.tasks import digits, gpt
 from slurmkit.worker.trainer import Trainer, warmup_cosine
 

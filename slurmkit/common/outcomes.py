@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common.atomic import atomic_write_text
+
 VALUE_MAX_BYTES = 64 * 1024
 ERROR_MAX_CHARS = 4000
 SUCCESS, ERROR = "success", "error"
@@ -62,13 +64,12 @@ def restart_count() -> int:
 
 def record(path: Path, state: str, *, value: Any = None, error: str = "") -> None:
     """Write one rank's outcome atomically (a reader never sees half a record)."""
-    from slurmkit.runs import atomic_write_text
-
     shown, omitted = _json_value(value) if state == SUCCESS else (None, "")
     data = {"state": state, "returncode": 0 if state == SUCCESS else 1, "error": error[-ERROR_MAX_CHARS:],
             "value": shown, "value_omitted": omitted, "restart_count": restart_count(),
             "time": dt.datetime.now().isoformat(timespec="seconds")}
-    atomic_write_text(path, json.dumps(data) + "\n")
+    # 0666 narrowed by the job's umask (0077, or 0027 for run_mode group), as its logs and checkpoints.
+    atomic_write_text(path, json.dumps(data) + "\n", mode=0o666)
 
 
 def read(path: Path) -> Outcome | None:

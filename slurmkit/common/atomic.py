@@ -1,0 +1,46 @@
+"""The one atomic write protocol: a reader sees the old file or the new one, never half of either.
+
+Write a temp file in the same folder (O_EXCL), in 1 MiB chunks, fsync it, rename it over the
+target, fsync the folder. Used for run.json and sweep.json, outcome records, scripts, and every
+file of a checkpoint on a local or parallel filesystem.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+WRITE_CHUNK = 1 << 20  # 1 MiB writes, as dd bs=1M: one huge write() was 3x slower here
+PRIVATE_FILE = 0o600
+
+
+def atomic_write(path: Path | str, data: bytes, mode: int = PRIVATE_FILE) -> None:
+    """Replace `path` with `data`; the file is created with `mode`, narrowed by the umask."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            view = memoryview(data)
+            for start in range(0, len(view), WRITE_CHUNK):
+                chunk = view[start:start + WRITE_CHUNK]
+                while chunk:
+                    chunk = chunk[os.write(fd, chunk):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_text(path: Path | str, text: str, mode: int = PRIVATE_FILE) -> None:
+    atomic_write(path, text.encode(), mode)

@@ -1,0 +1,36 @@
+"""Every port slurmkit picks for a job, from one table. Each use has its own range and the ranges
+are disjoint, so for the same job id no two uses can meet; two jobs sharing a node differ unless
+their ids are a multiple of the range's span apart.
+
+    training rendezvous (MASTER_PORT)   [20000, 25000)   20000 + id % 5000
+    health-gate all-reduce              [25000, 30000)   25000 + id % 5000
+    Ray head and its services           [30000, 60000)   30000 + (id % 300) * 100, a block of 100
+"""
+
+from __future__ import annotations
+
+TRAINING = (20000, 5000)
+HEALTH = (25000, 5000)
+RAY = (30000, 300, 100)  # base, blocks, ports per block
+
+
+def _number(job_id: str) -> int:
+    """The numeric job id (an array task's own id, or ARRAY_TASK's array id)."""
+    digits = "".join(c for c in str(job_id).split("_")[0] if c.isdigit())
+    return int(digits or 0)
+
+
+def training_port(job_id: str) -> int:
+    base, span = TRAINING
+    return base + _number(job_id) % span
+
+
+def health_port(job_id: str) -> int:
+    base, span = HEALTH
+    return base + _number(job_id) % span
+
+
+def ray_port_shell(job_id_var: str = "SLURM_JOB_ID") -> str:
+    """The Ray head's port as a bash arithmetic expression over the job id variable."""
+    base, blocks, size = RAY
+    return f"$(( {base} + {job_id_var} % {blocks} * {size} ))"

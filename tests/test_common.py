@@ -1,0 +1,127 @@
+"""The neutral module both sides share (slurmkit.common), and the ownership rules that keep the
+house's claims true: only slurm/ and devcluster/ run Slurm binaries, the login side imports no
+worker module at import time, common/ imports neither side."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurmkit.common import ports
+from slurmkit.common.slurm_env import expand_hostlist
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "slurmkit"
+SLURM_BINARIES = {"sbatch", "srun", "salloc", "scontrol", "squeue", "sacct", "scancel", "sinfo", "sstat", "sprio",
+                  "sshare", "sacctmgr", "sreport", "sattach", "sbcast", "strigger", "sdiag"}
+HOSTLISTS = {
+    "node1": ["node1"],
+    "node[1-3,7],gpu-a[01-02]": ["node1", "node2", "node3", "node7", "gpu-a01", "gpu-a02"],
+    "r[1-2]n[01-02]": ["r1n01", "r1n02", "r2n01", "r2n02"],
+    "a,b,c[9-11]": ["a", "b", "c9", "c10", "c11"],
+    "n[08-10]": ["n08", "n09", "n10"],
+    "": [],
+}
+
+
+@pytest.mark.parametrize("hostlist", list(HOSTLISTS))
+def test_hostlist_expansion(hostlist: str) -> None:
+    assert expand_hostlist(hostlist) == HOSTLISTS[hostlist]
+
+
+@pytest.mark.parametrize("bad", ["n[1-", "n]1[", "n[a-b]", "n[3-1]"])
+def test_bad_hostlists_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        expand_hostlist(bad)
+
+
+@pytest.mark.cluster
+def test_hostlist_expansion_matches_scontrol(cluster: None) -> None:
+    for hostlist, expected in HOSTLISTS.items():
+        if hostlist:
+            out = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True,
+                                 check=True, timeout=30).stdout.split()
+            assert out == expected
+
+
+def test_port_ranges_never_meet() -> None:
+    ray_base, blocks, size = ports.RAY
+    ranges = [range(ports.TRAINING[0], sum(ports.TRAINING)), range(ports.HEALTH[0], sum(ports.HEALTH)),
+              range(ray_base, ray_base + blocks * size)]
+    for i, a in enumerate(ranges):
+        for b in ranges[i + 1:]:
+            assert not set(a) & set(b)
+    for job_id in ("0", "4999", "5000", "123456", "77_3"):
+        picked = {ports.training_port(job_id), ports.health_port(job_id)}
+        assert len(picked) == 2 and all(any(p in r for r in ranges[:2]) for p in picked)
+    bash = shutil.which("bash")
+    assert bash
+    out = subprocess.run([bash, "-c", f"SLURM_JOB_ID=123456; echo {ports.ray_port_shell()}"], capture_output=True,
+                         text=True, check=True).stdout
+    assert int(out) in ranges[2] and int(out) + size - 1 in ranges[2]
+
+
+def _modules(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+def _invocations(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a program is named as argv[0]: a list literal that starts with a string, or the string
+    handed to a subprocess/os call."""
+    found = []
+    for node in ast.walk(tree):
+        first = None
+        if isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant):
+            first = node.elts[0].value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and isinstance(node.func.value, ast.Name) and node.func.value.id in ("subprocess", "os")
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            first = node.args[0].value
+        if isinstance(first, str) and first.split():
+            found.append((node.lineno, first.split()[0]))
+    return found
+
+
+def test_only_slurm_and_devcluster_run_slurm_binaries() -> None:
+    offenders = []
+    for path in _modules(PACKAGE):
+        if _relative(path).startswith(("slurm/", "devcluster/")):
+            continue
+        offenders += [f"{_relative(path)}:{line}: {prog}" for line, prog in _invocations(ast.parse(path.read_text()))
+                      if prog in SLURM_BINARIES]
+    assert offenders == []
+    # The check sees what it looks for: commands.py names them all through its one runner.
+    found = {prog for _, prog in _invocations(ast.parse((PACKAGE / "slurm/commands.py").read_text()))}
+    assert {"scontrol", "squeue", "sacct", "scancel", "sinfo", "srun"} <= found  # sbatch: executor.py, via timeout
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Modules imported when `path` is imported (not inside functions)."""
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -> None:
+    for path in _modules(PACKAGE):
+        rel = _relative(path)
+        if rel.startswith("worker/"):
+            continue
+        imported = _top_level_imports(path)
+        assert not {m for m in imported if m.startswith("slurmkit.worker")}, rel
+        if rel.startswith("common/"):
+            assert not {m for m in imported if m.startswith(("slurmkit.cli", "slurmkit.slurm", "slurmkit.jobs",
+                                                             "slurmkit.runs", "torch"))}, rel
