@@ -28,13 +28,12 @@ def main() -> None:
         t0 = time.perf_counter()
         subprocess.run(["squeue", "--me", "--array", "--noheader"], capture_output=True, check=True)
         baseline = time.perf_counter() - t0
-        commands.CALL_LOG.clear()
         t0 = time.perf_counter()
-        rows = jobs.status(str(root))
+        with commands.counting() as tools:
+            rows = jobs.status(str(root))
         took = time.perf_counter() - t0
-        tools = [c[0] for c in commands.CALL_LOG]
         print(json.dumps({
-            "tasks": len(rows), "squeue_calls": tools.count("squeue"), "sacct_calls": tools.count("sacct"),
+            "tasks": len(rows), "squeue_calls": tools["squeue"], "sacct_calls": tools["sacct"],
             "status_s": round(took, 3), "raw_squeue_s": round(baseline, 3),
             "ratio_vs_raw_squeue": round(took / baseline, 2), "goal": "1 squeue + <=1 sacct, <=0.3 s",
         }))

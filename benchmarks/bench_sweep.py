@@ -46,29 +46,27 @@ def main() -> None:
             sbatch_s += time.perf_counter() - t0
 
     utils.CommandFunction.__call__ = timed  # type: ignore[method-assign]
-    commands.CALL_LOG.clear()
     t0 = time.perf_counter()
-    done = sub.submit(spec.load(spec_path), str(profile))
+    with commands.counting() as submit_calls:
+        done = sub.submit(spec.load(spec_path), str(profile))
     total = time.perf_counter() - t0
-    submit_calls = [c[0] for c in commands.CALL_LOG]
     try:
         paths = SweepPaths(Path(done.sweep_dir))
         time.sleep(2)
         t0 = time.perf_counter()
         subprocess.run(["squeue", "--me", "--array", "--noheader"], capture_output=True, check=True)
         raw = time.perf_counter() - t0
-        commands.CALL_LOG.clear()
         t0 = time.perf_counter()
-        states = report.task_states(paths)
+        with commands.counting() as status_calls:
+            states = report.task_states(paths)
         status_s = time.perf_counter() - t0
-        status_calls = [c[0] for c in commands.CALL_LOG]
         own = total - sbatch_s
         print(json.dumps({
-            "tasks": done.tasks, "sbatch_calls": submit_calls.count("sbatch"),
-            "slurm_calls_in_submit": len(submit_calls), "submit_total_s": round(total, 3),
+            "tasks": done.tasks, "sbatch_calls": submit_calls["sbatch"],
+            "slurm_calls_in_submit": submit_calls.total(), "submit_total_s": round(total, 3),
             "inside_sbatch_s": round(sbatch_s, 3), "slurmkit_own_s": round(own, 3),
             "own_vs_sbatch": round(own / sbatch_s, 2), "goal_own_s": 0.5,
-            "status_tasks": len(states), "status_s": round(status_s, 3), "status_calls": status_calls,
+            "status_tasks": len(states), "status_s": round(status_s, 3), "status_calls": dict(status_calls),
             "raw_squeue_s": round(raw, 3), "status_vs_raw_squeue": round(status_s / raw, 2), "goal_status_s": 0.3,
         }))
     finally:

@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 
 from slurmkit.config.loader import Resolved
+from slurmkit.errors import squash
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 PROBE_TIMEOUT_S = 90
@@ -61,7 +62,7 @@ def _munge() -> Check:
         return Check("munge", FAIL, "munge/unmunge not on PATH", "install munge and start munged")
     proc = subprocess.run("munge -n | unmunge", shell=True, capture_output=True, text=True, timeout=20, check=False)
     if proc.returncode != 0 or not re.search(r"^STATUS:\s+Success", proc.stdout, re.MULTILINE):
-        detail = " ".join((proc.stderr or proc.stdout).split())[:200]
+        detail = squash(proc.stderr or proc.stdout, 200, tail=False)
         return Check("munge", FAIL, f"a credential does not round-trip: {detail}",
                      "start munged (`systemctl start munge`) with the same /etc/munge/munge.key as the nodes")
     return Check("munge", PASS, "credentials round-trip")
@@ -95,7 +96,7 @@ def _compute_node(resolved: Resolved) -> Check:
                      "check `squeue` for why it waits (a busy or down partition)")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        detail = " ".join(proc.stderr.split())[-240:]
+        detail = squash(proc.stderr, 240)
         return Check("compute-node python", FAIL, f"the profile's python fails on a compute node: {detail}",
                      "install slurmkit where compute nodes see it (shared filesystem) and set `python:` or "
                      "`setup.venv` in the profile")

@@ -80,6 +80,10 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def squash(text: str, limit: int = 300) -> str:
-    """Error text on one line, its end kept (where a traceback says what went wrong)."""
-    return " ".join(text.split())[-limit:]
+def squash(text: str, limit: int | None = 300, tail: bool = True) -> str:
+    """Error text on one line, at most `limit` characters: its end (where a traceback says what went
+    wrong), or with tail=False its start (where a message says it)."""
+    flat = " ".join(text.split())
+    if limit is None or len(flat) <= limit:
+        return flat
+    return flat[-limit:] if tail else flat[:limit]

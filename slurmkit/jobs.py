@@ -194,7 +194,10 @@ def _goodput(paths: RunPaths, rec: dict[str, Any], info: commands.JobInfo | None
 
 def status(run_root: str, runs: list[str] | None = None) -> list[RunStatus]:
     """Runs asked for by id (an unreadable record is an error), else every run of the caller
-    under the root (other users' folders and unreadable records skipped, each with a warning)."""
+    under the root (other users' folders and unreadable records skipped, each with a warning).
+
+    Not quite read-only: a finished run's goodput is computed once and cached in its run.json,
+    through the locked editor, so a status racing the requeue policy loses neither's update."""
     if runs:
         return statuses([(p, RunRecord(p).read()) for p in (find_run(run_root, r) for r in runs)])
     return statuses(read_records(list_runs(run_root)))

@@ -7,7 +7,7 @@ it `| raw`; that inversion makes forgetting to quote impossible, rather than a r
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +107,6 @@ class RenderInput:
     dependency: str | None = None
     sweep: dict[str, Any] | None = None
     """For a sweep's job array: {"dir": sweep folder, "base": sweep index of array task 0}."""
-    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 def container_context(res: Resolved, run_dir: str) -> dict[str, Any]:
@@ -146,7 +145,7 @@ def render(inp: RenderInput) -> str:
         "run_dir": inp.run_dir,
         "sweep": inp.sweep,
         "container": container_context(res, inp.run_dir),
-        "env": {**res.spec.env, **inp.extra_env},
+        "env": res.spec.env,
         "slurm": res.profile.executor == "slurm",
         "ray_port": ports.ray_port_shell(),
     }

@@ -146,6 +146,18 @@ class RunPaths:
         """Every rank's hang marker present, by rank."""
         return sorted(self.run_dir.glob("hang-rank*.json"))
 
+    def health_marker(self, node: str) -> Path:
+        """Why `node` failed the health gate (written by the gate, read by the requeue)."""
+        return self.run_dir / f"health-{node}.json"
+
+    def health_markers(self) -> list[Path]:
+        return sorted(self.run_dir.glob("health-*.json"))
+
+    @property
+    def report(self) -> Path:
+        """Where `slurmkit report` draws the run unless told otherwise."""
+        return self.run_dir / "report.png"
+
     def result_pickle(self, job_id: str, rank: int) -> Path:
         """submitit's per-rank result: ("success", value) or ("error", traceback). Read only by `result`."""
         return self.job_folder / f"{job_id}_{rank}_result.pkl"

@@ -132,13 +132,12 @@ def test_status_of_many_runs_is_one_squeue_call(cluster: None, tmp_path: Path, d
                                                 run_root: Path) -> None:
     spec = write_spec(tmp_path, name="many", command="sleep 1")
     subs = [submit(spec, dev_profile) for _ in range(4)]
-    commands.CALL_LOG.clear()
-    result = runner.invoke(app, ["status", "-p", str(dev_profile), "--json"])
+    with commands.counting() as calls:
+        result = runner.invoke(app, ["status", "-p", str(dev_profile), "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
     assert {r["job_id"] for r in rows} == {s["job_id"] for s in subs}
-    tools = [c[0] for c in commands.CALL_LOG]
-    assert tools.count("squeue") == 1 and tools.count("sacct") <= 1 and len(tools) <= 2
+    assert calls["squeue"] == 1 and calls["sacct"] <= 1 and calls.total() <= 2
     for s in subs:
         finish(s["run_dir"])
     listed = json.loads(runner.invoke(app, ["list", "-p", str(dev_profile), "--json"]).output)
@@ -158,12 +157,12 @@ def test_status_of_many_runs_is_one_squeue_call(cluster: None, tmp_path: Path, d
 def test_preflight_refusals(cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path,
                             sets: list[str], fragment: str) -> None:
     spec = write_spec(tmp_path, name="pre", command="true")
-    commands.CALL_LOG.clear()
     args = ["submit", str(spec), "-p", str(dev_profile)] + [a for s in sets for a in ("--set", s)]
-    result = runner.invoke(app, args)
+    with commands.counting() as calls:
+        result = runner.invoke(app, args)
     assert result.exit_code == 2
     assert fragment in result.output and len(result.output.strip().splitlines()) == 1
-    assert "sbatch" not in [c[0] for c in commands.CALL_LOG]
+    assert calls["sbatch"] == 0 and calls.total() > 0  # pre-flight asked the cluster, then refused
     assert list(run_root.iterdir()) == []
 
 
@@ -180,10 +179,10 @@ def test_preflight_refuses_array_over_max_array_size(cluster: None, tmp_path: Pa
 
 def test_dry_run_touches_no_slurm_daemon(cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path) -> None:
     spec = write_spec(tmp_path, name="dry", command="true")
-    commands.CALL_LOG.clear()
-    result = runner.invoke(app, ["submit", str(spec), "-p", str(dev_profile), "--dry-run"])
+    with commands.counting() as calls:
+        result = runner.invoke(app, ["submit", str(spec), "-p", str(dev_profile), "--dry-run"])
     assert result.exit_code == 0 and "#SBATCH --partition=debug" in result.output
-    assert commands.CALL_LOG == []
+    assert calls.total() == 0
     assert list(run_root.iterdir()) == []
 
 
@@ -233,12 +232,12 @@ def test_sacct_reports_finished_jobs_in_one_call(cluster: None, tmp_path: Path, 
     deadline = time.monotonic() + 30
     infos: dict[str, commands.JobInfo] = {}
     while time.monotonic() < deadline:  # slurmdbd records the end a moment after squeue shows it
-        commands.CALL_LOG.clear()
-        infos = commands.sacct(ids)
+        with commands.counting() as calls:
+            infos = commands.sacct(ids)
         if all(infos.get(i) and infos[i].state == "COMPLETED" for i in ids):
             break
         time.sleep(0.5)
-    assert [c[0] for c in commands.CALL_LOG] == ["sacct"]
+    assert calls == {"sacct": 1}
     assert {i: infos[i].state for i in ids} == dict.fromkeys(ids, "COMPLETED")
     assert all(infos[i].restarts == 0 and infos[i].exit_code == "0:0" for i in ids)
 

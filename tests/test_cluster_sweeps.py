@@ -38,9 +38,9 @@ def invoke(*args: str) -> dict[str, Any]:
 
 
 def sbatch_calls_during(fn: Any) -> tuple[Any, int]:
-    before = len(commands.CALL_LOG)
-    value = fn()
-    return value, sum(1 for argv in commands.CALL_LOG[before:] if argv[0] == "sbatch")
+    with commands.counting() as calls:
+        value = fn()
+    return value, calls["sbatch"]
 
 
 def wait_sweep(paths: store.SweepPaths, timeout_s: float = 240, every: Any = None) -> list[report.TaskState]:
@@ -75,10 +75,9 @@ def test_grid_of_six_is_one_array_throttled_to_two_then_a_job_runs_after_it(
     assert max(peak) == 2, "the throttle never let 2 run together"
     assert [s.state for s in states] == ["COMPLETED"] * 6
 
-    before = len(commands.CALL_LOG)
-    rows = runner.invoke(app, ["sweep", "results", paths.sweep_id, "-p", str(dev_profile), "--json"])
-    calls = [argv[0] for argv in commands.CALL_LOG[before:]]
-    assert calls.count("squeue") == 1 and calls.count("sacct") <= 1 and len(calls) <= 2
+    with commands.counting() as calls:
+        rows = runner.invoke(app, ["sweep", "results", paths.sweep_id, "-p", str(dev_profile), "--json"])
+    assert calls["squeue"] == 1 and calls["sacct"] <= 1 and calls.total() <= 2
     table = json.loads(rows.output)
     assert len(table) == 6
     assert {(r["env.LR"], r["env.WD"]) for r in table} == {(a, b) for a in ("0.1", "0.03", "0.01")
@@ -155,11 +154,11 @@ def test_a_sweep_larger_than_the_cluster_job_limit_is_refused_before_anything(
         cluster: None, tmp_path: Path, dev_profile: Path) -> None:
     max_jobs = int(commands.show_config()["MaxJobCount"])
     path = write_sweep(tmp_path, {"grid": {"env.A": list(range(max_jobs // 10 + 1)), "env.B": list(range(10))}})
-    before = len(commands.CALL_LOG)
-    result = runner.invoke(app, ["sweep", str(path), "-p", str(dev_profile)])
+    with commands.counting() as calls:
+        result = runner.invoke(app, ["sweep", str(path), "-p", str(dev_profile)])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert f"exceeds the cluster's MaxJobCount={max_jobs}" in result.output
-    assert not any(argv[0] == "sbatch" for argv in commands.CALL_LOG[before:])
+    assert calls["sbatch"] == 0
     assert not list((tmp_path / "runs").iterdir())
 
 

@@ -125,3 +125,15 @@ def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -
         if rel.startswith("common/"):
             assert not {m for m in imported if m.startswith(("slurmkit.cli", "slurmkit.slurm", "slurmkit.jobs",
                                                              "slurmkit.runs", "torch"))}, rel
+
+
+def test_slurm_call_counts_are_bounded_and_scoped() -> None:
+    from slurmkit.errors import SlurmError
+    from slurmkit.slurm import commands
+
+    with commands.counting() as calls:
+        for _ in range(500):
+            with pytest.raises(SlurmError, match="not found on PATH"):
+                commands.call(["sinfo-not-installed"])
+    assert calls == {"sinfo-not-installed": 500}
+    assert commands.CALLS["sinfo-not-installed"] >= 500 and len(commands.CALLS) < 50  # one counter per program

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -118,3 +119,17 @@ def test_spec_env_is_exported_quoted(tmp_path: Path) -> None:
     script = render_profile(spec, "devcluster")
     assert "export GREETING='hello world; rm -rf /'" in script
     check_shell(script, tmp_path)
+
+
+# Every `| raw` in the shipped templates, as docs/templates.md lists them: shell by contract, names
+# validated as identifiers or fixed choices, integers, and slurmkit's own shell.
+RAW_ALLOWED = {"line", "key", "profile.signal", "profile.signal_delay_s", "c.runtime", "profile.run_mode",
+               "ray_port", "sweep.base | int", "(spec.ray.object_store_mb or 0) | int", "(r.gpus_per_node or 0) | int",
+               '("0027" if profile.run_mode == "group" else "0077")'}
+
+
+def test_raw_is_used_only_where_the_docs_say() -> None:
+    used = set()
+    for path in (ROOT / "templates").rglob("*.j2"):
+        used |= {m.strip() for m in re.findall(r"\{\{\s*([^{}]+?)\s*\|\s*raw\s*\}\}", path.read_text())}
+    assert used == RAW_ALLOWED

@@ -23,7 +23,7 @@ def report(
     from slurmkit.runs import find_run
 
     paths = find_run(run_root_for(profile), run)
-    target = output or paths.run_dir / "report.png"
+    target = output or paths.report
     data = rep.write(paths, target)
     a = data.accounting
     if as_json:

@@ -137,21 +137,20 @@ SbatchValue = Annotated[str, AfterValidator(sbatch_safe)]
 SbatchOptions = Annotated[list[str], AfterValidator(_sbatch_options)]
 
 
-def time_to_minutes(value: str) -> int:
-    """Convert a Slurm time string to whole minutes (rounded up), as Slurm's own parser does."""
+def duration_s(value: str) -> int:
+    """Seconds in a Slurm duration, read as Slurm reads one everywhere (--time, squeue %L, sacct
+    Elapsed): M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."""
     days = 0
     if "-" in value:
         d, value = value.split("-", 1)
         days = int(d)
-        parts = [int(p) for p in value.split(":")]
-        hours, minutes, seconds = (parts + [0, 0, 0])[:3]
+        hours, minutes, seconds = ([int(p) for p in value.split(":")] + [0, 0, 0])[:3]
     else:
         parts = [int(p) for p in value.split(":")]
-        if len(parts) == 1:
-            hours, minutes, seconds = 0, parts[0], 0
-        elif len(parts) == 2:
-            hours, minutes, seconds = 0, parts[0], parts[1]
-        else:
-            hours, minutes, seconds = parts
-    total_s = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    return -(-total_s // 60)
+        hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def time_to_minutes(value: str) -> int:
+    """A Slurm time string in whole minutes (rounded up), as Slurm's own parser does."""
+    return -(-duration_s(value) // 60)

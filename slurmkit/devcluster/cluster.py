@@ -21,7 +21,7 @@ from typing import Any
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.devcluster import layout as L
 from slurmkit.devcluster import network
-from slurmkit.errors import DevClusterError, SlurmError
+from slurmkit.errors import DevClusterError, SlurmError, squash
 from slurmkit.procs import pid_alive
 from slurmkit.slurm import commands
 
@@ -37,7 +37,7 @@ def sh(argv: list[str], timeout: float = 60, check: bool = True, **kw: Any) -> s
     except subprocess.TimeoutExpired as exc:
         raise DevClusterError(f"{argv[0]} timed out after {timeout:.0f} s") from exc
     if check and proc.returncode != 0:
-        raise DevClusterError(f"{' '.join(argv[:3])} failed: {' '.join((proc.stderr or proc.stdout).split())[:300]}")
+        raise DevClusterError(f"{' '.join(argv[:3])} failed: {squash(proc.stderr or proc.stdout, 300, tail=False)}")
     return proc
 
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from slurmkit.errors import SlurmError
+from slurmkit.errors import SlurmError, squash
 
 DEFAULT_TIMEOUT_S = 30.0
-# Every Slurm call made by this process, in order; tests and benchmarks count them.
-CALL_LOG: list[list[str]] = []
+# Slurm calls made by this process, by program: bounded (one counter per program), so a long
+# --wait or logs --follow does not grow it; tests and benchmarks read it through counting().
+CALLS: Counter[str] = Counter()
 
 ACTIVE_STATES = frozenset(
     {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
@@ -19,10 +23,21 @@ ACTIVE_STATES = frozenset(
 )
 
 
+@contextmanager
+def counting() -> Iterator[Counter[str]]:
+    """The Slurm calls made inside the block, by program (filled in when the block ends)."""
+    before = CALLS.copy()
+    made: Counter[str] = Counter()
+    try:
+        yield made
+    finally:
+        made.update(CALLS - before)
+
+
 def call(argv: list[str], timeout: float = DEFAULT_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command (an argument list, never a shell string) within `timeout`; every
     Slurm call slurmkit makes comes through here."""
-    CALL_LOG.append(list(argv))
+    CALLS[argv[0]] += 1
     if shutil.which(argv[0]) is None:
         raise SlurmError(f"{argv[0]} not found on PATH", valid="is Slurm installed on this node?")
     try:
@@ -35,7 +50,7 @@ def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, check: bool = Tr
     """Run one Slurm command and return its stdout; failures become one-line SlurmErrors."""
     proc = call(argv, timeout)
     if check and proc.returncode != 0:
-        detail = " ".join((proc.stderr or proc.stdout).split()) or f"exit code {proc.returncode}"
+        detail = squash(proc.stderr or proc.stdout, None) or f"exit code {proc.returncode}"
         raise SlurmError(f"{' '.join(argv[:2])} failed: {detail}")
     return proc.stdout
 
@@ -177,15 +192,9 @@ def time_left_s(job_id: str) -> float | None:
     out = run(["squeue", "--noheader", "--jobs", job_id, "--format=%L"], check=False).strip()
     if not out or out in ("UNLIMITED", "NOT_SET", "INVALID"):
         return None
-    days = 0
-    if "-" in out:
-        d, out = out.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in out.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    hours, minutes, seconds = parts
-    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+    from slurmkit.config.fields import duration_s
+
+    return float(duration_s(out))
 
 
 def incarnation_states(job_id: str) -> list[str]:
@@ -230,4 +239,4 @@ def partition_gres(partition: str) -> list[str]:
 
 def ping() -> dict[str, Any]:
     out = run(["scontrol", "ping"], timeout=10, check=False)
-    return {"up": "UP" in out, "detail": " ".join(out.split())}
+    return {"up": "UP" in out, "detail": squash(out, None)}

@@ -27,7 +27,7 @@ def start(paths: SweepPaths, indices: list[int]) -> int:
         number = len(manifest["arrays"])
         manifest["arrays"].append({"kind": "local", "indices": indices, "base": 0, "job_id": None, "jobs": {},
                                    "runner_pid": None})
-    log = open(paths.sweep_dir / "local-runner.log", "a")  # noqa: SIM115 - handed to the child
+    log = open(paths.local_runner_log, "a")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         [sys.executable, "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir), "--array", str(number)],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

@@ -43,6 +43,11 @@ class SweepPaths:
     def script(self, array_number: int) -> Path:
         return self.sweep_dir / f"sbatch-{array_number}.sh"
 
+    @property
+    def local_runner_log(self) -> Path:
+        """Output of the local executor's runner (sweeps on the `local` profile)."""
+        return self.sweep_dir / "local-runner.log"
+
 
 class Manifest(LockedJson):
     missing_error = "sweep has no sweep.json"

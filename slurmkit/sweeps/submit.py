@@ -17,7 +17,7 @@ from slurmkit import perms
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.config.loader import Resolved, load_profile, profile_name, resolve_layers
 from slurmkit.config.overrides import split_sets
-from slurmkit.errors import PreflightError, SlurmError, SlurmkitError
+from slurmkit.errors import PreflightError, SlurmError, SlurmkitError, squash
 from slurmkit.runs import RunPaths
 from slurmkit.sweeps.spec import SweepPlan, nested
 from slurmkit.sweeps.store import Manifest, SweepPaths, latest_job_ids
@@ -143,7 +143,7 @@ def _submit_arrays(paths: SweepPaths, resolved: list[Resolved], arrays: list[dic
         try:
             jobs = executor.submit_sweep_array(SweepTask(str(paths.sweep_dir), arr["base"]), spec)
         except Exception as exc:
-            detail = " ".join(str(exc).split())[-300:]
+            detail = squash(str(exc))
             with Manifest(paths).editing() as manifest:
                 manifest["arrays"][first_number + k]["error"] = detail
             if isinstance(exc, SlurmkitError):

@@ -16,10 +16,11 @@ import os
 import sys
 from pathlib import Path
 
+from slurmkit.errors import squash
+from slurmkit.runs import RunPaths
 from slurmkit.worker.gpu import GpuState, query
 
 EXIT_UNHEALTHY = 3
-MARKER_GLOB = "health-*.json"
 
 
 def visible(gpus: list[GpuState], cuda_visible: str | None) -> list[GpuState]:
@@ -59,16 +60,12 @@ def allreduce_problem(timeout_s: float = 60.0) -> str | None:
             if int(t[0].item()) != d.world_size or int(t[-1].item()) != d.world_size:
                 return f"all-reduce over {d.world_size} nodes returned {t[0].item()}"
     except Exception as exc:  # any failure of the collective is this check's answer
-        return f"all-reduce check failed: {' '.join(str(exc).split())[:240]}"
+        return f"all-reduce check failed: {squash(str(exc), 240, tail=False)}"
     return None
 
 
 def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
-
-
-def marker(run_dir: Path, node: str) -> Path:
-    return run_dir / f"health-{node}.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = ", all-reduce ok" if args.allreduce else ""
         print(f"slurmkit health: {node} ok ({len(gpus)} GPUs via {source}{extra})", flush=True)
         return 0
-    path = marker(Path(args.run_dir), node)
+    path = RunPaths(Path(args.run_dir)).health_marker(node)
     path.write_text(json.dumps({"node": node, "problems": found, "source": source,
                                 "gpus": [g.as_dict() for g in gpus]}) + "\n")
     print(f"slurmkit health: {node} FAILED: {'; '.join(found)}", file=sys.stderr, flush=True)

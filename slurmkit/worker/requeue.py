@@ -223,9 +223,7 @@ def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
 
 def after_health_gate(paths: RunPaths, job_id: str) -> str:
     """Some node failed the health gate: requeue (cause node_failure) with those nodes excluded."""
-    from slurmkit.worker.health import MARKER_GLOB
-
-    markers = sorted(paths.run_dir.glob(MARKER_GLOB))
+    markers = paths.health_markers()
     found = [json.loads(m.read_text()) for m in markers]
     for m in markers:
         m.unlink()

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
+from slurmkit.errors import squash
 from slurmkit.worker.checkpoint import (
     TRAINER_FILES,
     AsyncWriter,
@@ -117,7 +118,7 @@ class Resilience:
                 self._load(trainer, step, data)
                 error = ""
             except Exception as exc:  # noqa: BLE001 - any load failure means: try an older checkpoint
-                error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                error = f"{type(exc).__name__}: {squash(str(exc), 200, tail=False)}"
             errors = [e for e in self._gather(error) if e]
             if not errors:
                 self.resumed_step = step
