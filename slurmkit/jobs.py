@@ -54,7 +54,7 @@ def dry_run(resolved: Resolved, dependency: str | None = None) -> Submitted:
 def submit(resolved: Resolved, dependency: str | None = None) -> Submitted:
     """Pre-flight, create the run folder and record, submit through submitit, record the job id.
 
-    dependency is an sbatch --dependency value, e.g. from sweeps.submit.after_dependency.
+    dependency is an sbatch --dependency value, e.g. from dependency.after_dependency.
     Everything the submit creates gets the run's umask (perms); a submit that fails before
     anything is queued leaves nothing behind.
     """

@@ -137,3 +137,37 @@ def test_slurm_call_counts_are_bounded_and_scoped() -> None:
                 commands.call(["sinfo-not-installed"])
     assert calls == {"sinfo-not-installed": 500}
     assert commands.CALLS["sinfo-not-installed"] >= 500 and len(commands.CALLS) < 50  # one counter per program
+
+
+def _imports_of(path: Path, modules: set[str]) -> set[str]:
+    """slurmkit modules `path` imports, at the top or inside functions."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("slurmkit"):
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found & modules
+
+
+def test_no_import_cycle_even_through_lazy_imports() -> None:
+    names = {}
+    for path in _modules(PACKAGE):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {name: _imports_of(path, set(names)) - {name} for name, path in names.items()}
+    assert "slurmkit.runs" in graph["slurmkit.jobs"]  # the graph sees imports at all
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError(" -> ".join([*trail[trail.index(nxt):], nxt]))
+            if nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])

@@ -16,7 +16,9 @@ import yaml
 from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
+from slurmkit.dependency import after_dependency
 from slurmkit.runs import RunRecord
+from slurmkit.sweeps import plan as plan_mod
 from slurmkit.sweeps import report, spec, store
 from slurmkit.sweeps import submit as sub
 from tests.conftest import EXAMPLES
@@ -69,12 +71,12 @@ def test_random_samples_are_seeded_and_within_their_ranges() -> None:
 
 
 def test_chunks_keep_every_array_task_id_below_the_limit() -> None:
-    assert sub.chunks(list(range(10)), 4) == [(0, [0, 1, 2, 3]), (4, [4, 5, 6, 7]), (8, [8, 9])]
-    assert sub.chunks([1, 3, 5, 9], 4) == [(0, [1, 3]), (4, [5]), (8, [9])]
-    for base, members in sub.chunks(list(range(0, 3000, 7)), 1001):
+    assert plan_mod.chunks(list(range(10)), 4) == [(0, [0, 1, 2, 3]), (4, [4, 5, 6, 7]), (8, [8, 9])]
+    assert plan_mod.chunks([1, 3, 5, 9], 4) == [(0, [1, 3]), (4, [5]), (8, [9])]
+    for base, members in plan_mod.chunks(list(range(0, 3000, 7)), 1001):
         assert all(0 <= i - base < 1001 for i in members)
-    assert sub.compress([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
-    assert sub.compress([4]) == "4"
+    assert plan_mod.compress([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert plan_mod.compress([4]) == "4"
 
 
 def test_dry_run_shows_each_task_its_seed_and_the_arrays(tmp_path: Path, local_profile: Path) -> None:
@@ -134,7 +136,7 @@ def test_malformed_grid_option_is_refused(tmp_path: Path, local_profile: Path) -
 
 def _create(tmp_path: Path, local_profile: Path, sweep: dict[str, Any], **base: Any) -> store.SweepPaths:
     plan = spec.load(write_sweep(tmp_path, sweep, **base))
-    return sub.create(plan, sub.resolve_tasks(plan, str(local_profile)))
+    return sub.create(plan, plan_mod.resolve_tasks(plan, str(local_profile)))
 
 
 def test_manifest_maps_every_task_to_its_config_folder_and_seed(tmp_path: Path, local_profile: Path) -> None:
@@ -195,11 +197,11 @@ def test_after_a_sweep_waits_for_each_task_newest_job(tmp_path: Path, local_prof
     with store.Manifest(paths).editing() as m:
         m["executor"] = "slurm"
         m["arrays"] = [{"indices": [0, 1, 2], "base": 0, "job_id": "70", "kind": "initial"}]
-    assert sub.after_dependency(root, paths.sweep_id) == "afterok:70"
+    assert after_dependency(root, paths.sweep_id) == "afterok:70"
     with store.Manifest(paths).editing() as m:
         m["arrays"].append({"indices": [1], "base": 1, "job_id": "80", "kind": "resubmit"})
     # Array 70 keeps its failed task forever, so afterok:70 could never be met.
-    assert sub.after_dependency(root, paths.sweep_id) == "afterok:70_0:80_0:70_2"
+    assert after_dependency(root, paths.sweep_id) == "afterok:70_0:80_0:70_2"
     line = one_line_error(["submit", str(EXAMPLES / "hostnames.yaml"), "-p", str(local_profile), "--after", "nope"])
     assert "--after: no run or sweep 'nope'" in line
 

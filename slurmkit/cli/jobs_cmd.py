@@ -31,7 +31,7 @@ def submit(
     resolved = resolve(runspec, profile, set_ or [])
     dependency = None
     if after:
-        from slurmkit.sweeps.submit import after_dependency
+        from slurmkit.dependency import after_dependency
 
         dependency = after_dependency(run_root_for(profile), after)
     if dry_run:

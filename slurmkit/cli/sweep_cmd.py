@@ -45,12 +45,14 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a sweep: one job array per chunk of at most MaxArraySize tasks."""
+    from slurmkit.dependency import after_dependency
+    from slurmkit.sweeps import plan as plan_mod
     from slurmkit.sweeps import spec as spec_mod
     from slurmkit.sweeps import submit as sub
 
     plan = spec_mod.load(spec, grid, max_parallel)
     if dry_run:
-        info = sub.preview(plan, sub.resolve_tasks(plan, profile, set_), max_array_size)
+        info = plan_mod.preview(plan, plan_mod.resolve_tasks(plan, profile, set_), max_array_size)
         if as_json:
             print_json(info)
             return
@@ -60,7 +62,7 @@ def submit(
             typer.echo(f"  array {k}: tasks {arr['tasks']} as --array={arr['array']}")
         _table(["index", *plan.varying, "seed"], info["configs"])
         return
-    dependency = sub.after_dependency(run_root_for(profile), after) if after else None
+    dependency = after_dependency(run_root_for(profile), after) if after else None
     done = sub.submit(plan, profile, set_, max_array_size, dependency)
     if as_json:
         print_json(done.as_dict())
@@ -131,6 +133,7 @@ def resubmit(
     from slurmkit.errors import SlurmkitError
     from slurmkit.sweeps import report, store
     from slurmkit.sweeps import submit as sub
+    from slurmkit.sweeps.plan import compress
 
     if not failed:
         raise SlurmkitError("say which tasks to resubmit", where="resubmit", valid="valid: --failed")
@@ -140,7 +143,7 @@ def resubmit(
     if as_json:
         print_json({"sweep_id": paths.sweep_id, "resubmitted": indices})
     else:
-        typer.echo(f"resubmitted {len(indices)} task(s): {sub.compress(indices) if indices else 'none'}")
+        typer.echo(f"resubmitted {len(indices)} task(s): {compress(indices) if indices else 'none'}")
 
 
 @app.command("list")

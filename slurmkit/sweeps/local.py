@@ -15,7 +15,7 @@ from typing import Any
 
 from slurmkit.procs import start_time
 from slurmkit.runs import RunRecord
-from slurmkit.sweeps.store import Manifest, SweepPaths, materialize_task
+from slurmkit.sweeps.store import Manifest, SweepPaths, manifest_resolved, materialize_task
 from slurmkit.sweeps.task import SweepTask
 
 POLL_S = 0.5
@@ -40,7 +40,6 @@ def start(paths: SweepPaths, indices: list[int]) -> int:
 def run(paths: SweepPaths, number: int) -> None:
     """Run the tasks of local array `number`, at most max_parallel at once; each job's pid goes to the manifest."""
     from slurmkit.slurm.executor import local_executor
-    from slurmkit.sweeps.submit import manifest_resolved
 
     manifest = Manifest(paths).read()
     resolved = manifest_resolved(manifest)

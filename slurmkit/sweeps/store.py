@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit.config.loader import Resolved
 from slurmkit.runs import LockedJson, RunPaths, RunRecord, find_folder, owned_folders
 
 MANIFEST = "sweep.json"
@@ -128,3 +129,13 @@ def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: dict[
             data.pop("final", None)
             data.pop("failures", None)
     return task
+
+
+def manifest_resolved(manifest: dict[str, Any]) -> list[Resolved]:
+    """Every task's Resolved, rebuilt from the manifest (what was submitted, not today's files)."""
+    from slurmkit.config.profile import ClusterProfile, Resources
+    from slurmkit.config.runspec import RunSpec
+
+    prof = ClusterProfile.model_validate(manifest["profile"])
+    return [Resolved(RunSpec.model_validate(t["spec"]), prof, manifest["profile_name"],
+                     Resources.model_validate(t["resources"]), manifest["source"]) for t in manifest["tasks"]]

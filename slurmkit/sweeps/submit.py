@@ -1,9 +1,6 @@
-"""Submitting a sweep: resolve every task, write the manifest, then one job array per chunk.
-
-A chunk holds at most MaxArraySize tasks (read from the live cluster), and task ids inside an
-array stay below MaxArraySize, as Slurm requires. Tasks whose resources differ cannot share an
-array, so they are grouped first. `%N` throttles each array; when a sweep is split, each chunk
-waits for the previous one (afterany) so that N also holds across the whole sweep.
+"""Submitting a sweep: write the manifest, then one job array per planned chunk (sweeps.plan);
+resubmit failed tasks; cancel. Each array's job id is recorded in the manifest as soon as it
+exists, so no task is ever dropped silently.
 """
 
 from __future__ import annotations
@@ -15,12 +12,13 @@ from typing import Any
 
 from slurmkit import perms
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.config.loader import Resolved, load_profile, profile_name, resolve_layers
+from slurmkit.config.loader import Resolved, load_profile, profile_name
 from slurmkit.config.overrides import split_sets
 from slurmkit.errors import PreflightError, SlurmError, SlurmkitError, squash
 from slurmkit.runs import RunPaths
-from slurmkit.sweeps.spec import SweepPlan, nested
-from slurmkit.sweeps.store import Manifest, SweepPaths, latest_job_ids
+from slurmkit.sweeps.plan import compress, plan_arrays, resolve_tasks, task_seed
+from slurmkit.sweeps.spec import SweepPlan
+from slurmkit.sweeps.store import Manifest, SweepPaths, manifest_resolved
 from slurmkit.sweeps.task import SweepTask
 
 # Final states after which `resubmit --failed` runs a task again.
@@ -38,81 +36,6 @@ class SweepSubmitted:
     def as_dict(self) -> dict[str, Any]:
         return {"sweep_id": self.sweep_id, "tasks": self.tasks, "array_job_ids": self.array_job_ids,
                 "sweep_dir": self.sweep_dir}
-
-
-def resolve_tasks(plan: SweepPlan, profile: str | None = None, sets: list[str] | None = None) -> list[Resolved]:
-    """Every task's run spec against the profile: base spec < sweep overrides < --set."""
-    spec_sets, profile_sets = split_sets(sets or [])
-    name = profile_name(profile)
-    prof = load_profile(name, profile_sets)
-    top = [("--set", spec_sets)] if spec_sets else []
-    return [resolve_layers([*plan.base_layers, (f"{plan.source}:sweep", nested(o)), *top], prof, name)
-            for o in plan.overrides]
-
-
-def task_seed(resolved: Resolved, base_seed: int, index: int) -> int:
-    if resolved.spec.task == "train":
-        from slurmkit.config.train import TrainConfig
-
-        return int(resolved.spec.config.get("seed", TrainConfig.model_fields["seed"].default))
-    return base_seed + index
-
-
-def compress(ids: list[int]) -> str:
-    """[0,1,2,5,7,8] -> '0-2,5,7-8'."""
-    parts: list[str] = []
-    start = prev = ids[0]
-    for i in [*ids[1:], None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ",".join(parts)
-
-
-def chunks(indices: list[int], max_array_size: int) -> list[tuple[int, list[int]]]:
-    """Split sorted indices into (base, indices), base a multiple of max_array_size.
-
-    Array task ids (index - base) then stay below MaxArraySize, and in a sweep that fits in one
-    array they equal the sweep index, so `squeue` shows 123_7 for task 7 (resubmits too).
-    """
-    out: list[tuple[int, list[int]]] = []
-    for i in indices:
-        base = i - i % max_array_size
-        if not out or out[-1][0] != base:
-            out.append((base, []))
-        out[-1][1].append(i)
-    return out
-
-
-def plan_arrays(resolved: list[Resolved], indices: list[int], max_array_size: int,
-                max_parallel: int | None) -> list[dict[str, Any]]:
-    """The arrays that run `indices`: grouped by resources, then chunked."""
-    groups: dict[str, list[int]] = {}
-    for i in indices:
-        groups.setdefault(resolved[i].resources.model_dump_json(), []).append(i)
-    arrays: list[dict[str, Any]] = []
-    for group in groups.values():
-        for base, members in chunks(sorted(group), max_array_size):
-            spec = compress([i - base for i in members]) + (f"%{max_parallel}" if max_parallel else "")
-            arrays.append({"indices": members, "base": base, "array": spec, "job_id": None})
-    return arrays
-
-
-DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default; used only by --dry-run, which asks no daemon
-
-
-def preview(plan: SweepPlan, resolved: list[Resolved], max_array_size: int | None = None) -> dict[str, Any]:
-    """What submit would create: every task's varying values and seed, and the arrays."""
-    limit = max_array_size or DEFAULT_MAX_ARRAY_SIZE
-    arrays = plan_arrays(resolved, list(range(len(resolved))), limit, plan.section.max_parallel)
-    tasks = [{"index": i, **{k: o.get(k) for k in plan.varying}, "seed": task_seed(r, plan.section.seed, i)}
-             for i, (r, o) in enumerate(zip(resolved, plan.overrides, strict=True))]
-    return {"sweep_id": None, "tasks": len(resolved), "varying": plan.varying, "configs": tasks,
-            "arrays": [{"tasks": compress(a["indices"]), "array": a["array"]} for a in arrays],
-            "max_array_size": limit}
 
 
 def cluster_limits() -> tuple[int, int]:
@@ -233,16 +156,6 @@ def _submit(plan: SweepPlan, profile: str | None, sets: list[str] | None, max_ar
     return SweepSubmitted(paths.sweep_id, str(paths.sweep_dir), n, ids)
 
 
-def manifest_resolved(manifest: dict[str, Any]) -> list[Resolved]:
-    """Every task's Resolved, rebuilt from the manifest (what was submitted, not today's files)."""
-    from slurmkit.config.profile import ClusterProfile, Resources
-    from slurmkit.config.runspec import RunSpec
-
-    prof = ClusterProfile.model_validate(manifest["profile"])
-    return [Resolved(RunSpec.model_validate(t["spec"]), prof, manifest["profile_name"],
-                     Resources.model_validate(t["resources"]), manifest["source"]) for t in manifest["tasks"]]
-
-
 def resubmit_failed(paths: SweepPaths, states: dict[int, str], max_array_size: int | None = None) -> list[int]:
     """One new array (per chunk) holding only the tasks that ended failed, cancelled or timed out."""
     with perms.umask(perms.folder_kind(paths.sweep_dir)):
@@ -283,32 +196,3 @@ def cancel(paths: SweepPaths) -> list[str]:
     if ids:
         commands.scancel(ids)
     return ids
-
-
-def after_dependency(run_root: str, ident: str) -> str:
-    """`afterok` on a sweep's arrays or a run's newest job, for --after RUN_OR_SWEEP."""
-    from slurmkit.errors import RunNotFoundError
-    from slurmkit.runs import RunRecord, find_run
-    from slurmkit.slurm import commands
-    from slurmkit.sweeps.store import find_sweep
-
-    try:
-        manifest = Manifest(find_sweep(run_root, ident)).read()
-        executor = manifest["executor"]
-        ids = [j for j in latest_job_ids(manifest).values() if j]
-        # After a resubmit the first array holds failures forever; then depend on each task's newest job.
-        if not any(a.get("kind") == "resubmit" for a in manifest["arrays"]):
-            ids = list(dict.fromkeys(commands.base_id(j) for j in ids))
-    except RunNotFoundError:
-        try:
-            record = RunRecord(find_run(run_root, ident)).read()
-        except RunNotFoundError:
-            raise RunNotFoundError(f"--after: no run or sweep '{ident}'", where=run_root,
-                                   valid="valid: a run id (`slurmkit list`) or a sweep id (`slurmkit sweep list`)"
-                                   ) from None
-        executor, ids = record.get("executor"), list(record.get("job_ids") or [])[-1:]
-    if executor == "local":
-        raise PreflightError("--after needs a Slurm run or sweep; a local one has no job id Slurm knows", where=ident)
-    if not ids:
-        raise PreflightError(f"--after {ident}: it has no submitted job", where=ident)
-    return "afterok:" + ":".join(ids)
