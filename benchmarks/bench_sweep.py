@@ -17,7 +17,7 @@ import yaml
 from submitit.core import utils
 
 from slurmkit.slurm import commands
-from slurmkit.sweeps import report, spec
+from slurmkit.sweeps import results, spec
 from slurmkit.sweeps import submit as sub
 from slurmkit.sweeps.store import SweepPaths
 
@@ -58,7 +58,7 @@ def main() -> None:
         raw = time.perf_counter() - t0
         t0 = time.perf_counter()
         with commands.counting() as status_calls:
-            states = report.task_states(paths)
+            states = results.task_states(paths)
         status_s = time.perf_counter() - t0
         own = total - sbatch_s
         print(json.dumps({

@@ -2,7 +2,8 @@
 
 - wall: from the first incarnation's start to the last one's end (now, while running);
 - productive: the step time of every step that counts (the last execution of each step);
-- lost, split into: queue wait (submit or requeue -> running again), restart overhead (running ->
+- lost, split into: queue wait (between incarnations: one ending -> the next running; the wait
+  before the first start is not counted, the run had not begun), restart overhead (running ->
   the first step of that incarnation), recomputed steps (steps run again after a restart), checkpoint
   stalls (time a step waited on a save), and the rest (final save, exit, evaluation, teardown).
 

@@ -109,34 +109,35 @@ class RenderInput:
     """For a sweep's job array: {"dir": sweep folder, "base": sweep index of array task 0}."""
 
 
-def container_context(res: Resolved, run_dir: str) -> dict[str, Any]:
+def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
     """Mounts (the user's, then the run folder, run_root and a local checkpoint root), env names, GPU flag."""
-    c = res.profile.container
+    c = resolved.profile.container
     if c is None:
         return {"srun": False, "prefix": False}
     from slurmkit.runs import expand_root
 
-    root = str(expand_root(res.profile.run_root))
+    root = str(expand_root(resolved.profile.run_root))
     paths = [root] if run_dir.startswith(root.rstrip("/") + "/") else [root, run_dir]
-    ckpt = res.profile.checkpoint_root
+    ckpt = resolved.profile.checkpoint_root
     if ckpt and ("://" not in ckpt or ckpt.startswith("file://")):
         paths.append(str(expand_root(ckpt.removeprefix("file://"))))
     taken = {m.split(":")[1] for m in c.mounts}
     mounts = [*c.mounts, *(f"{p}:{p}" for p in dict.fromkeys(paths) if p not in taken)]
-    env_names = list(dict.fromkeys([*c.env, *res.profile.setup.env, *res.spec.env, *res.profile.nccl_env]))
-    gpus = c.gpus if c.gpus is not None else bool(res.resources.gpus_per_node)
+    prof = resolved.profile
+    env_names = list(dict.fromkeys([*c.env, *prof.setup.env, *resolved.spec.env, *prof.nccl_env]))
+    gpus = c.gpus if c.gpus is not None else bool(resolved.resources.gpus_per_node)
     return {"srun": c.runtime == "pyxis", "prefix": c.runtime != "pyxis", "mounts": mounts,
             "env_names": env_names, "gpus": gpus}
 
 
 def render(inp: RenderInput) -> str:
-    res = inp.resolved
-    env = make_environment(res.profile.template_dir)
+    resolved = inp.resolved
+    env = make_environment(resolved.profile.template_dir)
     context = {
-        "name": res.spec.name,
-        "spec": res.spec,
-        "profile": res.profile,
-        "r": res.resources,
+        "name": resolved.spec.name,
+        "spec": resolved.spec,
+        "profile": resolved.profile,
+        "r": resolved.resources,
         "files": inp.files,
         "array": inp.array,
         "dependency": inp.dependency,
@@ -144,9 +145,9 @@ def render(inp: RenderInput) -> str:
         "python": Shell(inp.python),
         "run_dir": inp.run_dir,
         "sweep": inp.sweep,
-        "container": container_context(res, inp.run_dir),
-        "env": res.spec.env,
-        "slurm": res.profile.executor == "slurm",
+        "container": container_context(resolved, inp.run_dir),
+        "env": resolved.spec.env,
+        "slurm": resolved.profile.executor == "slurm",
         "ray_port": ports.ray_port_shell(),
     }
     try:

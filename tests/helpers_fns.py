@@ -26,7 +26,7 @@ def custom_trainer(steps: int) -> dict[str, object]:
     from torch.utils.data import TensorDataset
 
     from slurmkit.worker.dist import distributed
-    from slurmkit.worker.trainer import Trainer
+    from slurmkit.worker.trainer import Trainer, TrainerOptions
 
     with distributed() as dist:
         torch.manual_seed(0)
@@ -38,7 +38,7 @@ def custom_trainer(steps: int) -> dict[str, object]:
         def loss_fn(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             return torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1])
 
-        trainer = Trainer(model, opt, data, loss_fn, dist, steps=steps, micro_batch=16, seed=0)
+        trainer = Trainer(model, opt, data, loss_fn, dist, TrainerOptions(steps=steps, micro_batch=16, seed=0))
         return trainer.fit()
 
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.slurm import commands
-from slurmkit.sweeps import report, spec, store
+from slurmkit.sweeps import results, spec, store
 from slurmkit.sweeps import submit as sub
 from tests.conftest import EXAMPLES
 from tests.test_cluster_faults import wait_until
@@ -43,15 +43,15 @@ def sbatch_calls_during(fn: Any) -> tuple[Any, int]:
     return value, calls["sbatch"]
 
 
-def wait_sweep(paths: store.SweepPaths, timeout_s: float = 240, every: Any = None) -> list[report.TaskState]:
+def wait_sweep(paths: store.SweepPaths, timeout_s: float = 240, every: Any = None) -> list[results.TaskState]:
     deadline = time.monotonic() + timeout_s
     while True:
-        states = report.task_states(paths)
+        states = results.task_states(paths)
         if every is not None:
             every(states)
         if all(s.state in FINAL for s in states):
             return states
-        assert time.monotonic() < deadline, f"sweep still running: {report.counts(states)}"
+        assert time.monotonic() < deadline, f"sweep still running: {results.counts(states)}"
         time.sleep(0.3)
 
 
@@ -123,7 +123,7 @@ def test_a_failed_config_is_resubmitted_alone_and_the_sweep_completes(
     assert [s.state for s in states] == ["COMPLETED"] * 3
     first = manifest["arrays"][0]["job_id"]
     assert [s.job_id for s in states] == [f"{first}_0", f"{manifest['arrays'][1]['job_id']}_1", f"{first}_2"]
-    assert report.counts(states) == {"COMPLETED": 3}
+    assert results.counts(states) == {"COMPLETED": 3}
 
 
 def test_a_sweep_over_the_array_limit_is_split_into_chained_arrays(

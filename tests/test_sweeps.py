@@ -19,7 +19,7 @@ from slurmkit.cli.app import app
 from slurmkit.dependency import after_dependency
 from slurmkit.runs import RunRecord
 from slurmkit.sweeps import plan as plan_mod
-from slurmkit.sweeps import report, spec, store
+from slurmkit.sweeps import results, spec, store
 from slurmkit.sweeps import submit as sub
 from tests.conftest import EXAMPLES
 
@@ -206,11 +206,11 @@ def test_after_a_sweep_waits_for_each_task_newest_job(tmp_path: Path, local_prof
     assert "--after: no run or sweep 'nope'" in line
 
 
-def wait_local(paths: store.SweepPaths, timeout_s: float = 120) -> list[report.TaskState]:
+def wait_local(paths: store.SweepPaths, timeout_s: float = 120) -> list[results.TaskState]:
     deadline = time.monotonic() + timeout_s
     while True:
-        states = report.task_states(paths)
-        if all(s.state in ("COMPLETED", "FAILED", report.NOT_SUBMITTED) for s in states):
+        states = results.task_states(paths)
+        if all(s.state in ("COMPLETED", "FAILED", results.NOT_SUBMITTED) for s in states):
             return states
         assert time.monotonic() < deadline, f"local sweep still running: {states}"
         time.sleep(0.5)
@@ -254,11 +254,11 @@ def test_results_pick_the_best_row_and_write_csv(tmp_path: Path, local_profile: 
     for i, (loss, acc) in enumerate([(0.5, 0.7), (0.2, 0.9), (0.9, 0.95)]):
         task = store.materialize_task(paths, i, "")
         task.metrics.write_text(json.dumps({"step": 10, "loss": loss, "accuracy": acc, "note": "text"}) + "\n")
-    res = report.results(paths)
-    assert res.sort == "loss" and res.best == 1  # smaller loss is better
-    assert report.results(paths, sort="accuracy").best == 2  # larger accuracy is better
-    assert report.results(paths, sort="accuracy", maximize=False).best == 0
-    assert [r["index"] for r in report.results(paths, sort="loss").rows] == [1, 0, 2]
+    table = results.results(paths)
+    assert table.sort == "loss" and table.best == 1  # smaller loss is better
+    assert results.results(paths, sort="accuracy").best == 2  # larger accuracy is better
+    assert results.results(paths, sort="accuracy", maximize=False).best == 0
+    assert [r["index"] for r in results.results(paths, sort="loss").rows] == [1, 0, 2]
     csv_path = tmp_path / "r.csv"
     result = runner.invoke(app, ["sweep", "results", paths.sweep_id, "-p", str(local_profile), "--csv",
                                  str(csv_path)])

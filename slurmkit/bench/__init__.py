@@ -1,1 +1,2 @@
-"""Benchmarks users run on their cluster: all-reduce bandwidth (and, later, filesystem speed)."""
+"""Benchmarks users run on their cluster: all-reduce bandwidth (allreduce) and checkpoint-style
+filesystem speed against dd on the same path (fs)."""

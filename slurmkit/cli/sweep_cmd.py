@@ -79,15 +79,15 @@ def submit(
 @user_errors
 def status(sweep: SweepArg, profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Counts by state and a per-task table (one squeue call, at most one sacct)."""
-    from slurmkit.sweeps import report, store
+    from slurmkit.sweeps import results, store
 
     paths = store.find_sweep(run_root_for(profile), sweep)
-    states = report.task_states(paths)
+    states = results.task_states(paths)
     if as_json:
-        print_json({"sweep_id": paths.sweep_id, "counts": report.counts(states),
+        print_json({"sweep_id": paths.sweep_id, "counts": results.counts(states),
                     "tasks": [s.as_dict() for s in states]})
         return
-    typer.echo(f"sweep {paths.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in report.counts(states).items()))
+    typer.echo(f"sweep {paths.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items()))
     _table(["index", "job", "state", "nodes", "elapsed", "restarts"],
            [{"index": s.index, "job": s.job_id, "state": s.state, "nodes": s.nodes, "elapsed": s.elapsed,
              "restarts": s.restarts} for s in states])
@@ -105,20 +105,20 @@ def results(
     as_json: JsonOpt = False,
 ) -> None:
     """One row per task: its varying config, final metrics and state; the best row is marked."""
-    from slurmkit.sweeps import report, store
+    from slurmkit.sweeps import results, store
 
-    res = report.results(store.find_sweep(run_root_for(profile), sweep), sort, maximize)
+    table = results.results(store.find_sweep(run_root_for(profile), sweep), sort, maximize)
     if csv_file is not None:
-        report.write_csv(res, str(csv_file))
+        results.write_csv(table, str(csv_file))
     if as_json:
-        print_json(res.rows)
+        print_json(table.rows)
         return
-    shown = [m for m in res.metrics if m in TABLE_METRICS or m == res.sort]
-    _table(["index", "state", *res.varying, *shown], res.rows, best=res.best)
-    if len(shown) < len(res.metrics):
-        typer.echo(f"({len(res.metrics) - len(shown)} more metrics in --json and --csv)")
-    if res.best is not None:
-        typer.echo(f"best: task {res.best} by {res.sort}")
+    shown = [m for m in table.metrics if m in TABLE_METRICS or m == table.sort]
+    _table(["index", "state", *table.varying, *shown], table.rows, best=table.best)
+    if len(shown) < len(table.metrics):
+        typer.echo(f"({len(table.metrics) - len(shown)} more metrics in --json and --csv)")
+    if table.best is not None:
+        typer.echo(f"best: task {table.best} by {table.sort}")
 
 
 @app.command("resubmit")
@@ -131,14 +131,14 @@ def resubmit(
 ) -> None:
     """Run again, in one new array under the same sweep, only the tasks that did not succeed."""
     from slurmkit.errors import SlurmkitError
-    from slurmkit.sweeps import report, store
+    from slurmkit.sweeps import results, store
     from slurmkit.sweeps import submit as sub
     from slurmkit.sweeps.plan import compress
 
     if not failed:
         raise SlurmkitError("say which tasks to resubmit", where="resubmit", valid="valid: --failed")
     paths = store.find_sweep(run_root_for(profile), sweep)
-    states = {s.index: s.state for s in report.task_states(paths)}
+    states = {s.index: s.state for s in results.task_states(paths)}
     indices = sub.resubmit_failed(paths, states)
     if as_json:
         print_json({"sweep_id": paths.sweep_id, "resubmitted": indices})

@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.devcluster import layout as L
-from slurmkit.devcluster import network
+from slurmkit.devcluster import layout, network
 from slurmkit.errors import DevClusterError, SlurmError, squash
 from slurmkit.procs import pid_alive
 from slurmkit.slurm import commands
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server", "iproute2"]
 BINARIES = ["slurmctld", "slurmd", "sbatch", "munged", "slurmdbd", "mariadbd", "ip", "nsenter"]
-DAEMONS_FILE = L.STATE_DIR / "daemons.json"
+DAEMONS_FILE = layout.STATE_DIR / "daemons.json"
 Log = Callable[[str], None]
 
 
@@ -86,8 +85,8 @@ def ours(name: str, pid: int | None) -> bool:
 
 
 def _spawn(name: str, argv: list[str], **kw: Any) -> int:
-    L.LOG_DIR.mkdir(parents=True, exist_ok=True)
-    with open(L.LOG_DIR / f"{name}.console.log", "ab") as out:
+    layout.LOG_DIR.mkdir(parents=True, exist_ok=True)
+    with open(layout.LOG_DIR / f"{name}.console.log", "ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, **kw)
     return proc.pid
@@ -101,7 +100,7 @@ def _wait_for(what: str, ok: Callable[[], bool], timeout: float, pid: int | None
         if pid is not None and not pid_alive(pid):
             break
         time.sleep(0.3)
-    hint = f"; see {L.LOG_DIR / log_name}" if log_name else ""
+    hint = f"; see {layout.LOG_DIR / log_name}" if log_name else ""
     raise DevClusterError(f"{what} did not come up within {timeout:.0f} s{hint}")
 
 
@@ -154,9 +153,9 @@ def _start_mariadb(state: dict[str, Any], log: Log, purge: bool) -> None:
         _wait_for("mariadb", _mariadb_ok, 60, pid, "mariadb.console.log")
     sql = ""
     if purge:
-        sql += f"DROP DATABASE IF EXISTS {L.DB_NAME}; "
-    sql += (f"CREATE USER IF NOT EXISTS '{L.DB_USER}'@'localhost' IDENTIFIED BY '{L.DB_PASS}'; "
-            f"GRANT ALL ON {L.DB_NAME}.* TO '{L.DB_USER}'@'localhost'; FLUSH PRIVILEGES;")
+        sql += f"DROP DATABASE IF EXISTS {layout.DB_NAME}; "
+    sql += (f"CREATE USER IF NOT EXISTS '{layout.DB_USER}'@'localhost' IDENTIFIED BY '{layout.DB_PASS}'; "
+            f"GRANT ALL ON {layout.DB_NAME}.* TO '{layout.DB_USER}'@'localhost'; FLUSH PRIVILEGES;")
     sh(["mariadb", "-e", sql], timeout=30)
 
 
@@ -192,7 +191,7 @@ def _wait_idle(n: int, log: Log, timeout: float = 90) -> None:
     states: dict[str, str] = {}
     while time.monotonic() < deadline:
         states = _node_states()
-        want = [nd.name for nd in L.nodes(n)]
+        want = [nd.name for nd in layout.nodes(n)]
         for name in want:
             st = states.get(name, "").rstrip("*~#!%$@^-")
             if st in ("down", "drain", "drained", "draining", "fail") and name not in resumed:
@@ -202,7 +201,7 @@ def _wait_idle(n: int, log: Log, timeout: float = 90) -> None:
         if all(states.get(name, "").rstrip("*~#!%$@^-") in ("idle", "mix", "alloc") for name in want):
             return
         time.sleep(0.5)
-    raise DevClusterError(f"nodes not idle after {timeout:.0f} s: {states}", valid=f"see {L.LOG_DIR}")
+    raise DevClusterError(f"nodes not idle after {timeout:.0f} s: {states}", valid=f"see {layout.LOG_DIR}")
 
 
 def up(n: int = 2, purge: bool = False, log: Log = print) -> dict[str, Any]:
@@ -215,27 +214,27 @@ def up(n: int = 2, purge: bool = False, log: Log = print) -> dict[str, Any]:
     if purge or (state["nodes"] and state["nodes"] != n):
         down(purge=purge, log=log)
         state = _load()
-    for d in (L.STATE_DIR, L.RUN_DIR, L.LOG_DIR, L.STATE_DIR / "ctld", L.SLURM_CONF.parent):
+    for d in (layout.STATE_DIR, layout.RUN_DIR, layout.LOG_DIR, layout.STATE_DIR / "ctld", layout.SLURM_CONF.parent):
         d.mkdir(parents=True, exist_ok=True)
     state["nodes"] = n
-    _write_if_changed(L.SLURM_CONF, L.slurm_conf(n), 0o644)
-    _write_if_changed(L.SLURMDBD_CONF, L.slurmdbd_conf(), 0o600)
-    network.setup(L.nodes(n))
-    network.write_hosts(L.hosts_block(n))
+    _write_if_changed(layout.SLURM_CONF, layout.slurm_conf(n), 0o644)
+    _write_if_changed(layout.SLURMDBD_CONF, layout.slurmdbd_conf(), 0o600)
+    network.setup(layout.nodes(n))
+    network.write_hosts(layout.hosts_block(n))
     _start_munge(state, log)
     _start_mariadb(state, log, purge)
     _save(state)
     _start_daemon(state, "slurmdbd", ["slurmdbd", "-D"], lambda: _port_open("127.0.0.1", 6819), log)
     _start_daemon(state, "slurmctld", ["slurmctld", "-D", "-i"], _ctld_up, log)
-    for nd in L.nodes(n):
-        (L.STATE_DIR / f"slurmd-{nd.name}").mkdir(exist_ok=True)
+    for nd in layout.nodes(n):
+        (layout.STATE_DIR / f"slurmd-{nd.name}").mkdir(exist_ok=True)
         # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails its cgroup init.
         argv = ["nsenter", f"--net=/run/netns/{nd.netns}", "unshare", "--uts", "sh", "-c",
                 f'hostname {nd.name} && exec slurmd -D -N {nd.name}']
         _start_daemon(state, f"slurmd-{nd.name}", argv, lambda: True, log)
     _save(state)
     _wait_idle(n, log)
-    log(f"dev cluster up: {n} nodes idle in partition {L.PARTITION}")
+    log(f"dev cluster up: {n} nodes idle in partition {layout.PARTITION}")
     return status()
 
 
@@ -253,10 +252,10 @@ def down(purge: bool = False, log: Log = print) -> None:
         if ours(name, pid):
             log(f"stopping {name} (pid {pid})")
             _stop(pid)
-    network.teardown(L.nodes(state.get("nodes") or 0))
+    network.teardown(layout.nodes(state.get("nodes") or 0))
     network.write_hosts("")
     if purge:
-        for d in L.STATE_DIR.glob("*"):
+        for d in layout.STATE_DIR.glob("*"):
             if d.is_dir():
                 shutil.rmtree(d, ignore_errors=True)
         log("purged controller and node state")

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.devcluster import layout as L
+from slurmkit.devcluster import layout
 from slurmkit.errors import DevClusterError
 
 
@@ -21,41 +21,41 @@ def _exists(*args: str) -> bool:
     return _ip(*args, check=False).returncode == 0
 
 
-def setup(nodes: list[L.Node]) -> None:
-    if not _exists("link", "show", L.BRIDGE):
-        _ip("link", "add", L.BRIDGE, "type", "bridge")
-        _ip("addr", "add", f"{L.CONTROLLER_IP}/24", "dev", L.BRIDGE)
-    _ip("link", "set", L.BRIDGE, "up")
+def setup(nodes: list[layout.Node]) -> None:
+    if not _exists("link", "show", layout.BRIDGE):
+        _ip("link", "add", layout.BRIDGE, "type", "bridge")
+        _ip("addr", "add", f"{layout.CONTROLLER_IP}/24", "dev", layout.BRIDGE)
+    _ip("link", "set", layout.BRIDGE, "up")
     for nd in nodes:
         if not Path(f"/run/netns/{nd.netns}").exists():
             _ip("netns", "add", nd.netns)
         if not _exists("link", "show", nd.veth):
             _ip("link", "add", nd.veth, "type", "veth", "peer", "name", "eth0", "netns", nd.netns)
             _ip("-n", nd.netns, "addr", "add", f"{nd.ip}/24", "dev", "eth0")
-        _ip("link", "set", nd.veth, "master", L.BRIDGE, "up")
+        _ip("link", "set", nd.veth, "master", layout.BRIDGE, "up")
         _ip("-n", nd.netns, "link", "set", "eth0", "up")
         _ip("-n", nd.netns, "link", "set", "lo", "up")
 
 
-def teardown(nodes: list[L.Node]) -> None:
+def teardown(nodes: list[layout.Node]) -> None:
     for nd in nodes:
         _ip("link", "del", nd.veth, check=False)
         _ip("netns", "del", nd.netns, check=False)
     if nodes:
-        _ip("link", "del", L.BRIDGE, check=False)
+        _ip("link", "del", layout.BRIDGE, check=False)
 
 
 def write_hosts(block: str) -> None:
     """Replace the devcluster block in /etc/hosts (an empty block removes it)."""
-    text = L.HOSTS_FILE.read_text() if L.HOSTS_FILE.exists() else ""
-    if L.HOSTS_BEGIN in text:
-        head, _, rest = text.partition(L.HOSTS_BEGIN)
-        _, _, tail = rest.partition(L.HOSTS_END + "\n")
+    text = layout.HOSTS_FILE.read_text() if layout.HOSTS_FILE.exists() else ""
+    if layout.HOSTS_BEGIN in text:
+        head, _, rest = text.partition(layout.HOSTS_BEGIN)
+        _, _, tail = rest.partition(layout.HOSTS_END + "\n")
         text = head + tail
     new = text + block
-    if new != (L.HOSTS_FILE.read_text() if L.HOSTS_FILE.exists() else ""):
+    if new != (layout.HOSTS_FILE.read_text() if layout.HOSTS_FILE.exists() else ""):
         try:
-            atomic_write_text(L.HOSTS_FILE, new, mode=0o644)  # every user resolves names through it
+            atomic_write_text(layout.HOSTS_FILE, new, mode=0o644)  # every user resolves names through it
         except OSError:
             # /etc/hosts can be a bind mount that refuses rename; write in place then.
-            L.HOSTS_FILE.write_text(new)
+            layout.HOSTS_FILE.write_text(new)

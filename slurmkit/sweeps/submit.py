@@ -99,12 +99,12 @@ def _write_manifest(paths: SweepPaths, plan: SweepPlan, resolved: list[Resolved]
 
     prof = resolved[0].profile
     tasks = []
-    for i, (res, overrides) in enumerate(zip(resolved, plan.overrides, strict=True)):
-        seed = task_seed(res, plan.section.seed, i)
+    for i, (task_resolved, overrides) in enumerate(zip(resolved, plan.overrides, strict=True)):
+        seed = task_seed(task_resolved, plan.section.seed, i)
         task = paths.task(i)
         tasks.append({"index": i, "overrides": overrides, "seed": seed, "run_dir": str(task.run_dir),
-                      "spec": res.spec.model_dump(), "resources": res.resources.model_dump(),
-                      "num_tasks": res.num_tasks, "env": run_env(res, {"SLURMKIT_SEED": str(seed)}),
+                      "spec": task_resolved.spec.model_dump(), "resources": task_resolved.resources.model_dump(),
+                      "num_tasks": task_resolved.num_tasks, "env": run_env(task_resolved, {"SLURMKIT_SEED": str(seed)}),
                       "checkpoint_uri": task.checkpoint_uri(prof.checkpoint_root, f"{paths.sweep_id}/{i}")})
     Manifest(paths).create({
         "sweep_id": paths.sweep_id, "name": plan.name, "source": plan.source,
@@ -142,8 +142,8 @@ def _submit(plan: SweepPlan, profile: str | None, sets: list[str] | None, max_ar
         return SweepSubmitted(paths.sweep_id, str(paths.sweep_dir), n, [])
     from slurmkit.slurm import preflight
 
-    for res in {r.resources.model_dump_json(): r for r in resolved}.values():
-        preflight.check(res)
+    for group in {r.resources.model_dump_json(): r for r in resolved}.values():
+        preflight.check(group)
     paths = create(plan, resolved)
     limit = min(max_array_size or live_array, live_array)
     arrays = plan_arrays(resolved, list(range(n)), limit, plan.section.max_parallel)

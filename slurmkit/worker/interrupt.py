@@ -25,7 +25,8 @@ class Interrupted(BaseException):
         self.requeue = requeue
 
 
-def _raise(requeue: bool) -> Any:
+def _raising_handler(requeue: bool) -> Any:
+    """A signal handler that raises Interrupted (a stop for requeue, or for good)."""
     def handler(signum: int, frame: Any) -> None:
         raise Interrupted(requeue)
 
@@ -54,7 +55,7 @@ def requeue_on_signal(run_dir: str) -> Iterator[None]:
         return
     from slurmkit.worker.preempt import install_handlers
 
-    install_handlers(_raise(True), _raise(False))
+    install_handlers(_raising_handler(True), _raising_handler(False))
     try:
         yield
     except Interrupted as stop:

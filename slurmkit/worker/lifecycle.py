@@ -17,7 +17,7 @@ from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker import requeue
 from slurmkit.worker.checkpoint import TRAINER_FILES, CheckpointStore, Prefetch
 from slurmkit.worker.dist import Dist
-from slurmkit.worker.preempt import TERMINATE
+from slurmkit.worker.preempt import Stop
 from slurmkit.worker.resilience import Resilience
 from slurmkit.worker.trainer import Trainer
 
@@ -45,7 +45,7 @@ class Lifecycle:
         self.paths = RunPaths(Path(run_dir)) if run_dir else None
         self.job_id = slurm_job_id() if dist.env.launcher == "slurm" else None
         uri = checkpoint_uri(run_dir)
-        self.res = Resilience(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
+        self.resilience = Resilience(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
                               cfg.hang_timeout_s or None, self._on_hang, prefetch) if uri else None
         self.restart: dict[str, Any] | None = None
 
@@ -55,9 +55,9 @@ class Lifecycle:
                 {"rank": self.dist.rank, "idle_s": round(idle_s, 1), "time": time.time()}) + "\n")
 
     def attach(self, trainer: Trainer) -> None:
-        resumed = self.res.restore(trainer) if self.res else None
-        if self.res:
-            trainer.hooks.append(self.res.on_step_end)
+        resumed = self.resilience.restore(trainer) if self.resilience else None
+        if self.resilience:
+            trainer.hooks.append(self.resilience.on_step_end)
         count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         if count and self.dist.is_main and self.paths and self.job_id:
             self.restart = requeue.record_restart(self.paths, self.job_id, count, resumed)
@@ -69,22 +69,22 @@ class Lifecycle:
 
     @property
     def stopped(self) -> bool:
-        return self.res is not None and self.res.stopped_at is not None
+        return self.resilience is not None and self.resilience.stopped_at is not None
 
     def finish(self) -> None:
-        if self.res:
-            self.res.finish()
+        if self.resilience:
+            self.resilience.finish()
 
     def close(self) -> None:
         """However training ended: the watchdog stands down (it must not kill a process that goes on)."""
-        if self.res:
-            self.res.watchdog.stop()
+        if self.resilience:
+            self.resilience.watchdog.stop()
 
     def requeue_and_exit(self, trainer: Trainer) -> None:
         """After the final save: rank 0 requeues (within budget; not after SIGTERM), then every rank exits."""
         step = trainer.state.step
-        assert self.res is not None
-        if self.dist.is_main and self.res.stop_kind == TERMINATE:
+        assert self.resilience is not None
+        if self.dist.is_main and self.resilience.stop_kind == Stop.TERMINATE:
             print(f"slurmkit: SIGTERM; saved at step {step}. Slurm ends or requeues the job itself", flush=True)
         elif self.dist.is_main:
             if self.job_id and self.paths:
@@ -101,8 +101,9 @@ class Lifecycle:
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if self.res:
-            out.update(resumed_from_step=self.res.resumed_step, checkpoint_stall_s=round(self.res.stall_s, 4))
+        if self.resilience:
+            out.update(resumed_from_step=self.resilience.resumed_step,
+                       checkpoint_stall_s=round(self.resilience.stall_s, 4))
         if self.paths and self.paths.record.exists():
             restarts = RunRecord(self.paths).read().get("restarts", [])
             out.update(restarts=len(restarts), restart_causes=[r["cause"] for r in restarts])

@@ -15,10 +15,19 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from enum import IntEnum
 from types import FrameType
 
 DEFAULT_SIGNAL = "USR2"
-REQUEUE, TERMINATE = 1, 2  # what a rank saw; the ranks agree on the largest
+
+
+class Stop(IntEnum):
+    """What a rank saw. Ordered: the ranks agree on the largest (an all-reduce MAX), so one rank's
+    SIGTERM outranks another's requeue signal."""
+
+    NONE = 0
+    REQUEUE = 1
+    TERMINATE = 2
 
 
 def install_handlers(on_requeue: Callable[[int, FrameType | None], None],
@@ -33,18 +42,18 @@ def install_handlers(on_requeue: Callable[[int, FrameType | None], None],
 
 class StopFlag:
     def __init__(self) -> None:
-        self.kind = 0
+        self.kind = Stop.NONE
 
     def install(self, name: str | None = None) -> StopFlag:
         install_handlers(self._requeue, self._terminate, name)
         return self
 
     def _requeue(self, signum: int, frame: FrameType | None) -> None:
-        self.kind = max(self.kind, REQUEUE)
+        self.kind = max(self.kind, Stop.REQUEUE)
 
     def _terminate(self, signum: int, frame: FrameType | None) -> None:
-        self.kind = TERMINATE
+        self.kind = Stop.TERMINATE
 
     @property
     def is_set(self) -> bool:
-        return self.kind != 0
+        return self.kind != Stop.NONE

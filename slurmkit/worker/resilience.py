@@ -26,7 +26,7 @@ from slurmkit.worker.checkpoint import (
     snapshot,
 )
 from slurmkit.worker.dist import Dist
-from slurmkit.worker.preempt import StopFlag
+from slurmkit.worker.preempt import Stop, StopFlag
 from slurmkit.worker.trainer import Trainer
 from slurmkit.worker.watchdog import Watchdog
 
@@ -67,7 +67,7 @@ class Resilience:
         self._buffers: dict[str, Any] = {}
         self.resumed_step: int | None = None
         self.stopped_at: int | None = None
-        self.stop_kind = 0  # preempt.REQUEUE or preempt.TERMINATE, as agreed by all ranks
+        self.stop_kind = Stop.NONE  # as agreed by all ranks
 
     # --------------------------------------------------------------- collectives
 
@@ -225,7 +225,7 @@ class Resilience:
             # Every rank stops at this same step and takes part in the final save.
             self.save(trainer, wait=True)
             self.stopped_at = trainer.state.step
-            self.stop_kind = stop
+            self.stop_kind = Stop(stop)
             trainer.stop_requested = True
         elif self.every and trainer.state.step % self.every == 0:
             self.save(trainer, wait=False)

@@ -59,6 +59,30 @@ class TrainState:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class TrainerOptions:
+    """How the Trainer runs: what a built-in task derives from its TrainConfig, or a user passes."""
+
+    steps: int
+    """Optimizer steps to run (a resumed run counts from its restored step)."""
+    micro_batch: int
+    """Samples per rank per forward/backward."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step; gradients are all-reduced once, on the last."""
+    seed: int = 0
+    """Seed of the distributed sampler's shuffle."""
+    flops_per_sample: float = 0.0
+    """Training FLOPs per sample, for MFU (slurmkit.worker.metrics)."""
+    tokens_per_sample: int = 0
+    """Tokens per sample, for tokens/s (0: not a token model)."""
+    peak_flops: float = 0.0
+    """Peak FLOP/s of one rank's device, for MFU."""
+    log_every: int = 10
+    """Steps between progress lines in the job log."""
+    autocast_dtype: torch.dtype | None = None
+    """Mixed precision (torch.autocast) dtype, or None for full precision."""
+
+
 class Trainer:
     def __init__(
         self,
@@ -67,21 +91,14 @@ class Trainer:
         dataset: Dataset[Any],
         loss_fn: LossFn,
         dist: Dist,
+        options: TrainerOptions,
         *,
-        steps: int,
-        micro_batch: int,
-        grad_accum: int = 1,
-        seed: int = 0,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-        flops_per_sample: float = 0.0,
-        tokens_per_sample: int = 0,
-        peak_flops: float = 0.0,
         metrics: MetricsWriter | None = None,
-        log_every: int = 10,
-        autocast_dtype: torch.dtype | None = None,
         hooks: list[Hook] | None = None,
     ) -> None:
         self.dist = dist
+        self.options = options
         self.device = torch.device(dist.device_str)
         self.raw_model = model.to(self.device)
         self.model: nn.Module = self.raw_model
@@ -89,23 +106,24 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = DistributedDataParallel(self.raw_model, device_ids=ids)
         self.optimizer, self.scheduler, self.loss_fn = optimizer, scheduler, loss_fn
-        self.steps, self.micro_batch, self.grad_accum = steps, micro_batch, grad_accum
-        self.flops_per_sample, self.tokens_per_sample, self.peak_flops = flops_per_sample, tokens_per_sample, peak_flops
         self.metrics = metrics or MetricsWriter(None, False)
-        self.log_every, self.autocast_dtype = log_every, autocast_dtype
         self.hooks = hooks or []
         self.state = TrainState()
         self.stop_requested = False
         self.sampler: DistributedSampler[Any] = DistributedSampler(
-            dataset, num_replicas=dist.world_size, rank=dist.rank, shuffle=True, seed=seed, drop_last=True)
-        self.loader = DataLoader(dataset, batch_size=micro_batch, sampler=self.sampler, drop_last=True)
+            dataset, num_replicas=dist.world_size, rank=dist.rank, shuffle=True, seed=options.seed, drop_last=True)
+        self.loader = DataLoader(dataset, batch_size=options.micro_batch, sampler=self.sampler, drop_last=True)
         if len(self.loader) == 0:
             raise ValueError(f"dataset of {len(dataset)} (per rank {len(self.sampler)}) "  # type: ignore[arg-type]
-                             f"is smaller than one micro-batch of {micro_batch}")
+                             f"is smaller than one micro-batch of {options.micro_batch}")
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.dist.world_size
+        return self.options.micro_batch * self.options.grad_accum * self.dist.world_size
+
+    def _mfu(self, step_s: float) -> float:
+        return mfu(self.options.flops_per_sample * self.global_batch, step_s, self.dist.world_size,
+                   self.options.peak_flops)
 
     def _batches(self) -> Iterator[Any]:
         """Endless batches; the epoch reseeds the shuffle, and the position can be resumed."""
@@ -125,24 +143,24 @@ class Trainer:
         return batch.to(self.device, non_blocking=True) if isinstance(batch, torch.Tensor) else batch
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.autocast_dtype is None:
+        if self.options.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        return torch.autocast(self.device.type, dtype=self.options.autocast_dtype)
 
     def train_step(self, batches: Iterator[Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.model.train()
         total = torch.zeros((), device=self.device)
-        for micro in range(self.grad_accum):
+        for micro in range(self.options.grad_accum):
             batch = self._to_device(next(batches))
-            last = micro == self.grad_accum - 1
+            last = micro == self.options.grad_accum - 1
             # Gradients are all-reduced once per optimizer step, on the last micro-batch.
             sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
             if not last and isinstance(self.model, DistributedDataParallel):
                 sync = self.model.no_sync()
             with sync:
                 with self._autocast():
-                    loss = self.loss_fn(self.model, batch) / self.grad_accum
+                    loss = self.loss_fn(self.model, batch) / self.options.grad_accum
                 loss.backward()
             total += loss.detach().float()
         self.optimizer.step()
@@ -158,19 +176,20 @@ class Trainer:
         record = {
             "step": self.state.step, "loss": loss_value, "step_s": step_s,
             "samples_per_s": self.global_batch / step_s,
-            "tokens_per_s": self.global_batch * self.tokens_per_sample / step_s,
-            "mfu": mfu(self.flops_per_sample * self.global_batch, step_s, self.dist.world_size, self.peak_flops),
+            "tokens_per_s": self.global_batch * self.options.tokens_per_sample / step_s,
+            "mfu": self._mfu(step_s),
             "lr": self.optimizer.param_groups[0]["lr"],
         }
         return record
 
     def fit(self) -> dict[str, Any]:
         batches = self._batches()
-        while self.state.step < self.steps and not self.stop_requested:
+        while self.state.step < self.options.steps and not self.stop_requested:
             record = self.train_step(batches)
             self.state.history.append({k: record[k] for k in ("step", "loss", "step_s")})
-            if self.dist.is_main and (record["step"] % self.log_every == 0 or record["step"] == self.steps):
-                print(f"step {record['step']}/{self.steps} loss {record['loss']:.4f} "
+            last = record["step"] == self.options.steps
+            if self.dist.is_main and (record["step"] % self.options.log_every == 0 or last):
+                print(f"step {record['step']}/{self.options.steps} loss {record['loss']:.4f} "
                       f"{record['samples_per_s']:.1f} samples/s mfu {record['mfu']:.2%}", flush=True)
             try:
                 for hook in list(self.hooks):
@@ -191,7 +210,7 @@ class Trainer:
             "global_batch": self.global_batch,
             "median_step_s": step_s,
             "samples_per_s": self.global_batch / step_s if step_s else 0.0,
-            "tokens_per_s": self.global_batch * self.tokens_per_sample / step_s if step_s else 0.0,
-            "mfu": mfu(self.flops_per_sample * self.global_batch, step_s, self.dist.world_size, self.peak_flops),
+            "tokens_per_s": self.global_batch * self.options.tokens_per_sample / step_s if step_s else 0.0,
+            "mfu": self._mfu(step_s),
             "params_sha256": params_sha256(self.raw_model),
         }

@@ -17,7 +17,7 @@ from slurmkit.worker import lifecycle, startup
 from slurmkit.worker.dist import Dist, distributed
 from slurmkit.worker.metrics import peak_flops
 from slurmkit.worker.tasks import digits, gpt
-from slurmkit.worker.trainer import Trainer, warmup_cosine
+from slurmkit.worker.trainer import Trainer, TrainerOptions, warmup_cosine
 
 
 class InjectedError(RuntimeError):
@@ -50,10 +50,11 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.steps))
     metrics = MetricsWriter(RunPaths(run_dir).metrics if run_dir else None, dist.is_main)
-    trainer = Trainer(net, optimizer, train_set, loss, dist, steps=cfg.steps,
-                      micro_batch=cfg.per_rank_batch(dist.world_size), grad_accum=cfg.grad_accum, seed=cfg.seed,
-                      scheduler=scheduler, flops_per_sample=per_sample, tokens_per_sample=tokens, peak_flops=peak,
-                      metrics=metrics, log_every=cfg.log_every, autocast_dtype=_dtype(cfg, dist))
+    options = TrainerOptions(steps=cfg.steps, micro_batch=cfg.per_rank_batch(dist.world_size),
+                             grad_accum=cfg.grad_accum, seed=cfg.seed, flops_per_sample=per_sample,
+                             tokens_per_sample=tokens, peak_flops=peak, log_every=cfg.log_every,
+                             autocast_dtype=_dtype(cfg, dist))
+    trainer = Trainer(net, optimizer, train_set, loss, dist, options, scheduler=scheduler, metrics=metrics)
     return trainer, extras
 
 

@@ -132,15 +132,15 @@ def results(paths: SweepPaths, sort: str | None = None, maximize: bool | None = 
     return Results(rows, varying, metrics, key, best)
 
 
-def to_csv(res: Results) -> str:
+def to_csv(table: Results) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, ["index", "state", *res.varying, *res.metrics])
+    writer = csv.DictWriter(buf, ["index", "state", *table.varying, *table.metrics])
     writer.writeheader()
-    writer.writerows(res.rows)
+    writer.writerows(table.rows)
     return buf.getvalue()
 
 
-def write_csv(res: Results, path: str) -> None:
+def write_csv(table: Results, path: str) -> None:
     from pathlib import Path
 
-    atomic_write_text(Path(path), to_csv(res))
+    atomic_write_text(Path(path), to_csv(table))
