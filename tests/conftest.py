@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -25,8 +26,16 @@ def _cluster_up() -> bool:
 
 @pytest.fixture(scope="session")
 def cluster() -> None:
-    """The real dev cluster: started if needed; skipped loudly only where it cannot start (not root)."""
+    """The real dev cluster: started if needed; skipped loudly only where it cannot start (not root).
+
+    Cluster tests stop and restart daemons: a controller that answers but is not the dev cluster
+    this suite starts (another slurm.conf, another ClusterName) is refused, never used."""
+    from slurmkit.devcluster import cluster as dc
+
     if _cluster_up():
+        if not dc.is_ours():
+            pytest.fail("a Slurm controller answers here, but it is not slurmkit's dev cluster; refusing to run "
+                        "cluster tests (they stop and restart daemons) against it")
         return
     if os.geteuid() != 0:
         msg = "DEV CLUSTER CANNOT START: not root; Slurm integration tests are SKIPPED"
@@ -34,8 +43,6 @@ def cluster() -> None:
             pytest.fail(msg)
         warnings.warn(msg, stacklevel=1)
         pytest.skip(msg)
-    from slurmkit.devcluster import cluster as dc
-
     try:
         dc.up(2, log=lambda m: print(f"devcluster: {m}", file=sys.stderr))
     except Exception as exc:  # a cluster that fails to start is a failure, never a skip
@@ -72,7 +79,7 @@ def local_profile(tmp_path: Path, run_root: Path) -> Path:
     return path
 
 
-def write_spec(tmp_path: Path, filename: str = "spec.yaml", **fields: object) -> Path:
+def write_spec(tmp_path: Path, *, filename: str = "spec.yaml", **fields: Any) -> Path:
     path = tmp_path / filename
     path.write_text(yaml.safe_dump(fields))
     return path

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -121,7 +122,7 @@ def test_at_most_one_save_in_flight(tmp_path: Path) -> None:
 
 
 def test_snapshot_is_a_copy() -> None:
-    live = {"w": torch.zeros(3), "nested": [torch.ones(2)]}
+    live: dict[str, Any] = {"w": torch.zeros(3), "nested": [torch.ones(2)]}
     snap = snapshot(live)
     live["w"] += 5
     live["nested"][0] += 5
@@ -146,17 +147,26 @@ def test_sigkill_during_saves_never_leaves_an_accepted_broken_checkpoint(tmp_pat
 
     root = tmp_path / "ck"
     rng = random.Random(0)
-    for step in range(1, 13):
+    committed, killed_mid_write = 0, 0
+    for step in range(1, 25):
         proc = subprocess.Popen([sys.executable, "-c", KILLER, str(root), str(step)], stdout=subprocess.PIPE)
-        time.sleep(rng.uniform(0.3, 1.5))
-        proc.kill()
-        proc.wait()
+        if step % 2:  # kill once this step's files are being written, a random moment later
+            while not (root / f"step-{step}").exists() and proc.poll() is None:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0, 0.05))
+            proc.kill()
+        out, _ = proc.communicate()
+        committed += b"committed" in out
+        killed_mid_write += (root / f"step-{step}").exists() and not (root / f"step-{step}" / MARKER).exists()
+        if step >= 6 and committed and killed_mid_write:
+            break
+    assert committed >= 1 and killed_mid_write >= 1, (committed, killed_mid_write)  # both events happened
     store = CheckpointStore(str(root))
     for step in store.committed():
         assert store.verify(step) is not None, f"step-{step} has a marker but does not verify"
     latest = store.latest_valid()
-    if latest is not None:
-        assert store.load(latest, "model.pt")["w"].numel() == 2_000_000
+    assert latest is not None  # a commit happened, and commits verify
+    assert store.load(latest, "model.pt")["w"].numel() == 2_000_000
 
 
 def test_prune_counts_only_checkpoints_that_verify(tmp_path: Path) -> None:

@@ -86,3 +86,16 @@ def test_submit_dry_run_prints_script_and_creates_nothing(tmp_path: Path, dev_pr
 
 def test_module_entry_point_exists() -> None:
     assert (ROOT / "slurmkit" / "__main__.py").exists()
+
+
+def test_local_profile_runs_the_same_spec_without_slurm(tmp_path: Path, local_profile: Path) -> None:
+    """Needs no cluster (moved out of test_cluster_jobs.py, where every test is marked cluster)."""
+    from slurmkit import jobs
+    from slurmkit.runs import RunPaths
+
+    spec = write_spec(tmp_path, name="loc", callable="tests.helpers_fns:add", kwargs={"a": 20, "b": 22})
+    result = CliRunner().invoke(app, ["submit", str(spec), "-p", str(local_profile), "--json"])
+    assert result.exit_code == 0, result.output
+    paths = RunPaths(Path(json.loads(result.output)["run_dir"]))
+    assert jobs.wait(paths, poll_s=0.5).state == "COMPLETED"
+    assert [jobs.result(paths, rank=r)["sum"] for r in (0, 1)] == [42, 42]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from slurmkit import jobs
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.worker.checkpoint import CheckpointStore
 from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.cluster
@@ -119,6 +121,18 @@ def test_scontrol_requeue_resumes_from_the_last_checkpoint(cluster: None, dev_pr
     assert "SIGTERM; saved at step" in "\n".join(jobs.logs(paths, rank=0))
 
 
+def test_scancel_saves_at_the_step_and_ends_cancelled(cluster: None, dev_profile: Path) -> None:
+    paths, job = start(dev_profile)
+    wait_step(paths, 60)
+    subprocess.run(["scancel", job], check=True)
+    assert finish(paths) == "CANCELLED"
+    saved = re.findall(r"SIGTERM; saved at step (\d+)", "\n".join(jobs.logs(paths, rank=0)))
+    assert len(saved) == 1, "no final save after scancel's SIGTERM"
+    store = CheckpointStore(str(paths.checkpoints))
+    assert store.latest_valid() == int(saved[0]) >= 60  # the step the ranks agreed on, committed
+    assert not RunRecord(paths).read().get("restarts")  # cancelled: Slurm does not bring it back
+
+
 def test_node_down_mid_run(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
     paths, job = start(dev_profile)
     wait_step(paths, 75)
@@ -167,8 +181,6 @@ def test_sigkill_during_a_checkpoint_write(cluster: None, dev_profile: Path, ref
 
 
 def test_corrupt_newest_checkpoint_falls_back(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
-    from slurmkit.worker.checkpoint import CheckpointStore
-
     paths, job = start(dev_profile)
     wait_step(paths, 110)
     subprocess.run(["scontrol", "requeue", job], check=True)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -215,14 +216,6 @@ def test_submit_while_slurmctld_is_down(cluster: None, tmp_path: Path, dev_profi
     assert commands.ping()["up"]
 
 
-def test_local_profile_runs_the_same_spec_without_slurm(tmp_path: Path, local_profile: Path) -> None:
-    spec = write_spec(tmp_path, name="loc", callable="tests.helpers_fns:add", kwargs={"a": 20, "b": 22})
-    sub = submit(spec, local_profile)
-    assert finish(sub["run_dir"], 60).state == "COMPLETED"
-    paths = RunPaths(Path(sub["run_dir"]))
-    assert [jobs.result(paths, rank=r)["sum"] for r in (0, 1)] == [42, 42]
-
-
 def test_sacct_reports_finished_jobs_in_one_call(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
     spec = write_spec(tmp_path, name="acct", command="true")
     subs = [submit(spec, dev_profile) for _ in range(2)]
@@ -246,7 +239,7 @@ def test_sacct_reports_finished_jobs_in_one_call(cluster: None, tmp_path: Path, 
 def test_preemption_signal_requeues_a_run_without_steps(cluster: None, tmp_path: Path, dev_profile: Path,
                                                         kind: str) -> None:
     # The first incarnation blocks; the requeued one (SLURM_RESTART_COUNT=1) finishes at once.
-    fields: dict[str, object] = (
+    fields: dict[str, Any] = (
         {"command": 'echo "started $SLURM_RESTART_COUNT"; [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || sleep 300; '
                     'echo "done $SLURM_RESTART_COUNT"'}
         if kind == "command" else {"callable": "tests.helpers_fns:sleep_unless_restarted"})

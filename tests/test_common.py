@@ -86,7 +86,7 @@ def _invocations(tree: ast.AST) -> list[tuple[int, str]]:
               and node.args and isinstance(node.args[0], ast.Constant)):
             first = node.args[0].value
         if isinstance(first, str) and first.split():
-            found.append((node.lineno, first.split()[0]))
+            found.append((getattr(node, "lineno", 0), first.split()[0]))
     return found
 
 
@@ -171,3 +171,14 @@ def test_no_import_cycle_even_through_lazy_imports() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
+
+
+def test_a_slurm_conf_not_written_by_devcluster_is_not_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmkit.devcluster import cluster, layout
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=production\nSlurmctldHost=head01\n")
+    monkeypatch.setattr(layout, "SLURM_CONF", conf)
+    assert not cluster.is_ours()
+    monkeypatch.setattr(layout, "SLURM_CONF", tmp_path / "missing.conf")
+    assert not cluster.is_ours()

@@ -14,15 +14,17 @@ from slurmkit.cli.app import app
 from slurmkit.config.fields import SBATCH_FORBIDDEN
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.reference import BEGIN, END, SECTIONS, reference
+from slurmkit.config.reference import DOCS as REFERENCED
 from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
 
 
-def test_profiles_field_reference_is_generated_from_the_models() -> None:
-    text = (DOCS / "profiles.md").read_text()
+@pytest.mark.parametrize("doc", sorted(REFERENCED))
+def test_field_references_are_generated_from_the_models(doc: str) -> None:
+    text = (ROOT / doc).read_text()
     section = text[text.index(BEGIN): text.index(END) + len(END)]
-    assert section == reference()
+    assert section == reference(REFERENCED[doc]), "run: python -m slurmkit.config.reference"
 
 
 def test_every_profile_field_is_documented_in_the_model() -> None:
@@ -101,3 +103,90 @@ def test_security_doc_states_the_modes_and_fields_the_code_uses() -> None:
     for name in named:  # each one the doc names is refused where sbatch's parser reads specially
         with pytest.raises(ValidationError, match="sbatch's own parser"):
             ClusterProfile.model_validate({name: ["--comment=a'b"] if name == "sbatch_extra" else "a'b"})
+
+
+def _defined_names() -> set[str]:
+    """Every class, function and module-level name defined in the package."""
+    import ast
+
+    names: set[str] = set()
+    for path in (ROOT / "slurmkit").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _resolves(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def _cli_command(words: list[str]) -> tuple[object, list[str]] | None:
+    """The click command that `slurmkit WORDS...` names, and the words after it."""
+    import typer.main
+
+    command = typer.main.get_command(app)
+    rest = words
+    while rest and hasattr(command, "commands"):
+        sub = command.commands
+        if rest[0] in sub:
+            command, rest = sub[rest[0]], rest[1:]
+        elif "submit" in sub and not rest[0].startswith("-"):  # `slurmkit sweep SPEC` means `sweep submit SPEC`
+            command = sub["submit"]
+        else:
+            break
+    return (command, rest) if command is not None else None
+
+
+# Names the docs use that belong to Slurm, torch or Jinja, not to slurmkit.
+FOREIGN_NAMES = {"GraceTime", "ExcNodeList", "SchedulerParameters", "MaxArraySize", "MaxJobCount", "StrictUndefined",
+                 "DistributedDataParallel", "DistributedSampler"}
+
+
+def test_every_class_module_and_cli_option_named_in_docs_exists() -> None:
+    defined = _defined_names() | FOREIGN_NAMES
+    missing: list[str] = []
+    seen = {"modules": 0, "classes": 0, "options": 0}
+    for page in sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]:
+        text = page.read_text()
+        for token in set(re.findall(r"`([^`\n]+)`", text)):
+            if re.fullmatch(r"slurmkit(\.\w+)+", token):
+                seen["modules"] += 1
+                if not _resolves(token):
+                    missing.append(f"{page.name}: module or attribute {token}")
+            elif re.fullmatch(r"[A-Z][a-z]+(?:[A-Z][a-z]*)+", token):
+                seen["classes"] += 1
+                if token not in defined:
+                    missing.append(f"{page.name}: class {token}")
+        commands = re.findall(r"^\s*(slurmkit [^\n#`|]*)", text, re.MULTILINE)
+        commands += re.findall(r"`(slurmkit [^`]+)`", text)
+        for line in commands:
+            words = line.split()[1:]
+            found = _cli_command(words)
+            assert found is not None
+            command, rest = found
+            params = {opt for p in getattr(command, "params", []) for opt in getattr(p, "opts", [])}
+            params |= {opt for p in getattr(command, "params", []) for opt in getattr(p, "secondary_opts", [])}
+            for word in rest:
+                option = word.split("=", 1)[0].strip("[]().,;")
+                if option.startswith("--"):
+                    seen["options"] += 1
+                    if option not in params | {"--help"}:
+                        missing.append(f"{page.name}: `{line.strip()}`: no option {option}")
+    assert missing == []
+    assert min(seen.values()) >= 5, seen  # the check found what it checks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -138,7 +139,7 @@ def test_set_values_are_typed(tmp_path: Path) -> None:
          "not a multiple of n_head"),
     ],
 )
-def test_bad_runspec(tmp_path: Path, fields: dict[str, object], sets: list[str], where: str,
+def test_bad_runspec(tmp_path: Path, fields: dict[str, Any], sets: list[str], where: str,
                      fragment: str) -> None:
     spec = write_spec(tmp_path, **fields)
     with pytest.raises(ConfigError) as info:
@@ -151,3 +152,16 @@ def test_malformed_set_is_refused(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, name="x", command="true")
     with pytest.raises(ConfigError, match="--set: malformed override 'nodes'"):
         resolve(spec, "local", ["nodes"])
+
+
+def test_a_relative_extends_is_read_beside_the_child_not_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / "base.yaml").write_text("extends: devcluster\npartition: beside\n")
+    (folder / "child.yaml").write_text("extends: base.yaml\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "base.yaml").write_text("extends: devcluster\npartition: cwd\n")
+    monkeypatch.chdir(elsewhere)
+    assert load_profile(str(folder / "child.yaml")).partition == "beside"

@@ -44,9 +44,7 @@ def test_golden_render(profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("USER", "alice")  # run_root and checkpoint_root expand $USER on the login node
     script = render_profile(GOLDEN / "spec.yaml", profile)
     golden = GOLDEN / f"{profile}.sh"
-    if os.environ.get("UPDATE_GOLDEN"):
-        golden.write_text(script)
-    assert script == golden.read_text(), f"render changed; inspect and rerun with UPDATE_GOLDEN=1 ({golden})"
+    assert script == golden.read_text(), f"render changed; inspect, then `python -m tests.update_golden` ({golden})"
     check_shell(script, tmp_path)
 
 

@@ -107,8 +107,9 @@ def _parent_path(parent: Any, child: Path) -> Path:
     if os.sep in parent and not parent.endswith((".yaml", ".yml")):
         raise ConfigError(f"extends names {clip(parent)}, not a .yaml file", where=where,
                           valid="valid: a profile name or a path to a .yaml/.yml file")
-    # A relative parent path is read beside the child, so a folder of profiles moves as a whole.
-    if os.sep in parent and not Path(parent).is_absolute():
+    # A relative parent path (with a '/' or a .yaml suffix) is read beside the child, never from the
+    # working directory, so a folder of profiles moves as a whole.
+    if (os.sep in parent or parent.endswith((".yaml", ".yml"))) and not Path(parent).expanduser().is_absolute():
         parent = str(child.parent / parent)
     try:
         return find_profile(parent).resolve()

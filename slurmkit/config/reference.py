@@ -1,6 +1,7 @@
-"""The profile field reference in docs/profiles.md, generated from the models so the two never drift.
+"""Field references generated from the models, so docs and code never drift: the profile fields in
+docs/profiles.md and the train config keys in docs/training.md.
 
-Regenerate in place with: python -m slurmkit.config.reference docs/profiles.md
+Regenerate both in place with: python -m slurmkit.config.reference
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from pydantic import BaseModel
 
 from slurmkit.config.container import Container
 from slurmkit.config.profile import ClusterProfile, RequeueBudget, Resources, Setup
+from slurmkit.config.train import TrainConfig
 
-BEGIN = "<!-- BEGIN FIELD REFERENCE (generated: python -m slurmkit.config.reference docs/profiles.md) -->"
+BEGIN = "<!-- BEGIN FIELD REFERENCE (generated: python -m slurmkit.config.reference) -->"
 END = "<!-- END FIELD REFERENCE -->"
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("profile", ClusterProfile), ("resources", Resources), ("requeue", RequeueBudget), ("setup", Setup),
     ("container", Container),
 ]
+TRAIN_SECTIONS: list[tuple[str, type[BaseModel]]] = [("config", TrainConfig)]
+DOCS = {"docs/profiles.md": SECTIONS, "docs/training.md": TRAIN_SECTIONS}
 
 
 def _default(field: Any) -> str:
@@ -29,9 +33,9 @@ def _default(field: Any) -> str:
     return repr(field.default)
 
 
-def reference() -> str:
+def reference(sections: list[tuple[str, type[BaseModel]]] | None = None) -> str:
     out = [BEGIN]
-    for title, model in SECTIONS:
+    for title, model in sections or SECTIONS:
         prefix = "" if title == "profile" else f"{title}."
         out += ["", f"### `{title}`", "", "| field | default | meaning |", "| --- | --- | --- |"]
         for name, field in model.model_fields.items():
@@ -41,19 +45,15 @@ def reference() -> str:
     return "\n".join(out)
 
 
-def update(path: str) -> None:
+def update(path: str, sections: list[tuple[str, type[BaseModel]]]) -> None:
     """Replace the text between the markers in `path` with the current reference."""
     from pathlib import Path
 
     text = Path(path).read_text()
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    Path(path).write_text(text[:start] + reference() + text[end:])
+    Path(path).write_text(text[:start] + reference(sections) + text[end:])
 
 
 if __name__ == "__main__":
-    import sys
-
-    if len(sys.argv) > 1:
-        update(sys.argv[1])
-    else:
-        print(reference())
+    for doc, doc_sections in DOCS.items():
+        update(doc, doc_sections)

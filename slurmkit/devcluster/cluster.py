@@ -284,6 +284,22 @@ def _stop(pid: int, grace_s: float = 10) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def is_ours() -> bool:
+    """The controller that answers is the dev cluster `up` started: our slurm.conf, our live slurmctld,
+    and the controller reports our ClusterName (tests stop and restart it: never someone else's)."""
+    try:
+        written = layout.SLURM_CONF.read_text().startswith(layout.CONF_HEADER)
+    except OSError:
+        return False
+    ctld = _load()["daemons"].get("slurmctld")
+    if not written or not ours("slurmctld", ctld):
+        return False
+    try:
+        return commands.show_config().get("ClusterName") == layout.CLUSTER_NAME
+    except SlurmError:
+        return False
+
+
 def status() -> dict[str, Any]:
     state = _load()
     daemons = {name: {"pid": pid, "alive": ours(name, pid)} for name, pid in state["daemons"].items()}

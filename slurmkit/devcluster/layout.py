@@ -53,6 +53,10 @@ def nodes(n: int) -> list[Node]:
     return [Node(i) for i in range(1, n + 1)]
 
 
+CONF_HEADER = "# Written by `slurmkit devcluster up`; changes are overwritten."
+CLUSTER_NAME = "slurmkit"
+
+
 def controller_host() -> str:
     return socket.gethostname().split(".")[0]
 
@@ -63,8 +67,8 @@ def slurm_conf(n: int) -> str:
         f"RealMemory={NODE_MEM_MB} State=UNKNOWN"
         for nd in nodes(n)
     )
-    return f"""# Written by `slurmkit devcluster up`; changes are overwritten.
-ClusterName=slurmkit
+    return f"""{CONF_HEADER}
+ClusterName={CLUSTER_NAME}
 SlurmctldHost={controller_host()}({CONTROLLER_IP})
 SlurmUser=root
 SlurmctldPort=6817
