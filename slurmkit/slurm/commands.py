@@ -7,20 +7,20 @@ import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from slurmkit.errors import SlurmError, squash
+from slurmkit.slurm import parse
+from slurmkit.slurm.parse import ACTIVE_STATES, Incarnation, JobInfo, base_id
+
+__all__ = ["ACTIVE_STATES", "Incarnation", "JobInfo", "base_id"]  # what Slurm prints: slurm/parse.py
 
 DEFAULT_TIMEOUT_S = 30.0
 # Slurm calls made by this process, by program: bounded (one counter per program), so a long
 # --wait or logs --follow does not grow it; tests and benchmarks read it through counting().
 CALLS: Counter[str] = Counter()
 
-ACTIVE_STATES = frozenset(
-    {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-     "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "PREEMPTED", "STOPPED", "RESV_DEL_HOLD"}
-)
 
 
 @contextmanager
@@ -55,59 +55,10 @@ def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, check: bool = Tr
     return proc.stdout
 
 
-@dataclass(frozen=True)
-class Incarnation:
-    """One run of a job as accounting saw it (a requeued job has several); times are epoch seconds."""
-
-    job_id: str
-    submit: float | None
-    start: float | None
-    end: float | None
-    state: str
-    nodes: str
-
-
-def _epoch(text: str) -> float | None:
-    if not text or text in ("Unknown", "None"):
-        return None
-    import datetime as dt
-
-    return dt.datetime.fromisoformat(text).timestamp()
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    job_id: str
-    state: str
-    reason: str = ""
-    nodes: str = ""
-    elapsed: str = ""
-    exit_code: str = ""
-    restarts: int = 0
-    source: str = "squeue"
-    history: tuple[Incarnation, ...] = ()
-    """sacct only: every incarnation, oldest first."""
-
-    @property
-    def active(self) -> bool:
-        return self.state in ACTIVE_STATES
-
-
-def base_id(job_id: str) -> str:
-    return job_id.split("_", 1)[0].split(".", 1)[0]
-
-
 def squeue_all() -> dict[str, JobInfo]:
     """One squeue call for every job of this user, array tasks expanded."""
-    out = run(["squeue", "--me", "--noheader", "--array", "--states=all", "--format=%i|%T|%r|%N|%M|%A"])
-    jobs: dict[str, JobInfo] = {}
-    for line in out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) < 6:
-            continue
-        job_id, state, reason, nodes, elapsed, _ = parts[:6]
-        jobs[job_id] = JobInfo(job_id, state.split()[0], reason, nodes, elapsed)
-    return jobs
+    argv = ["squeue", "--me", "--noheader", "--array", "--states=all", f"--format={parse.SQUEUE_FORMAT}"]
+    return parse.squeue(run(argv))
 
 
 def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
@@ -115,23 +66,8 @@ def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
     incarnation (--duplicates lists requeued ones, oldest first: their count is the restarts)."""
     if not job_ids:
         return {}
-    out = run(
-        ["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", "--jobs", ",".join(job_ids),
-         "--format=JobID,State,Reason,NodeList,Elapsed,ExitCode,Submit,Start,End"]
-    )
-    history: dict[str, list[Incarnation]] = {}
-    jobs: dict[str, JobInfo] = {}
-    for line in out.splitlines():
-        parts = line.split("|")
-        if len(parts) < 9:
-            continue
-        job_id, state, reason, nodes, elapsed, exit_code, submit, start, end = parts[:9]
-        state = state.split()[0]
-        history.setdefault(job_id, []).append(
-            Incarnation(job_id, _epoch(submit), _epoch(start), _epoch(end), state, nodes))
-        jobs[job_id] = JobInfo(job_id, state, reason, nodes, elapsed, exit_code, len(history[job_id]) - 1, "sacct",
-                               tuple(history[job_id]))
-    return jobs
+    return parse.sacct(run(["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", "--jobs",
+                            ",".join(job_ids), f"--format={parse.SACCT_FORMAT}"]))
 
 
 def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
@@ -189,12 +125,7 @@ def srun_help() -> str:
 
 def time_left_s(job_id: str) -> float | None:
     """Seconds before the job's time limit (squeue %L), None when unlimited or unknown."""
-    out = run(["squeue", "--noheader", "--jobs", job_id, "--format=%L"], check=False).strip()
-    if not out or out in ("UNLIMITED", "NOT_SET", "INVALID"):
-        return None
-    from slurmkit.config.fields import duration_s
-
-    return float(duration_s(out))
+    return parse.time_left(run(["squeue", "--noheader", "--jobs", job_id, "--format=%L"], check=False))
 
 
 def incarnation_states(job_id: str) -> list[str]:
@@ -207,28 +138,12 @@ def incarnation_states(job_id: str) -> list[str]:
 
 
 def show_config() -> dict[str, str]:
-    out = run(["scontrol", "show", "config"])
-    conf: dict[str, str] = {}
-    for line in out.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            conf[key.strip()] = value.strip()
-    return conf
-
-
-def parse_oneliner(line: str) -> dict[str, str]:
-    """scontrol -o output: space-separated KEY=VALUE pairs."""
-    fields: dict[str, str] = {}
-    for token in line.split():
-        key, sep, value = token.partition("=")
-        if sep:
-            fields[key] = value
-    return fields
+    return parse.config(run(["scontrol", "show", "config"]))
 
 
 def show_partitions() -> dict[str, dict[str, str]]:
     out = run(["scontrol", "show", "partition", "--oneliner"])
-    parts = [parse_oneliner(line) for line in out.splitlines() if line.strip()]
+    parts = [parse.oneliner(line) for line in out.splitlines() if line.strip()]
     return {p["PartitionName"]: p for p in parts if "PartitionName" in p}
 
 

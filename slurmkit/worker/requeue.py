@@ -43,11 +43,15 @@ def signal_cause(paths: RunPaths, job_id: str) -> tuple[str, str]:
     """Timeout when the limit is near, else preemption: Slurm sends the same signal for both."""
     from slurmkit.slurm import commands
 
-    left = commands.time_left_s(job_id)
     delay = int((RunRecord(paths).read().get("profile") or {}).get("signal_delay_s", 0))
-    if left is not None and left <= delay + TIMEOUT_MARGIN_S:
-        return "timeout", f"{left:.0f} s left of the time limit"
-    return "preemption", "signal with time to spare" if left is None else f"signal with {left:.0f} s left"
+    return cause_of_signal(commands.time_left_s(job_id), delay)
+
+
+def cause_of_signal(left_s: float | None, signal_delay_s: int) -> tuple[str, str]:
+    """(cause, detail) of the profile's signal, from the seconds the job had left (squeue %L)."""
+    if left_s is not None and left_s <= signal_delay_s + TIMEOUT_MARGIN_S:
+        return "timeout", f"{left_s:.0f} s left of the time limit"
+    return "preemption", "signal with time to spare" if left_s is None else f"signal with {left_s:.0f} s left"
 
 
 def requeue_after_signal(paths: RunPaths, job_id: str, step: int | None) -> tuple[str, bool]:
@@ -140,10 +144,14 @@ def _restart_cause(paths: RunPaths, job_id: str) -> tuple[str, str]:
     except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
         from slurmkit.slurm import commands
 
-        states = commands.incarnation_states(job_id)
-        previous = states[-2] if len(states) >= 2 else ""
-        detail = f"slurm state {previous}" if previous else "no marker and no accounting record"
-        return SLURM_STATE_CAUSE.get(previous, "unknown"), detail
+        return cause_of_previous(commands.incarnation_states(job_id))
+
+
+def cause_of_previous(states: list[str]) -> tuple[str, str]:
+    """(cause, detail) of a restart from accounting: how the incarnation before the current one ended."""
+    previous = states[-2] if len(states) >= 2 else ""
+    detail = f"slurm state {previous}" if previous else "no marker and no accounting record"
+    return SLURM_STATE_CAUSE.get(previous, "unknown"), detail
 
 
 def _recorded(record: dict[str, Any], job_id: str, restart_count: int) -> dict[str, Any] | None:

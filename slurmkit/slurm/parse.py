@@ -1,0 +1,135 @@
+"""What Slurm prints, read: pure functions on text, tested on recorded real output (22.05 and 23.x).
+
+slurm/commands.py runs the command and hands its stdout here; nothing here runs anything.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+
+ACTIVE_STATES = frozenset(
+    {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+     "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "PREEMPTED", "STOPPED", "RESV_DEL_HOLD"}
+)
+
+SQUEUE_FORMAT = "%i|%T|%r|%N|%M|%A"
+SACCT_FORMAT = "JobID,State,Reason,NodeList,Elapsed,ExitCode,Submit,Start,End"
+_PENDING_RANGE_RE = re.compile(r"^(\d+)_\[([\d,\-]+)(?:%\d+)?\]$")
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """One run of a job as accounting saw it (a requeued job has several); times are epoch seconds."""
+
+    job_id: str
+    submit: float | None
+    start: float | None
+    end: float | None
+    state: str
+    nodes: str
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    state: str
+    reason: str = ""
+    nodes: str = ""
+    elapsed: str = ""
+    exit_code: str = ""
+    restarts: int = 0
+    source: str = "squeue"
+    history: tuple[Incarnation, ...] = ()
+    """sacct only: every incarnation, oldest first."""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+def base_id(job_id: str) -> str:
+    """The job id an array task, a step or a heterogeneous component belongs to: 7_3, 7.0, 7+1 -> 7."""
+    return re.split(r"[_.+]", job_id, maxsplit=1)[0]
+
+
+def epoch(text: str) -> float | None:
+    """sacct's ISO time as epoch seconds; Unknown (not yet), None or empty: None."""
+    if not text or text in ("Unknown", "None"):
+        return None
+    return dt.datetime.fromisoformat(text).timestamp()
+
+
+def _task_ids(ranges: str) -> list[int]:
+    """'0-3,7' -> [0, 1, 2, 3, 7]."""
+    out: list[int] = []
+    for part in ranges.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def squeue(text: str) -> dict[str, JobInfo]:
+    """squeue --noheader --array --format=SQUEUE_FORMAT. A pending array's not yet split tasks may
+    still come as one line, 123_[4-999%4]: each task gets its own entry."""
+    jobs: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 6:
+            continue
+        job_id, state, reason, nodes, elapsed, _ = parts[:6]
+        state = state.split()[0]
+        pending = _PENDING_RANGE_RE.match(job_id)
+        ids = [f"{pending.group(1)}_{t}" for t in _task_ids(pending.group(2))] if pending else [job_id]
+        for jid in ids:
+            jobs[jid] = JobInfo(jid, state, reason, nodes, elapsed)
+    return jobs
+
+
+def sacct(text: str) -> dict[str, JobInfo]:
+    """sacct --noheader --parsable2 --allocations --duplicates --format=SACCT_FORMAT: one line per
+    incarnation, oldest first; the count of earlier ones is the restarts."""
+    history: dict[str, list[Incarnation]] = {}
+    jobs: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 9:
+            continue
+        job_id, state, reason, nodes, elapsed, exit_code, submit, start, end = parts[:9]
+        state = state.split()[0] if state.strip() else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
+        history.setdefault(job_id, []).append(Incarnation(job_id, epoch(submit), epoch(start), epoch(end), state,
+                                                          nodes))
+        jobs[job_id] = JobInfo(job_id, state, reason, nodes, elapsed, exit_code, len(history[job_id]) - 1, "sacct",
+                               tuple(history[job_id]))
+    return jobs
+
+
+def time_left(text: str) -> float | None:
+    """squeue --format=%L: seconds left, or None for UNLIMITED, NOT_SET, INVALID or no line."""
+    from slurmkit.config.fields import duration_s
+
+    value = text.strip()
+    if not value or value in ("UNLIMITED", "NOT_SET", "INVALID"):
+        return None
+    return float(duration_s(value))
+
+
+def config(text: str) -> dict[str, str]:
+    """scontrol show config: KEY = VALUE lines."""
+    conf: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            conf[key.strip()] = value.strip()
+    return conf
+
+
+def oneliner(line: str) -> dict[str, str]:
+    """scontrol -o output: space-separated KEY=VALUE pairs."""
+    fields: dict[str, str] = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
