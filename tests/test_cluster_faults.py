@@ -167,17 +167,15 @@ def test_sigstop_of_one_rank_is_a_hang(cluster: None, dev_profile: Path, referen
 
 
 def test_sigkill_during_a_checkpoint_write(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
-    paths, _ = start(dev_profile)
-    wait_step(paths, 60)
-    ckpt = paths.checkpoints
-
-    def save_in_flight() -> bool:
-        return any(d.name.startswith("step-") and not (d / "COMMITTED.json").exists() for d in ckpt.iterdir())
-
-    wait_until(save_in_flight, what="a checkpoint write in flight", poll_s=0.002)  # a save lasts ~50-100 ms
-    os.kill(rank_pid(paths, 0), signal.SIGKILL)
-    result = check(paths, reference)
+    # Rank 0 SIGKILLs itself once the first file of step 100's save is written (an event, not a race
+    # against a 50-100 ms window); srun's --kill-on-bad-exit takes rank 1 down with it.
+    paths, _ = start(dev_profile, f"config.inject_kill_in_save_at_step={2 * EVERY}")
+    result = check(paths, reference, max_lost=2 * EVERY)  # back to step 50, and the steps run during the save
     assert result["restart_causes"] == ["crash"]
+    log = "\n".join(jobs.logs(paths, rank=0))
+    assert f"injected SIGKILL during the save of step {2 * EVERY}, after" in log
+    assert f"checkpoint step-{2 * EVERY} is incomplete or corrupt; falling back" in log  # the next start saw it
+    assert result["resumed_from_step"] == EVERY
 
 
 def test_corrupt_newest_checkpoint_falls_back(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -136,3 +138,25 @@ def test_prune_during_training_never_removes_the_step_resumed_from(tmp_path: Pat
     assert resumed is not None and resumed["resumed_from_step"] == 20
     after = CheckpointStore(str(run_dir / "checkpoints"))
     assert after.latest_valid() == 40 and after.steps() == [40, 20]  # 20: the step this incarnation resumed from
+
+
+KILL_IN_SAVE = """
+import sys
+from slurmkit.worker.tasks.train import run
+run({"model": "digits", "steps": 40, "batch_size": 64, "seed": 5, "checkpoint_every": 10,
+     "inject_kill_in_save_at_step": 20}, sys.argv[1])
+"""
+
+
+def test_injected_kill_during_a_save_leaves_no_marker_and_the_run_resumes_exactly(tmp_path: Path) -> None:
+    full = train(BASE, str(tmp_path / "full"))
+    run_dir = tmp_path / "killed"
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE")}
+    proc = subprocess.run([sys.executable, "-c", KILL_IN_SAVE, str(run_dir)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert "injected SIGKILL during the save of step 20, after" in proc.stdout
+    step20 = run_dir / "checkpoints" / "step-20"
+    assert step20.is_dir() and not (step20 / "COMMITTED.json").exists()  # killed mid-write: no marker
+    resumed = train({**BASE, "inject_kill_in_save_at_step": 20}, str(run_dir))  # resumed: no second kill
+    assert resumed["resumed_from_step"] == 10 and resumed["params_sha256"] == full["params_sha256"]

@@ -39,6 +39,9 @@ class TrainConfig(Strict):
     process group and the model come up (off: read it after them)."""
     inject_error_at_step: int | None = Field(None, ge=1)
     """Fault injection: raise an error at this step on every rank (to try the requeue policy)."""
+    inject_kill_in_save_at_step: int | None = Field(None, ge=1)
+    """Fault injection: rank 0 SIGKILLs itself mid-way through the checkpoint save of this step (after its first
+    file), in an incarnation that did not resume; the step is left without a commit marker."""
     log_every: int = Field(10, ge=1)
     """Print progress to the job log every N steps (metrics.jsonl gets every step)."""
     peak_flops: float | None = Field(None, gt=0)

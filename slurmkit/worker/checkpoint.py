@@ -269,8 +269,10 @@ class AsyncWriter:
     `start()`, so it is never silently lost.
     """
 
-    def __init__(self, store: CheckpointStore) -> None:
+    def __init__(self, store: CheckpointStore, on_file: Callable[[int, str], None] | None = None) -> None:
+        """`on_file(step, name)` runs in the writer thread after each file is written (fault injection)."""
         self.store = store
+        self.on_file = on_file
         self._thread: threading.Thread | None = None
         self._entries: list[Entry] = []
         self._error: BaseException | None = None
@@ -292,6 +294,8 @@ class AsyncWriter:
             try:
                 for name, obj in files.items():
                     self._entries.append(self.store.write(step, name, to_bytes(obj)))
+                    if self.on_file is not None:
+                        self.on_file(step, name)
             except BaseException as exc:  # kept, and raised in the training thread
                 self._error = exc
 

@@ -46,7 +46,8 @@ class Lifecycle:
         self.job_id = slurm_job_id() if dist.env.launcher == "slurm" else None
         uri = checkpoint_uri(run_dir)
         self.resilience = Resilience(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
-                              cfg.hang_timeout_s or None, self._on_hang, prefetch) if uri else None
+                                     cfg.hang_timeout_s or None, self._on_hang, prefetch,
+                                     cfg.inject_kill_in_save_at_step) if uri else None
         self.restart: dict[str, Any] | None = None
 
     def _on_hang(self, idle_s: float) -> None:

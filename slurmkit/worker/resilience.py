@@ -7,7 +7,9 @@ files are written. Rank 0 writes the commit marker. The signal handler itself on
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from typing import Any
 
@@ -55,11 +57,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 class Resilience:
     def __init__(self, dist: Dist, uri: str, every: int, keep_latest_k: int = 3, async_save: bool = True,
-                 hang_timeout_s: float | None = None, on_hang: Any = None, prefetch: Prefetch | None = None) -> None:
+                 hang_timeout_s: float | None = None, on_hang: Any = None, prefetch: Prefetch | None = None,
+                 kill_in_save_at: int | None = None) -> None:
         self.dist = dist
         self.store = CheckpointStore(uri, TRAINER_FILES)
         self.prefetch: Prefetch | None = prefetch or self.store.prefetch()
-        self.writer = AsyncWriter(self.store)
+        self.kill_in_save_at = kill_in_save_at
+        self.writer = AsyncWriter(self.store, self._kill_mid_save if kill_in_save_at and dist.is_main else None)
         self.every, self.keep, self.async_save = every, keep_latest_k, async_save
         self.flag = StopFlag().install()
         self.watchdog = Watchdog(hang_timeout_s, on_hang).start()
@@ -68,6 +72,13 @@ class Resilience:
         self.resumed_step: int | None = None
         self.stopped_at: int | None = None
         self.stop_kind = Stop.NONE  # as agreed by all ranks
+
+    def _kill_mid_save(self, step: int, name: str) -> None:
+        """Fault injection (config.inject_kill_in_save_at_step): rank 0 SIGKILLs itself after the first
+        file of that step's save, in a run that did not resume, so the step is left without a marker."""
+        if step == self.kill_in_save_at and self.resumed_step is None:
+            print(f"slurmkit: injected SIGKILL during the save of step {step}, after {name}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     # --------------------------------------------------------------- collectives
 
