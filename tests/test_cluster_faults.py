@@ -155,15 +155,13 @@ def test_kill_9_of_one_rank(cluster: None, dev_profile: Path, reference: dict[st
 def test_sigstop_of_one_rank_is_a_hang(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
     paths, _ = start(dev_profile, "config.hang_timeout_s=6")
     wait_step(paths, 75)
-    stopped = time.monotonic()
     os.kill(rank_pid(paths, 1), signal.SIGSTOP)
-    wait_until(lambda: RunRecord(paths).read().get("failures") is not None
-               or paths.restart_request.exists() or RunRecord(paths).read().get("restarts"), what="hang handling")
-    detected_s = time.monotonic() - stopped
     result = check(paths, reference)
     assert result["restart_causes"] == ["hang"]
-    assert detected_s < 60
     assert "slurmkit watchdog: no step progress" in "\n".join(jobs.logs(paths, rank=0))
+    # The watchdog's own record of the hang: a live rank waited past the timeout, then gave up.
+    (restart,) = RunRecord(paths).read()["restarts"]
+    assert json.loads(restart["detail"])["idle_s"] > 6
 
 
 def test_sigkill_during_a_checkpoint_write(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
