@@ -1,6 +1,8 @@
 """What Slurm prints, read without a cluster: slurm/parse.py on output recorded from the dev
 cluster's Slurm 22.05.8 (tests/data/slurm-22.05/, recorded with the exact argv of slurm/commands.py),
-plus lines of shapes Slurm prints elsewhere (heterogeneous jobs, 23.x states, unlimited time)."""
+plus lines written by hand in the same formats for cases this cluster did not produce (a
+heterogeneous job, NODE_FAIL then a rerun, unlimited and day-long time left). No 23.x output is
+recorded here."""
 
 from __future__ import annotations
 
