@@ -25,7 +25,7 @@ from slurmkit import goodput, jobs
 from slurmkit.common.metrics import read_records
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths
-from slurmkit.slurm.commands import Incarnation
+from slurmkit.slurm.parse import Incarnation
 
 BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a preemption every 60 s
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common.metrics import read_records
-from slurmkit.slurm.commands import Incarnation
+from slurmkit.slurm.parse import Incarnation
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,11 @@ def folder_kind(folder: Path) -> str:
         return PRIVATE
 
 
+def file_mode(folder: Path) -> int:
+    """The mode of files written in `folder`: 0600, or 0640 in a group folder."""
+    return FILE_MODE[folder_kind(folder)]
+
+
 def make_run_folder(folder: Path, run_mode: str = PRIVATE) -> None:
     """Create `folder` (not its parents) with the mode of run_mode, whatever the umask."""
     folder.mkdir(mode=0o700)

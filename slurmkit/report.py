@@ -16,7 +16,7 @@ from slurmkit import goodput
 from slurmkit.common.metrics import read_records
 from slurmkit.errors import SlurmkitError
 from slurmkit.runs import RunPaths, RunRecord
-from slurmkit.slurm.commands import Incarnation
+from slurmkit.slurm.parse import Incarnation
 
 STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
                 "PREEMPTED": "#ef6c00", "TIMEOUT": "#ef6c00", "NODE_FAIL": "#c62828", "FAILED": "#c62828",

@@ -91,13 +91,8 @@ class RunPaths:
                                   where="profile:run_root", valid="valid: a writable run_root with free space") from exc
             raise
 
-    @property
-    def file_mode(self) -> int:
-        """0600 for the record and script, 0640 in a group-readable (setgid) run folder."""
-        return perms.FILE_MODE[perms.folder_kind(self.run_dir)]
-
     def write_script(self, text: str) -> None:
-        atomic_write_text(self.script, text, self.file_mode)
+        atomic_write_text(self.script, text, perms.file_mode(self.run_dir))
 
     @property
     def run_id(self) -> str:
@@ -226,8 +221,8 @@ class LockedJson:
         return data
 
     def _save(self, data: dict[str, Any]) -> None:
-        mode = perms.FILE_MODE[perms.folder_kind(self.path.parent)]
-        atomic_write_text(self.path, json.dumps(data, indent=self.indent, sort_keys=True, default=str) + "\n", mode)
+        text = json.dumps(data, indent=self.indent, sort_keys=True, default=str) + "\n"
+        atomic_write_text(self.path, text, perms.file_mode(self.path.parent))
 
     def create(self, data: dict[str, Any]) -> bool:
         """Write `data` only if the file does not exist yet; False when someone else was first."""

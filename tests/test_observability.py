@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from slurmkit import goodput
 from slurmkit.cli.app import app
-from slurmkit.slurm.commands import Incarnation
+from slurmkit.slurm.parse import Incarnation
 from tests.conftest import EXAMPLES
 
 runner = CliRunner()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from slurmkit.common.slurm_env import base_id
 from slurmkit.slurm import parse
 from slurmkit.worker.requeue import cause_of_previous, cause_of_signal
 from tests.conftest import ROOT
@@ -56,7 +57,7 @@ def test_sacct_node_fail_with_a_reason_and_a_heterogeneous_job() -> None:
     jobs = parse.sacct(text)
     assert jobs["201"].restarts == 1 and cause_of_previous([i.state for i in jobs["201"].history]) == (
         "node_failure", "slurm state NODE_FAIL")
-    assert parse.base_id("300+1") == parse.base_id("300_7") == parse.base_id("300.batch") == "300"
+    assert base_id("300+1") == base_id("300_7") == base_id("300.batch") == "300"
     assert jobs["300+0"].state == "FAILED"
 
 

@@ -9,6 +9,8 @@ their ids are a multiple of the range's span apart.
 
 from __future__ import annotations
 
+from slurmkit.common.slurm_env import base_id
+
 TRAINING = (20000, 5000)
 HEALTH = (25000, 5000)
 RAY = (30000, 300, 100)  # base, blocks, ports per block
@@ -16,7 +18,7 @@ RAY = (30000, 300, 100)  # base, blocks, ports per block
 
 def _number(job_id: str) -> int:
     """The numeric job id (an array task's own id, or ARRAY_TASK's array id)."""
-    digits = "".join(c for c in str(job_id).split("_")[0] if c.isdigit())
+    digits = "".join(c for c in base_id(str(job_id)) if c.isdigit())
     return int(digits or 0)
 
 

@@ -17,6 +17,11 @@ def slurm_job_id() -> str:
     return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
 
 
+def base_id(job_id: str) -> str:
+    """The job id an array task, a step or a heterogeneous component belongs to: 7_3, 7.0, 7+1 -> 7."""
+    return re.split(r"[_.+]", job_id, maxsplit=1)[0]
+
+
 def _split_top(text: str) -> list[str]:
     """Split on the commas outside brackets: 'a[1-2],b' -> ['a[1-2]', 'b']."""
     parts, depth, start = [], 0, 0

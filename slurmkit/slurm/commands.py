@@ -10,11 +10,13 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from slurmkit.common.slurm_env import base_id
 from slurmkit.errors import SlurmError, squash
 from slurmkit.slurm import parse
-from slurmkit.slurm.parse import ACTIVE_STATES, Incarnation, JobInfo, base_id
 
-__all__ = ["ACTIVE_STATES", "Incarnation", "JobInfo", "base_id"]  # what Slurm prints: slurm/parse.py
+# What Slurm prints is read in slurm/parse.py; callers know ACTIVE_STATES as commands.ACTIVE_STATES.
+from slurmkit.slurm.parse import ACTIVE_STATES as ACTIVE_STATES
+from slurmkit.slurm.parse import JobInfo
 
 DEFAULT_TIMEOUT_S = 30.0
 # Slurm calls made by this process, by program: bounded (one counter per program), so a long

@@ -9,6 +9,8 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
+from slurmkit.common.slurm_env import expand_hostlist
+
 ACTIVE_STATES = frozenset(
     {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
      "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "PREEMPTED", "STOPPED", "RESV_DEL_HOLD"}
@@ -49,25 +51,11 @@ class JobInfo:
         return self.state in ACTIVE_STATES
 
 
-def base_id(job_id: str) -> str:
-    """The job id an array task, a step or a heterogeneous component belongs to: 7_3, 7.0, 7+1 -> 7."""
-    return re.split(r"[_.+]", job_id, maxsplit=1)[0]
-
-
 def epoch(text: str) -> float | None:
     """sacct's ISO time as epoch seconds; Unknown (not yet), None or empty: None."""
     if not text or text in ("Unknown", "None"):
         return None
     return dt.datetime.fromisoformat(text).timestamp()
-
-
-def _task_ids(ranges: str) -> list[int]:
-    """'0-3,7' -> [0, 1, 2, 3, 7]."""
-    out: list[int] = []
-    for part in ranges.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def squeue(text: str) -> dict[str, JobInfo]:
@@ -81,7 +69,8 @@ def squeue(text: str) -> dict[str, JobInfo]:
         job_id, state, reason, nodes, elapsed, _ = parts[:6]
         state = state.split()[0]
         pending = _PENDING_RANGE_RE.match(job_id)
-        ids = [f"{pending.group(1)}_{t}" for t in _task_ids(pending.group(2))] if pending else [job_id]
+        # The task ranges read as a hostlist's: 7_[3,5-6] -> 7_3 7_5 7_6.
+        ids = expand_hostlist(f"{pending.group(1)}_[{pending.group(2)}]") if pending else [job_id]
         for jid in ids:
             jobs[jid] = JobInfo(jid, state, reason, nodes, elapsed)
     return jobs

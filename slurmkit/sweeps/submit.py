@@ -77,8 +77,7 @@ def _submit_arrays(paths: SweepPaths, resolved: list[Resolved], arrays: list[dic
                              "SWEEP --failed` retries them" if queued else None) from exc
         job_id = commands.base_id(jobs[0].job_id)
         ids.append(job_id)
-        atomic_write_text(paths.script(first_number + k), executor.last_script or "",
-                          perms.FILE_MODE[perms.folder_kind(paths.sweep_dir)])
+        atomic_write_text(paths.script(first_number + k), executor.last_script or "", perms.file_mode(paths.sweep_dir))
         with Manifest(paths).editing() as manifest:
             manifest["arrays"][first_number + k]["job_id"] = job_id
     return ids
