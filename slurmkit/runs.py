@@ -15,6 +15,7 @@ import datetime as dt
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -41,6 +42,17 @@ def expand_root(run_root: str) -> Path:
 def new_run_id(name: str) -> str:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
+
+
+_ID_STAMP_RE = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
+
+
+def _newest_first_key(folder: Path, record_mtime_ns: int) -> tuple[str, str]:
+    """When the run was created, from its id (run.json's mtime changes with every update, so
+    listing by it reorders runs as they are written); then the name, so the order is stable."""
+    m = _ID_STAMP_RE.search(folder.name)
+    stamp = m.group(1) if m else dt.datetime.fromtimestamp(record_mtime_ns / 1e9).strftime("%Y%m%d-%H%M%S")
+    return stamp, folder.name
 
 
 @dataclass(frozen=True)
@@ -277,7 +289,7 @@ def folders_with(run_root: str, marker: str) -> tuple[list[Path], int]:
     root = expand_root(run_root)
     if not root.is_dir():
         return [], 0
-    found: list[tuple[int, Path]] = []
+    found: list[tuple[tuple[str, str], Path]] = []
     foreign = 0
     uid = os.getuid()
     for d in root.iterdir():
@@ -290,7 +302,7 @@ def folders_with(run_root: str, marker: str) -> tuple[list[Path], int]:
         if folder.st_uid != uid or record.st_uid != uid:
             foreign += 1
             continue
-        found.append((record.st_mtime_ns, d))
+        found.append((_newest_first_key(d, record.st_mtime_ns), d))
     return [d for _, d in sorted(found, reverse=True)], foreign
 
 
