@@ -161,7 +161,7 @@ def test_sigstop_of_one_rank_is_a_hang(cluster: None, dev_profile: Path, referen
     assert "slurmkit watchdog: no step progress" in "\n".join(jobs.logs(paths, rank=0))
     # The watchdog's own record of the hang: a live rank waited past the timeout, then gave up.
     (restart,) = RunRecord(paths).read()["restarts"]
-    assert json.loads(restart["detail"])["idle_s"] > 6
+    assert json.loads(restart["detail"])["idle_s"] >= 6  # recorded to 0.1 s: 6.04 s is written 6.0
 
 
 def test_sigkill_during_a_checkpoint_write(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
