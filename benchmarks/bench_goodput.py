@@ -22,7 +22,6 @@ from pathlib import Path
 import yaml
 
 from slurmkit import goodput, jobs
-from slurmkit.common.metrics import read_records
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths
 from slurmkit.slurm.parse import Incarnation
@@ -62,11 +61,12 @@ def main() -> None:
             if not jobs.is_active(state):
                 break
         time.sleep(0.5)
-    gp, incs = goodput.of_run(paths.run_dir, [sub.job_id])
-    lines = read_records(paths.metrics)
+    incs = goodput.incarnations([sub.job_id])
+    acc = goodput.of_file(paths.metrics, incs)
+    gp = acc.result()
     running = sum((i.end or 0.0) - (i.start or 0.0) for i in incs if i.start)
-    restart = goodput.restart_overheads(lines, incs)
-    startups = [(inc, rec["startup"]) for inc, rec in goodput.first_steps(lines, incs)[1:] if "startup" in rec]
+    restart = acc.restart_overheads()
+    startups = [(inc, rec["startup"]) for inc, rec in acc.firsts()[1:] if "startup" in rec]
     # sacct's End is a whole second, which may read as just before a sub-second signal.
     exits = [max(0.0, min((i.end for i in incs if i.end and i.end >= int(s)), default=s) - s) for s in signals]
     runtime_goodput = gp.productive_s / running if running else 0.0
@@ -77,7 +77,7 @@ def main() -> None:
         "goodput_vs_baseline": round(runtime_goodput / BASELINE_GOODPUT, 3),
         "wall_goodput": round(gp.goodput, 3), "lost_s": gp.as_dict(),
         "signal_to_exit_s": [round(x, 1) for x in exits], "restart_to_first_step_s": [round(x, 1) for x in restart],
-        "median_step_s": round(goodput.typical_step(lines), 3),
+        "median_step_s": round(acc.typical, 3),
         "restart_phases_median_s": phase_medians(startups),
     }, indent=1))
 

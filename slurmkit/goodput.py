@@ -12,12 +12,14 @@ goodput = productive / wall. Incarnations come from one `sacct --duplicates` cal
 
 from __future__ import annotations
 
+import bisect
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common.metrics import read_records
+from slurmkit.common.metrics import busy_s, iter_records_reversed, steps_of
 from slurmkit.slurm.parse import Incarnation
 
 
@@ -45,50 +47,143 @@ def incarnations(job_ids: list[str]) -> list[Incarnation]:
     return sorted(found, key=lambda i: i.start or i.submit or 0.0)
 
 
-def local_incarnation(steps: list[dict[str, Any]]) -> Incarnation:
+def local_incarnation(oldest: dict[str, Any], newest: dict[str, Any]) -> Incarnation:
     """Without accounting (a local run): the run's own clock, from the start of its first step to its last."""
-    first = float(steps[0]["time"]) - float(steps[0].get("step_s", 0.0))
-    return Incarnation("local", None, first, float(steps[-1]["time"]), "LOCAL", "this machine")
+    return Incarnation("local", None, float(oldest["time"]) - busy_s(oldest), float(newest["time"]), "LOCAL",
+                       "this machine")
 
 
-def typical_step(steps: list[dict[str, Any]]) -> float:
-    """The median step time: what a step costs once an incarnation is warm."""
-    times = sorted(float(r.get("step_s", 0.0)) for r in steps)
-    return times[len(times) // 2] if times else 0.0
+def _round(step_s: float) -> float:
+    return float(f"{step_s:.4g}")  # 4 significant digits: a bounded number of distinct values
 
 
-def first_steps(steps: list[dict[str, Any]], incs: list[Incarnation]) -> list[tuple[Incarnation, dict[str, Any]]]:
-    """Each started incarnation with the first step it ran (incarnations that ran none are left out).
+class Accountant:
+    """The goodput of a run, from its metrics records fed newest first: one pass, and memory that
+    does not grow with the number of records (a few values per incarnation, a histogram of step times).
 
-    A step belongs to the incarnation that started last before it (sacct's times are whole seconds).
+    A step counts as productive in its last execution: reading backwards, a record's steps already
+    run by a newer record are recomputed (pro rata within an interval record).
     """
-    started = sorted((i for i in incs if i.start is not None), key=lambda i: i.start or 0.0)
-    out = []
-    for inc, after in zip(started, [*started[1:], None], strict=True):
-        end = after.start if after is not None and after.start is not None else float("inf")
-        ran = [r for r in steps if (inc.start or 0.0) <= float(r.get("time", 0.0)) < end]
-        if ran:
-            out.append((inc, min(ran, key=lambda r: float(r["time"]))))
-    return out
+
+    def __init__(self, incs: list[Incarnation]) -> None:
+        self._started = sorted((i for i in incs if i.start is not None), key=lambda i: i.start or 0.0)
+        self._starts = [i.start or 0.0 for i in self._started]
+        self._covered: list[list[int]] = []  # disjoint, sorted [first, last] step ranges of newer records
+        self._hist: Counter[float] = Counter()
+        self._earliest: dict[int, tuple[dict[str, Any], float]] = {}  # incarnation -> (its first record, new part)
+        self.newest: dict[str, Any] | None = None
+        self.oldest: dict[str, Any] | None = None
+        self.useful = self.productive = self.stalls = 0.0
+
+    def add(self, rec: dict[str, Any]) -> None:
+        if "step" not in rec or "time" not in rec:
+            return
+        self.newest = self.newest or rec
+        self.oldest = rec
+        n, last, busy = steps_of(rec), int(rec["step"]), busy_s(rec)
+        new = 1.0 - self._cover(last - n + 1, last) / n
+        self.useful += busy
+        self.productive += new * busy
+        self.stalls += float(rec.get("ckpt_stall_s", 0.0))
+        self._hist[_round(float(rec.get("step_s", 0.0)))] += n
+        k = bisect.bisect_right(self._starts, float(rec["time"])) - 1 if self._started else 0
+        if k >= 0:  # a step that ended before the first incarnation started belongs to none
+            seen = self._earliest.get(k)
+            if seen is None or float(rec["time"]) <= float(seen[0]["time"]):
+                self._earliest[k] = (rec, new)
+
+    def _cover(self, first: int, last: int) -> int:
+        """How many of first..last are covered already; then cover them (merging ranges)."""
+        covered = self._covered
+        if not covered or last + 1 < covered[0][0]:  # the usual case: the steps just before newer ones
+            covered.insert(0, [first, last])
+            return 0
+        if last + 1 == covered[0][0]:
+            covered[0][0] = first
+            return 0
+        overlap = sum(max(0, min(last, b) - max(first, a) + 1) for a, b in self._covered)
+        merged: list[list[int]] = []
+        for a, b in sorted([*self._covered, [first, last]]):
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        self._covered = merged
+        return overlap
+
+    @property
+    def incarnations(self) -> list[Incarnation]:
+        """The started incarnations, or the run's own clock where there are none (a local run)."""
+        if self._started or self.oldest is None or self.newest is None:
+            return self._started
+        return [local_incarnation(self.oldest, self.newest)]
+
+    @property
+    def typical(self) -> float:
+        """The median step time: what a step costs once an incarnation is warm."""
+        total, seen = sum(self._hist.values()), 0
+        for value in sorted(self._hist):
+            seen += self._hist[value]
+            if seen > total // 2:
+                return value
+        return 0.0
+
+    def firsts(self) -> list[tuple[Incarnation, dict[str, Any]]]:
+        """Each started incarnation with the first record it wrote (those that wrote none are left out).
+
+        A step belongs to the incarnation that started last before it (sacct's times are whole seconds)."""
+        incs = self.incarnations
+        return [(incs[k], self._earliest[k][0]) for k in sorted(self._earliest) if k < len(incs)]
+
+    def restart_overheads(self) -> list[float]:
+        """For each incarnation after the first: seconds from running again until training is back at speed.
+
+        That is until its first step began, plus what that step took beyond a typical step: the
+        first step pays for work deferred to it (torch._dynamo's import, allocator warm-up), and that
+        part is restart cost, not training.
+        """
+        typical, out = self.typical, []
+        for inc, rec in self.firsts()[1:]:
+            began = float(rec["time"]) - busy_s(rec)
+            out.append(max(0.0, began - (inc.start or began)) + max(0.0, busy_s(rec) - typical))
+        return out
+
+    def result(self, now: float | None = None) -> Goodput:
+        """Split the wall time of the run into productive and lost time."""
+        now = now or time.time()
+        started = self.incarnations
+        if not started:
+            return Goodput(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
+        wall = max(max((i.end or now) for i in started) - (started[0].start or 0.0), 1e-9)
+        typical, useful, productive = self.typical, self.useful, self.productive
+        for rec, new in (self._earliest[k] for k in sorted(self._earliest)):
+            if steps_of(rec) == 1:  # a first step's warm-up beyond a typical step is restart cost
+                excess = max(0.0, busy_s(rec) - typical)
+                useful, productive = useful - excess, productive - new * excess
+        queue = sum(max(0.0, (b.start or 0.0) - (a.end or b.start or 0.0)) for a, b in zip(started, started[1:],
+                                                                                             strict=False))
+        restart = sum(self.restart_overheads())
+        recomputed = useful - productive
+        other = wall - productive - recomputed - self.stalls - queue - restart
+        steps = sum(b - a + 1 for a, b in self._covered)
+        return Goodput(wall, productive, queue, restart, recomputed, self.stalls, max(other, 0.0), productive / wall,
+                       steps)
 
 
-def restart_overheads(steps: list[dict[str, Any]], incs: list[Incarnation]) -> list[float]:
-    """For each incarnation after the first: seconds from running again until training is back at speed.
-
-    That is until its first step began, plus what that step took beyond a typical step: the
-    first step pays for work deferred to it (torch._dynamo's import, allocator warm-up), and that
-    part is restart cost, not training.
-    """
-    return _restarts(first_steps(steps, incs), typical_step(steps))
+def of_records(steps: list[dict[str, Any]], incs: list[Incarnation]) -> Accountant:
+    """The accountant of records held in a list, oldest first."""
+    acc = Accountant(incs)
+    for rec in reversed(steps):
+        acc.add(rec)
+    return acc
 
 
-def _restarts(firsts: list[tuple[Incarnation, dict[str, Any]]], typical: float) -> list[float]:
-    out = []
-    for inc, rec in firsts[1:]:
-        step_s = float(rec.get("step_s", 0.0))
-        began = float(rec["time"]) - step_s
-        out.append(max(0.0, began - (inc.start or began)) + max(0.0, step_s - typical))
-    return out
+def of_file(path: Path, incs: list[Incarnation]) -> Accountant:
+    """The accountant of a metrics file, streamed from its end."""
+    acc = Accountant(incs)
+    for rec in iter_records_reversed(path):
+        acc.add(rec)
+    return acc
 
 
 def startup_spans(inc: Incarnation, marks: dict[str, float]) -> dict[str, float]:
@@ -104,40 +199,12 @@ def startup_spans(inc: Incarnation, marks: dict[str, float]) -> dict[str, float]
 
 
 def account(steps: list[dict[str, Any]], incs: list[Incarnation], now: float | None = None) -> Goodput:
-    """Split the wall time of a run into productive and lost time."""
-    now = now or time.time()
-    started = [i for i in incs if i.start is not None]
-    if not started and steps:
-        started = [local_incarnation(steps)]
-    if not started:
-        return Goodput(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
-    first = started[0].start or 0.0
-    last = max((i.end or now) for i in started)
-    wall = max(last - first, 1e-9)
-    typical = typical_step(steps)
-    firsts = first_steps(steps, started)
-    warm_up = {id(rec) for _, rec in firsts}
-
-    def useful(rec: dict[str, Any]) -> float:
-        step_s = float(rec.get("step_s", 0.0))
-        return min(step_s, typical) if id(rec) in warm_up else step_s
-
-    final: dict[int, dict[str, Any]] = {}
-    for rec in steps:
-        final[int(rec["step"])] = rec
-    productive = sum(useful(r) for r in final.values())
-    recomputed = sum(useful(r) for r in steps) - productive
-    stalls = sum(float(r.get("ckpt_stall_s", 0.0)) for r in steps)
-    queue = sum(max(0.0, (b.start or 0.0) - (a.end or b.start or 0.0)) for a, b in zip(started, started[1:],
-                                                                                         strict=False))
-    restart = sum(_restarts(firsts, typical))
-    other = wall - productive - recomputed - stalls - queue - restart
-    return Goodput(wall, productive, queue, restart, recomputed, stalls, max(other, 0.0), productive / wall,
-                   len(final))
+    """Split the wall time of a run into productive and lost time (records oldest first)."""
+    return of_records(steps, incs).result(now)
 
 
 def of_run(run_dir: Path, job_ids: list[str]) -> tuple[Goodput, list[Incarnation]]:
     from slurmkit.runs import RunPaths
 
     incs = incarnations(job_ids)
-    return account(read_records(RunPaths(run_dir).metrics), incs), incs
+    return of_file(RunPaths(run_dir).metrics, incs).result(), incs

@@ -184,10 +184,9 @@ def _goodput(paths: RunPaths, rec: dict[str, Any], info: commands.JobInfo | None
     if not info.history or info.active or any(i.end is None for i in info.history):
         return None  # accounting has not recorded the end yet
     from slurmkit import goodput
-    from slurmkit.common.metrics import read_records as read_metrics
 
-    steps = read_metrics(paths.metrics)
-    value = goodput.account(steps, list(info.history)).as_dict() if steps else {"goodput": None}
+    acc = goodput.of_file(paths.metrics, list(info.history))
+    value = acc.result().as_dict() if acc.newest is not None else {"goodput": None}
     RunRecord(paths).update(goodput={**value, "job_id": info.job_id})
     return value["goodput"]
 

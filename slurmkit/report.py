@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit import goodput
-from slurmkit.common.metrics import read_records
+from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, steps_of
 from slurmkit.errors import SlurmkitError
 from slurmkit.runs import RunPaths, RunRecord
-from slurmkit.slurm.parse import Incarnation
 
 STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
                 "PREEMPTED": "#ef6c00", "TIMEOUT": "#ef6c00", "NODE_FAIL": "#c62828", "FAILED": "#c62828",
@@ -40,10 +39,41 @@ class Segment:
     """Seconds in each start-up phase, from its first step's record (goodput.startup_spans)."""
 
 
+MAX_POINTS = 2000
+"""Points per curve: records are averaged into step buckets, so a report's memory does not grow with the run."""
+
+
+class Curve:
+    """Loss, throughput and MFU by step bucket, from records fed in any order (averaged by steps and by time)."""
+
+    def __init__(self) -> None:
+        self.width = 0
+        self._buckets: dict[int, list[float]] = {}  # bucket -> steps, loss x steps, busy, samples/s x busy, mfu x busy
+
+    def add(self, rec: dict[str, Any]) -> None:
+        if "step" not in rec or "loss" not in rec:
+            return
+        step = int(rec["step"])
+        self.width = self.width or max(1, -(-step // MAX_POINTS))  # the newest step sets the bucket width
+        n, busy = steps_of(rec), busy_s(rec)
+        b = self._buckets.setdefault(step // self.width, [0.0, 0.0, 0.0, 0.0, 0.0])
+        b[0] += n
+        b[1] += float(rec["loss"]) * n
+        b[2] += busy
+        b[3] += float(rec.get("samples_per_s", 0.0)) * busy
+        b[4] += float(rec.get("mfu", 0.0)) * busy
+
+    def points(self) -> list[dict[str, float]]:
+        return [{"step": k * self.width, "loss": b[1] / b[0],
+                 "samples_per_s": b[3] / b[2] if b[2] else 0.0, "mfu": b[4] / b[2] if b[2] else 0.0}
+                for k, b in sorted(self._buckets.items())]
+
+
 @dataclass
 class ReportData:
     run_id: str
-    steps: list[dict[str, Any]]
+    steps: list[dict[str, float]]
+    """The curve's points (at most about MAX_POINTS), oldest step first."""
     gpu: list[dict[str, Any]]
     segments: list[Segment]
     accounting: goodput.Goodput
@@ -51,25 +81,26 @@ class ReportData:
 
 
 def collect(paths: RunPaths) -> ReportData:
-    """Everything the report draws: metrics files, run.json restarts, one sacct call."""
+    """Everything the report draws: one backward pass over the metrics file, run.json restarts, one sacct call."""
     record = RunRecord(paths).read()
     job_ids = list(record.get("job_ids") or [])
-    incs: list[Incarnation] = goodput.incarnations(job_ids) if record.get("executor") == "slurm" else []
-    steps = read_records(paths.metrics)
-    if not incs and steps:
-        incs = [goodput.local_incarnation(steps)]
-    gpu = [ln for f in sorted(paths.run_dir.glob(paths.gpu_metrics("*").name)) for ln in read_records(f)]
+    acc = goodput.Accountant(goodput.incarnations(job_ids) if record.get("executor") == "slurm" else [])
+    curve = Curve()
+    for rec in iter_records_reversed(paths.metrics):
+        acc.add(rec)
+        curve.add(rec)
+    incs = acc.incarnations
+    gpu = [ln for f in sorted(paths.run_dir.glob(paths.gpu_metrics("*").name)) for ln in iter_records(f)]
     # restarts[k] in run.json is the cause that ended incarnation k (and started k + 1).
     causes = [r.get("cause", "") for r in record.get("restarts", [])]
-    startups = {id(inc): goodput.startup_spans(inc, rec["startup"])
-                for inc, rec in goodput.first_steps(steps, incs) if "startup" in rec}
+    startups = {id(inc): goodput.startup_spans(inc, rec["startup"]) for inc, rec in acc.firsts() if "startup" in rec}
     segments = []
     for n, inc in enumerate(incs):
         queued = inc.submit if n == 0 else incs[n - 1].end
         cause = causes[n] if n < len(causes) and n < len(incs) - 1 else ""
         segments.append(Segment(inc.job_id, n, queued, inc.start, inc.end, inc.state, inc.nodes, cause,
                                 startups.get(id(inc), {})))
-    return ReportData(paths.run_id, steps, gpu, segments, goodput.account(steps, incs),
+    return ReportData(paths.run_id, curve.points(), gpu, segments, acc.result(),
                       {"restarts": len(causes), "restart_causes": causes, "name": record.get("name", "")})
 
 
@@ -105,7 +136,7 @@ def _timeline(ax: Any, data: ReportData, t0: float) -> None:
 def render_png(data: ReportData) -> bytes:
     plt = _plt()
     fig, axes = plt.subplots(4, 1, figsize=(10, 12), constrained_layout=True)
-    t0 = min([s.queued or s.start or 0.0 for s in data.segments] or [data.steps[0]["time"] if data.steps else 0.0])
+    t0 = min([s.queued or s.start or 0.0 for s in data.segments] or [0.0])
     steps = [s["step"] for s in data.steps]
     axes[0].plot(steps, [s["loss"] for s in data.steps], ".", markersize=2, color="#1565c0")
     axes[0].set_ylabel("loss")

@@ -17,6 +17,13 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
+def executed_steps(metrics: Path) -> list[int]:
+    """Every step a metrics file's records cover, in the order they ran (a recomputed step twice)."""
+    from slurmkit.common.metrics import iter_records, steps_of
+
+    return [s for r in iter_records(metrics) if "step" in r for s in range(r["step"] - steps_of(r) + 1, r["step"] + 1)]
+
+
 def _cluster_up() -> bool:
     if shutil.which("scontrol") is None:
         return False

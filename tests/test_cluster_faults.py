@@ -19,7 +19,7 @@ from slurmkit import jobs
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker.checkpoint import CheckpointStore
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, executed_steps
 
 pytestmark = pytest.mark.cluster
 EVERY = 50
@@ -77,7 +77,7 @@ def check(paths: RunPaths, reference: dict[str, Any], max_lost: int = EVERY) -> 
     assert finish(paths) == "COMPLETED", jobs.failing_rank_tail(paths, RunRecord(paths).read()["job_ids"][-1])
     results = [jobs.result(paths, rank=r) for r in (0, 1)]
     assert results[0]["params_sha256"] == results[1]["params_sha256"] == reference["params_sha256"]
-    lost = len(steps_done(paths)) - STEPS
+    lost = len(executed_steps(paths.metrics)) - STEPS
     assert 0 <= lost <= max_lost, f"{lost} steps recomputed"
     assert results[0]["restarts"] >= 1
     return results[0]
@@ -91,7 +91,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     paths, _ = start(profile)
     assert finish(paths) == "COMPLETED"
     result: dict[str, Any] = jobs.result(paths)
-    assert result["restarts"] == 0 and len(steps_done(paths)) == STEPS
+    assert result["restarts"] == 0 and executed_steps(paths.metrics) == list(range(1, STEPS + 1))
     return result
 
 
@@ -206,4 +206,4 @@ def test_time_limit_signal_is_a_timeout_and_resumes(cluster: None, dev_profile: 
     result = jobs.result(paths)
     assert result["steps"] == 1100 and result["restarts"] >= 1
     assert set(result["restart_causes"]) == {"timeout"}
-    assert len(steps_done(paths)) == 1100  # each stop saved at its own step: nothing recomputed
+    assert len(executed_steps(paths.metrics)) == 1100  # each stop saved at its own step: nothing recomputed

@@ -79,7 +79,8 @@ def test_goodput_counts_a_slow_first_step_after_a_restart_as_restart_overhead() 
     steps = [{"step": s, "time": t, "step_s": d}
              for s, t, d in [(1, 12.0, 1.0), (2, 13.0, 1.0), (3, 24.0, 3.0), (4, 25.0, 1.0)]]
     gp = goodput.account(steps, incs)
-    assert goodput.restart_overheads(steps, incs) == [1.0 + 2.0]  # began at 21 (1 s after running), +2 s slow
+    # began at 21 (1 s after running), +2 s slow
+    assert goodput.of_records(steps, incs).restart_overheads() == [1.0 + 2.0]
     assert gp.productive_s == 4.0 and gp.restart_overhead_s == 3.0 and gp.recomputed_s == 0.0
 
 

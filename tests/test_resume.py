@@ -20,6 +20,7 @@ from slurmkit.worker.dist import distributed
 from slurmkit.worker.lifecycle import Lifecycle
 from slurmkit.worker.tasks.train import InjectedError, build
 from slurmkit.worker.tasks.train import run as train
+from tests.conftest import executed_steps
 
 BASE = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 5, "checkpoint_every": 10}
 
@@ -27,16 +28,17 @@ BASE = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 5, "checkpoint
 pytestmark = pytest.mark.usefixtures("single_process")
 
 
-def incarnation(config: dict[str, Any], run_dir: Path, signal_at: int | None = None) -> dict[str, Any] | None:
-    """One incarnation of a training run; a USR2 at `signal_at` stops it the way Slurm would."""
+def incarnation(config: dict[str, Any], run_dir: Path, stop_at: int | None = None) -> dict[str, Any] | None:
+    """One incarnation of a training run, stopped at `stop_at` by a USR2 the way Slurm would: the signal
+    comes after step stop_at - 1, and the ranks agree on it at the next step boundary."""
     cfg = TrainConfig.model_validate(config)
     with distributed() as dist:
         trainer, _ = build(cfg, dist, run_dir)
         life = Lifecycle(dist, str(run_dir), cfg)
         life.attach(trainer)
-        if signal_at is not None:
+        if stop_at is not None:
             trainer.hooks.insert(0, lambda t, r: os.kill(os.getpid(), signal.SIGUSR2)
-                                 if t.state.step == signal_at else None)
+                                 if t.state.step == stop_at - 1 else None)
         summary = trainer.fit()
         life.finish()
         trainer.metrics.close()
@@ -45,17 +47,26 @@ def incarnation(config: dict[str, Any], run_dir: Path, signal_at: int | None = N
         return {**summary, **life.summary()}
 
 
+def replace_file(store: CheckpointStore, step: int, name: str, obj: Any) -> None:
+    """Rewrite one file of a committed checkpoint and commit it again: whole, with hashes that match."""
+    manifest = store.manifest(step)
+    assert manifest is not None
+    new = store.write(step, name, to_bytes(obj))
+    others = [Entry(n, f["sha256"], f["bytes"]) for n, f in manifest["files"].items() if n != name]
+    store.commit(step, [new, *others])
+
+
 def test_signal_stops_at_the_step_saves_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
     full = train(BASE, str(tmp_path / "full"))
     run_dir = tmp_path / "interrupted"
-    assert incarnation(BASE, run_dir, signal_at=17) is None
+    assert incarnation(BASE, run_dir, stop_at=17) is None
     store = CheckpointStore(str(run_dir / "checkpoints"))
     assert store.latest_valid() == 17  # the final save happened at the signalled step
     resumed = incarnation(BASE, run_dir)
     assert resumed is not None and resumed["steps"] == 40
     assert resumed["params_sha256"] == full["params_sha256"]
-    steps = [json.loads(ln)["step"] for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 41))  # nothing recomputed: the save was at the stop step
+    # Nothing recomputed: the save was at the stop step.
+    assert executed_steps(run_dir / "metrics.jsonl") == list(range(1, 41))
 
 
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
@@ -80,7 +91,7 @@ def test_a_crashed_run_started_again_resumes_and_records_where_startup_went(tmp_
 def test_corrupt_newest_checkpoint_falls_back_and_still_matches(tmp_path: Path) -> None:
     full = train(BASE, str(tmp_path / "full"))
     run_dir = tmp_path / "corrupt"
-    assert incarnation(BASE, run_dir, signal_at=25) is None
+    assert incarnation(BASE, run_dir, stop_at=25) is None
     store = CheckpointStore(str(run_dir / "checkpoints"))
     assert store.committed()[:2] == [25, 20]
     (run_dir / "checkpoints" / "step-25" / "model.pt").write_bytes(b"corrupted on disk")
@@ -88,8 +99,8 @@ def test_corrupt_newest_checkpoint_falls_back_and_still_matches(tmp_path: Path) 
     resumed = incarnation(BASE, run_dir)
     assert resumed is not None and resumed["resumed_from_step"] == 20
     assert resumed["params_sha256"] == full["params_sha256"]
-    steps = [json.loads(ln)["step"] for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert len(steps) - 40 == 5  # steps 21-25 recomputed: less than one checkpoint interval
+    # Steps 21-25 recomputed: less than one checkpoint interval.
+    assert len(executed_steps(run_dir / "metrics.jsonl")) - 40 == 5
 
 
 def test_keep_latest_k_during_training(tmp_path: Path) -> None:
@@ -109,14 +120,10 @@ def test_a_checkpoint_that_verifies_but_does_not_load_falls_back(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     full = train(BASE, str(tmp_path / "full"))
     run_dir = tmp_path / "mismatch"
-    assert incarnation(BASE, run_dir, signal_at=25) is None
+    assert incarnation(BASE, run_dir, stop_at=25) is None
     store = CheckpointStore(str(run_dir / "checkpoints"))
     # Step 25 is whole (its hashes match) but its model no longer fits: e.g. the code changed a layer.
-    manifest = store.manifest(25)
-    assert manifest is not None
-    bad = store.write(25, "model.pt", to_bytes({"not.a.layer": torch.zeros(3)}))
-    others = [Entry(name, f["sha256"], f["bytes"]) for name, f in manifest["files"].items() if name != "model.pt"]
-    store.commit(25, [bad, *others])
+    replace_file(store, 25, "model.pt", {"not.a.layer": torch.zeros(3)})
     assert store.latest_valid() == 25
     capsys.readouterr()
     resumed = incarnation(BASE, run_dir)
@@ -128,7 +135,7 @@ def test_a_checkpoint_that_verifies_but_does_not_load_falls_back(tmp_path: Path,
 
 def test_prune_during_training_never_removes_the_step_resumed_from(tmp_path: Path) -> None:
     run_dir = tmp_path / "resumed"
-    assert incarnation({**BASE, "steps": 20}, run_dir, signal_at=20) is None
+    assert incarnation({**BASE, "steps": 20}, run_dir, stop_at=20) is None
     store = CheckpointStore(str(run_dir / "checkpoints"))
     for step in (30, 40):  # newer checkpoints left by a run that was rolled back: committed, then corrupted
         store.commit(step, [store.write(step, "model.pt", b"x")])

@@ -25,12 +25,24 @@ def test_fixed_seed_gives_the_same_digest_twice() -> None:
     assert train({**SHORT, "seed": 4})["params_sha256"] != a["params_sha256"]
 
 
-def test_metrics_file_has_one_line_per_step(tmp_path: Path) -> None:
-    summary = train({**SHORT, "steps": 12}, str(tmp_path))
+def test_metrics_file_has_one_line_per_step_when_asked(tmp_path: Path) -> None:
+    summary = train({**SHORT, "steps": 12, "log_every": 1, "log_min_interval_s": 0}, str(tmp_path))
     lines = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [ln["step"] for ln in lines] == list(range(1, 13))
+    assert [ln["step"] for ln in lines] == list(range(1, 13)) and {ln["steps"] for ln in lines} == {1}
     assert {"loss", "step_s", "samples_per_s", "tokens_per_s", "mfu"} <= set(lines[0])
     assert summary["steps"] == 12 and 0 < summary["mfu"] < 1
+
+
+def test_metrics_records_aggregate_intervals_and_always_keep_first_and_last(tmp_path: Path) -> None:
+    summary = train({**SHORT, "steps": 14, "log_every": 4, "log_min_interval_s": 0}, str(tmp_path))
+    lines = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # The first step of the process has its own record (it carries start-up), so does the last one.
+    assert [(ln["step"], ln["steps"]) for ln in lines] == [(1, 1), (4, 3), (8, 4), (12, 4), (14, 2)]
+    assert "startup" in lines[0] and all("startup" not in ln for ln in lines[1:])
+    for ln in lines:
+        assert ln["step_s_min"] <= ln["step_s"] <= ln["step_s_max"] <= ln["step_s_sum"]
+        assert ln["samples_per_s"] == pytest.approx(64 * ln["steps"] / ln["step_s_sum"])
+    assert lines[-1]["loss"] != summary["loss"]  # the record holds the interval's mean, the summary the last step
 
 
 def test_gpt_task_reports_tokens_per_s_and_mfu() -> None:

@@ -1,54 +1,158 @@
 """The metrics file: JSON lines written by rank 0, read by `report`, goodput, `status`, sweep results
-and the requeue policy. One record per logged step, plus start-up and fault records; each carries
-its wall-clock `time`. A line cut by a kill is skipped by every reader.
+and the requeue policy.
+
+A record covers an interval of steps, `step - steps + 1` to `step`, and carries their aggregates:
+- `steps`; `step_s` (the median step of the interval), `step_s_min`, `step_s_max`, `step_s_sum`;
+- `loss` (the mean over the interval's steps and every rank), `ckpt_stall_s` (a sum);
+- rates over the interval, from its sums: `samples_per_s`, `tokens_per_s`, `mfu`; `lr` at its end;
+- its wall-clock `time`, when the interval ended.
+
+Sums (step time, stall, steps) stay exact whatever the interval; medians are exact within one
+interval. The first step of each process (it carries `startup`), the last step, the step a run stops
+at and a step whose hook failed each end an interval, so those records are always written. Files
+written before intervals existed have one record per step without `steps`: readers take 1.
+
+Readers stream: memory does not grow with the file, and the tail is read from the end. A line cut by
+a kill is skipped by every reader.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+_BLOCK = 1 << 16
+
+
+def iter_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every record, oldest first, one line in memory at a time; a missing file has none."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the open can fail
+    except FileNotFoundError:
+        return
+    with fh:
+        for line in fh:
+            record = _parse(line)
+            if record is not None:
+                yield record
+
+
+def iter_records_reversed(path: Path) -> Iterator[dict[str, Any]]:
+    """Every record, newest first, read backwards in blocks (the tail costs no scan of the file)."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
+    except FileNotFoundError:
+        return
+    with fh:
+        end = fh.seek(0, os.SEEK_END)
+        rest = b""
+        while end > 0:
+            start = max(0, end - _BLOCK)
+            fh.seek(start)
+            chunk = fh.read(end - start) + rest
+            end = start
+            lines = chunk.split(b"\n")
+            rest = lines.pop(0) if start > 0 else b""  # may be the end of a line that began earlier
+            for line in reversed(lines):
+                record = _parse(line)
+                if record is not None:
+                    yield record
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every record of a JSONL metrics file; a line cut by a kill is skipped, a missing file is empty."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    records = []
-    for line in text.splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+    """Every record in a list (for small files and tests; the readers of a run stream)."""
+    return list(iter_records(path))
 
 
 def last_record(path: Path) -> dict[str, Any] | None:
-    """The newest complete record, parsing from the end (a file can hold many thousands of steps)."""
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
-        try:
-            record: dict[str, Any] = json.loads(line)
-            return record
-        except ValueError:
-            continue
-    return None
+    """The newest complete record, read from the end of the file."""
+    return next(iter_records_reversed(path), None)
+
+
+def steps_of(record: dict[str, Any]) -> int:
+    """How many steps a record covers (1 in files from before intervals)."""
+    return int(record.get("steps", 1))
+
+
+def busy_s(record: dict[str, Any]) -> float:
+    """Seconds the record's steps took together."""
+    return float(record.get("step_s_sum", record.get("step_s", 0.0)))
+
+
+class Interval:
+    """What rank 0 accumulates between two records, and when the next record is due.
+
+    `due` holds a record back until `every` steps have passed and `min_interval_s` seconds since the
+    previous one (0: every `every` steps); `add(..., force=True)` ends the interval now.
+    """
+
+    def __init__(self, every: int = 1, min_interval_s: float = 0.0) -> None:
+        self.every, self.min_interval_s = every, min_interval_s
+        self._last_flush = time.monotonic()
+        self._step = 0
+        self._times: list[float] = []
+        self._loss = 0.0
+        self._stall = 0.0
+        self._extra: dict[str, Any] = {}
+
+    def add(self, step: int, step_s: float, loss: float, extra: dict[str, Any] | None = None,
+            force: bool = False) -> dict[str, Any] | None:
+        """Count one step (`extra`: ckpt_stall_s, summed, and keys kept as they are); the record if due."""
+        self._step = step
+        self._times.append(step_s)
+        self._loss += loss
+        if extra:
+            for key, value in extra.items():
+                if key == "ckpt_stall_s":
+                    self._stall += value
+                else:
+                    self._extra[key] = value
+        if not (force or (step % self.every == 0 and time.monotonic() - self._last_flush >= self.min_interval_s)):
+            return None
+        return self._record(step)
+
+    def flush(self) -> dict[str, Any] | None:
+        """End the interval now (after a failure); None if it holds no step."""
+        return self._record(self._step) if self._times else None
+
+    def _record(self, step: int) -> dict[str, Any]:
+        times, n = self._times, len(self._times)
+        total = sum(times)
+        # A hook's own keys never replace the aggregates.
+        record = {**self._extra, "step": step, "steps": n, "loss": self._loss / n,
+                  "step_s": times[0] if n == 1 else statistics.median(times),
+                  "step_s_min": min(times), "step_s_max": max(times), "step_s_sum": total,
+                  "ckpt_stall_s": self._stall}
+        self._times, self._loss, self._stall, self._extra = [], 0.0, 0.0, {}
+        self._last_flush = time.monotonic()
+        return record
 
 
 class MetricsWriter:
-    """Appends one JSON line per step; only rank 0 writes, everyone may call it."""
+    """Appends one JSON line per record; only rank 0 writes, everyone may call it."""
 
     def __init__(self, path: Path | None, enabled: bool) -> None:
         self._file: TextIO | None = None
         if enabled and path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the writer
+
+    @property
+    def enabled(self) -> bool:
+        return self._file is not None
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:

@@ -43,7 +43,11 @@ class TrainConfig(Strict):
     """Fault injection: rank 0 SIGKILLs itself mid-way through the checkpoint save of this step (after its first
     file), in an incarnation that did not resume; the step is left without a commit marker."""
     log_every: int = Field(10, ge=1)
-    """Print progress to the job log every N steps (metrics.jsonl gets every step)."""
+    """Write a metrics record (and a progress line in the job log) every N steps; each record aggregates
+    the steps since the previous one (docs/observability.md)."""
+    log_min_interval_s: float = Field(1.0, ge=0)
+    """At most one metrics record per this many seconds, whatever log_every says (0: no floor; with
+    log_every 1, a record per step). The first, last and stopping steps always get their record."""
     peak_flops: float | None = Field(None, gt=0)
     """Peak FLOP/s of one rank's device for MFU; unset: the bf16 table on GPUs, an estimate on CPU."""
     hidden: int = Field(128, ge=1)

@@ -58,7 +58,7 @@ class Lifecycle:
     def attach(self, trainer: Trainer) -> None:
         resumed = self.resilience.restore(trainer) if self.resilience else None
         if self.resilience:
-            trainer.hooks.append(self.resilience.on_step_end)
+            self.resilience.attach(trainer)
         count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         if count and self.dist.is_main and self.paths and self.job_id:
             self.restart = requeue.record_restart(self.paths, self.job_id, count, resumed)

@@ -1,8 +1,9 @@
 """Checkpoint, preemption and hang handling around the Trainer's step boundaries.
 
-At every step boundary the ranks all-reduce two flags (a stop signal seen, and which; a
-background save still writing), so they all stop at the same step and commit a save only once every rank's
-files are written. Rank 0 writes the commit marker. The signal handler itself only sets a flag.
+At every step boundary the ranks agree on two votes (a stop signal seen, and which; a background
+save still writing), carried by the Trainer's one all-reduce of that step, so they all stop at the same
+step and commit a save only once every rank's files are written. Rank 0 writes the commit marker. The
+signal handler itself only sets a flag.
 """
 
 from __future__ import annotations
@@ -82,13 +83,6 @@ class Resilience:
 
     # --------------------------------------------------------------- collectives
 
-    def _max(self, values: list[int]) -> list[int]:
-        if self.dist.world_size == 1:
-            return values
-        t = torch.tensor(values, dtype=torch.int64, device=self.dist.device_str)
-        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-        return [int(v) for v in t.tolist()]
-
     def _gather(self, obj: Any) -> list[Any]:
         if self.dist.world_size == 1:
             return [obj]
@@ -159,8 +153,7 @@ class Resilience:
         trainer.optimizer.load_state_dict(optim)
         if trainer.scheduler is not None and meta.get("scheduler") is not None:
             trainer.scheduler.load_state_dict(meta["scheduler"])
-        trainer.state.step, trainer.state.epoch = meta["step"], meta["epoch"]
-        trainer.state.batch_in_epoch, trainer.state.history = meta["batch_in_epoch"], meta["history"]
+        trainer.state.load(meta)
         if rng is not None:
             set_rng_state(rng)
 
@@ -172,8 +165,7 @@ class Resilience:
             files["model.pt"] = trainer.raw_model.state_dict()
             files["optim.pt"] = trainer.optimizer.state_dict()
             files["trainer.pt"] = {
-                "step": trainer.state.step, "epoch": trainer.state.epoch,
-                "batch_in_epoch": trainer.state.batch_in_epoch, "history": trainer.state.history,
+                **trainer.state.as_dict(),
                 "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
             }
         return snapshot(files, self._buffers)
@@ -216,6 +208,12 @@ class Resilience:
 
     # --------------------------------------------------------------- the step boundary
 
+    def attach(self, trainer: Trainer) -> None:
+        """Vote at every step boundary and act on the agreement after each step."""
+        trainer.votes["stop"] = lambda: int(self.flag.kind)
+        trainer.votes["writing"] = lambda: int(self.writer.pending and not self.writer.done)
+        trainer.hooks.append(self.on_step_end)
+
     def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         stall_before = self.stall_s
         try:
@@ -224,10 +222,8 @@ class Resilience:
             record["ckpt_stall_s"] = self.stall_s - stall_before
 
     def _step_end(self, trainer: Trainer) -> None:
-        history = trainer.state.history
-        median = sorted(h["step_s"] for h in history[-20:])[len(history[-20:]) // 2]
-        self.watchdog.progress(median)
-        stop, writing = self._max([self.flag.kind, int(self.writer.pending and not self.writer.done)])
+        self.watchdog.progress(None if self.watchdog.armed else trainer.median_step_s(20))
+        stop, writing = trainer.agreed["stop"], trainer.agreed["writing"]
         if self.writer.pending and not writing:
             t0 = time.perf_counter()
             self._commit()

@@ -10,17 +10,18 @@ import contextlib
 import hashlib
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as tdist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from slurmkit.common.metrics import MetricsWriter
+from slurmkit.common.metrics import Interval, MetricsWriter
+from slurmkit.worker import agreement
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.metrics import mfu
 
@@ -49,14 +50,37 @@ def warmup_cosine(steps: int, warmup_frac: float = 0.05, floor: float = 0.1) -> 
     return factor
 
 
+STEP_WINDOW = 100
+"""Step times kept for the median (the summary's, the watchdog's): a bounded window, not the history."""
+
+
 @dataclass
 class TrainState:
-    """Where training stands; what a checkpoint must carry besides weights and optimizer."""
+    """Where training stands; what a checkpoint must carry besides weights and optimizer.
+
+    Its size does not grow with the step count: the per-step history lives in metrics.jsonl only."""
 
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
+    """The latest warm steps' seconds (a process's first step pays for warm-up and is left out)."""
+    last_loss: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                "step_times": list(self.step_times), "last_loss": self.last_loss}
+
+    def load(self, meta: dict[str, Any]) -> None:
+        """From a checkpoint's trainer.pt; one written with the full `history` still loads."""
+        self.step, self.epoch, self.batch_in_epoch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
+        history = meta.get("history")
+        if history is not None:
+            times, loss = [h["step_s"] for h in history], history[-1]["loss"] if history else None
+        else:
+            times, loss = meta.get("step_times", []), meta.get("last_loss")
+        self.step_times = deque(times[-STEP_WINDOW:], maxlen=STEP_WINDOW)
+        self.last_loss = loss
 
 
 @dataclass(frozen=True)
@@ -78,12 +102,23 @@ class TrainerOptions:
     peak_flops: float = 0.0
     """Peak FLOP/s of one rank's device, for MFU."""
     log_every: int = 10
-    """Steps between progress lines in the job log."""
+    """Steps between metrics records (and progress lines in the job log)."""
+    log_min_interval_s: float = 1.0
+    """At most one metrics record per this many seconds (0: every `log_every` steps); records
+    aggregate the steps between them (slurmkit.common.metrics)."""
     autocast_dtype: torch.dtype | None = None
     """Mixed precision (torch.autocast) dtype, or None for full precision."""
 
 
+Vote = Callable[[], int]
+"""A rank's local value, 0 to agreement.LEVELS - 1, for the agreement at every step boundary."""
+
+
 class Trainer:
+    """Runs optimizer steps. The step's loss and each vote in `votes` ride on its gradient all-reduce
+    (slurmkit.worker.agreement): at the step boundary every rank reads the same mean loss and the
+    same agreement (the largest value of each vote) in `agreed`, with no collective of their own."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -105,11 +140,15 @@ class Trainer:
         if dist.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = DistributedDataParallel(self.raw_model, device_ids=ids)
+        self.agreement = agreement.Agreement(self.model, dist.world_size)
         self.optimizer, self.scheduler, self.loss_fn = optimizer, scheduler, loss_fn
         self.metrics = metrics or MetricsWriter(None, False)
         self.hooks = hooks or []
+        self.votes: dict[str, Vote] = {}
+        self.agreed: dict[str, int] = {}
         self.state = TrainState()
         self.stop_requested = False
+        self._first_step_s: float | None = None
         self.sampler: DistributedSampler[Any] = DistributedSampler(
             dataset, num_replicas=dist.world_size, rank=dist.rank, shuffle=True, seed=options.seed, drop_last=True)
         self.loader = DataLoader(dataset, batch_size=options.micro_batch, sampler=self.sampler, drop_last=True)
@@ -124,6 +163,11 @@ class Trainer:
     def _mfu(self, step_s: float) -> float:
         return mfu(self.options.flops_per_sample * self.global_batch, step_s, self.dist.world_size,
                    self.options.peak_flops)
+
+    def median_step_s(self, last: int = STEP_WINDOW) -> float:
+        """The median of the latest warm steps (the first step's time until there is one)."""
+        times = list(self.state.step_times)[-last:]
+        return statistics.median(times) if times else (self._first_step_s or 0.0)
 
     def _batches(self) -> Iterator[Any]:
         """Endless batches; the epoch reseeds the shuffle, and the position can be resumed."""
@@ -147,10 +191,18 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.options.autocast_dtype)
 
+    def _offer(self, loss: torch.Tensor) -> None:
+        """This rank's part of the step's agreement: its loss and votes, once the loss is known."""
+        self.agreement.offer(agreement.pack(loss, [vote() for vote in self.votes.values()]))
+
+    def _agreed_loss(self) -> float:
+        loss, self.agreed = agreement.unpack(self.agreement.result(), list(self.votes), self.dist.world_size)
+        return loss
+
     def train_step(self, batches: Iterator[Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.model.train()
-        total = torch.zeros((), device=self.device)
+        total: torch.Tensor | None = None
         for micro in range(self.options.grad_accum):
             batch = self._to_device(next(batches))
             last = micro == self.options.grad_accum - 1
@@ -161,50 +213,68 @@ class Trainer:
             with sync:
                 with self._autocast():
                     loss = self.loss_fn(self.model, batch) / self.options.grad_accum
+                part = loss.detach().float()
+                total = part if total is None else total + part
+                if last:
+                    self._offer(total)
                 loss.backward()
-            total += loss.detach().float()
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.dist.world_size > 1:
-            tdist.all_reduce(total)
-            total /= self.dist.world_size
-        loss_value = total.item()  # a sync point, so step_s is the real step time
+        loss_value = self._agreed_loss()
         step_s = time.perf_counter() - t0
         self.state.step += 1
-        record = {
-            "step": self.state.step, "loss": loss_value, "step_s": step_s,
-            "samples_per_s": self.global_batch / step_s,
-            "tokens_per_s": self.global_batch * self.options.tokens_per_sample / step_s,
-            "mfu": self._mfu(step_s),
-            "lr": self.optimizer.param_groups[0]["lr"],
-        }
-        return record
+        self.state.last_loss = loss_value
+        if self._first_step_s is None:
+            self._first_step_s = step_s
+        else:
+            self.state.step_times.append(step_s)
+        return {"step": self.state.step, "loss": loss_value, "step_s": step_s}
 
     def fit(self) -> dict[str, Any]:
         batches = self._batches()
+        interval = Interval(self.options.log_every, self.options.log_min_interval_s)
+        first = True
         while self.state.step < self.options.steps and not self.stop_requested:
-            record = self.train_step(batches)
-            self.state.history.append({k: record[k] for k in ("step", "loss", "step_s")})
-            last = record["step"] == self.options.steps
-            if self.dist.is_main and (record["step"] % self.options.log_every == 0 or last):
-                print(f"step {record['step']}/{self.options.steps} loss {record['loss']:.4f} "
-                      f"{record['samples_per_s']:.1f} samples/s mfu {record['mfu']:.2%}", flush=True)
+            record: dict[str, Any] | None = None
             try:
+                record = self.train_step(batches)
                 for hook in list(self.hooks):
                     hook(self, record)  # hooks may add fields, e.g. the checkpoint stall of this step
-            finally:
-                self.metrics.write(record)
+            except BaseException:
+                self._log(interval, record, True)  # a failed step or hook: the steps that ran are written
+                raise
+            self._log(interval, record, first or self.stop_requested or record["step"] == self.options.steps)
+            first = False
         return self.summary()
 
+    def _log(self, interval: Interval, record: dict[str, Any] | None, force: bool) -> None:
+        """Rank 0 adds the step (None: none ran) to the interval and writes the interval's record when it ends."""
+        if not self.dist.is_main:
+            return
+        if record is None:
+            out = interval.flush()
+        else:
+            extra = {k: v for k, v in record.items() if k not in ("step", "loss", "step_s")}
+            out = interval.add(record["step"], record["step_s"], record["loss"], extra, force)
+        if out is None:
+            return
+        busy = out["step_s_sum"]
+        samples = self.global_batch * out["steps"]
+        out.update(samples_per_s=samples / busy if busy else 0.0,
+                   tokens_per_s=samples * self.options.tokens_per_sample / busy if busy else 0.0,
+                   mfu=self._mfu(busy / out["steps"]), lr=self.optimizer.param_groups[0]["lr"])
+        self.metrics.write(out)
+        print(f"step {out['step']}/{self.options.steps} loss {out['loss']:.4f} "
+              f"{out['samples_per_s']:.1f} samples/s mfu {out['mfu']:.2%}", flush=True)
+
     def summary(self) -> dict[str, Any]:
-        times = [h["step_s"] for h in self.state.history]
-        # The first steps pay for warm-up (allocations, DDP buckets); the median ignores them.
-        step_s = statistics.median(times[1:] if len(times) > 1 else times) if times else 0.0
+        # The first step of a process pays for warm-up (allocations, DDP buckets): the median leaves it out.
+        step_s = self.median_step_s()
         return {
             "steps": self.state.step,
-            "loss": self.state.history[-1]["loss"] if self.state.history else None,
+            "loss": self.state.last_loss,
             "world_size": self.dist.world_size,
             "backend": self.dist.backend,
             "global_batch": self.global_batch,

@@ -39,6 +39,10 @@ class Watchdog:
         self._thread.start()
         return self
 
+    @property
+    def armed(self) -> bool:
+        return self._armed
+
     def progress(self, median_step_s: float | None = None) -> None:
         """Called at every step boundary (and during long saves)."""
         self._last = time.monotonic()

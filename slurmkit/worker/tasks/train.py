@@ -53,6 +53,7 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     options = TrainerOptions(steps=cfg.steps, micro_batch=cfg.per_rank_batch(dist.world_size),
                              grad_accum=cfg.grad_accum, seed=cfg.seed, flops_per_sample=per_sample,
                              tokens_per_sample=tokens, peak_flops=peak, log_every=cfg.log_every,
+                             log_min_interval_s=cfg.log_min_interval_s,
                              autocast_dtype=_dtype(cfg, dist))
     trainer = Trainer(net, optimizer, train_set, loss, dist, options, scheduler=scheduler, metrics=metrics)
     return trainer, extras
