@@ -200,10 +200,14 @@ def test_deterministic_error_is_not_requeued_twice(cluster: None, dev_profile: P
 
 
 def test_time_limit_signal_is_a_timeout_and_resumes(cluster: None, dev_profile: Path) -> None:
-    """The one real time limit: 1 minute, the signal 10 s before it (Slurm may send it up to ~30 s early)."""
-    paths, _ = start(dev_profile, "resources.time=00:01:00", "profile.signal_delay_s=10", "config.steps=1100")
+    """The one real time limit: 1 minute, the signal 10 s before it (Slurm may send it up to ~30 s early).
+    The first incarnation holds after step 10 until a stop signal comes, so it surely meets the limit."""
+    paths, _ = start(dev_profile, "resources.time=00:01:00", "profile.signal_delay_s=10",
+                     "config.inject_hold_at_step=10")
     assert finish(paths, timeout_s=420) == "COMPLETED"
     result = jobs.result(paths)
-    assert result["steps"] == 1100 and result["restarts"] >= 1
+    assert result["steps"] == STEPS and result["restarts"] >= 1
     assert set(result["restart_causes"]) == {"timeout"}
-    assert len(executed_steps(paths.metrics)) == 1100  # each stop saved at its own step: nothing recomputed
+    # The ranks agreed on the signal at the next step boundary, saved there and resumed from it.
+    assert RunRecord(paths).read()["restarts"][0]["resumed_step"] == 11
+    assert executed_steps(paths.metrics) == list(range(1, STEPS + 1))  # nothing recomputed

@@ -42,6 +42,9 @@ class TrainConfig(Strict):
     inject_kill_in_save_at_step: int | None = Field(None, ge=1)
     """Fault injection: rank 0 SIGKILLs itself mid-way through the checkpoint save of this step (after its first
     file), in an incarnation that did not resume; the step is left without a commit marker."""
+    inject_hold_at_step: int | None = Field(None, ge=1)
+    """Fault injection: after this step, in an incarnation that did not resume, every rank waits (the
+    watchdog fed) until a stop signal arrives, then stops at the next step: a run sure to meet its time limit."""
     log_every: int = Field(10, ge=1)
     """Write a metrics record (and a progress line in the job log) every N steps; each record aggregates
     the steps since the previous one (docs/observability.md)."""

@@ -12,6 +12,7 @@ A vote is 0 to LEVELS - 1. (No `from __future__ import annotations` here: DDP ch
 annotations against the real classes.)
 """
 
+import functools
 from typing import Any
 
 import torch
@@ -24,13 +25,18 @@ LEVELS = 4
 _EXACT = (torch.float32, torch.float64)
 
 
-def pack(loss: torch.Tensor, votes: list[int]) -> torch.Tensor:
+def pack(loss: torch.Tensor, votes: tuple[int, ...]) -> torch.Tensor:
     """[loss, one-hot of each vote], float64, on the loss's device."""
+    return torch.cat([loss.detach().reshape(1).double(), _onehot(votes, loss.device)])
+
+
+@functools.lru_cache(maxsize=64)
+def _onehot(votes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Cached: votes rarely change, and building a tensor every step costs more than the rest of pack."""
     onehot = [0.0] * (LEVELS * len(votes))
     for i, value in enumerate(votes):
         onehot[LEVELS * i + value] = 1.0
-    return torch.cat([loss.detach().reshape(1).double(),
-                      torch.tensor(onehot, dtype=torch.float64).to(loss.device, non_blocking=True)])
+    return torch.tensor(onehot, dtype=torch.float64, device=device)
 
 
 def unpack(summed: list[float], names: list[str], world_size: int) -> tuple[float, dict[str, int]]:

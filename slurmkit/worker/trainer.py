@@ -26,6 +26,7 @@ from slurmkit.worker.dist import Dist
 from slurmkit.worker.metrics import mfu
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
+_NULL = contextlib.nullcontext()  # reusable: it holds no state
 Hook = Callable[["Trainer", dict[str, Any]], None]
 
 
@@ -188,12 +189,12 @@ class Trainer:
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.options.autocast_dtype is None:
-            return contextlib.nullcontext()
+            return _NULL
         return torch.autocast(self.device.type, dtype=self.options.autocast_dtype)
 
     def _offer(self, loss: torch.Tensor) -> None:
         """This rank's part of the step's agreement: its loss and votes, once the loss is known."""
-        self.agreement.offer(agreement.pack(loss, [vote() for vote in self.votes.values()]))
+        self.agreement.offer(agreement.pack(loss, tuple(vote() for vote in self.votes.values())))
 
     def _agreed_loss(self) -> float:
         loss, self.agreed = agreement.unpack(self.agreement.result(), list(self.votes), self.dist.world_size)
@@ -201,18 +202,20 @@ class Trainer:
 
     def train_step(self, batches: Iterator[Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
-        self.model.train()
+        if not self.raw_model.training:  # a hook evaluated; train() walks every module, so not every step
+            self.model.train()
+        accum = self.options.grad_accum
         total: torch.Tensor | None = None
-        for micro in range(self.options.grad_accum):
-            batch = self._to_device(next(batches))
-            last = micro == self.options.grad_accum - 1
+        for micro in range(accum):
+            batch = next(batches) if self.device.type == "cpu" else self._to_device(next(batches))
+            last = micro == accum - 1
             # Gradients are all-reduced once per optimizer step, on the last micro-batch.
-            sync: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-            if not last and isinstance(self.model, DistributedDataParallel):
-                sync = self.model.no_sync()
+            sync = self.model.no_sync() if not last and isinstance(self.model, DistributedDataParallel) else _NULL
             with sync:
                 with self._autocast():
-                    loss = self.loss_fn(self.model, batch) / self.options.grad_accum
+                    loss = self.loss_fn(self.model, batch)
+                if accum > 1:
+                    loss = loss / accum
                 part = loss.detach().float()
                 total = part if total is None else total + part
                 if last:

@@ -67,6 +67,20 @@ def _inject(step: int) -> Any:
     return hook
 
 
+def _hold(step: int, life: lifecycle.Lifecycle) -> Any:
+    def hook(trainer: Trainer, record: dict[str, Any]) -> None:
+        res = life.resilience
+        if trainer.state.step != step or res is None or res.resumed_step is not None:
+            return
+        if trainer.dist.is_main:
+            print(f"slurmkit: injected hold after step {step} until a stop signal", flush=True)
+        while not res.flag.is_set:
+            res.watchdog.progress()  # held on purpose, not hung
+            time.sleep(0.1)
+
+    return hook
+
+
 def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """Train on every rank; each rank returns the summary (with its own parameter digest)."""
     cfg = TrainConfig.model_validate(config)
@@ -82,6 +96,8 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
         trainer.hooks.append(startup.first_step_hook)
         if cfg.inject_error_at_step:
             trainer.hooks.append(_inject(cfg.inject_error_at_step))
+        if cfg.inject_hold_at_step:
+            trainer.hooks.append(_hold(cfg.inject_hold_at_step, life))
         if dist.is_main:
             print(f"slurmkit train: model={cfg.model} world_size={dist.world_size} backend={dist.backend} "
                   f"global_batch={trainer.global_batch} peak={extras['peak_flops']:.3g} ({extras['peak_source']})",
