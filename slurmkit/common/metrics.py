@@ -4,7 +4,8 @@ and the requeue policy.
 A record covers an interval of steps, `step - steps + 1` to `step`, and carries their aggregates:
 - `steps`; `step_s` (the median step of the interval), `step_s_min`, `step_s_max`, `step_s_sum`;
 - `loss` (the mean over the interval's steps and every rank), `ckpt_stall_s` (a sum);
-- rates over the interval, from its sums: `samples_per_s`, `tokens_per_s`, `mfu`; `lr` at its end;
+- `samples`, `tokens`, and rates over the interval from its sums: `samples_per_s`, `tokens_per_s`,
+  `mfu`; `lr` at its end;
 - its wall-clock `time`, when the interval ended.
 
 Sums (step time, stall, steps) stay exact whatever the interval; medians are exact within one

@@ -1,8 +1,8 @@
 """Checkpoint, preemption and hang handling around the Trainer's step boundaries.
 
 At every step boundary the ranks agree on two votes (a stop signal seen, and which; a background
-save still writing), carried by the Trainer's one all-reduce of that step, so they all stop at the same
-step and commit a save only once every rank's files are written. Rank 0 writes the commit marker. The
+save still writing), carried by the step's gradient all-reduce (slurmkit.worker.agreement), so they all
+stop at the same step and commit a save only once every rank's files are written. Rank 0 writes the commit marker. The
 signal handler itself only sets a flag.
 """
 

@@ -265,7 +265,8 @@ class Trainer:
             return
         busy = out["step_s_sum"]
         samples = self.global_batch * out["steps"]
-        out.update(samples_per_s=samples / busy if busy else 0.0,
+        out.update(samples=samples, tokens=samples * self.options.tokens_per_sample,
+                   samples_per_s=samples / busy if busy else 0.0,
                    tokens_per_s=samples * self.options.tokens_per_sample / busy if busy else 0.0,
                    mfu=self._mfu(busy / out["steps"]), lr=self.optimizer.param_groups[0]["lr"])
         self.metrics.write(out)
