@@ -26,8 +26,8 @@ from slurmkit.worker.dist import Dist
 from slurmkit.worker.metrics import mfu
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
-_NULL = contextlib.nullcontext()  # reusable: it holds no state
 Hook = Callable[["Trainer", dict[str, Any]], None]
+_NULL = contextlib.nullcontext()  # reusable: it holds no state
 
 
 def params_sha256(model: nn.Module) -> str:
