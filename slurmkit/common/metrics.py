@@ -123,17 +123,17 @@ class Interval:
                     self._extra[key] = value
         if not (force or (step % self.every == 0 and time.monotonic() - self._last_flush >= self.min_interval_s)):
             return None
-        return self._record(step)
+        return self._record()
 
     def flush(self) -> dict[str, Any] | None:
         """End the interval now (after a failure); None if it holds no step."""
-        return self._record(self._step) if self._times else None
+        return self._record() if self._times else None
 
-    def _record(self, step: int) -> dict[str, Any]:
+    def _record(self) -> dict[str, Any]:
         times, n = self._times, len(self._times)
         total = sum(times)
         # A hook's own keys never replace the aggregates.
-        record = {**self._extra, "step": step, "steps": n, "loss": self._loss / n,
+        record = {**self._extra, "step": self._step, "steps": n, "loss": self._loss / n,
                   "step_s": times[0] if n == 1 else statistics.median(times),
                   "step_s_min": min(times), "step_s_max": max(times), "step_s_sum": total,
                   "ckpt_stall_s": self._stall}

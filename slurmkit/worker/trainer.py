@@ -183,8 +183,13 @@ class Trainer:
             self.state.batch_in_epoch = 0
 
     def _to_device(self, batch: Any) -> Any:
+        if self.device.type == "cpu":  # a DataLoader's batches are there already: no walk every step
+            return batch
+        return self._moved(batch)
+
+    def _moved(self, batch: Any) -> Any:
         if isinstance(batch, (list, tuple)):
-            return type(batch)(self._to_device(b) for b in batch)
+            return type(batch)(self._moved(b) for b in batch)
         return batch.to(self.device, non_blocking=True) if isinstance(batch, torch.Tensor) else batch
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -207,7 +212,7 @@ class Trainer:
         accum = self.options.grad_accum
         total: torch.Tensor | None = None
         for micro in range(accum):
-            batch = next(batches) if self.device.type == "cpu" else self._to_device(next(batches))
+            batch = self._to_device(next(batches))
             last = micro == accum - 1
             # Gradients are all-reduced once per optimizer step, on the last micro-batch.
             sync = self.model.no_sync() if not last and isinstance(self.model, DistributedDataParallel) else _NULL
@@ -265,9 +270,9 @@ class Trainer:
             return
         busy = out["step_s_sum"]
         samples = self.global_batch * out["steps"]
-        out.update(samples=samples, tokens=samples * self.options.tokens_per_sample,
-                   samples_per_s=samples / busy if busy else 0.0,
-                   tokens_per_s=samples * self.options.tokens_per_sample / busy if busy else 0.0,
+        tokens = samples * self.options.tokens_per_sample
+        out.update(samples=samples, tokens=tokens, samples_per_s=samples / busy if busy else 0.0,
+                   tokens_per_s=tokens / busy if busy else 0.0,
                    mfu=self._mfu(busy / out["steps"]), lr=self.optimizer.param_groups[0]["lr"])
         self.metrics.write(out)
         print(f"step {out['step']}/{self.options.steps} loss {out['loss']:.4f} "
