@@ -14,6 +14,7 @@ from typing import Any
 from slurmkit import perms, procs
 from slurmkit.config.loader import Resolved
 from slurmkit.errors import JobFailedError, SlurmError, SlurmkitError, squash, warn
+from slurmkit.polling import Poller
 from slurmkit.runs import RunPaths, RunRecord, expand_root, find_run, list_runs, read_records
 from slurmkit.slurm import commands
 
@@ -213,19 +214,21 @@ def is_active(state: str) -> bool:
 UNKNOWN_GRACE_S = 120.0
 
 
-def wait(paths: RunPaths, poll_s: float = 2.0, timeout_s: float | None = None) -> RunStatus:
-    """Poll until the run is no longer active (or timeout_s passes)."""
-    start = time.monotonic()
+def wait(paths: RunPaths, poll_s: float = 2.0, timeout_s: float | None = None,
+         poller: Poller | None = None) -> RunStatus:
+    """Poll until the run is no longer active (or timeout_s passes): every poll_s at first, then
+    backing off (slurmkit.polling), one squeue (and at most one sacct) a poll."""
+    poller = poller or Poller(first_s=poll_s)
     unknown_since: float | None = None
     while True:
         st = run_state(paths)
-        now = time.monotonic()
+        now = poller.elapsed()
         # Neither squeue nor sacct knowing the job for long (accounting wiped): stop waiting.
-        unknown_since = (unknown_since or now) if st.state == "UNKNOWN" else None
-        if (not is_active(st.state) or (timeout_s is not None and now - start > timeout_s)
+        unknown_since = (unknown_since if unknown_since is not None else now) if st.state == "UNKNOWN" else None
+        if (not is_active(st.state) or (timeout_s is not None and now > timeout_s)
                 or (unknown_since is not None and now - unknown_since > UNKNOWN_GRACE_S)):
             return st
-        time.sleep(poll_s)
+        poller.wait()
 
 
 # ---------------------------------------------------------------- cancel / result / logs
@@ -299,12 +302,14 @@ def _log_files(paths: RunPaths, rank: int | None) -> list[tuple[str, Path]]:
 
 def logs(paths: RunPaths, rank: int | None = None, follow: bool = False,
          poll_s: float = 1.0) -> Iterator[str]:
-    """Every rank's lines prefixed [rank] ([rank!] for stderr); follow until the run ends."""
+    """Every rank's lines prefixed [rank] ([rank!] for stderr); follow until the run ends. Files are
+    read every poll_s; Slurm is asked whether the run has ended only as often as a Poller allows."""
     offsets: dict[Path, int] = {}
     partial: dict[Path, str] = {}
+    poller = Poller(first_s=poll_s)
     while True:
         # Read the state before the files, so lines written just before the end are not missed.
-        done = not follow or not is_active(run_state(paths).state)
+        done = not follow or (poller.due() and not is_active(run_state(paths).state))
         for label, path in _log_files(paths, rank):
             if not path.exists():
                 continue

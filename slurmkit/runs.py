@@ -204,6 +204,7 @@ class LockedJson:
 
     missing_error = "no such file"
     indent: int | None = 1
+    sort_keys = True
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -233,7 +234,7 @@ class LockedJson:
         return data
 
     def _save(self, data: dict[str, Any]) -> None:
-        text = json.dumps(data, indent=self.indent, sort_keys=True, default=str) + "\n"
+        text = json.dumps(data, indent=self.indent, sort_keys=self.sort_keys, default=str) + "\n"
         atomic_write_text(self.path, text, perms.file_mode(self.path.parent))
 
     def create(self, data: dict[str, Any]) -> bool:

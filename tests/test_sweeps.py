@@ -19,6 +19,7 @@ from slurmkit.cli.app import app
 from slurmkit.dependency import after_dependency
 from slurmkit.runs import RunRecord
 from slurmkit.sweeps import plan as plan_mod
+from slurmkit.sweeps import resolve as resolve_mod
 from slurmkit.sweeps import results, spec, store
 from slurmkit.sweeps import submit as sub
 from tests.conftest import EXAMPLES
@@ -136,7 +137,7 @@ def test_malformed_grid_option_is_refused(tmp_path: Path, local_profile: Path) -
 
 def _create(tmp_path: Path, local_profile: Path, sweep: dict[str, Any], **base: Any) -> store.SweepPaths:
     plan = spec.load(write_sweep(tmp_path, sweep, **base))
-    return sub.create(plan, plan_mod.resolve_tasks(plan, str(local_profile)))
+    return sub.create(plan, resolve_mod.resolve_tasks(plan, str(local_profile)))
 
 
 def test_manifest_maps_every_task_to_its_config_folder_and_seed(tmp_path: Path, local_profile: Path) -> None:
@@ -144,10 +145,11 @@ def test_manifest_maps_every_task_to_its_config_folder_and_seed(tmp_path: Path, 
     manifest = store.Manifest(paths).read()
     assert [t["overrides"] for t in manifest["tasks"]] == [{"env.X": "1"}, {"env.X": "2"}, {"env.X": "3"}]
     assert [t["seed"] for t in manifest["tasks"]] == [7, 8, 9]
-    assert [t["env"]["SLURMKIT_SEED"] for t in manifest["tasks"]] == ["7", "8", "9"]
-    assert [t["spec"]["env"] for t in manifest["tasks"]] == [{"X": "1"}, {"X": "2"}, {"X": "3"}]
-    assert len({t["run_dir"] for t in manifest["tasks"]}) == 3
-    assert all(Path(t["run_dir"]).parent == paths.sweep_dir / "tasks" for t in manifest["tasks"])
+    entries = [store.task_entry(paths, manifest, i) for i in range(3)]
+    assert [e.env["SLURMKIT_SEED"] for e in entries] == ["7", "8", "9"]
+    assert [e.spec["env"] for e in entries] == [{"X": "1"}, {"X": "2"}, {"X": "3"}]
+    assert len({e.run_dir for e in entries}) == 3
+    assert all(Path(e.run_dir).parent == paths.sweep_dir / "tasks" for e in entries)
     assert store.find_sweep(str(tmp_path / "runs"), paths.sweep_id[:8]) == paths
     # Nothing submitted yet: every task is visibly NOT_SUBMITTED, none silently missing.
     assert store.latest_job_ids(manifest) == {0: None, 1: None, 2: None}
@@ -194,11 +196,11 @@ def test_after_a_sweep_waits_for_each_task_newest_job(tmp_path: Path, local_prof
     line = one_line_error(["submit", str(EXAMPLES / "hostnames.yaml"), "-p", str(local_profile), "--after",
                            paths.sweep_id])
     assert "--after needs a Slurm run or sweep" in line
-    with store.Manifest(paths).editing() as m:
-        m["executor"] = "slurm"
+    paths.manifest.write_text(paths.manifest.read_text().replace('"executor": "local"', '"executor": "slurm"'))
+    with store.ArrayLog(paths).editing() as m:
         m["arrays"] = [{"indices": [0, 1, 2], "base": 0, "job_id": "70", "kind": "initial"}]
     assert after_dependency(root, paths.sweep_id) == "afterok:70"
-    with store.Manifest(paths).editing() as m:
+    with store.ArrayLog(paths).editing() as m:
         m["arrays"].append({"indices": [1], "base": 1, "job_id": "80", "kind": "resubmit"})
     # Array 70 keeps its failed task forever, so afterok:70 could never be met.
     assert after_dependency(root, paths.sweep_id) == "afterok:70_0:80_0:70_2"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -40,6 +41,18 @@ def user_errors(fn: F) -> F:
 
 def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def print_json_list(items: Iterable[Any]) -> None:
+    """What print_json(list(items)) prints, written item by item: 100,000 rows are never one string."""
+    out = sys.stdout
+    first = True
+    for item in items:
+        out.write("[\n  " if first else ",\n  ")
+        out.write(json.dumps(item, indent=2, default=str).replace("\n", "\n  "))
+        first = False
+    out.write("[]\n" if first else "\n]\n")
+    out.flush()
 
 
 def run_root_for(profile: str | None) -> str:

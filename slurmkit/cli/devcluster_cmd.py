@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from slurmkit.cli.common import JsonOpt, print_json, user_errors
+from slurmkit.devcluster import layout
 
 app = typer.Typer(no_args_is_help=True, help="A real multi-node Slurm cluster on this machine (root only).")
 
@@ -20,11 +21,15 @@ def _log(msg: str) -> None:
 def up(
     nodes: Annotated[int, typer.Option("--nodes", "-n", help="Number of compute nodes (>= 2).")] = 2,
     purge: Annotated[bool, typer.Option("--purge", help="Wipe old controller state and accounting first.")] = False,
+    max_array_size: Annotated[int, typer.Option(help="slurm.conf MaxArraySize (largest array index + 1).")
+                              ] = layout.MAX_ARRAY_SIZE,
+    max_job_count: Annotated[int, typer.Option(help="slurm.conf MaxJobCount (jobs slurmctld holds).")
+                             ] = layout.MAX_JOB_COUNT,
 ) -> None:
     """Install (if missing) and start munge, mariadb, slurmdbd, slurmctld and N slurmd; wait until idle."""
     from slurmkit.devcluster import cluster
 
-    cluster.up(nodes, purge=purge, log=_log)
+    cluster.up(nodes, purge=purge, log=_log, max_array_size=max_array_size, max_job_count=max_job_count)
 
 
 @app.command()

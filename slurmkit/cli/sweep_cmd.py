@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from slurmkit.cli.common import JsonOpt, ProfileOpt, SetOpt, print_json, run_root_for, user_errors
+from slurmkit.cli.common import JsonOpt, ProfileOpt, SetOpt, print_json, print_json_list, run_root_for, user_errors
 
 
 class _SubmitByDefault(TyperGroup):
@@ -42,17 +42,19 @@ def submit(
         "--max-array-size", min=1, help="Arrays of at most N tasks (default and cap: MaxArraySize).")] = None,
     after: Annotated[str | None, typer.Option("--after", help="Start after this run or sweep succeeded.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the tasks and arrays; submit nothing.")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until no task is active; print the counts.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a sweep: one job array per chunk of at most MaxArraySize tasks."""
     from slurmkit.dependency import after_dependency
     from slurmkit.sweeps import plan as plan_mod
+    from slurmkit.sweeps import resolve as resolve_mod
     from slurmkit.sweeps import spec as spec_mod
     from slurmkit.sweeps import submit as sub
 
     plan = spec_mod.load(spec, grid, max_parallel)
     if dry_run:
-        info = plan_mod.preview(plan, plan_mod.resolve_tasks(plan, profile, set_), max_array_size)
+        info = plan_mod.preview(plan, resolve_mod.resolve_tasks(plan, profile, set_), max_array_size)
         if as_json:
             print_json(info)
             return
@@ -64,6 +66,15 @@ def submit(
         return
     dependency = after_dependency(run_root_for(profile), after) if after else None
     done = sub.submit(plan, profile, set_, max_array_size, dependency)
+    if wait:
+        from slurmkit.sweeps import results, store
+
+        states = results.wait(store.SweepPaths(Path(done.sweep_dir)))
+        if as_json:
+            print_json({**done.as_dict(), "counts": results.counts(states)})
+        else:
+            typer.echo(f"sweep {done.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items()))
+        return
     if as_json:
         print_json(done.as_dict())
         return
@@ -107,11 +118,15 @@ def results(
     """One row per task: its varying config, final metrics and state; the best row is marked."""
     from slurmkit.sweeps import results, store
 
-    table = results.results(store.find_sweep(run_root_for(profile), sweep), sort, maximize)
+    paths = store.find_sweep(run_root_for(profile), sweep)
+    if as_json and sort is None and csv_file is None:
+        print_json_list(results.iter_rows(paths))  # streamed: no table to build
+        return
+    table = results.results(paths, sort, maximize)
     if csv_file is not None:
         results.write_csv(table, str(csv_file))
     if as_json:
-        print_json(table.rows)
+        print_json_list(table.rows)
         return
     shown = [m for m in table.metrics if m in TABLE_METRICS or m == table.sort]
     _table(["index", "state", *table.varying, *shown], table.rows, best=table.best)

@@ -204,20 +204,27 @@ def _wait_idle(n: int, log: Log, timeout: float = 90) -> None:
     raise DevClusterError(f"nodes not idle after {timeout:.0f} s: {states}", valid=f"see {layout.LOG_DIR}")
 
 
-def up(n: int = 2, purge: bool = False, log: Log = print) -> dict[str, Any]:
-    """Bring the cluster up with n nodes; a second call with the same n changes nothing."""
+def up(n: int = 2, purge: bool = False, log: Log = print, max_array_size: int = layout.MAX_ARRAY_SIZE,
+       max_job_count: int = layout.MAX_JOB_COUNT) -> dict[str, Any]:
+    """Bring the cluster up with n nodes and these limits; a second call with the same ones changes
+    nothing, other ones restart the daemons (slurmctld reads MaxJobCount only when it starts)."""
     require_root()
     if n < 2:
         raise DevClusterError(f"--nodes {n} is too few", valid="valid: 2 or more")
+    if not 2 <= max_array_size <= 4_000_001 or max_job_count < max(max_array_size, 2):
+        raise DevClusterError(f"--max-array-size {max_array_size} with --max-job-count {max_job_count}",
+                              valid="valid: 2 <= max-array-size <= 4000001 (Slurm's bound), max-job-count >= it")
     ensure_packages(log)
     state = _load()
-    if purge or (state["nodes"] and state["nodes"] != n):
+    conf = layout.slurm_conf(n, max_array_size, max_job_count)
+    reconfigured = layout.SLURM_CONF.exists() and layout.SLURM_CONF.read_text() != conf and bool(state["daemons"])
+    if purge or (state["nodes"] and state["nodes"] != n) or reconfigured:
         down(purge=purge, log=log)
         state = _load()
     for d in (layout.STATE_DIR, layout.RUN_DIR, layout.LOG_DIR, layout.STATE_DIR / "ctld", layout.SLURM_CONF.parent):
         d.mkdir(parents=True, exist_ok=True)
     state["nodes"] = n
-    _write_if_changed(layout.SLURM_CONF, layout.slurm_conf(n), 0o644)
+    _write_if_changed(layout.SLURM_CONF, conf, 0o644)
     _write_if_changed(layout.SLURMDBD_CONF, layout.slurmdbd_conf(), 0o600)
     network.setup(layout.nodes(n))
     network.write_hosts(layout.hosts_block(n))

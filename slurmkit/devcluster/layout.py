@@ -20,7 +20,8 @@ SUBNET = "10.77.0"
 CONTROLLER_IP = f"{SUBNET}.1"
 PARTITION = "debug"
 PARTITION_MAX_TIME_MIN = 60
-MAX_ARRAY_SIZE = 1001
+MAX_ARRAY_SIZE = 1001  # Slurm's defaults; `devcluster up --max-array-size/--max-job-count` raise them
+MAX_JOB_COUNT = 10000
 DB_NAME = "slurmkit_acct_db"
 DB_USER = "slurm"
 DB_PASS = "slurmkit-dev"
@@ -61,7 +62,7 @@ def controller_host() -> str:
     return socket.gethostname().split(".")[0]
 
 
-def slurm_conf(n: int) -> str:
+def slurm_conf(n: int, max_array_size: int = MAX_ARRAY_SIZE, max_job_count: int = MAX_JOB_COUNT) -> str:
     node_lines = "\n".join(
         f"NodeName={nd.name} NodeAddr={nd.ip} NodeHostname={nd.name} CPUs={NODE_CPUS} "
         f"RealMemory={NODE_MEM_MB} State=UNKNOWN"
@@ -93,7 +94,8 @@ MailProg=/bin/true
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=5,bf_interval=5
 KillWait=5
 MinJobAge=300
-MaxArraySize={MAX_ARRAY_SIZE}
+MaxArraySize={max_array_size}
+MaxJobCount={max_job_count}
 InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=60

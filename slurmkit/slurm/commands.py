@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +38,17 @@ def counting() -> Iterator[Counter[str]]:
         made.update(CALLS - before)
 
 
+# A query that meets one of these (or its timeout) is asked again: slurmctld restarting, failing
+# over or too busy answers so for seconds. Commands that change state are never repeated here.
+_TRANSIENT_RE = re.compile(r"unable to contact slurm controller|socket timed out|connection (refused|timed out)|"
+                           r"resource temporarily unavailable|transport endpoint|slurm_load_\w+ error", re.IGNORECASE)
+QUERY_RETRY_DELAYS_S = (1.0, 4.0)
+
+
+class SlurmTimeout(SlurmError):
+    """A Slurm command that did not answer within its timeout."""
+
+
 def call(argv: list[str], timeout: float = DEFAULT_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command (an argument list, never a shell string) within `timeout`; every
     Slurm call slurmkit makes comes through here."""
@@ -45,22 +58,36 @@ def call(argv: list[str], timeout: float = DEFAULT_TIMEOUT_S) -> subprocess.Comp
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s", valid="is slurmctld up?") from exc
+        raise SlurmTimeout(f"{argv[0]} did not answer within {timeout:.0f} s", valid="is slurmctld up?") from exc
 
 
-def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, check: bool = True) -> str:
-    """Run one Slurm command and return its stdout; failures become one-line SlurmErrors."""
-    proc = call(argv, timeout)
-    if check and proc.returncode != 0:
-        detail = squash(proc.stderr or proc.stdout, None) or f"exit code {proc.returncode}"
-        raise SlurmError(f"{' '.join(argv[:2])} failed: {detail}")
-    return proc.stdout
+def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, check: bool = True, query: bool = False) -> str:
+    """Run one Slurm command and return its stdout; failures become one-line SlurmErrors. A query
+    (it changes nothing) is asked again after a timeout or a transient controller error, once
+    per QUERY_RETRY_DELAYS_S, so a controller hiccup of a few seconds is not an error."""
+    delays = list(QUERY_RETRY_DELAYS_S) if query else []
+    while True:
+        try:
+            proc = call(argv, timeout)
+        except SlurmTimeout:
+            if not delays:
+                raise
+            time.sleep(delays.pop(0))
+            continue
+        failed = proc.returncode != 0
+        if failed and delays and _TRANSIENT_RE.search(proc.stderr or ""):
+            time.sleep(delays.pop(0))
+            continue
+        if check and failed:
+            detail = squash(proc.stderr or proc.stdout, None) or f"exit code {proc.returncode}"
+            raise SlurmError(f"{' '.join(argv[:2])} failed: {detail}")
+        return proc.stdout
 
 
 def squeue_all() -> dict[str, JobInfo]:
     """One squeue call for every job of this user, array tasks expanded."""
     argv = ["squeue", "--me", "--noheader", "--array", "--states=all", f"--format={parse.SQUEUE_FORMAT}"]
-    return parse.squeue(run(argv))
+    return parse.squeue(run(argv, query=True))
 
 
 def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
@@ -69,7 +96,7 @@ def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
     if not job_ids:
         return {}
     return parse.sacct(run(["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", "--jobs",
-                            ",".join(job_ids), f"--format={parse.SACCT_FORMAT}"]))
+                            ",".join(job_ids), f"--format={parse.SACCT_FORMAT}"], query=True))
 
 
 def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
@@ -126,7 +153,8 @@ def srun_help() -> str:
 
 
 def time_left_s(job_id: str) -> float | None:
-    """Seconds before the job's time limit (squeue %L), None when unlimited or unknown."""
+    """Seconds before the job's time limit (squeue %L), None when unlimited or unknown. Asked once:
+    it is asked at stop time, inside the grace period, where a retry's wait would eat the save."""
     return parse.time_left(run(["squeue", "--noheader", "--jobs", job_id, "--format=%L"], check=False))
 
 
@@ -140,17 +168,17 @@ def incarnation_states(job_id: str) -> list[str]:
 
 
 def show_config() -> dict[str, str]:
-    return parse.config(run(["scontrol", "show", "config"]))
+    return parse.config(run(["scontrol", "show", "config"], query=True))
 
 
 def show_partitions() -> dict[str, dict[str, str]]:
-    out = run(["scontrol", "show", "partition", "--oneliner"])
+    out = run(["scontrol", "show", "partition", "--oneliner"], query=True)
     parts = [parse.oneliner(line) for line in out.splitlines() if line.strip()]
     return {p["PartitionName"]: p for p in parts if "PartitionName" in p}
 
 
 def partition_gres(partition: str) -> list[str]:
-    out = run(["sinfo", "--noheader", "--partition", partition, "--format=%G"])
+    out = run(["sinfo", "--noheader", "--partition", partition, "--format=%G"], query=True)
     return [g for line in out.splitlines() for g in line.strip().split(",") if g and g != "(null)"]
 
 

@@ -6,6 +6,7 @@ slurm/commands.py runs the command and hands its stdout here; nothing here runs 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ SACCT_FORMAT = "JobID,State,Reason,NodeList,Elapsed,ExitCode,Submit,Start,End"
 _PENDING_RANGE_RE = re.compile(r"^(\d+)_\[([\d,\-]+)(?:%\d+)?\]$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Incarnation:
     """One run of a job as accounting saw it (a requeued job has several); times are epoch seconds."""
 
@@ -33,7 +34,7 @@ class Incarnation:
     nodes: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ costs 2x, and status builds 100k of them
 class JobInfo:
     job_id: str
     state: str
@@ -51,6 +52,7 @@ class JobInfo:
         return self.state in ACTIVE_STATES
 
 
+@functools.lru_cache(maxsize=4096)  # 100k tasks share few distinct seconds; local-time conversion is the cost
 def epoch(text: str) -> float | None:
     """sacct's ISO time as epoch seconds; Unknown (not yet), None or empty: None."""
     if not text or text in ("Unknown", "None"):
@@ -66,12 +68,14 @@ def squeue(text: str) -> dict[str, JobInfo]:
         parts = line.strip().split("|")
         if len(parts) < 6:
             continue
-        job_id, state, reason, nodes, elapsed, _ = parts[:6]
-        state = state.split()[0]
-        pending = _PENDING_RANGE_RE.match(job_id)
+        job_id, state, reason, nodes, elapsed = parts[:5]
+        state = state.partition(" ")[0]
+        pending = _PENDING_RANGE_RE.match(job_id) if "[" in job_id else None
+        if pending is None:
+            jobs[job_id] = JobInfo(job_id, state, reason, nodes, elapsed)
+            continue
         # The task ranges read as a hostlist's: 7_[3,5-6] -> 7_3 7_5 7_6.
-        ids = expand_hostlist(f"{pending.group(1)}_[{pending.group(2)}]") if pending else [job_id]
-        for jid in ids:
+        for jid in expand_hostlist(f"{pending.group(1)}_[{pending.group(2)}]"):
             jobs[jid] = JobInfo(jid, state, reason, nodes, elapsed)
     return jobs
 
@@ -86,11 +90,10 @@ def sacct(text: str) -> dict[str, JobInfo]:
         if len(parts) < 9:
             continue
         job_id, state, reason, nodes, elapsed, exit_code, submit, start, end = parts[:9]
-        state = state.split()[0] if state.strip() else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
-        history.setdefault(job_id, []).append(Incarnation(job_id, epoch(submit), epoch(start), epoch(end), state,
-                                                          nodes))
-        jobs[job_id] = JobInfo(job_id, state, reason, nodes, elapsed, exit_code, len(history[job_id]) - 1, "sacct",
-                               tuple(history[job_id]))
+        state = state.partition(" ")[0] or "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
+        runs = history.setdefault(job_id, [])
+        runs.append(Incarnation(job_id, epoch(submit), epoch(start), epoch(end), state, nodes))
+        jobs[job_id] = JobInfo(job_id, state, reason, nodes, elapsed, exit_code, len(runs) - 1, "sacct", tuple(runs))
     return jobs
 
 

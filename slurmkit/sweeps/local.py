@@ -15,7 +15,7 @@ from typing import Any
 
 from slurmkit.procs import start_time
 from slurmkit.runs import RunRecord
-from slurmkit.sweeps.store import Manifest, SweepPaths, manifest_resolved, materialize_task
+from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, manifest_tasks, materialize_task
 from slurmkit.sweeps.task import SweepTask
 
 POLL_S = 0.5
@@ -23,26 +23,26 @@ POLL_S = 0.5
 
 def start(paths: SweepPaths, indices: list[int]) -> int:
     """Record a local "array" for `indices` and launch its runner in its own session; returns its pid."""
-    with Manifest(paths).editing() as manifest:
-        number = len(manifest["arrays"])
-        manifest["arrays"].append({"kind": "local", "indices": indices, "base": 0, "job_id": None, "jobs": {},
+    with ArrayLog(paths).editing() as arrays:
+        number = len(arrays["arrays"])
+        arrays["arrays"].append({"kind": "local", "indices": indices, "base": 0, "job_id": None, "jobs": {},
                                    "runner_pid": None})
     log = open(paths.local_runner_log, "a")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         [sys.executable, "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir), "--array", str(number)],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
-    with Manifest(paths).editing() as manifest:
-        manifest["arrays"][number].update(runner_pid=proc.pid, runner_start=start_time(proc.pid))
+    with ArrayLog(paths).editing() as arrays:
+        arrays["arrays"][number].update(runner_pid=proc.pid, runner_start=start_time(proc.pid))
     return proc.pid
 
 
 def run(paths: SweepPaths, number: int) -> None:
-    """Run the tasks of local array `number`, at most max_parallel at once; each job's pid goes to the manifest."""
+    """Run the tasks of local array `number`, at most max_parallel at once; each job's pid goes to the array log."""
     from slurmkit.slurm.executor import local_executor
 
     manifest = Manifest(paths).read()
-    resolved = manifest_resolved(manifest)
+    groups, group_of = manifest_tasks(manifest)
     queue = list(manifest["arrays"][number]["indices"])
     limit = manifest.get("max_parallel") or len(queue)
     running: list[Any] = []
@@ -51,12 +51,12 @@ def run(paths: SweepPaths, number: int) -> None:
         while queue and len(running) < limit:
             i = queue.pop(0)
             task = materialize_task(paths, i, "", manifest)
-            job = local_executor(task.job_folder, resolved[i]).submit(SweepTask(str(paths.sweep_dir), index=i))
+            job = local_executor(task.job_folder, groups[group_of[i]]).submit(SweepTask(str(paths.sweep_dir), index=i))
             pid_start = start_time(int(job.job_id))
             RunRecord(task).add_job_id(str(job.job_id), pid_start)
-            with Manifest(paths).editing() as m:
-                m["arrays"][number]["jobs"][str(i)] = str(job.job_id)
-                m["arrays"][number].setdefault("job_starts", {})[str(i)] = pid_start
+            with ArrayLog(paths).editing() as arrays:
+                arrays["arrays"][number]["jobs"][str(i)] = str(job.job_id)
+                arrays["arrays"][number].setdefault("job_starts", {})[str(i)] = pid_start
             print(f"task {i}: job {job.job_id}", flush=True)
             running.append(job)
         time.sleep(POLL_S)

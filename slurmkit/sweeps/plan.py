@@ -1,4 +1,4 @@
-"""Planning a sweep: every task resolved, its seed, and the job arrays that will run it.
+"""Planning a sweep: the job arrays that will run its tasks (sweeps.resolve validates them).
 
 A chunk holds at most MaxArraySize tasks (read from the live cluster), and task ids inside an
 array stay below MaxArraySize, as Slurm requires. Tasks whose resources differ cannot share an
@@ -10,27 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurmkit.config.loader import Resolved, load_profile, profile_name, resolve_layers
-from slurmkit.config.overrides import split_sets
-from slurmkit.sweeps.spec import SweepPlan, nested
-
-
-def resolve_tasks(plan: SweepPlan, profile: str | None = None, sets: list[str] | None = None) -> list[Resolved]:
-    """Every task's run spec against the profile: base spec < sweep overrides < --set."""
-    spec_sets, profile_sets = split_sets(sets or [])
-    name = profile_name(profile)
-    prof = load_profile(name, profile_sets)
-    top = [("--set", spec_sets)] if spec_sets else []
-    return [resolve_layers([*plan.base_layers, (f"{plan.source}:sweep", nested(o)), *top], prof, name)
-            for o in plan.overrides]
-
-
-def task_seed(resolved: Resolved, base_seed: int, index: int) -> int:
-    if resolved.spec.task == "train":
-        from slurmkit.config.train import TrainConfig
-
-        return int(resolved.spec.config.get("seed", TrainConfig.model_fields["seed"].default))
-    return base_seed + index
+from slurmkit.sweeps.resolve import SweepTasks
+from slurmkit.sweeps.spec import SweepPlan
 
 
 def compress(ids: list[int]) -> str:
@@ -62,29 +43,29 @@ def chunks(indices: list[int], max_array_size: int) -> list[tuple[int, list[int]
     return out
 
 
-def plan_arrays(resolved: list[Resolved], indices: list[int], max_array_size: int,
+def plan_arrays(group_of: list[int], indices: list[int], max_array_size: int,
                 max_parallel: int | None) -> list[dict[str, Any]]:
-    """The arrays that run `indices`: grouped by resources, then chunked."""
-    groups: dict[str, list[int]] = {}
+    """The arrays that run `indices`: grouped by resource group (group_of[index]), then chunked."""
+    groups: dict[int, list[int]] = {}
     for i in indices:
-        groups.setdefault(resolved[i].resources.model_dump_json(), []).append(i)
+        groups.setdefault(group_of[i], []).append(i)
     arrays: list[dict[str, Any]] = []
-    for group in groups.values():
-        for base, members in chunks(sorted(group), max_array_size):
+    for group, members_of_group in groups.items():
+        for base, members in chunks(sorted(members_of_group), max_array_size):
             spec = compress([i - base for i in members]) + (f"%{max_parallel}" if max_parallel else "")
-            arrays.append({"indices": members, "base": base, "array": spec, "job_id": None})
+            arrays.append({"indices": members, "base": base, "array": spec, "job_id": None, "group": group})
     return arrays
 
 
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default; used only by --dry-run, which asks no daemon
 
 
-def preview(plan: SweepPlan, resolved: list[Resolved], max_array_size: int | None = None) -> dict[str, Any]:
+def preview(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None) -> dict[str, Any]:
     """What submit would create: every task's varying values and seed, and the arrays."""
     limit = max_array_size or DEFAULT_MAX_ARRAY_SIZE
-    arrays = plan_arrays(resolved, list(range(len(resolved))), limit, plan.section.max_parallel)
-    tasks = [{"index": i, **{k: o.get(k) for k in plan.varying}, "seed": task_seed(r, plan.section.seed, i)}
-             for i, (r, o) in enumerate(zip(resolved, plan.overrides, strict=True))]
-    return {"sweep_id": None, "tasks": len(resolved), "varying": plan.varying, "configs": tasks,
+    arrays = plan_arrays(tasks.group_of, list(range(len(tasks))), limit, plan.section.max_parallel)
+    configs = [{"index": i, **{k: o.get(k) for k in plan.varying}, "seed": seed}
+               for i, (seed, o) in enumerate(zip(tasks.seeds, plan.overrides, strict=True))]
+    return {"sweep_id": None, "tasks": len(tasks), "varying": plan.varying, "configs": configs,
             "arrays": [{"tasks": compress(a["indices"]), "array": a["array"]} for a in arrays],
             "max_array_size": limit}

@@ -6,15 +6,17 @@ import csv
 import io
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.metrics import last_record
 from slurmkit.errors import SlurmkitError, did_you_mean
+from slurmkit.polling import Poller
 from slurmkit.procs import same_process
 from slurmkit.runs import RunRecord
-from slurmkit.sweeps.store import Manifest, SweepPaths, latest_job_ids, newest_arrays
+from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, latest_job_ids, newest_arrays
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 DEFAULT_METRIC = "loss"
@@ -75,6 +77,28 @@ def task_states(paths: SweepPaths, manifest: dict[str, Any] | None = None) -> li
     return out
 
 
+def wait(paths: SweepPaths, poll_s: float = 2.0, timeout_s: float | None = None,
+         poller: Poller | None = None) -> list[TaskState]:
+    """Poll until no task is active (or timeout_s passes): one squeue and at most one sacct a
+    poll, backing off as jobs.wait does. The manifest is read once; the array log every poll,
+    so tasks resubmitted meanwhile are waited for too."""
+    from slurmkit.jobs import UNKNOWN_GRACE_S, is_active
+
+    manifest = Manifest(paths).read()
+    poller = poller or Poller(first_s=poll_s)
+    unknown_since: float | None = None
+    while True:
+        states = task_states(paths, {**manifest, "arrays": ArrayLog(paths).read()["arrays"]})
+        now = poller.elapsed()
+        live = {s.state for s in states if is_active(s.state)}
+        # Only tasks neither squeue nor sacct knows, for long (accounting wiped): stop waiting.
+        unknown_since = (unknown_since if unknown_since is not None else now) if live == {"UNKNOWN"} else None
+        if (not live or (timeout_s is not None and now > timeout_s)
+                or (unknown_since is not None and now - unknown_since > UNKNOWN_GRACE_S)):
+            return states
+        poller.wait()
+
+
 def counts(states: list[TaskState]) -> dict[str, int]:
     return dict(sorted(Counter(s.state for s in states).items()))
 
@@ -106,16 +130,24 @@ class Results:
     """Index (task index) of the best row by `sort` (or loss), None when no row has it."""
 
 
-def results(paths: SweepPaths, sort: str | None = None, maximize: bool | None = None) -> Results:
-    """One row per task: index, state, the varying config keys and its final metrics."""
-    manifest = Manifest(paths).read()
+def iter_rows(paths: SweepPaths, manifest: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """One row per task, in task order, made as it is yielded: index, state, the varying config
+    keys and the task's final metrics (a task never submitted has none to read)."""
+    manifest = manifest or Manifest(paths).read()
     states = task_states(paths, manifest)
     varying = manifest.get("varying", [])
-    rows: list[dict[str, Any]] = []
     for task, st in zip(manifest["tasks"], states, strict=True):
         row = {"index": task["index"], "state": st.state, **{k: task["overrides"].get(k) for k in varying}}
-        row.update(final_metrics(paths, task["index"], st.job_id))
-        rows.append(row)
+        if st.state != NOT_SUBMITTED:
+            row.update(final_metrics(paths, task["index"], st.job_id))
+        yield row
+
+
+def results(paths: SweepPaths, sort: str | None = None, maximize: bool | None = None) -> Results:
+    """Every row (iter_rows), the metrics seen, and the best row by `sort` (or loss)."""
+    manifest = Manifest(paths).read()
+    rows = list(iter_rows(paths, manifest))
+    varying = manifest.get("varying", [])
     fixed = {"index", "state", *varying}
     metrics = list(dict.fromkeys(k for r in rows for k in r if k not in fixed))
     if sort is not None and sort not in metrics:

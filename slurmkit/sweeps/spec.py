@@ -18,6 +18,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ class SweepPlan:
     section: SweepSection
     overrides: list[dict[str, Any]]
 
-    @property
+    @cached_property
     def varying(self) -> list[str]:
         """Keys whose value differs between tasks, in first-seen order."""
         keys = dict.fromkeys(k for o in self.overrides for k in o)
@@ -149,6 +150,8 @@ def expand(section: SweepSection) -> list[dict[str, Any]]:
         params = section.random.params
         parts.append([{k: _sample(rng, *next(iter(d.items()))) for k, d in params.items()}
                       for _ in range(section.random.n)])
+    if len(parts) == 1:
+        return parts[0]
     return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*parts)]
 
 

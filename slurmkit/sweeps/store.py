@@ -1,16 +1,22 @@
 """Sweep folders and the manifest: SweepPaths is the only code that builds sweep paths.
 
-    <run_root>/<sweep_id>/sweep.json        the manifest, written before anything is submitted
+    <run_root>/<sweep_id>/sweep.json        the manifest, written once, before anything is submitted
+    <run_root>/<sweep_id>/arrays.json       every job array submitted for it, updated under a lock
     <run_root>/<sweep_id>/submitit/         submitit's folder, shared by every array of the sweep
     <run_root>/<sweep_id>/tasks/<index>/    each task's own run folder (run.json, metrics, checkpoints)
 
-The manifest maps every task index to its resolved config, run folder and seed, and lists every
-job array submitted for the sweep (initial, split and resubmitted), so no task is ever dropped
-silently: a task whose array failed to submit shows up as NOT_SUBMITTED.
+The manifest maps every task index to its config (the validated base spec plus the task's
+overrides, or the task's whole spec where it cannot be rebuilt so), seed and resource group. The
+array log lists every job array submitted for the sweep (initial, split and resubmitted), so no
+task is ever dropped silently: a task whose array failed to submit shows up as NOT_SUBMITTED. The
+two are apart so that recording a job id rewrites a small file, not a 100,000-task manifest.
+Sweeps written before the split (tasks holding their spec, env and paths, arrays inside
+sweep.json) read the same.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +26,7 @@ from slurmkit.config.loader import Resolved
 from slurmkit.runs import LockedJson, RunPaths, RunRecord, find_folder, owned_folders
 
 MANIFEST = "sweep.json"
+ARRAYS = "arrays.json"
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,10 @@ class SweepPaths:
     @property
     def manifest(self) -> Path:
         return self.sweep_dir / MANIFEST
+
+    @property
+    def arrays(self) -> Path:
+        return self.sweep_dir / ARRAYS
 
     @property
     def job_folder(self) -> Path:
@@ -51,12 +62,42 @@ class SweepPaths:
 
 
 class Manifest(LockedJson):
+    """sweep.json, with the array log folded in as its "arrays" on read."""
+
     missing_error = "sweep has no sweep.json"
-    indent = None  # about 1 KB per task: keep a 1,000-task manifest quick to write and read
+    indent = None  # 100,000 tasks: keep it one line, unsorted, quick to write and read
+    sort_keys = False
 
     def __init__(self, paths: SweepPaths) -> None:
         super().__init__(paths.manifest)
         self.paths = paths
+
+    def editing(self) -> Any:
+        raise TypeError("sweep.json is written once; job arrays are recorded through ArrayLog")
+
+    def update(self, **changes: Any) -> dict[str, Any]:
+        raise TypeError("sweep.json is written once; job arrays are recorded through ArrayLog")
+
+    def read(self) -> dict[str, Any]:
+        data = super().read()
+        if self.paths.arrays.exists():
+            data["arrays"] = ArrayLog(self.paths).read()["arrays"]
+        return data
+
+
+class ArrayLog(LockedJson):
+    """{"arrays": [...]}: what was submitted for the sweep; `editing()` is the only way to change it."""
+
+    missing_error = "sweep has no arrays.json"
+
+    def __init__(self, paths: SweepPaths) -> None:
+        super().__init__(paths.arrays)
+        self.paths = paths
+
+    def read(self) -> dict[str, Any]:
+        if not self.path.exists() and self.paths.manifest.exists():  # a sweep from before the split
+            return {"arrays": LockedJson.read(Manifest(self.paths)).get("arrays", [])}
+        return super().read()
 
 
 def newest_arrays(manifest: dict[str, Any]) -> dict[int, dict[str, Any] | None]:
@@ -90,14 +131,54 @@ def find_sweep(run_root: str, sweep: str) -> SweepPaths:
     return SweepPaths(find_folder(run_root, sweep, MANIFEST, "sweep"))
 
 
-def task_record(manifest: dict[str, Any], index: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TaskEntry:
+    """What one task runs and where, whichever manifest layout holds it."""
+
+    spec: dict[str, Any]
+    resources: dict[str, Any]
+    num_tasks: int
+    env: dict[str, str]
+    run_dir: str
+    checkpoint_uri: str
+
+
+def task_spec(manifest: dict[str, Any], index: int) -> dict[str, Any]:
+    """The task's validated run spec: base spec < its sweep overrides < --set."""
+    task = manifest["tasks"][index]
+    if "spec" in task:
+        return dict(task["spec"])
+    from slurmkit.config.overrides import deep_merge
+    from slurmkit.config.runspec import RunSpec
+    from slurmkit.sweeps.spec import nested
+
+    merged = deep_merge(deep_merge(manifest["base_spec"], nested(task["overrides"])), manifest.get("top", {}))
+    return RunSpec.model_validate(merged).model_dump()
+
+
+def task_entry(paths: SweepPaths, manifest: dict[str, Any], index: int) -> TaskEntry:
+    task = manifest["tasks"][index]
+    if "env" in task:  # written before the manifest kept only what varies
+        return TaskEntry(task["spec"], task["resources"], task["num_tasks"], task["env"], task["run_dir"],
+                         task["checkpoint_uri"])
+    spec = task_spec(manifest, index)
+    group = manifest["groups"][task["group"]]
+    env = {**manifest["profile"]["setup"]["env"], **spec["env"], "SLURMKIT_SEED": str(task["seed"])}
+    run = paths.task(index)
+    base = manifest.get("checkpoint_base")
+    uri = f"{base}/{manifest['sweep_id']}/{index}" if base else str(run.checkpoints)
+    return TaskEntry(spec, group["resources"], group["num_tasks"], env, str(run.run_dir), uri)
+
+
+def task_record(paths: SweepPaths, manifest: dict[str, Any], index: int) -> dict[str, Any]:
     """A task's run.json, as `slurmkit status/logs/result` and the requeue policy expect it."""
     task = manifest["tasks"][index]
+    entry = task_entry(paths, manifest, index)
     return {
-        "run_id": f"{manifest['sweep_id']}/{index}", "name": manifest["name"], "run_dir": task["run_dir"],
+        "run_id": f"{manifest['sweep_id']}/{index}", "name": manifest["name"], "run_dir": entry.run_dir,
         "created": manifest["created"], "executor": manifest["executor"], "profile_name": manifest["profile_name"],
-        "spec_source": manifest["source"], "spec": task["spec"], "profile": manifest["profile"],
-        "resources": task["resources"], "num_tasks": task["num_tasks"], "job_ids": [],
+        "spec_source": manifest["source"], "spec": entry.spec, "profile": manifest["profile"],
+        "resources": entry.resources, "num_tasks": entry.num_tasks, "job_ids": [],
         "sweep": {"sweep_id": manifest["sweep_id"], "index": index, "overrides": task["overrides"],
                   "seed": task["seed"]},
     }
@@ -116,7 +197,7 @@ def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: dict[
         manifest = manifest or Manifest(paths).read()
         if not 0 <= index < len(manifest["tasks"]):
             raise IndexError(f"sweep {paths.sweep_id} has no task {index}")
-        record.create(task_record(manifest, index))
+        record.create(task_record(paths, manifest, index))
         if not task.job_folder.is_symlink():
             paths.job_folder.mkdir(parents=True, exist_ok=True)
             # The task's submitit files live in the sweep's shared folder; the link keeps
@@ -131,11 +212,26 @@ def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: dict[
     return task
 
 
-def manifest_resolved(manifest: dict[str, Any]) -> list[Resolved]:
-    """Every task's Resolved, rebuilt from the manifest (what was submitted, not today's files)."""
+def manifest_tasks(manifest: dict[str, Any]) -> tuple[list[Resolved], list[int]]:
+    """(each resource group's Resolved, each task's group), rebuilt from the manifest: what was
+    submitted, not today's files. A group's Resolved is that of its first task, as at submit."""
     from slurmkit.config.profile import ClusterProfile, Resources
     from slurmkit.config.runspec import RunSpec
 
     prof = ClusterProfile.model_validate(manifest["profile"])
-    return [Resolved(RunSpec.model_validate(t["spec"]), prof, manifest["profile_name"],
-                     Resources.model_validate(t["resources"]), manifest["source"]) for t in manifest["tasks"]]
+    tasks = manifest["tasks"]
+    if "groups" in manifest:
+        group_of = [t["group"] for t in tasks]
+        resources = [g["resources"] for g in manifest["groups"]]
+    else:  # before groups: each task held its resources
+        keys: dict[str, int] = {}
+        group_of = [keys.setdefault(json.dumps(t["resources"], sort_keys=True), len(keys)) for t in tasks]
+    first: dict[int, int] = {}
+    for i, g in enumerate(group_of):
+        first.setdefault(g, i)
+    if "groups" not in manifest:
+        resources = [tasks[first[g]]["resources"] for g in range(len(first))]
+    groups = [Resolved(RunSpec.model_validate(task_spec(manifest, first[g])), prof,
+                       manifest["profile_name"], Resources.model_validate(r), manifest["source"])
+              for g, r in enumerate(resources)]
+    return groups, group_of

@@ -6,6 +6,7 @@ exists, so no task is ever dropped silently.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
 from dataclasses import dataclass
 from typing import Any
@@ -16,9 +17,10 @@ from slurmkit.config.loader import Resolved, load_profile, profile_name
 from slurmkit.config.overrides import split_sets
 from slurmkit.errors import PreflightError, SlurmError, SlurmkitError, squash
 from slurmkit.runs import RunPaths
-from slurmkit.sweeps.plan import compress, plan_arrays, resolve_tasks, task_seed
+from slurmkit.sweeps.plan import compress, plan_arrays
+from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
 from slurmkit.sweeps.spec import SweepPlan
-from slurmkit.sweeps.store import Manifest, SweepPaths, manifest_resolved
+from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, manifest_tasks
 from slurmkit.sweeps.task import SweepTask
 
 # Final states after which `resubmit --failed` runs a task again.
@@ -46,29 +48,29 @@ def cluster_limits() -> tuple[int, int]:
     return int(conf.get("MaxArraySize", "1001")), int(conf.get("MaxJobCount", "10000"))
 
 
-def _submit_arrays(paths: SweepPaths, resolved: list[Resolved], arrays: list[dict[str, Any]], kind: str,
-                   dependency: str | None) -> list[str]:
-    """sbatch each planned array, recording each job id in the manifest as soon as it exists."""
+def _submit_arrays(paths: SweepPaths, groups: list[Resolved], arrays: list[dict[str, Any]], kind: str,
+                   dependency: str | None, max_parallel: int | None) -> list[str]:
+    """sbatch each planned array, recording each job id in the array log as soon as it exists."""
     from slurmkit.slurm import commands
     from slurmkit.slurm.executor import ArraySpec, RenderedSlurmExecutor
 
-    with Manifest(paths).editing() as manifest:
-        first_number = len(manifest.setdefault("arrays", []))
-        chain = manifest.get("max_parallel") and len(arrays) > 1
+    chain = max_parallel and len(arrays) > 1
+    with ArrayLog(paths).editing() as log:
+        first_number = len(log["arrays"])
         for arr in arrays:
             arr.update(kind=kind, created=dt.datetime.now().isoformat(timespec="seconds"))
-        manifest["arrays"].extend(arrays)
+        log["arrays"].extend(arrays)
     ids: list[str] = []
     for k, arr in enumerate(arrays):
         deps = [d for d in (dependency, f"afterany:{ids[-1]}" if chain and ids else None) if d]
-        executor = RenderedSlurmExecutor(paths.job_folder, resolved[arr["indices"][0]], ",".join(deps) or None)
+        executor = RenderedSlurmExecutor(paths.job_folder, groups[arr["group"]], ",".join(deps) or None)
         spec = ArraySpec(arr["array"], [i - arr["base"] for i in arr["indices"]], arr["base"], str(paths.sweep_dir))
         try:
             jobs = executor.submit_sweep_array(SweepTask(str(paths.sweep_dir), arr["base"]), spec)
         except Exception as exc:
             detail = squash(str(exc))
-            with Manifest(paths).editing() as manifest:
-                manifest["arrays"][first_number + k]["error"] = detail
+            with ArrayLog(paths).editing() as log:
+                log["arrays"][first_number + k]["error"] = detail
             if isinstance(exc, SlurmkitError):
                 raise
             queued = first_number + k > 0  # else submit() removes the sweep: nothing to resubmit
@@ -78,39 +80,42 @@ def _submit_arrays(paths: SweepPaths, resolved: list[Resolved], arrays: list[dic
         job_id = commands.base_id(jobs[0].job_id)
         ids.append(job_id)
         atomic_write_text(paths.script(first_number + k), executor.last_script or "", perms.file_mode(paths.sweep_dir))
-        with Manifest(paths).editing() as manifest:
-            manifest["arrays"][first_number + k]["job_id"] = job_id
+        with ArrayLog(paths).editing() as log:
+            log["arrays"][first_number + k]["job_id"] = job_id
     return ids
 
 
-def create(plan: SweepPlan, resolved: list[Resolved]) -> SweepPaths:
-    """Write the manifest atomically; nothing is submitted yet."""
-    prof = resolved[0].profile
+def create(plan: SweepPlan, tasks: SweepTasks) -> SweepPaths:
+    """Write the manifest atomically, once; nothing is submitted yet."""
+    prof = tasks.groups[0].profile
     created = RunPaths.create(prof.run_root, f"{plan.name}-sweep", prof.run_mode)
     paths = SweepPaths(created.run_dir)
     with created.or_nothing():
-        _write_manifest(paths, plan, resolved)
+        _write_manifest(paths, plan, tasks)
     return paths
 
 
-def _write_manifest(paths: SweepPaths, plan: SweepPlan, resolved: list[Resolved]) -> None:
-    from slurmkit.jobs import run_env
-
-    prof = resolved[0].profile
-    tasks = []
-    for i, (task_resolved, overrides) in enumerate(zip(resolved, plan.overrides, strict=True)):
-        seed = task_seed(task_resolved, plan.section.seed, i)
-        task = paths.task(i)
-        tasks.append({"index": i, "overrides": overrides, "seed": seed, "run_dir": str(task.run_dir),
-                      "spec": task_resolved.spec.model_dump(), "resources": task_resolved.resources.model_dump(),
-                      "num_tasks": task_resolved.num_tasks, "env": run_env(task_resolved, {"SLURMKIT_SEED": str(seed)}),
-                      "checkpoint_uri": task.checkpoint_uri(prof.checkpoint_root, f"{paths.sweep_id}/{i}")})
+def _write_manifest(paths: SweepPaths, plan: SweepPlan, tasks: SweepTasks) -> None:
+    """A task is its overrides, seed and resource group (plus its spec where the base cannot
+    rebuild it): about 100 bytes, so 100,000 tasks are one write of about 10 MB."""
+    first = tasks.groups[0]
+    root = first.profile.checkpoint_root
+    entries: list[dict[str, Any]] = []
+    for i, (overrides, seed, group, spec) in enumerate(zip(plan.overrides, tasks.seeds, tasks.group_of,
+                                                           tasks.specs, strict=True)):
+        entries.append({"index": i, "overrides": overrides, "seed": seed, "group": group,
+                        **({"spec": spec} if spec is not None else {})})
     Manifest(paths).create({
         "sweep_id": paths.sweep_id, "name": plan.name, "source": plan.source,
-        "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": prof.executor,
-        "profile_name": resolved[0].profile_name, "profile": prof.model_dump(), "varying": plan.varying,
-        "max_parallel": plan.section.max_parallel, "tasks": tasks, "arrays": [],
+        "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": first.profile.executor,
+        "profile_name": first.profile_name, "profile": first.profile.model_dump(), "varying": plan.varying,
+        "max_parallel": plan.section.max_parallel, "base_spec": tasks.base_spec, "top": tasks.top,
+        "groups": [{"resources": g.resources.model_dump(), "num_tasks": g.num_tasks} for g in tasks.groups],
+        # Expanded once, here, as a plain run's is at submit: $VARS mean the login node's values.
+        "checkpoint_base": os.path.expandvars(root).rstrip("/") if root else None,
+        "tasks": entries, "arrays": [],
     })
+    ArrayLog(paths).create({"arrays": []})
 
 
 def submit(plan: SweepPlan, profile: str | None = None, sets: list[str] | None = None,
@@ -132,22 +137,22 @@ def _submit(plan: SweepPlan, profile: str | None, sets: list[str] | None, max_ar
         if n > max_jobs:  # before resolving: a runaway spec is refused at once
             raise PreflightError(f"sweep of {n} tasks exceeds the cluster's MaxJobCount={max_jobs}",
                                  where=f"{plan.source}:sweep", valid=f"valid: at most {max_jobs} tasks")
-    resolved = resolve_tasks(plan, profile, sets)
+    tasks = resolve_tasks(plan, profile, sets)
     if executor == "local":
         from slurmkit.sweeps import local
 
-        paths = create(plan, resolved)
+        paths = create(plan, tasks)
         local.start(paths, list(range(n)))
         return SweepSubmitted(paths.sweep_id, str(paths.sweep_dir), n, [])
     from slurmkit.slurm import preflight
 
-    for group in {r.resources.model_dump_json(): r for r in resolved}.values():
+    for group in tasks.groups:
         preflight.check(group)
-    paths = create(plan, resolved)
+    paths = create(plan, tasks)
     limit = min(max_array_size or live_array, live_array)
-    arrays = plan_arrays(resolved, list(range(n)), limit, plan.section.max_parallel)
+    arrays = plan_arrays(tasks.group_of, list(range(n)), limit, plan.section.max_parallel)
     try:
-        ids = _submit_arrays(paths, resolved, arrays, "initial", after)
+        ids = _submit_arrays(paths, tasks.groups, arrays, "initial", after, plan.section.max_parallel)
     except SlurmkitError:
         if not any(a.get("job_id") for a in Manifest(paths).read()["arrays"]):
             shutil.rmtree(paths.sweep_dir, ignore_errors=True)  # nothing queued: leave no sweep behind
@@ -171,10 +176,10 @@ def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | N
 
         local.start(paths, indices)
         return indices
-    resolved = manifest_resolved(manifest)
+    groups, group_of = manifest_tasks(manifest)
     live_array, _ = cluster_limits()
-    arrays = plan_arrays(resolved, indices, max_array_size or live_array, manifest.get("max_parallel"))
-    _submit_arrays(paths, resolved, arrays, "resubmit", None)
+    arrays = plan_arrays(group_of, indices, max_array_size or live_array, manifest.get("max_parallel"))
+    _submit_arrays(paths, groups, arrays, "resubmit", None, manifest.get("max_parallel"))
     return indices
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common.slurm_env import slurm_job_id
-from slurmkit.sweeps.store import Manifest, SweepPaths, materialize_task
+from slurmkit.sweeps.store import Manifest, SweepPaths, materialize_task, task_entry
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,9 @@ class SweepTask:
         from slurmkit.worker.entry import Run
 
         index = self.index if self.index is not None else self.base + int(os.environ["SLURM_ARRAY_TASK_ID"])
-        task = Manifest(SweepPaths(Path(self.sweep_dir))).read()["tasks"][index]
-        return Run(spec=task["spec"], run_dir=task["run_dir"], env=task["env"],
-                   checkpoint_uri=task["checkpoint_uri"])()
+        paths = SweepPaths(Path(self.sweep_dir))
+        task = task_entry(paths, Manifest(paths).read(), index)
+        return Run(spec=task.spec, run_dir=task.run_dir, env=task.env, checkpoint_uri=task.checkpoint_uri)()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = Manifest(paths).read()
         task = materialize_task(paths, args.index, slurm_job_id(), manifest)  # checks the index
-        env: dict[str, str] = manifest["tasks"][args.index]["env"]
+        env = task_entry(paths, manifest, args.index).env
     except (OSError, IndexError, ValueError, KeyError) as exc:
         print(f"slurmkit sweep task {args.index}: {exc}", file=sys.stderr)
         return 1

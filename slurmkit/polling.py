@@ -1,0 +1,52 @@
+"""How the login side waits on Slurm: every query of a wait or a follow goes through a Poller.
+
+The interval grows with the time already waited: `first_s` at first, then a tenth of the wait so
+far, at most `max_s`. Noticing the end of a job costs at most a tenth of its run time (or
+`first_s`), and slurmctld sees a bounded rate from each waiting user. With first_s = 1 s: 29
+polls in the first minute, 8 in the second, then 4, 3, and 2 a minute (60 / max_s) from the
+fifth minute on; 56 in 10 minutes, where a fixed 1 s poll makes 600. A poll is one squeue, plus
+one sacct when a job has left squeue. benchmarks/bench_polling.py counts them on real waits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_S = 30.0
+FRACTION = 0.1
+
+
+@dataclass
+class Poller:
+    first_s: float = 1.0
+    max_s: float = DEFAULT_MAX_S
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    started: float = field(default=-1.0)
+    _last_query: float | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.started < 0:
+            self.started = self.clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def interval(self) -> float:
+        """Seconds between two queries now."""
+        return min(self.max_s, max(self.first_s, self.elapsed() * FRACTION))
+
+    def wait(self) -> None:
+        """Sleep until the next query is due."""
+        self.sleep(self.interval())
+
+    def due(self) -> bool:
+        """For loops that wake more often than they query (logs --follow): is a query due now?
+        The first call is always due; a True starts the next interval."""
+        now = self.clock()
+        if self._last_query is not None and now - self._last_query < self.interval():
+            return False
+        self._last_query = now
+        return True

@@ -1,0 +1,101 @@
+"""Waiting on Slurm without a cluster: the Poller's rate over a long wait (a simulated clock), and
+queries that survive a controller hiccup (stand-in Slurm binaries: a hiccup on demand is what the
+real daemons cannot give a unit test; the real-cluster waits are in the cluster tests)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from slurmkit.errors import SlurmError
+from slurmkit.polling import Poller
+from slurmkit.slurm import commands
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def queries_per_minute(first_s: float, minutes: int, max_s: float = 30.0) -> Counter[int]:
+    clock = Clock()
+    poller = Poller(first_s=first_s, max_s=max_s, clock=clock, sleep=clock.sleep)
+    per_minute: Counter[int] = Counter()
+    while clock.now < minutes * 60:
+        per_minute[int(clock.now // 60)] += 1  # one query, then the wait before the next
+        poller.wait()
+    return per_minute
+
+
+def test_a_long_wait_queries_less_and_less_down_to_the_cap() -> None:
+    per_minute = queries_per_minute(1.0, 10)
+    assert sum(per_minute.values()) < 60  # 10 minutes at a fixed 1 s would be 600
+    assert per_minute[0] <= 30
+    assert all(per_minute[m + 1] <= per_minute[m] for m in range(9)), per_minute
+    assert per_minute[9] == 2  # 60 s / max_s
+    # A job that ends is noticed within a tenth of the time waited (or first_s).
+    clock = Clock()
+    poller = Poller(first_s=1.0, clock=clock, sleep=clock.sleep)
+    for _ in range(200):
+        before = clock.now
+        poller.wait()
+        assert clock.now - before <= max(1.0, 0.1 * clock.now)
+
+
+def test_due_spaces_queries_in_a_loop_that_wakes_often() -> None:
+    clock = Clock()
+    poller = Poller(first_s=2.0, clock=clock, sleep=clock.sleep)
+    due = []
+    for _ in range(100):  # a follow loop reading files every 0.5 s for 50 s
+        due.append(poller.due())
+        clock.sleep(0.5)
+    assert due[0] and sum(due) <= 50 / 2.0 + 1
+
+
+def stand_in(folder: Path, name: str, script: str) -> None:
+    path = folder / name
+    path.write_text("#!/bin/bash\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def hiccup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """squeue and scancel stand-ins that fail like a restarting controller the first `$FAILS` times."""
+    body = ('n=$(cat "$STATE/count" 2>/dev/null || echo 0); echo $((n + 1)) > "$STATE/count"\n'
+            'if [ "$n" -lt "$FAILS" ]; then echo "slurm_load_jobs error: Unable to contact slurm controller '
+            '(connect failure)" >&2; exit 1; fi\n')
+    stand_in(tmp_path, "squeue", body + 'echo "7|RUNNING|None|node1|0:05|7"\n')
+    stand_in(tmp_path, "scancel", body)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STATE", str(tmp_path))
+    monkeypatch.setattr(commands, "QUERY_RETRY_DELAYS_S", (0.0, 0.0))
+    return tmp_path
+
+
+def test_a_query_survives_a_controller_hiccup_stand_in_squeue(hiccup: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAILS", "2")
+    with commands.counting() as calls:
+        jobs = commands.squeue_all()
+    assert jobs["7"].state == "RUNNING" and calls["squeue"] == 3
+    (hiccup / "count").unlink()
+    monkeypatch.setenv("FAILS", "3")  # longer than the retries: one clear error
+    with pytest.raises(SlurmError, match="Unable to contact slurm controller"):
+        commands.squeue_all()
+
+
+def test_a_command_that_changes_state_is_never_repeated_stand_in_scancel(
+        hiccup: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAILS", "1")
+    with commands.counting() as calls, pytest.raises(SlurmError, match="scancel 7 failed"):
+        commands.scancel(["7"])
+    assert calls["scancel"] == 1
