@@ -47,12 +47,12 @@ def new_run_id(name: str) -> str:
 _ID_STAMP_RE = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 
 
-def _newest_first_key(folder: Path, record_mtime_ns: int) -> tuple[str, str]:
+def _newest_first_key(name: str, record_mtime_ns: int) -> tuple[str, str]:
     """When the run was created, from its id (run.json's mtime changes with every update, so
     listing by it reorders runs as they are written); then the name, so the order is stable."""
-    m = _ID_STAMP_RE.search(folder.name)
+    m = _ID_STAMP_RE.search(name)
     stamp = m.group(1) if m else dt.datetime.fromtimestamp(record_mtime_ns / 1e9).strftime("%Y%m%d-%H%M%S")
-    return stamp, folder.name
+    return stamp, name
 
 
 @dataclass(frozen=True)
@@ -290,21 +290,22 @@ def folders_with(run_root: str, marker: str) -> tuple[list[Path], int]:
     root = expand_root(run_root)
     if not root.is_dir():
         return [], 0
-    found: list[tuple[tuple[str, str], Path]] = []
+    found: list[tuple[tuple[str, str], str]] = []
     foreign = 0
     uid = os.getuid()
-    for d in root.iterdir():
-        try:
-            folder, record = d.lstat(), (d / marker).lstat()
-        except OSError:
-            continue
-        if not stat.S_ISDIR(folder.st_mode) or not stat.S_ISREG(record.st_mode):
-            continue  # a symlinked folder or record could point anywhere
-        if folder.st_uid != uid or record.st_uid != uid:
-            foreign += 1
-            continue
-        found.append((_newest_first_key(d, record.st_mtime_ns), d))
-    return [d for _, d in sorted(found, reverse=True)], foreign
+    with os.scandir(root) as entries:  # strings, not Paths: 10,000 runs are listed on every `status`
+        for entry in entries:
+            try:
+                folder, record = entry.stat(follow_symlinks=False), os.lstat(os.path.join(entry.path, marker))
+            except OSError:
+                continue
+            if not stat.S_ISDIR(folder.st_mode) or not stat.S_ISREG(record.st_mode):
+                continue  # a symlinked folder or record could point anywhere
+            if folder.st_uid != uid or record.st_uid != uid:
+                foreign += 1
+                continue
+            found.append((_newest_first_key(entry.name, record.st_mtime_ns), entry.path))
+    return [Path(d) for _, d in sorted(found, reverse=True)], foreign
 
 
 def find_folder(run_root: str, ident: str, marker: str, what: str) -> Path:

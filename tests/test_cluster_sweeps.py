@@ -112,7 +112,8 @@ def test_a_failed_config_is_resubmitted_alone_and_the_sweep_completes(
     command = 'if [ "$MODE" = flaky ] && [ ! -e "$SLURMKIT_RUN_DIR/fixed" ]; then exit 3; fi'
     path = write_sweep(tmp_path, {"grid": {"env.MODE": ["ok", "flaky", "fine"]}}, command)
     # No automatic requeue of the crash: the user fixes the cause, then resubmits.
-    done = invoke("sweep", str(path), "-p", str(dev_profile), "--set", "profile.requeue.crash=0")
+    done = invoke("sweep", str(path), "-p", str(dev_profile), "--set", "profile.requeue.crash=0", "--wait")
+    assert done["counts"] == {"COMPLETED": 2, "FAILED": 1}  # --wait returned once no task was active
     paths = store.SweepPaths(Path(done["sweep_dir"]))
     assert [s.state for s in wait_sweep(paths)] == ["COMPLETED", "FAILED", "COMPLETED"]
 
@@ -152,6 +153,32 @@ def test_a_sweep_over_the_array_limit_is_split_into_chained_arrays(
     assert jobs.run_state(paths.task(5)).state == "COMPLETED"
     assert {json.loads(paths.task(i).record.read_text())["sweep"]["overrides"]["env.X"] for i in range(6)} == {
         str(i) for i in range(6)}
+
+
+def test_exactly_max_array_size_tasks_is_one_array_and_one_more_is_two(
+        cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    limit = int(commands.show_config()["MaxArraySize"])
+    blocker = commands.run(["sbatch", "--parsable", "--hold", "--wrap", "true"]).strip()  # nothing runs
+    try:
+        for n, arrays in ((limit, 1), (limit + 1, 2)):
+            plan = spec.load(write_sweep(tmp_path, {"grid": {"env.A": list(range(n))}}, "true"))
+            with commands.counting() as calls:
+                done = sub.submit(plan, str(dev_profile), after=f"afterok:{blocker}")
+            sbatches = calls["sbatch"]
+            paths = store.SweepPaths(Path(done.sweep_dir))
+            try:
+                assert sbatches == arrays == len(done.array_job_ids)
+                with commands.counting() as calls:
+                    states = results.task_states(paths)
+                assert calls["squeue"] == 1 and calls["sacct"] == 0
+                # Slurm holds every task, none dropped; none has a folder before it starts.
+                assert len(states) == n and {s.state for s in states} == {"PENDING"}
+                assert states[-1].job_id == f"{done.array_job_ids[-1]}_{(n - 1) % limit}"
+                assert not paths.tasks_dir.exists()
+            finally:
+                sub.cancel(paths)
+    finally:
+        commands.scancel([blocker])
 
 
 def test_a_sweep_larger_than_the_cluster_job_limit_is_refused_before_anything(

@@ -7,7 +7,6 @@ range and tests/test_executor_hook.py fails if the hook stops being used.
 
 from __future__ import annotations
 
-import os
 import sys
 import uuid
 from dataclasses import dataclass
@@ -61,12 +60,14 @@ class ArraySpec:
     base: int = 0
     sweep_dir: str | None = None
     """The sweep whose tasks these are; None for a plain submitit map_array, whose tasks share the run folder."""
+    pickle: str | None = None
+    """A sweep array's one pickle, written before sbatch; each task links it under its own job id when it starts."""
 
 
 def render_for(resolved: Resolved, folder: Path, command: str, array: ArraySpec | None = None,
                dependency: str | None = None) -> str:
     """The script for a run whose submitit folder is `folder` (inside the run or sweep folder)."""
-    sweep = {"dir": array.sweep_dir, "base": array.base} if array and array.sweep_dir else None
+    sweep = {"dir": array.sweep_dir, "base": array.base, "pickle": array.pickle} if array and array.sweep_dir else None
     return render(RenderInput(resolved, command, job_files(folder, array is not None), python_command(resolved),
                               str(folder.parent), array=array.array if array else None, dependency=dependency,
                               sweep=sweep))
@@ -101,13 +102,27 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
         commands.CALLS["sbatch"] += 1
         return argv
 
-    def submit_sweep_array(self, fn: Any, array: ArraySpec) -> list[submitit.Job[Any]]:
-        """One sbatch job array whose tasks all run `fn`, which finds its own config from its array index.
+    def submit_sweep_array(self, fn: Any, array: ArraySpec) -> str:
+        """One sbatch job array whose tasks all run `fn`, which finds its own config from its array
+        index; returns the array's job id.
 
-        One pickle serves every task (hard-linked under each task's name): a 1,000-task sweep
-        costs one pickling, not a thousand.
+        One pickle serves every task: written once, before sbatch, at array.pickle, and linked
+        under submitit's name for a task by that task's batch shell (slurmkit.sweeps.task). A
+        100,000-task sweep costs one pickling and no file per task at submit time.
         """
-        return self._submit_array([DelayedSubmission(fn)], array)
+        assert array.pickle is not None
+        Path(array.pickle).parent.mkdir(parents=True, exist_ok=True)
+        delayed = DelayedSubmission(fn)
+        delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+        delayed.dump(Path(array.pickle))
+        self._array = array
+        try:
+            return str(self._submit_command(self._submitit_command_str).job_id)
+        except BaseException:
+            Path(array.pickle).unlink(missing_ok=True)
+            raise
+        finally:
+            self._array = None
 
     def _internal_process_submissions(self, delayed_submissions: list[DelayedSubmission]) -> list[submitit.Job[Any]]:
         # submitit's own array path builds a plain SlurmExecutor; ours keeps the rendered script.
@@ -117,7 +132,7 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
         return self._submit_array(delayed_submissions, ArraySpec(f"0-{n - 1}", list(range(n))))
 
     def _submit_array(self, delayed: list[DelayedSubmission], array: ArraySpec) -> list[submitit.Job[Any]]:
-        """One pickle per task, or a single one shared by all tasks."""
+        """submitit's map_array as one sbatch array with our script: one pickle per task."""
         folder = JobPaths.get_first_id_independent_folder(self.folder)
         folder.mkdir(parents=True, exist_ok=True)
         pickles = []
@@ -134,10 +149,7 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
             for k, task_id in enumerate(array.task_ids):
                 job: submitit.Job[Any] = submitit.SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{task_id}",
                                                            tasks=ranks)
-                if len(pickles) == 1:
-                    os.link(pickles[0], job.paths.submitted_pickle)
-                else:
-                    job.paths.move_temporary_file(pickles[k], "submitted_pickle")
+                job.paths.move_temporary_file(pickles[k], "submitted_pickle")
                 jobs.append(job)
         finally:
             self._array = None

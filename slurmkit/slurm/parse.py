@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import gc
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from slurmkit.common.slurm_env import expand_hostlist
@@ -60,9 +63,27 @@ def epoch(text: str) -> float | None:
     return dt.datetime.fromisoformat(text).timestamp()
 
 
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """Rows make no reference cycles, but 100k of them trigger ~150 collections of the caller's
+    whole heap (a 100k-task manifest is in it): about 40% of a parse. Collect after instead."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def squeue(text: str) -> dict[str, JobInfo]:
     """squeue --noheader --array --format=SQUEUE_FORMAT. A pending array's not yet split tasks may
     still come as one line, 123_[4-999%4]: each task gets its own entry."""
+    with _no_gc():
+        return _squeue(text)
+
+
+def _squeue(text: str) -> dict[str, JobInfo]:
     jobs: dict[str, JobInfo] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
@@ -83,6 +104,11 @@ def squeue(text: str) -> dict[str, JobInfo]:
 def sacct(text: str) -> dict[str, JobInfo]:
     """sacct --noheader --parsable2 --allocations --duplicates --format=SACCT_FORMAT: one line per
     incarnation, oldest first; the count of earlier ones is the restarts."""
+    with _no_gc():
+        return _sacct(text)
+
+
+def _sacct(text: str) -> dict[str, JobInfo]:
     history: dict[str, list[Incarnation]] = {}
     jobs: dict[str, JobInfo] = {}
     for line in text.splitlines():

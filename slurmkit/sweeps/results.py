@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -132,13 +133,15 @@ class Results:
 
 def iter_rows(paths: SweepPaths, manifest: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
     """One row per task, in task order, made as it is yielded: index, state, the varying config
-    keys and the task's final metrics (a task never submitted has none to read)."""
+    keys and the task's final metrics. Only tasks that have started have a folder, and so
+    metrics: one listing of tasks/ finds them, rather than a failed open per pending task."""
     manifest = manifest or Manifest(paths).read()
     states = task_states(paths, manifest)
     varying = manifest.get("varying", [])
+    started = set(os.listdir(paths.tasks_dir)) if paths.tasks_dir.is_dir() else set()
     for task, st in zip(manifest["tasks"], states, strict=True):
         row = {"index": task["index"], "state": st.state, **{k: task["overrides"].get(k) for k in varying}}
-        if st.state != NOT_SUBMITTED:
+        if str(task["index"]) in started:
             row.update(final_metrics(paths, task["index"], st.job_id))
         yield row
 

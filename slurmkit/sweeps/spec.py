@@ -31,6 +31,7 @@ from slurmkit.config.runspec import RunSpec
 from slurmkit.errors import ConfigError, clip, did_you_mean
 
 SWEEP_KEY = "sweep"
+_ABSENT = object()
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
 
 
@@ -97,7 +98,13 @@ class SweepPlan:
     def varying(self) -> list[str]:
         """Keys whose value differs between tasks, in first-seen order."""
         keys = dict.fromkeys(k for o in self.overrides for k in o)
-        return [k for k in keys if len({repr(o.get(k)) for o in self.overrides}) > 1]
+        return [k for k in keys if self._varies(k)]
+
+    def _varies(self, key: str) -> bool:
+        # Stops at the first task that differs (in a grid, within the first few); 1, 1.0 and True differ.
+        first = self.overrides[0].get(key, _ABSENT)
+        return any(type(v) is not type(first) or v != first
+                   for v in (o.get(key, _ABSENT) for o in self.overrides))
 
 
 def _key_error(key: str, where: str, valid: list[str], part: str) -> ConfigError:

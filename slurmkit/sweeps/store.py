@@ -49,11 +49,20 @@ class SweepPaths:
     def job_folder(self) -> Path:
         return self.sweep_dir / "submitit"
 
+    @property
+    def tasks_dir(self) -> Path:
+        """Where task folders are made, each when its task first starts."""
+        return self.sweep_dir / "tasks"
+
     def task(self, index: int) -> RunPaths:
-        return RunPaths(self.sweep_dir / "tasks" / str(index))
+        return RunPaths(self.tasks_dir / str(index))
 
     def script(self, array_number: int) -> Path:
         return self.sweep_dir / f"sbatch-{array_number}.sh"
+
+    def array_pickle(self, array_number: int) -> Path:
+        """The one pickle every task of that array runs (each task links it under its job id)."""
+        return self.job_folder / f"array-{array_number}.pkl"
 
     @property
     def local_runner_log(self) -> Path:
@@ -89,6 +98,7 @@ class ArrayLog(LockedJson):
     """{"arrays": [...]}: what was submitted for the sweep; `editing()` is the only way to change it."""
 
     missing_error = "sweep has no arrays.json"
+    indent = None  # json's C encoder: an array's 10,000 indices are rewritten at each job id recorded
 
     def __init__(self, paths: SweepPaths) -> None:
         super().__init__(paths.arrays)

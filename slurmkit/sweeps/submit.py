@@ -51,7 +51,6 @@ def cluster_limits() -> tuple[int, int]:
 def _submit_arrays(paths: SweepPaths, groups: list[Resolved], arrays: list[dict[str, Any]], kind: str,
                    dependency: str | None, max_parallel: int | None) -> list[str]:
     """sbatch each planned array, recording each job id in the array log as soon as it exists."""
-    from slurmkit.slurm import commands
     from slurmkit.slurm.executor import ArraySpec, RenderedSlurmExecutor
 
     chain = max_parallel and len(arrays) > 1
@@ -64,9 +63,10 @@ def _submit_arrays(paths: SweepPaths, groups: list[Resolved], arrays: list[dict[
     for k, arr in enumerate(arrays):
         deps = [d for d in (dependency, f"afterany:{ids[-1]}" if chain and ids else None) if d]
         executor = RenderedSlurmExecutor(paths.job_folder, groups[arr["group"]], ",".join(deps) or None)
-        spec = ArraySpec(arr["array"], [i - arr["base"] for i in arr["indices"]], arr["base"], str(paths.sweep_dir))
+        spec = ArraySpec(arr["array"], [i - arr["base"] for i in arr["indices"]], arr["base"], str(paths.sweep_dir),
+                         str(paths.array_pickle(first_number + k)))
         try:
-            jobs = executor.submit_sweep_array(SweepTask(str(paths.sweep_dir), arr["base"]), spec)
+            job_id = executor.submit_sweep_array(SweepTask(str(paths.sweep_dir), arr["base"]), spec)
         except Exception as exc:
             detail = squash(str(exc))
             with ArrayLog(paths).editing() as log:
@@ -77,7 +77,6 @@ def _submit_arrays(paths: SweepPaths, groups: list[Resolved], arrays: list[dict[
             raise SlurmError(f"array {first_number + k} (tasks {compress(arr['indices'])}) failed to submit: {detail}",
                              where=paths.sweep_id, valid="its tasks show NOT_SUBMITTED; `slurmkit sweep resubmit "
                              "SWEEP --failed` retries them" if queued else None) from exc
-        job_id = commands.base_id(jobs[0].job_id)
         ids.append(job_id)
         atomic_write_text(paths.script(first_number + k), executor.last_script or "", perms.file_mode(paths.sweep_dir))
         with ArrayLog(paths).editing() as log:

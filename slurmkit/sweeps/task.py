@@ -4,15 +4,17 @@ The batch shell of each array task first runs
 
     python -m slurmkit.sweeps.task --sweep-dir DIR --index N
 
-which creates the task's run folder and run.json (once), records this job id there, and prints
-shell assignments for the batch shell to eval: the run folder and the task's own environment
-(every value shell-quoted). Then every rank calls the pickled SweepTask, which looks up its own
-config in the manifest by its array index. Kept free of torch at import time.
+which creates the task's run folder and run.json (once), records this job id there, links the
+array's one pickle under this task's job id (--pickle), and prints shell assignments for the
+batch shell to eval: the run folder and the task's own environment (every value shell-quoted).
+Then every rank calls the pickled SweepTask, which looks up its own config in the manifest by
+its array index. Kept free of torch at import time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -41,15 +43,28 @@ class SweepTask:
         return Run(spec=task.spec, run_dir=task.run_dir, env=task.env, checkpoint_uri=task.checkpoint_uri)()
 
 
+def link_pickle(paths: SweepPaths, pickle: Path, job_id: str) -> None:
+    """Give this task's submitit the array's pickle under the name it looks for (once: a requeued
+    task finds it there)."""
+    from submitit.core.utils import JobPaths
+
+    target = JobPaths(paths.job_folder, job_id=job_id).submitted_pickle
+    with contextlib.suppress(FileExistsError):
+        os.link(pickle, target)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurmkit.sweeps.task")
     parser.add_argument("--sweep-dir", required=True)
     parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--pickle", help="The array's one pickle, linked under this task's job id.")
     args = parser.parse_args(argv)
     paths = SweepPaths(Path(args.sweep_dir))
     try:
         manifest = Manifest(paths).read()
         task = materialize_task(paths, args.index, slurm_job_id(), manifest)  # checks the index
+        if args.pickle:
+            link_pickle(paths, Path(args.pickle), slurm_job_id())
         env = task_entry(paths, manifest, args.index).env
     except (OSError, IndexError, ValueError, KeyError) as exc:
         print(f"slurmkit sweep task {args.index}: {exc}", file=sys.stderr)
