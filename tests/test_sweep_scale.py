@@ -146,3 +146,13 @@ def test_interleaved_resource_groups_each_get_their_own_arrays() -> None:
         (1, 0, [1], "1"), (1, 4, [4, 7], "0,3"),
         (2, 0, [2], "2"), (2, 4, [5], "1"), (2, 8, [8], "0")]
     assert all(group_of[i] == a["group"] for a in arrays for i in a["indices"])
+
+
+@pytest.mark.parametrize("rows", [[], [{"index": 0, "state": "PENDING"}], [{"a": [1, {"b": "x\ny"}]}, {"c": None}]])
+def test_streamed_json_is_what_one_dump_prints(rows: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    from slurmkit.cli.common import print_json, print_json_list
+
+    print_json(rows)
+    whole = capsys.readouterr().out
+    print_json_list(iter(rows))
+    assert capsys.readouterr().out == whole
