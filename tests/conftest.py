@@ -24,6 +24,14 @@ def executed_steps(metrics: Path) -> list[int]:
     return [s for r in iter_records(metrics) if "step" in r for s in range(r["step"] - steps_of(r) + 1, r["step"] + 1)]
 
 
+def steady(poll_s: float) -> Any:
+    """A fixed poll for tests' waits: they end on events, and slurmkit's backing off (meant for
+    slurmctld's sake over long waits) would only add seconds to every cluster test."""
+    from slurmkit.polling import Poller
+
+    return Poller(first_s=poll_s, max_s=poll_s)
+
+
 def _cluster_up() -> bool:
     if shutil.which("scontrol") is None:
         return False

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from slurmkit import __version__
 from slurmkit.cli.app import app
-from tests.conftest import ROOT, write_spec
+from tests.conftest import ROOT, steady, write_spec
 
 runner = CliRunner()
 
@@ -97,5 +97,5 @@ def test_local_profile_runs_the_same_spec_without_slurm(tmp_path: Path, local_pr
     result = CliRunner().invoke(app, ["submit", str(spec), "-p", str(local_profile), "--json"])
     assert result.exit_code == 0, result.output
     paths = RunPaths(Path(json.loads(result.output)["run_dir"]))
-    assert jobs.wait(paths, poll_s=0.5).state == "COMPLETED"
+    assert jobs.wait(paths, poller=steady(0.5)).state == "COMPLETED"
     assert [jobs.result(paths, rank=r)["sum"] for r in (0, 1)] == [42, 42]

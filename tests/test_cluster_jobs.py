@@ -19,7 +19,7 @@ from slurmkit.cli.app import app
 from slurmkit.procs import pid_alive
 from slurmkit.runs import RunPaths, RunRecord, list_runs
 from slurmkit.slurm import commands
-from tests.conftest import ROOT, write_spec
+from tests.conftest import ROOT, steady, write_spec
 from tests.test_cluster_faults import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -37,7 +37,7 @@ def submit(spec: Path, profile: Path, *sets: str) -> dict[str, str]:
 
 
 def finish(run_dir: str, timeout_s: float = 120) -> jobs.RunStatus:
-    st = jobs.wait(RunPaths(Path(run_dir)), poll_s=0.5, timeout_s=timeout_s)
+    st = jobs.wait(RunPaths(Path(run_dir)), poller=steady(0.5), timeout_s=timeout_s)
     assert not jobs.is_active(st.state), f"run still {st.state} after {timeout_s} s"
     return st
 

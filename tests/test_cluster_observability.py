@@ -18,7 +18,7 @@ from slurmkit import jobs
 from slurmkit.cli.app import app
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.slurm import commands
-from tests.conftest import ROOT, write_spec
+from tests.conftest import ROOT, steady, write_spec
 from tests.test_cluster_faults import start, wait_step
 
 pytestmark = pytest.mark.cluster
@@ -46,7 +46,7 @@ def test_health_gate_failure_requeues_with_the_bad_node_excluded(cluster: None, 
             time.sleep(0.5)
     finally:
         commands.scancel([blocker])
-    final = jobs.wait(paths, poll_s=0.5, timeout_s=120)
+    final = jobs.wait(paths, poller=steady(0.5), timeout_s=120)
     assert final.state == "COMPLETED"
     assert jobs.result(paths)["stdout"].split() == ["node2"]
     record = RunRecord(paths).read()
@@ -87,7 +87,7 @@ def test_report_of_a_run_preempted_once_shows_both_job_segments(cluster: None, t
     paths, job_id = start(dev_profile)
     wait_step(paths, 120)
     commands.scancel([job_id], signal="USR2")
-    final = jobs.wait(paths, poll_s=1.0, timeout_s=240)
+    final = jobs.wait(paths, poller=steady(1.0), timeout_s=240)
     assert final.state == "COMPLETED"
     out = tmp_path / "report.png"
     result = runner.invoke(app, ["report", paths.run_id, "-p", str(dev_profile), "-o", str(out), "--json"])

@@ -14,7 +14,7 @@ from slurmkit import jobs
 from slurmkit.cli.app import app
 from slurmkit.runs import RunPaths
 from slurmkit.slurm import commands
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, steady
 from tests.test_cluster_faults import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -83,7 +83,7 @@ def test_preemption_stops_ray_and_the_requeued_job_runs_the_driver_again(cluster
                poll_s=0.5)
     # What Slurm does on preemption with --signal=B:USR2: signal the batch shell only.
     commands.run(["scancel", "--batch", "--signal=USR2", out["job_id"]])
-    final = jobs.wait(paths, poll_s=0.5, timeout_s=180)
+    final = jobs.wait(paths, poller=steady(0.5), timeout_s=180)
     assert final.state == "COMPLETED"
     assert jobs.result(paths) == {"restart": 1, "nodes": 2}
     states = commands.incarnation_states(out["job_id"])

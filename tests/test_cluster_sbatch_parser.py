@@ -17,7 +17,7 @@ from slurmkit import jobs
 from slurmkit.config.loader import resolve
 from slurmkit.errors import ConfigError
 from slurmkit.runs import RunPaths
-from tests.conftest import write_spec
+from tests.conftest import steady, write_spec
 from tests.test_quoting import PRINTABLE, SHELL_HOSTILE
 
 pytestmark = pytest.mark.cluster
@@ -85,7 +85,7 @@ def test_a_job_writes_private_files(cluster: None, tmp_path: Path, dev_profile: 
                       env={"SECRET_TOKEN": "hunter2"})
     sub = jobs.submit(resolve(spec, str(dev_profile)))
     paths = RunPaths(Path(sub.run_dir))
-    assert jobs.wait(paths).state == "COMPLETED"
+    assert jobs.wait(paths, poller=steady(0.5)).state == "COMPLETED"
     assert jobs.result(paths)["sum"] == 3
     written = [p for p in paths.run_dir.rglob("*") if not p.is_symlink()]
     names = {p.name.split("_")[-1] for p in written}

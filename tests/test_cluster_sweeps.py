@@ -15,7 +15,7 @@ from slurmkit.cli.app import app
 from slurmkit.slurm import commands
 from slurmkit.sweeps import results, spec, store
 from slurmkit.sweeps import submit as sub
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, steady
 from tests.test_cluster_faults import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -82,7 +82,7 @@ def test_grid_of_six_is_one_array_throttled_to_two_then_a_job_runs_after_it(
     from slurmkit import jobs
     from slurmkit.runs import RunPaths
 
-    final = jobs.wait(RunPaths(Path(after["run_dir"])), poll_s=0.5, timeout_s=120)
+    final = jobs.wait(RunPaths(Path(after["run_dir"])), poller=steady(0.5), timeout_s=120)
     assert final.state == "COMPLETED"
     ids = [f"{done['array_job_ids'][0]}_{i}" for i in range(6)] + [after["job_id"]]
     times: dict[str, list[str]] = {}

@@ -13,7 +13,7 @@ from slurmkit import jobs
 from slurmkit.cli.app import app
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths
-from tests.conftest import EXAMPLES, executed_steps
+from tests.conftest import EXAMPLES, executed_steps, steady
 
 pytestmark = pytest.mark.cluster
 
@@ -23,7 +23,7 @@ def test_digits_on_two_nodes_reaches_95_percent_with_equal_digests(cluster: None
                   ["resources.nodes=2", "resources.tasks_per_node=1"])
     sub = jobs.submit(res)
     paths = RunPaths(Path(sub.run_dir))
-    assert jobs.wait(paths, poll_s=0.5, timeout_s=300).state == "COMPLETED"
+    assert jobs.wait(paths, poller=steady(0.5), timeout_s=300).state == "COMPLETED"
     ranks = [jobs.result(paths, rank=r) for r in (0, 1)]
     assert ranks[0]["accuracy"] >= 0.95
     assert ranks[0]["backend"] == "gloo" and ranks[0]["world_size"] == 2

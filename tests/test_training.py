@@ -11,7 +11,7 @@ from slurmkit import jobs
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths
 from slurmkit.worker.tasks.train import run as train
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, steady
 
 SHORT = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 3}
 
@@ -70,7 +70,7 @@ def test_batch_that_does_not_split_is_refused() -> None:
 def _local_run(tmp_path: Path, local_profile: Path, sets: list[str]) -> RunPaths:
     sub = jobs.submit(resolve(EXAMPLES / "train_digits.yaml", str(local_profile), sets))
     paths = RunPaths(Path(sub.run_dir))
-    assert jobs.wait(paths, poll_s=0.5, timeout_s=180).state == "COMPLETED"
+    assert jobs.wait(paths, poller=steady(0.5), timeout_s=180).state == "COMPLETED"
     return paths
 
 
@@ -89,7 +89,7 @@ def test_trainer_from_a_users_own_callable(tmp_path: Path, local_profile: Path) 
     spec.write_text("name: own\ncallable: tests.helpers_fns:custom_trainer\nkwargs: {steps: 80}\n")
     sub = jobs.submit(resolve(spec, str(local_profile)))
     paths = RunPaths(Path(sub.run_dir))
-    assert jobs.wait(paths, poll_s=0.5, timeout_s=120).state == "COMPLETED"
+    assert jobs.wait(paths, poller=steady(0.5), timeout_s=120).state == "COMPLETED"
     ranks = [jobs.result(paths, rank=r) for r in (0, 1)]
     assert ranks[0]["world_size"] == 2 and ranks[0]["global_batch"] == 32
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
