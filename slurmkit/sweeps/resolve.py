@@ -52,17 +52,6 @@ class SweepTasks:
     def __len__(self) -> int:
         return len(self.group_of)
 
-    def resolved(self, index: int) -> Resolved:
-        """The task's Resolved where it was kept (full path), else its group's."""
-        spec = self.specs[index]
-        group = self.groups[self.group_of[index]]
-        if spec is None:
-            return group
-        from slurmkit.config.runspec import RunSpec
-
-        return Resolved(RunSpec.model_validate(spec), group.profile, group.profile_name, group.resources,
-                        group.spec_source)
-
 
 def task_seed(resolved: Resolved, base_seed: int, index: int) -> int:
     if resolved.spec.task == "train":
@@ -80,7 +69,7 @@ def resolve_tasks(plan: SweepPlan, profile: str | None = None, sets: list[str] |
     name = profile_name(profile)
     prof = load_profile(name, profile_sets)
     top: list[Layer] = [("--set", spec_sets)] if spec_sets else []
-    factored = _factored(plan, top, prof, name) if factor else None
+    factored = _factored(plan, top, prof, name, spec_sets) if factor else None
     return factored if factored is not None else _full(plan, top, prof, name, spec_sets)
 
 
@@ -102,7 +91,7 @@ def _full(plan: SweepPlan, top: list[Layer], prof: Any, name: str, spec_sets: di
     return SweepTasks(groups, group_of, seeds, specs, None, spec_sets)
 
 
-def _factored(plan: SweepPlan, top: list[Layer], prof: Any, name: str) -> SweepTasks | None:
+def _factored(plan: SweepPlan, top: list[Layer], prof: Any, name: str, spec_sets: dict[str, Any]) -> SweepTasks | None:
     """The factored path, or None where it does not apply (then every task is validated in full)."""
     keys = {k for o in plan.overrides for k in o}
     if not all(k.count(".") == 1 and k.split(".")[0] in FACTORED_SECTIONS for k in keys):
@@ -124,7 +113,7 @@ def _factored(plan: SweepPlan, top: list[Layer], prof: Any, name: str) -> SweepT
         cfg_values: dict[str, Any] = {}
         for key, value in o.items():
             # By type and value (1, 1.0 and True are equal in Python, not here); repr for the unhashable.
-            memo = (key, type(value), value) if type(value) in _SCALARS else (key, str, repr(value))
+            memo = (key, type(value), value if type(value) in _SCALARS else repr(value))
             if memo not in validated:
                 try:
                     validated[memo] = _validate_one(plan, top, prof, name, key, value)
@@ -140,10 +129,9 @@ def _factored(plan: SweepPlan, top: list[Layer], prof: Any, name: str) -> SweepT
         if len(cfg_values) > 1:
             _check_across_fields(cfg_model, checks, cfg_values, plan, top, prof, name, o)
         seeds.append(int(cfg_values.get("seed", cfg_model.seed)))
-    spec_top = {k: v for layer in top for k, v in layer[1].items()}
     # The array script renders from the first task, as on the full path (its env names reach a container).
     first = resolve_layers([*plan.base_layers, (f"{plan.source}:sweep", nested(plan.overrides[0])), *top], prof, name)
-    return SweepTasks([first], [0] * len(seeds), seeds, [None] * len(seeds), base.spec.model_dump(), spec_top)
+    return SweepTasks([first], [0] * len(seeds), seeds, [None] * len(seeds), base.spec.model_dump(), spec_sets)
 
 
 def _train_config(base: Resolved) -> TrainConfig:
