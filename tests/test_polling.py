@@ -78,7 +78,7 @@ def hiccup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     stand_in(tmp_path, "scancel", body)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("STATE", str(tmp_path))
-    monkeypatch.setattr(commands, "QUERY_RETRY_DELAYS_S", (0.0, 0.0))
+    monkeypatch.setattr(commands, "QUERY_WAIT", {"multiplier": 0.0, "max": 0.0, "jitter": 0.0})
     return tmp_path
 
 

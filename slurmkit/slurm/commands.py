@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,10 +41,17 @@ def counting() -> Iterator[Counter[str]]:
 # over or too busy answers so for seconds. Commands that change state are never repeated here.
 _TRANSIENT_RE = re.compile(r"unable to contact slurm controller|socket timed out|connection (refused|timed out)|"
                            r"resource temporarily unavailable|transport endpoint|slurm_load_\w+ error", re.IGNORECASE)
-QUERY_RETRY_DELAYS_S = (1.0, 4.0)
+QUERY_ATTEMPTS = 3
+# Seconds before the second and third attempt: exponential from 1 s, jittered so that many
+# waiting clients do not come back to a restarted controller in the same second.
+QUERY_WAIT = {"multiplier": 1.0, "max": 8.0, "jitter": 1.0}
 
 
-class SlurmTimeout(SlurmError):
+class TransientSlurmError(SlurmError):
+    """A timeout, or a controller that cannot be reached right now: a query is asked again."""
+
+
+class SlurmTimeout(TransientSlurmError):
     """A Slurm command that did not answer within its timeout."""
 
 
@@ -61,27 +67,29 @@ def call(argv: list[str], timeout: float = DEFAULT_TIMEOUT_S) -> subprocess.Comp
         raise SlurmTimeout(f"{argv[0]} did not answer within {timeout:.0f} s", valid="is slurmctld up?") from exc
 
 
+def _once(argv: list[str], timeout: float, check: bool) -> str:
+    proc = call(argv, timeout)
+    if check and proc.returncode != 0:
+        detail = squash(proc.stderr or proc.stdout, None) or f"exit code {proc.returncode}"
+        transient = _TRANSIENT_RE.search(proc.stderr or "")
+        raise (TransientSlurmError if transient else SlurmError)(f"{' '.join(argv[:2])} failed: {detail}")
+    return proc.stdout
+
+
 def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, check: bool = True, query: bool = False) -> str:
     """Run one Slurm command and return its stdout; failures become one-line SlurmErrors. A query
-    (it changes nothing) is asked again after a timeout or a transient controller error, once
-    per QUERY_RETRY_DELAYS_S, so a controller hiccup of a few seconds is not an error."""
-    delays = list(QUERY_RETRY_DELAYS_S) if query else []
-    while True:
-        try:
-            proc = call(argv, timeout)
-        except SlurmTimeout:
-            if not delays:
-                raise
-            time.sleep(delays.pop(0))
-            continue
-        failed = proc.returncode != 0
-        if failed and delays and _TRANSIENT_RE.search(proc.stderr or ""):
-            time.sleep(delays.pop(0))
-            continue
-        if check and failed:
-            detail = squash(proc.stderr or proc.stdout, None) or f"exit code {proc.returncode}"
-            raise SlurmError(f"{' '.join(argv[:2])} failed: {detail}")
-        return proc.stdout
+    (it changes nothing) is asked up to QUERY_ATTEMPTS times while it meets a timeout or a
+    transient controller error, so a controller hiccup of a few seconds is not an error."""
+    if not query:
+        return _once(argv, timeout, check)
+    import tenacity
+
+    retrying = tenacity.Retrying(stop=tenacity.stop_after_attempt(QUERY_ATTEMPTS),
+                                 wait=tenacity.wait_exponential(multiplier=QUERY_WAIT["multiplier"],
+                                                                max=QUERY_WAIT["max"])
+                                 + tenacity.wait_random(0, QUERY_WAIT["jitter"]),
+                                 retry=tenacity.retry_if_exception_type(TransientSlurmError), reraise=True)
+    return str(retrying(_once, argv, timeout, check))
 
 
 def squeue_all() -> dict[str, JobInfo]:
