@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 from slurmkit.errors import clip
 
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
-_MEM_RE = re.compile(r"^\d+[KMGT]?$")
+_MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SBATCH_OPT_RE = re.compile(r"^--[a-z][a-z0-9-]*(=.+)?$", re.DOTALL)
 
@@ -69,10 +69,12 @@ def _slurm_time(value: str) -> str:
 
 
 def _slurm_mem(value: str) -> str:
-    value = str(value)
-    if not _MEM_RE.match(value):
-        raise ValueError(f"invalid memory {clip(value)}; valid: an integer with optional K, M, G or T (e.g. 8G)")
-    return value
+    """8G, or 8GB as people write it: Slurm's own form (8G) is what is kept and rendered."""
+    m = _MEM_RE.match(str(value))
+    if not m:
+        raise ValueError(f"invalid memory {clip(value)}; valid: an integer with optional K, M, G or T (e.g. 8G "
+                         "or 8GB)")
+    return m.group(1) + m.group(2)
 
 
 def _env_keys(value: Any) -> Any:
@@ -127,8 +129,13 @@ def _home_path(value: str) -> str:
     return expanded
 
 
-SlurmTime = Annotated[str, AfterValidator(_slurm_time)]
-SlurmMem = Annotated[str, AfterValidator(_slurm_mem)]
+def _whole_number_as_text(value: Any) -> Any:
+    """`time: 90` and `mem: 8000` are numbers in YAML and text to Slurm (minutes, megabytes)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+SlurmTime = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidator(_slurm_time)]
+SlurmMem = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidator(_slurm_mem)]
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_keys), AfterValidator(_env_names)]
 HomePath = Annotated[str, AfterValidator(_home_path)]
 """A path whose leading ~ is expanded on the login node (venv, python)."""

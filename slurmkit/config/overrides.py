@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
 from slurmkit.config.yamlio import YamlSyntaxError, load_text
 from slurmkit.errors import ConfigError, clip
 
 PROFILE_PREFIX = "profile."
-_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 
 def parse_set(item: str) -> tuple[list[str], Any]:
@@ -24,9 +22,6 @@ def parse_set(item: str) -> tuple[list[str], Any]:
         value = load_text(raw, "--set") if raw else ""
     except YamlSyntaxError:  # over the limits (an alias bomb in one value) is refused like a file
         value = raw
-    # PyYAML reads 1e-3 as a string (YAML 1.1 wants a dot); users mean a float.
-    if isinstance(value, str) and _FLOAT_RE.match(value):
-        value = float(value)
     return key.split("."), value
 
 

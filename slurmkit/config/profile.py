@@ -22,9 +22,9 @@ class Resources(Strict):
     cpus_per_task: int | None = Field(None, ge=1)
     """CPU cores per rank (sbatch --cpus-per-task)."""
     mem: SlurmMem | None = None
-    """Memory per node, e.g. 8G (sbatch --mem); unset leaves the partition default."""
+    """Memory per node, e.g. 8G, 8GB or 8000 (MB) (sbatch --mem, as 8G); unset leaves the partition default."""
     time: SlurmTime | None = None
-    """Wall-clock limit, e.g. 01:00:00 or 2-00:00:00 (sbatch --time)."""
+    """Wall-clock limit, e.g. 90 (minutes), 1:30:00 (unquoted is fine) or 2-00:00:00 (sbatch --time)."""
 
 
 DEFAULT_RESOURCES = Resources(nodes=1, tasks_per_node=1, gpus_per_node=0, cpus_per_task=1, time="00:30:00")

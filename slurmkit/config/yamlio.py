@@ -6,12 +6,35 @@ binary file, a 5,000-deep nesting or an alias bomb is one ConfigError, never a t
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from slurmkit.errors import ConfigError
+
+
+class UserLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's numbers, as users mean them.
+
+    YAML 1.1 reads `time: 1:30:00` as the base-60 integer 5400, which Slurm would then read as
+    5400 minutes. It also reads `lr: 1e-3` as a string, because it wants a dot. Here base-60
+    numbers stay text, and 1e-3 is a float. Everything else is safe_load's.
+    """
+
+
+_INT_RE = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
+_FLOAT_RE = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
+                       r"|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
+                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+UserLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+UserLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT_RE, list("-+0123456789"))
+# After int, so that an integer stays one: the float pattern matches "12" too.
+UserLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
 
 
 class YamlSyntaxError(ConfigError):
@@ -45,9 +68,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 def load_text(text: str, where: str) -> Any:
-    """yaml.safe_load within the limits; `where` names the source in errors (a file, or --set)."""
+    """YAML (UserLoader: safe_load with 1.2 numbers) within the limits; `where` names the source in
+    errors (a file, or --set)."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UserLoader)  # noqa: S506 - UserLoader is a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

@@ -1,0 +1,57 @@
+"""Values as users write them in YAML and --set: Slurm times and memory, numbers in kwargs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmkit.config.loader import resolve
+from slurmkit.errors import ConfigError
+from slurmkit.jobs import dry_run
+from tests.conftest import write_spec
+
+
+def resolved_resources(tmp_path: Path, profile: Path, text: str, sets: list[str] | None = None) -> Any:
+    path = tmp_path / "spec.yaml"
+    path.write_text(f"name: v\ncommand: 'true'\nresources:\n  {text}\n")
+    return resolve(path, str(profile), sets)
+
+
+@pytest.mark.parametrize(("written", "kept"), [
+    ("time: 1:30:00", "1:30:00"),  # YAML 1.1 reads this as the base-60 integer 5400, i.e. 5400 minutes
+    ("time: 90", "90"),  # a number: minutes, as Slurm reads --time=90
+    ("time: 2-00:00:00", "2-00:00:00"),
+    ("time: '45:00'", "45:00"),
+    ("mem: 8GB", "8G"),  # as people write it; Slurm's form is kept
+    ("mem: 8G", "8G"),
+    ("mem: 8000", "8000"),
+])
+def test_slurm_times_and_memory_as_written(tmp_path: Path, local_profile: Path, written: str, kept: str) -> None:
+    res = resolved_resources(tmp_path, local_profile, written).resources
+    assert getattr(res, written.split(":")[0]) == kept
+
+
+def test_set_gives_the_same_time_as_the_file(tmp_path: Path, local_profile: Path) -> None:
+    via_set = resolved_resources(tmp_path, local_profile, "nodes: 1", ["resources.time=1:30:00"]).resources
+    assert via_set.time == "1:30:00"
+    script = dry_run(resolved_resources(tmp_path, local_profile, "time: 1:30:00")).script
+    assert "1:30:00" in script and "5400" not in script
+
+
+def test_bad_memory_is_one_line_naming_the_field(tmp_path: Path, local_profile: Path) -> None:
+    with pytest.raises(ConfigError, match="invalid memory '8 gigs'") as err:
+        resolved_resources(tmp_path, local_profile, "mem: 8 gigs")
+    assert str(err.value.where).endswith("spec.yaml:resources.mem")
+
+
+def test_kwargs_from_a_file_and_from_set_have_the_same_types(tmp_path: Path, local_profile: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: v\ncallable: 'm:f'\nkwargs:\n  lr: 1e-3\n  steps: 1_000\n  tag: '1e-3'\n")
+    from_file = resolve(path, str(local_profile)).spec.kwargs
+    plain = write_spec(tmp_path, filename="plain.yaml", name="v", callable="m:f")
+    from_set = resolve(plain, str(local_profile), ["kwargs.lr=1e-3", "kwargs.steps=1_000"]).spec.kwargs
+    assert from_file["lr"] == from_set["lr"] == 0.001 and isinstance(from_file["lr"], float)
+    assert from_file["steps"] == from_set["steps"] == 1000
+    assert from_file["tag"] == "1e-3"  # quoted: text
