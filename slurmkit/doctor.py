@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -151,7 +150,7 @@ def _nccl(resolved: Resolved) -> Check:
 
 
 def run(resolved: Resolved) -> list[Check]:
-    from slurmkit.runs import expand_root
+    from slurmkit.runs import expand_checkpoint_root, expand_root
 
     checks: list[Check] = []
     if resolved.profile.executor == "slurm":
@@ -170,7 +169,7 @@ def run(resolved: Resolved) -> list[Check]:
         root.mkdir(parents=True, exist_ok=True)
     checks.append(_writable("run_root", str(root)))
     if resolved.profile.checkpoint_root:
-        checks.append(_writable("checkpoint_root", os.path.expandvars(resolved.profile.checkpoint_root)))
+        checks.append(_writable("checkpoint_root", expand_checkpoint_root(resolved.profile.checkpoint_root)))
     checks.append(_nccl(resolved))
     return checks
 

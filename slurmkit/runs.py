@@ -35,8 +35,33 @@ RUN_FILE = "run.json"
 CREATE_ATTEMPTS = 20
 
 
+_VAR_RE = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
+def expand_vars(value: str, field: str) -> str:
+    """$VARS of the login node's environment expanded; one left unset is an error naming it. A
+    literal `$USER` folder (what os.path.expandvars leaves) is never what the user meant."""
+    expanded = os.path.expandvars(value)
+    unset = _VAR_RE.search(expanded)
+    if unset:
+        raise ConfigError(f"{unset.group(0)} is not set in this environment", where=f"profile:{field}={clip(value)}",
+                          valid="valid: set it before running slurmkit, or write the path out")
+    return expanded
+
+
 def expand_root(run_root: str) -> Path:
-    return Path(os.path.expandvars(run_root)).expanduser()
+    """The run root as an absolute path (~ and $VARS expanded on the login node)."""
+    root = Path(expand_vars(run_root, "run_root")).expanduser()
+    if not root.is_absolute():
+        raise ConfigError("run_root is a relative path: it would depend on the folder slurmkit runs in",
+                          where=f"profile:run_root={clip(run_root)}",
+                          valid="valid: an absolute path, ~/... or $VAR/...")
+    return root
+
+
+def expand_checkpoint_root(checkpoint_root: str) -> str:
+    """checkpoint_root with $VARS expanded (a path or an fsspec URL), without a trailing /."""
+    return expand_vars(checkpoint_root, "checkpoint_root").rstrip("/")
 
 
 def new_run_id(name: str) -> str:
@@ -138,7 +163,7 @@ class RunPaths:
     def checkpoint_uri(self, checkpoint_root: str | None, key: str | None = None) -> str:
         """Where this run's checkpoints go: <checkpoint_root>/<key or run_id>, or the run folder's checkpoints/."""
         if checkpoint_root:
-            return f"{os.path.expandvars(checkpoint_root).rstrip('/')}/{key or self.run_id}"
+            return f"{expand_checkpoint_root(checkpoint_root)}/{key or self.run_id}"
         return str(self.checkpoints)
 
     @property

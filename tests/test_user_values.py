@@ -55,3 +55,34 @@ def test_kwargs_from_a_file_and_from_set_have_the_same_types(tmp_path: Path, loc
     assert from_file["lr"] == from_set["lr"] == 0.001 and isinstance(from_file["lr"], float)
     assert from_file["steps"] == from_set["steps"] == 1000
     assert from_file["tag"] == "1e-3"  # quoted: text
+
+
+def test_an_unset_variable_in_run_root_is_an_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmkit.runs import expand_checkpoint_root, expand_root
+
+    monkeypatch.delenv("SLURMKIT_NO_SUCH_VAR", raising=False)
+    monkeypatch.setenv("SLURMKIT_SCRATCH", str(tmp_path))
+    assert expand_root("$SLURMKIT_SCRATCH/runs") == tmp_path / "runs"
+    with pytest.raises(ConfigError, match=r"\$SLURMKIT_NO_SUCH_VAR is not set") as err:
+        expand_root("/scratch/$SLURMKIT_NO_SUCH_VAR/runs")
+    assert err.value.where == "profile:run_root='/scratch/$SLURMKIT_NO_SUCH_VAR/runs'"
+    with pytest.raises(ConfigError, match=r"\$\{SLURMKIT_NO_SUCH_VAR\} is not set"):
+        expand_checkpoint_root("s3://bucket/${SLURMKIT_NO_SUCH_VAR}/")
+    assert expand_checkpoint_root("s3://bucket/$SLURMKIT_SCRATCH/") == f"s3://bucket/{tmp_path}"
+    with pytest.raises(ConfigError, match="run_root is a relative path"):
+        expand_root("runs")
+
+
+def test_submit_with_an_unset_variable_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from slurmkit.cli.app import app
+
+    monkeypatch.delenv("SLURMKIT_NO_SUCH_VAR", raising=False)
+    profile = tmp_path / "p.yaml"
+    profile.write_text(f"extends: local\nrun_root: {tmp_path}/$SLURMKIT_NO_SUCH_VAR/runs\n")
+    spec = write_spec(tmp_path, name="x", command="true")
+    result = CliRunner().invoke(app, ["submit", str(spec), "-p", str(profile)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "$SLURMKIT_NO_SUCH_VAR is not set in this environment" in result.output
+    assert not (tmp_path / "$SLURMKIT_NO_SUCH_VAR").exists()  # the literal folder of before

@@ -99,7 +99,8 @@ class ClusterProfile(Strict):
     container: Container | None = None
     """Container the ranks run in; unset runs on the host."""
     run_root: SbatchValue = "~/slurmkit-runs"
-    """Folder that holds run folders; must be on a filesystem shared by login and compute nodes."""
+    """Folder that holds run folders; must be on a filesystem shared by login and compute nodes. Absolute,
+    ~/... or $VAR/... (a variable must be set on the login node)."""
     run_mode: Literal["private", "group"] = "private"
     """Who may read a run folder: private makes it 0700 (files 0600), group 0750 with setgid (files 0640), so the
     folder's group can read logs and results. Nobody but the owner can ever write it."""

@@ -6,7 +6,6 @@ exists, so no task is ever dropped silently.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import shutil
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from slurmkit.common.atomic import atomic_write_text
 from slurmkit.config.loader import Resolved, load_profile, profile_name
 from slurmkit.config.overrides import split_sets
 from slurmkit.errors import PreflightError, SlurmError, SlurmkitError, squash
-from slurmkit.runs import RunPaths
+from slurmkit.runs import RunPaths, expand_checkpoint_root
 from slurmkit.sweeps.plan import compress, plan_arrays
 from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
 from slurmkit.sweeps.spec import SweepPlan
@@ -111,7 +110,7 @@ def _write_manifest(paths: SweepPaths, plan: SweepPlan, tasks: SweepTasks) -> No
         "max_parallel": plan.section.max_parallel, "base_spec": tasks.base_spec, "top": tasks.top,
         "groups": [{"resources": g.resources.model_dump(), "num_tasks": g.num_tasks} for g in tasks.groups],
         # Expanded once, here, as a plain run's is at submit: $VARS mean the login node's values.
-        "checkpoint_base": os.path.expandvars(root).rstrip("/") if root else None,
+        "checkpoint_base": expand_checkpoint_root(root) if root else None,
         "tasks": entries, "arrays": [],
     })
     ArrayLog(paths).create({"arrays": []})
