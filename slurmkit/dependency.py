@@ -1,4 +1,5 @@
-"""--after RUN_OR_SWEEP: the sbatch dependency that starts a job only once a run or a sweep succeeded.
+"""--after / --after-any / --after-notok RUN_OR_SWEEP: the sbatch dependency that starts a job once
+a run or a sweep succeeded, ended in any way, or failed.
 
 Serves plain runs (`slurmkit submit --after`) and sweeps (`slurmkit sweep --after`) alike.
 """
@@ -6,13 +7,18 @@ Serves plain runs (`slurmkit submit --after`) and sweeps (`slurmkit sweep --afte
 from __future__ import annotations
 
 from slurmkit.errors import PreflightError, RunNotFoundError, clip
-from slurmkit.runs import RunRecord, find_run
+from slurmkit.lookup import JOB_ID_RE, find
+from slurmkit.runs import RunRecord
 from slurmkit.slurm import commands
 from slurmkit.sweeps.store import Manifest, find_sweep, latest_job_ids
 
+AFTER_KINDS = ("afterok", "afterany", "afternotok")
 
-def after_dependency(run_root: str, ident: str) -> str:
-    """`afterok` on a sweep's arrays or a run's newest job, for --after RUN_OR_SWEEP."""
+
+def after_dependency(run_root: str, ident: str, kind: str = "afterok") -> str:
+    """`kind` (afterok, afterany, afternotok) on a sweep's arrays, a run's newest job, or a raw
+    Slurm job id, for --after / --after-any / --after-notok RUN_OR_SWEEP_OR_JOB."""
+    assert kind in AFTER_KINDS
     try:
         manifest = Manifest(find_sweep(run_root, ident)).read()
         executor = manifest["executor"]
@@ -22,14 +28,16 @@ def after_dependency(run_root: str, ident: str) -> str:
             ids = list(dict.fromkeys(commands.base_id(j) for j in ids))
     except RunNotFoundError:
         try:
-            record = RunRecord(find_run(run_root, ident)).read()
+            record = RunRecord(find(run_root, ident)).read()
         except RunNotFoundError:
+            if JOB_ID_RE.match(ident):  # a Slurm job slurmkit did not submit: Slurm itself checks it
+                return f"{kind}:{ident}"
             raise RunNotFoundError(f"--after: no run or sweep {clip(ident)}", where=run_root,
-                                   valid="valid: a run id (`slurmkit list`) or a sweep id (`slurmkit sweep list`)"
-                                   ) from None
+                                   valid="valid: a run id (`slurmkit list`), a sweep id (`slurmkit sweep list`) or "
+                                         "a Slurm job id") from None
         executor, ids = record.get("executor"), list(record.get("job_ids") or [])[-1:]
     if executor == "local":
         raise PreflightError("--after needs a Slurm run or sweep; a local one has no job id Slurm knows", where=ident)
     if not ids:
         raise PreflightError(f"--after {ident}: it has no submitted job", where=ident)
-    return "afterok:" + ":".join(ids)
+    return f"{kind}:" + ":".join(ids)

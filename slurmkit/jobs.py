@@ -14,8 +14,9 @@ from typing import Any
 from slurmkit import perms, procs
 from slurmkit.config.loader import Resolved
 from slurmkit.errors import JobFailedError, SlurmError, SlurmkitError, squash, warn
+from slurmkit.lookup import find
 from slurmkit.polling import Poller
-from slurmkit.runs import RunPaths, RunRecord, expand_root, find_run, list_runs, read_records
+from slurmkit.runs import RunPaths, RunRecord, expand_root, list_runs, read_records
 from slurmkit.slurm import commands
 
 LOG_TAIL_LINES = 20
@@ -199,7 +200,7 @@ def status(run_root: str, runs: list[str] | None = None) -> list[RunStatus]:
     Not quite read-only: a finished run's goodput is computed once and cached in its run.json,
     through the locked editor, so a status racing the requeue policy loses neither's update."""
     if runs:
-        return statuses([(p, RunRecord(p).read()) for p in (find_run(run_root, r) for r in runs)])
+        return statuses([(p, RunRecord(p).read()) for p in (find(run_root, r) for r in runs)])
     return statuses(read_records(list_runs(run_root)))
 
 

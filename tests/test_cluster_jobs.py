@@ -71,6 +71,36 @@ def test_shell_command_result_and_record(cluster: None, tmp_path: Path, dev_prof
     assert record["job_ids"] == [sub["job_id"]]
     assert record["spec"]["command"] == "echo out-$((6*7))"
     assert record["profile"]["partition"] == "debug"
+    # The raw Slurm job id names the run wherever a run id does.
+    by_job = runner.invoke(app, ["result", sub["job_id"], "-p", str(dev_profile), "--json"])
+    assert by_job.exit_code == 0 and json.loads(by_job.output)["stdout"] == "out-42\n", by_job.output
+    status = runner.invoke(app, ["status", sub["job_id"], "-p", str(dev_profile), "--json"])
+    assert [r["run_id"] for r in json.loads(status.output)] == [sub["run_id"]]
+
+
+def test_after_any_and_after_notok_follow_a_failed_run(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    failing = submit(write_spec(tmp_path, filename="f.yaml", name="fails", command="exit 3"), dev_profile)
+    follower = write_spec(tmp_path, filename="g.yaml", name="follows", command="true")
+    runs = {flag: submit_after(follower, dev_profile, flag, failing["run_id"])
+            for flag in ("--after-any", "--after-notok", "--after")}
+    assert finish(failing["run_dir"]).state == "FAILED"
+    assert finish(runs["--after-any"]["run_dir"]).state == "COMPLETED"
+    assert finish(runs["--after-notok"]["run_dir"]).state == "COMPLETED"
+    # afterok on a failed job can never be met: Slurm says so, and the job never starts.
+    after_ok = runs["--after"]["job_id"]
+    wait_until(lambda: "DependencyNeverSatisfied" in commands.squeue_all()[after_ok].reason, 60,
+               "Slurm to give up on the afterok dependency")
+    commands.scancel([after_ok])
+
+
+def submit_after(spec: Path, profile: Path, flag: str, ident: str) -> dict[str, str]:
+    result = runner.invoke(app, ["submit", str(spec), "-p", str(profile), flag, ident, "--json"])
+    assert result.exit_code == 0, result.output
+    data: dict[str, str] = json.loads(result.output)
+    script = (Path(data["run_dir"]) / "sbatch.sh").read_text()
+    kind = {"--after": "afterok", "--after-any": "afterany", "--after-notok": "afternotok"}[flag]
+    assert f"#SBATCH --dependency={kind}:" in script
+    return data
 
 
 def test_submitted_file_is_our_render(cluster: None, tmp_path: Path, dev_profile: Path) -> None:

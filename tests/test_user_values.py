@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from slurmkit.config.loader import resolve
-from slurmkit.errors import ConfigError
+from slurmkit.errors import ConfigError, RunNotFoundError
 from slurmkit.jobs import dry_run
 from tests.conftest import write_spec
 
@@ -86,3 +86,39 @@ def test_submit_with_an_unset_variable_creates_nothing(tmp_path: Path, monkeypat
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert "$SLURMKIT_NO_SUCH_VAR is not set in this environment" in result.output
     assert not (tmp_path / "$SLURMKIT_NO_SUCH_VAR").exists()  # the literal folder of before
+
+
+def test_a_raw_job_id_names_a_run_or_a_sweep_task(tmp_path: Path) -> None:
+    from slurmkit.lookup import find
+    from slurmkit.runs import RunPaths, RunRecord
+    from slurmkit.sweeps.store import ArrayLog, SweepPaths
+
+    root = tmp_path / "runs"
+    run = RunPaths(root / "plain-20261201-120000-abcd")
+    RunRecord(run).create({"run_id": run.run_id, "executor": "slurm", "job_ids": ["700", "777"]})
+    assert find(str(root), "777") == run and find(str(root), "700") == run  # a resubmission's first job too
+    sweep = SweepPaths(root / "sw-sweep-20261201-120000-beef")
+    (sweep.sweep_dir / "sweep.json").parent.mkdir(parents=True)
+    (sweep.sweep_dir / "sweep.json").write_text('{"sweep_id": "sw", "tasks": []}')
+    with ArrayLog(sweep).editing() as log:
+        log["arrays"] = [{"indices": [4, 5, 6], "base": 4, "job_id": "900", "kind": "initial"}]
+    RunRecord(sweep.task(5)).create({"run_id": "sw/5", "executor": "slurm", "job_ids": ["900_1"]})
+    assert find(str(root), "900_1") == sweep.task(5)  # array task 1 of an array based at task 4
+    with pytest.raises(RunNotFoundError, match="task 6 of sweep .* which has not started yet"):
+        find(str(root), "900_2")
+    with pytest.raises(RunNotFoundError, match="no run '901'"):
+        find(str(root), "901")
+
+
+def test_after_kinds_and_a_job_slurmkit_did_not_submit(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from slurmkit.cli.app import app
+    from slurmkit.dependency import after_dependency
+
+    root = str(tmp_path / "runs")
+    assert after_dependency(root, "4242") == "afterok:4242"  # Slurm itself checks a job it knows
+    assert after_dependency(root, "4242_3", "afternotok") == "afternotok:4242_3"
+    spec = write_spec(tmp_path, name="x", command="true")
+    result = CliRunner().invoke(app, ["submit", str(spec), "--after", "1", "--after-any", "2"])
+    assert result.exit_code == 2 and "more than one of --after, --after-any, --after-notok" in result.output

@@ -55,6 +55,30 @@ def print_json_list(items: Iterable[Any]) -> None:
     out.flush()
 
 
+AfterOpt = Annotated[str | None, typer.Option(
+    "--after", help="Start once this run, sweep or Slurm job succeeded (sbatch --dependency=afterok).")]
+AfterAnyOpt = Annotated[str | None, typer.Option(
+    "--after-any", help="Start once this run, sweep or Slurm job ended, however (afterany).")]
+AfterNotOkOpt = Annotated[str | None, typer.Option(
+    "--after-notok", help="Start only if this run, sweep or Slurm job failed (afternotok).")]
+
+
+def dependency_for(profile: str | None, after: str | None, after_any: str | None,
+                   after_notok: str | None) -> str | None:
+    """The sbatch --dependency of the --after* option given (at most one)."""
+    given = [(kind, ident) for kind, ident in (("afterok", after), ("afterany", after_any),
+                                                ("afternotok", after_notok)) if ident]
+    if len(given) > 1:
+        raise SlurmkitError("more than one of --after, --after-any, --after-notok", where="--after",
+                            valid="valid: one of them")
+    if not given:
+        return None
+    from slurmkit.dependency import after_dependency
+
+    kind, ident = given[0]
+    return after_dependency(run_root_for(profile), ident, kind)
+
+
 def run_root_for(profile: str | None) -> str:
     """The run root of the given (or default) profile, where run ids are looked up."""
     from slurmkit.config.loader import load_profile, profile_name

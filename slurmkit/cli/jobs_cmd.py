@@ -7,7 +7,18 @@ from typing import Annotated
 
 import typer
 
-from slurmkit.cli.common import JsonOpt, ProfileOpt, SetOpt, print_json, run_root_for, user_errors
+from slurmkit.cli.common import (
+    AfterAnyOpt,
+    AfterNotOkOpt,
+    AfterOpt,
+    JsonOpt,
+    ProfileOpt,
+    SetOpt,
+    dependency_for,
+    print_json,
+    run_root_for,
+    user_errors,
+)
 
 RunArg = Annotated[str, typer.Argument(help="Run id, unique prefix, or run folder.")]
 
@@ -19,8 +30,9 @@ def submit(
     set_: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the script; submit nothing.")] = False,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the run to end and print its result.")] = False,
-    after: Annotated[str | None, typer.Option(
-        "--after", help="Start only after this run or sweep succeeded (sbatch --dependency=afterok).")] = None,
+    after: AfterOpt = None,
+    after_any: AfterAnyOpt = None,
+    after_notok: AfterNotOkOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit RUNSPEC; print its run id and job id."""
@@ -29,11 +41,7 @@ def submit(
     from slurmkit.runs import RunPaths
 
     resolved = resolve(runspec, profile, set_ or [])
-    dependency = None
-    if after:
-        from slurmkit.dependency import after_dependency
-
-        dependency = after_dependency(run_root_for(profile), after)
+    dependency = dependency_for(profile, after, after_any, after_notok)
     if dry_run:
         typer.echo(jobs.dry_run(resolved, dependency).script, nl=False)
         return
@@ -102,7 +110,7 @@ def logs(
 ) -> None:
     """Print every rank's output, each line prefixed with its rank ([N!] marks stderr)."""
     from slurmkit import jobs
-    from slurmkit.runs import find_run
+    from slurmkit.lookup import find as find_run
 
     for line in jobs.logs(find_run(run_root_for(profile), run), rank=rank, follow=follow):
         typer.echo(line)
@@ -112,7 +120,7 @@ def logs(
 def cancel(run: RunArg, profile: ProfileOpt = None) -> None:
     """Cancel every job of a run."""
     from slurmkit import jobs
-    from slurmkit.runs import find_run
+    from slurmkit.lookup import find as find_run
 
     ids = jobs.cancel(find_run(run_root_for(profile), run))
     typer.echo(f"cancelled {', '.join(ids) or 'nothing'}")
@@ -122,7 +130,7 @@ def cancel(run: RunArg, profile: ProfileOpt = None) -> None:
 def result(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Print the run's return value; on failure, the tail of the failing rank's log (exit 4)."""
     from slurmkit import jobs
-    from slurmkit.runs import find_run
+    from slurmkit.lookup import find as find_run
 
     value = jobs.result(find_run(run_root_for(profile), run))
     if as_json:

@@ -20,7 +20,7 @@ def report(
 ) -> None:
     """Plot loss, throughput, MFU, GPU use and the timeline of every job, with the goodput accounting."""
     from slurmkit import report as rep
-    from slurmkit.runs import find_run
+    from slurmkit.lookup import find as find_run
 
     paths = find_run(run_root_for(profile), run)
     target = output or paths.report

@@ -8,7 +8,19 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from slurmkit.cli.common import JsonOpt, ProfileOpt, SetOpt, print_json, print_json_list, run_root_for, user_errors
+from slurmkit.cli.common import (
+    AfterAnyOpt,
+    AfterNotOkOpt,
+    AfterOpt,
+    JsonOpt,
+    ProfileOpt,
+    SetOpt,
+    dependency_for,
+    print_json,
+    print_json_list,
+    run_root_for,
+    user_errors,
+)
 
 
 class _SubmitByDefault(TyperGroup):
@@ -40,13 +52,14 @@ def submit(
                                                      help="Tasks running at once (--array=...%N).")] = None,
     max_array_size: Annotated[int | None, typer.Option(
         "--max-array-size", min=1, help="Arrays of at most N tasks (default and cap: MaxArraySize).")] = None,
-    after: Annotated[str | None, typer.Option("--after", help="Start after this run or sweep succeeded.")] = None,
+    after: AfterOpt = None,
+    after_any: AfterAnyOpt = None,
+    after_notok: AfterNotOkOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the tasks and arrays; submit nothing.")] = False,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until no task is active; print the counts.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a sweep: one job array per chunk of at most MaxArraySize tasks."""
-    from slurmkit.dependency import after_dependency
     from slurmkit.sweeps import plan as plan_mod
     from slurmkit.sweeps import resolve as resolve_mod
     from slurmkit.sweeps import spec as spec_mod
@@ -64,7 +77,7 @@ def submit(
             typer.echo(f"  array {k}: tasks {arr['tasks']} as --array={arr['array']}")
         _table(["index", *plan.varying, "seed"], info["configs"])
         return
-    dependency = after_dependency(run_root_for(profile), after) if after else None
+    dependency = dependency_for(profile, after, after_any, after_notok)
     done = sub.submit(plan, profile, set_, max_array_size, dependency)
     if wait:
         from slurmkit.sweeps import results, store
