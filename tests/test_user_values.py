@@ -122,3 +122,28 @@ def test_after_kinds_and_a_job_slurmkit_did_not_submit(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, name="x", command="true")
     result = CliRunner().invoke(app, ["submit", str(spec), "--after", "1", "--after-any", "2"])
     assert result.exit_code == 2 and "more than one of --after, --after-any, --after-notok" in result.output
+
+
+@pytest.mark.parametrize(("item", "value"), [
+    ("env.X=a #1", "a #1"),  # YAML would read ' #1' as a comment
+    ("env.N=4", "4"),
+    ("profile.setup.env.A=x: y", "x: y"),  # YAML would read a mapping
+    ("name=123", "123"),
+    ("resources.time=1:30:00", "1:30:00"),
+    ("resources.nodes=2", 2),
+    ("config.lr=1e-3", 0.001),
+    ("kwargs.flag=true", True),  # kwargs are free-form: typed by YAML
+    ("profile.requeue.crash=0", 0),
+    ("profile.checkpoint_root=null", None),  # a text field that may be unset: YAML's null unsets it
+    ("profile.checkpoint_root=s3://b/x #1", "s3://b/x #1"),
+])
+def test_a_set_value_is_typed_by_the_field_it_targets(item: str, value: Any) -> None:
+    from slurmkit.config.overrides import parse_set
+
+    assert parse_set(item)[1] == value and type(parse_set(item)[1]) is type(value)
+
+
+def test_a_text_set_value_reaches_the_script_whole(tmp_path: Path, local_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="x", command="true")
+    script = dry_run(resolve(spec, str(local_profile), ["env.X=a #1"])).script
+    assert "export X='a #1'" in script

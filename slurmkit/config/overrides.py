@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from slurmkit.config.yamlio import YamlSyntaxError, load_text
 from slurmkit.errors import ConfigError, clip
@@ -12,17 +13,68 @@ PROFILE_PREFIX = "profile."
 
 
 def parse_set(item: str) -> tuple[list[str], Any]:
-    """Split 'a.b=c' into (['a', 'b'], value), reading the value as YAML so 2 is an int, true a bool."""
+    """Split 'a.b=c' into (['a', 'b'], value), typed by the field it targets: a text field (or an
+    entry of a text map such as env) takes the text as given, so `env.X=a #1` keeps ` #1` and
+    `env.N=4` is "4"; any other value is read as YAML, so 2 is an int and true a bool."""
     key, sep, raw = item.partition("=")
-    if not sep or not key or any(not part for part in key.split(".")):
+    path = key.split(".")
+    if not sep or not key or any(not part for part in path):
         raise ConfigError(
             f"malformed override {clip(item)}", where="--set", valid="valid: KEY=VALUE, e.g. resources.nodes=2"
         )
+    text = targets_text(path)
+    if text is not None:
+        # A text field that may be unset takes YAML's null forms as "unset"; any other text is kept.
+        return path, None if text == "optional" and raw in _YAML_NULLS else raw
     try:
         value = load_text(raw, "--set") if raw else ""
     except YamlSyntaxError:  # over the limits (an alias bomb in one value) is refused like a file
         value = raw
-    return key.split("."), value
+    return path, value
+
+
+def _unwrap(annotation: Any) -> Any:
+    """str from Annotated[str, ...] and from str | None; anything else as it is."""
+    while True:
+        if get_origin(annotation) is Annotated:
+            annotation = get_args(annotation)[0]
+            continue
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if get_origin(annotation) in (Union, UnionType) and len(args) == 1:
+            annotation = args[0]
+            continue
+        return annotation
+
+
+_YAML_NULLS = frozenset({"", "~", "null", "Null", "NULL"})
+
+
+def targets_text(path: list[str]) -> str | None:
+    """Whether a --set path (profile.* for the profile) names a text field or a text map's entry:
+    "required" or "optional" (the field may be None), else None."""
+    from pydantic import BaseModel
+
+    from slurmkit.config.profile import ClusterProfile
+    from slurmkit.config.runspec import RunSpec
+    from slurmkit.config.train import TrainConfig
+
+    model: type[BaseModel] = ClusterProfile if path[0] == PROFILE_PREFIX.rstrip(".") else RunSpec
+    parts = path[1:] if model is ClusterProfile else path
+    for i, part in enumerate(parts):
+        field = model.model_fields.get(part)
+        if field is None:
+            return None  # validation names the unknown field
+        rest = parts[i + 1:]
+        annotation = TrainConfig if (model is RunSpec and part == "config") else _unwrap(field.annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+            continue
+        if not rest and annotation is str:
+            return "optional" if type(None) in get_args(field.annotation) else "required"
+        if len(rest) == 1 and get_origin(annotation) is dict and get_args(annotation)[1:] == (str,):
+            return "required"
+        return None
+    return None
 
 
 def split_sets(items: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
