@@ -19,7 +19,7 @@ from slurmkit.cli.app import app
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, steady, write_spec
-from tests.test_cluster_faults import start, wait_step
+from tests.test_cluster_faults import STEPS, start, wait_step
 
 pytestmark = pytest.mark.cluster
 runner = CliRunner()
@@ -106,7 +106,7 @@ def test_report_of_a_run_preempted_once_shows_both_job_segments(cluster: None, t
     assert all(v >= 0 for v in second.startup.values()) and second.startup["imports"] > 0
     assert info["startup_s"][1] == second.startup
     gp = data.accounting
-    assert 0 < gp.goodput < 1 and gp.steps == 300
+    assert 0 < gp.goodput < 1 and gp.steps == STEPS
     assert gp.productive_s < gp.wall_s and gp.queue_wait_s > 0
     status = json.loads(runner.invoke(app, ["status", paths.run_id, "-p", str(dev_profile), "--json"]).output)
     assert status[0]["restarts"] == 1 and status[0]["goodput"] == pytest.approx(gp.goodput, abs=0.05)
