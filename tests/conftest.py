@@ -64,6 +64,16 @@ def cluster() -> None:
         pytest.fail(f"dev cluster failed to start: {exc}")
 
 
+@pytest.fixture(autouse=True)
+def login_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$USER as a login shell sets it: shipped profiles put it in run_root, and an unset variable
+    there is an error (runs.expand_vars). Some containers start a root shell without it."""
+    if not os.environ.get("USER"):
+        import pwd
+
+        monkeypatch.setenv("USER", pwd.getpwuid(os.getuid()).pw_name)
+
+
 @pytest.fixture
 def single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Training in the test process itself: no launcher's rank variables leak in."""
