@@ -212,24 +212,12 @@ def is_active(state: str) -> bool:
     return state in commands.ACTIVE_STATES or state == "UNKNOWN"
 
 
-UNKNOWN_GRACE_S = 120.0
-
-
 def wait(paths: RunPaths, poll_s: float = 2.0, timeout_s: float | None = None,
          poller: Poller | None = None) -> RunStatus:
     """Poll until the run is no longer active (or timeout_s passes): every poll_s at first, then
     backing off (slurmkit.polling), one squeue (and at most one sacct) a poll."""
-    poller = poller or Poller(first_s=poll_s)
-    unknown_since: float | None = None
-    while True:
-        st = run_state(paths)
-        now = poller.elapsed()
-        # Neither squeue nor sacct knowing the job for long (accounting wiped): stop waiting.
-        unknown_since = (unknown_since if unknown_since is not None else now) if st.state == "UNKNOWN" else None
-        if (not is_active(st.state) or (timeout_s is not None and now > timeout_s)
-                or (unknown_since is not None and now - unknown_since > UNKNOWN_GRACE_S)):
-            return st
-        poller.wait()
+    return (poller or Poller(first_s=poll_s)).until_ended(
+        lambda: run_state(paths), lambda st: {st.state} if is_active(st.state) else set(), timeout_s)
 
 
 # ---------------------------------------------------------------- cancel / result / logs

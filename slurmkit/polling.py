@@ -13,9 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 DEFAULT_MAX_S = 30.0
 FRACTION = 0.1
+UNKNOWN_GRACE_S = 120.0
+"""How long only jobs that neither squeue nor sacct knows (accounting wiped) are waited for."""
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,3 +55,18 @@ class Poller:
             return False
         self._last_query = now
         return True
+
+    def until_ended(self, query: Callable[[], T], live: Callable[[T], set[str]],
+                    timeout_s: float | None = None) -> T:
+        """query() every interval until live(answer), its still-active states, is empty, timeout_s
+        has passed, or only UNKNOWN has been live for UNKNOWN_GRACE_S; the last answer."""
+        unknown_since: float | None = None
+        while True:
+            answer = query()
+            now = self.elapsed()
+            states = live(answer)
+            unknown_since = (unknown_since if unknown_since is not None else now) if states == {"UNKNOWN"} else None
+            if (not states or (timeout_s is not None and now > timeout_s)
+                    or (unknown_since is not None and now - unknown_since > UNKNOWN_GRACE_S)):
+                return answer
+            self.wait()

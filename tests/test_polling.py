@@ -99,3 +99,19 @@ def test_a_command_that_changes_state_is_never_repeated_stand_in_scancel(
     with commands.counting() as calls, pytest.raises(SlurmError, match="scancel 7 failed"):
         commands.scancel(["7"])
     assert calls["scancel"] == 1
+
+
+def test_until_ended_stops_at_the_end_at_the_timeout_and_after_the_unknown_grace() -> None:
+    from slurmkit.polling import UNKNOWN_GRACE_S
+
+    def run(answers: list[set[str]], timeout_s: float | None = None) -> tuple[int, float]:
+        clock = Clock()
+        poller = Poller(first_s=1.0, clock=clock, sleep=clock.sleep)
+        seen = iter(answers)
+        last = poller.until_ended(lambda: next(seen, answers[-1]), lambda states: states, timeout_s)
+        return answers.index(last) if last in answers else -1, clock.now
+
+    assert run([{"RUNNING"}, {"RUNNING"}, set()])[0] == 2  # the first answer with nothing live
+    assert run([{"RUNNING"}], timeout_s=50)[1] > 50  # never ends: gives up after the timeout
+    _, waited = run([{"RUNNING"}, {"UNKNOWN"}])  # only unknown jobs left: gives up after the grace
+    assert UNKNOWN_GRACE_S < waited < 2 * UNKNOWN_GRACE_S

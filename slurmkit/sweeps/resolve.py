@@ -80,7 +80,7 @@ def _full(plan: SweepPlan, top: list[Layer], prof: Any, name: str, spec_sets: di
     seeds: list[int] = []
     specs: list[dict[str, Any] | None] = []
     for i, o in enumerate(plan.overrides):
-        resolved = resolve_layers([*plan.base_layers, (f"{plan.source}:sweep", nested(o)), *top], prof, name)
+        resolved = _resolve_task(plan, o, top, prof, name)
         key = resolved.resources.model_dump_json()
         if key not in group_index:
             group_index[key] = len(groups)
@@ -130,8 +130,13 @@ def _factored(plan: SweepPlan, top: list[Layer], prof: Any, name: str, spec_sets
             _check_across_fields(cfg_model, checks, cfg_values, plan, top, prof, name, o)
         seeds.append(int(cfg_values.get("seed", cfg_model.seed)))
     # The array script renders from the first task, as on the full path (its env names reach a container).
-    first = resolve_layers([*plan.base_layers, (f"{plan.source}:sweep", nested(plan.overrides[0])), *top], prof, name)
+    first = _resolve_task(plan, plan.overrides[0], top, prof, name)
     return SweepTasks([first], [0] * len(seeds), seeds, [None] * len(seeds), base.spec.model_dump(), spec_sets)
+
+
+def _resolve_task(plan: SweepPlan, overrides: dict[str, Any], top: list[Layer], prof: Any, name: str) -> Resolved:
+    """One task validated in full: base layers < its sweep overrides < --set."""
+    return resolve_layers([*plan.base_layers, (f"{plan.source}:sweep", nested(overrides)), *top], prof, name)
 
 
 def _train_config(base: Resolved) -> TrainConfig:
@@ -148,7 +153,7 @@ def _validate_one(plan: SweepPlan, top: list[Layer], prof: Any, name: str, key: 
                   value: Any) -> tuple[str, Any] | None:
     """One override value, validated in the base; for config, (field, the value --set leaves)."""
     section, field = key.split(".")
-    resolved = resolve_layers([*plan.base_layers, (f"{plan.source}:sweep", nested({key: value})), *top], prof, name)
+    resolved = _resolve_task(plan, {key: value}, top, prof, name)
     return (field, getattr(_train_config(resolved), field)) if section == "config" else None
 
 
@@ -172,5 +177,5 @@ def _check_across_fields(cfg_model: TrainConfig, checks: list[Any], values: dict
         try:
             decorator.func(task_cfg)
         except ValueError as exc:
-            resolve_layers([*plan.base_layers, (f"{plan.source}:sweep", nested(overrides)), *top], prof, name)
+            _resolve_task(plan, overrides, top, prof, name)
             raise ConfigError(str(exc), where=f"{plan.source}:sweep") from None  # the line above raises first

@@ -83,21 +83,12 @@ def wait(paths: SweepPaths, poll_s: float = 2.0, timeout_s: float | None = None,
     """Poll until no task is active (or timeout_s passes): one squeue and at most one sacct a
     poll, backing off as jobs.wait does. The manifest is read once; the array log every poll,
     so tasks resubmitted meanwhile are waited for too."""
-    from slurmkit.jobs import UNKNOWN_GRACE_S, is_active
+    from slurmkit.jobs import is_active
 
     manifest = Manifest(paths).read()
-    poller = poller or Poller(first_s=poll_s)
-    unknown_since: float | None = None
-    while True:
-        states = task_states(paths, {**manifest, "arrays": ArrayLog(paths).read()["arrays"]})
-        now = poller.elapsed()
-        live = {s.state for s in states if is_active(s.state)}
-        # Only tasks neither squeue nor sacct knows, for long (accounting wiped): stop waiting.
-        unknown_since = (unknown_since if unknown_since is not None else now) if live == {"UNKNOWN"} else None
-        if (not live or (timeout_s is not None and now > timeout_s)
-                or (unknown_since is not None and now - unknown_since > UNKNOWN_GRACE_S)):
-            return states
-        poller.wait()
+    return (poller or Poller(first_s=poll_s)).until_ended(
+        lambda: task_states(paths, {**manifest, "arrays": ArrayLog(paths).read()["arrays"]}),
+        lambda states: {s.state for s in states if is_active(s.state)}, timeout_s)
 
 
 def counts(states: list[TaskState]) -> dict[str, int]:
