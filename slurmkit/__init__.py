@@ -1,3 +1,32 @@
-"""slurmkit: Slurm-native job orchestration for PyTorch training."""
+"""slurmkit: Slurm-native job orchestration for PyTorch training.
+
+The public Python API, imported on first use so that `import slurmkit` (and the CLI) stays
+light and never imports torch:
+
+    slurmkit.Executor, slurmkit.Job, slurmkit.as_completed, slurmkit.sweep, slurmkit.Checkpoint,
+    slurmkit.distributed, slurmkit.SlurmkitError (and the other errors of slurmkit.errors)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Executor": "slurmkit.api", "sweep": "slurmkit.api",
+    "Job": "slurmkit.handles", "as_completed": "slurmkit.handles", "SweepHandle": "slurmkit.handles",
+    "Checkpoint": "slurmkit.checkpoint",
+    "SlurmkitError": "slurmkit.errors", "ConfigError": "slurmkit.errors", "JobFailedError": "slurmkit.errors",
+    "SlurmError": "slurmkit.errors", "PreflightError": "slurmkit.errors", "RunNotFoundError": "slurmkit.errors",
+}
+__all__ = [*_EXPORTS, "distributed", "checkpoint"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in ("distributed", "checkpoint"):
+        return importlib.import_module(f"slurmkit.{name}")
+    raise AttributeError(f"module 'slurmkit' has no attribute {name!r}")

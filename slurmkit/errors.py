@@ -51,9 +51,14 @@ class RunNotFoundError(SlurmkitError):
 
 
 class JobFailedError(SlurmkitError):
-    """The job ran and failed; the message carries the tail of the failing rank's log."""
+    """The job ran and failed; the message, and log_tail, carry the tail of the failing rank's log."""
 
     exit_code = 4
+
+    def __init__(self, message: str, *, where: str | None = None, valid: str | None = None,
+                 log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        super().__init__(message, where=where, valid=valid)
 
 
 class DevClusterError(SlurmkitError):

@@ -5,15 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
+import sys
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slurmkit import perms, procs
 from slurmkit.config.loader import Resolved
-from slurmkit.errors import JobFailedError, SlurmError, SlurmkitError, squash, warn
+from slurmkit.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash, warn
 from slurmkit.lookup import find
 from slurmkit.polling import Poller
 from slurmkit.runs import RunPaths, RunRecord, expand_root, list_runs, read_records
@@ -35,12 +36,44 @@ def run_env(resolved: Resolved, extra: dict[str, str] | None = None) -> dict[str
     return {**resolved.profile.setup.env, **resolved.spec.env, **(extra or {})}
 
 
-def entry(resolved: Resolved, paths: RunPaths) -> Any:
+@dataclass(frozen=True)
+class Call:
+    """A Python function and its arguments, carried by value in the job's pickle (slurmkit.Executor)."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None) -> Any:
     """The callable submitit pickles for this run."""
     from slurmkit.worker.entry import Run
 
     return Run(spec=resolved.spec.model_dump(), run_dir=str(paths.run_dir), env=run_env(resolved),
-               checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root))
+               checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root),
+               fn=call.fn if call else None, args=call.args if call else (),
+               kwargs=dict(call.kwargs) if call else {},
+               code_dir=str(paths.code_dir) if resolved.snapshot else None)
+
+
+def check_function_kind(resolved: Resolved, call: Call | None) -> None:
+    """A spec's `function` is a Python function's name; only a submit from Python carries the function."""
+    if resolved.spec.function is not None and call is None:
+        raise ConfigError("function is set only by slurmkit.Executor.submit", where=f"{resolved.spec_source}:function",
+                          valid="valid: callable: module:function in a spec file")
+    if call is not None and resolved.spec.function is None:
+        raise ConfigError("a Python function needs a spec of kind function", where=resolved.spec_source)
+
+
+def take_snapshot(resolved: Resolved, run_dir: Path, call: Call | None) -> dict[str, Any] | None:
+    """The code snapshot (when the run asks for one) into the run folder; what run.json records."""
+    if not resolved.snapshot:
+        return None
+    from slurmkit import snapshot
+
+    module = sys.modules.get(getattr(call.fn, "__module__", "") or "") if call else None
+    return snapshot.into(run_dir, RunPaths(run_dir).code_dir, getattr(module, "__file__", None),
+                         resolved.profile.snapshot_max_mb)
 
 
 def dry_run(resolved: Resolved, dependency: str | None = None) -> Submitted:
@@ -53,15 +86,17 @@ def dry_run(resolved: Resolved, dependency: str | None = None) -> Submitted:
     return Submitted(run_id="<run-id>", job_id=None, run_dir=str(paths.run_dir), script=script)
 
 
-def submit(resolved: Resolved, dependency: str | None = None) -> Submitted:
+def submit(resolved: Resolved, dependency: str | None = None, call: Call | None = None) -> Submitted:
     """Pre-flight, create the run folder and record, submit through submitit, record the job id.
 
-    dependency is an sbatch --dependency value, e.g. from dependency.after_dependency.
+    dependency is an sbatch --dependency value, e.g. from dependency.after_dependency. call is
+    the Python function a `function` spec runs (slurmkit.Executor.submit).
     Everything the submit creates gets the run's umask (perms); a submit that fails before
     anything is queued leaves nothing behind.
     """
     from slurmkit.slurm import executor as ex_mod
 
+    check_function_kind(resolved, call)
     slurm = resolved.profile.executor == "slurm"
     if slurm:
         from slurmkit.slurm import preflight
@@ -84,12 +119,14 @@ def submit(resolved: Resolved, dependency: str | None = None) -> Submitted:
                 "spec": resolved.spec.model_dump(), "profile": resolved.profile.model_dump(),
                 "resources": resolved.resources.model_dump(), "num_tasks": resolved.num_tasks, "job_ids": [],
             })
+            if (snap := take_snapshot(resolved, paths.run_dir, call)) is not None:
+                record.update(snapshot=snap)
             try:
                 if slurm:
                     executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved, dependency)
                 else:
                     executor = ex_mod.local_executor(paths.job_folder, resolved)
-                job = executor.submit(entry(resolved, paths))
+                job = executor.submit(entry(resolved, paths, call))
             except Exception as exc:
                 if isinstance(exc, (SlurmkitError, OSError)):
                     raise
@@ -129,6 +166,8 @@ class RunStatus:
     created: str
     goodput: float | None = None
     """Productive step time / wall time, once the run has ended on Slurm (see slurmkit.goodput)."""
+    snapshot: dict[str, Any] | None = None
+    """The code snapshot the run runs from (slurmkit.snapshot), if it took one."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,7 +213,8 @@ def statuses(runs: list[tuple[RunPaths, dict[str, Any]]]) -> list[RunStatus]:
         restarts = max(len(rec.get("restarts", [])), infos[jid].restarts if jid in infos else 0)
         out.append(RunStatus(paths.run_id, rec.get("name", ""), jid, state, nodes, elapsed, restarts,
                              len(job_ids), str(paths.run_dir), rec.get("created", ""),
-                             _goodput(paths, rec, infos.get(jid)) if not is_active(state) else None))
+                             _goodput(paths, rec, infos.get(jid)) if not is_active(state) else None,
+                             rec.get("snapshot")))
     return out
 
 
@@ -257,7 +297,7 @@ def result(paths: RunPaths, rank: int = 0) -> Any:
                             valid="wait with `slurmkit submit --wait` or poll `slurmkit status`")
     failing, tail = failing_rank_tail(paths, st.job_id)
     raise JobFailedError(f"run ended {st.state} (job {st.job_id}); rank {failing} log tail: {tail}",
-                         where=paths.run_id)
+                         where=paths.run_id, log_tail=tail)
 
 
 def failing_rank_tail(paths: RunPaths, job_id: str) -> tuple[int, str]:

@@ -116,6 +116,8 @@ class RenderInput:
     dependency: str | None = None
     sweep: dict[str, Any] | None = None
     """For a sweep's job array: {"dir": sweep folder, "base": sweep index of array task 0}."""
+    code_dir: str | None = None
+    """The code snapshot the ranks run from (working directory and PYTHONPATH); None runs from the submit folder."""
 
 
 def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
@@ -154,6 +156,7 @@ def render(inp: RenderInput) -> str:
         "python": Shell(inp.python),
         "run_dir": inp.run_dir,
         "sweep": inp.sweep,
+        "code_dir": inp.code_dir,
         "container": container_context(resolved, inp.run_dir),
         "env": resolved.spec.env,
         "slurm": resolved.profile.executor == "slurm",

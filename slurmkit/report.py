@@ -101,7 +101,8 @@ def collect(paths: RunPaths) -> ReportData:
         segments.append(Segment(inc.job_id, n, queued, inc.start, inc.end, inc.state, inc.nodes, cause,
                                 startups.get(id(inc), {})))
     return ReportData(paths.run_id, curve.points(), gpu, segments, acc.result(),
-                      {"restarts": len(causes), "restart_causes": causes, "name": record.get("name", "")})
+                      {"restarts": len(causes), "restart_causes": causes, "name": record.get("name", ""),
+                       "snapshot": record.get("snapshot")})
 
 
 def _plt() -> Any:
@@ -179,7 +180,17 @@ def render_html(data: ReportData, png: bytes) -> str:
             f"<img alt='report' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
             f"<h2>Goodput</h2><table>{rows}</table>"
             f"<h2>Incarnations</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>state</th><th>restarted "
-            f"because</th><th>start-up (s)</th></tr>{segs}</table></body></html>\n")
+            f"because</th><th>start-up (s)</th></tr>{segs}</table>{_code(data.summary.get('snapshot'))}"
+            "</body></html>\n")
+
+
+def _code(snap: dict[str, Any] | None) -> str:
+    """The code snapshot every incarnation ran (run.json), if the run took one."""
+    if not snap:
+        return ""
+    rows = "".join(f"<tr><td>{k}</td><td>{html.escape(str(snap.get(k)))}</td></tr>"
+                   for k in ("source", "git_commit", "dirty", "files", "bytes"))
+    return f"<h2>Code snapshot</h2><table>{rows}</table>"
 
 
 def _spans(spans: dict[str, float]) -> str:

@@ -157,6 +157,11 @@ class RunPaths:
         return self.run_dir / f"metrics-gpu-{host}.jsonl"
 
     @property
+    def code_dir(self) -> Path:
+        """The code snapshot every incarnation runs from (profile or spec `snapshot: true`)."""
+        return self.run_dir / "code"
+
+    @property
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
 

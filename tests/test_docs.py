@@ -156,7 +156,7 @@ def _cli_command(words: list[str]) -> tuple[object, list[str]] | None:
 # Names the docs use that belong to Slurm, torch or Jinja, not to slurmkit.
 FOREIGN_NAMES = {"GraceTime", "ExcNodeList", "SchedulerParameters", "MaxArraySize", "MaxJobCount", "StrictUndefined",
                  "MinJobAge", "MaxSubmitJobs", "MaxJobs",
-                 "DistributedDataParallel", "DistributedSampler"}
+                 "DistributedDataParallel", "DistributedSampler", "TimeoutError"}
 
 
 def test_every_class_module_and_cli_option_named_in_docs_exists() -> None:
@@ -191,3 +191,19 @@ def test_every_class_module_and_cli_option_named_in_docs_exists() -> None:
                         missing.append(f"{page.name}: `{line.strip()}`: no option {option}")
     assert missing == []
     assert min(seen.values()) >= 5, seen  # the check found what it checks
+
+
+def test_python_api_doc_example_runs_on_the_local_profile(tmp_path: Path) -> None:
+    """The notebook-style example of docs/python-api.md, as written, in a fresh interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    text = (DOCS / "python-api.md").read_text()
+    example = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "slurmkit.Executor(profile=\"local\"" in example and "map_array" in example
+    (tmp_path / "example.py").write_text(example)
+    proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("demo-sweep-") == 3  # each map_array task printed as it completed

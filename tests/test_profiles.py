@@ -126,7 +126,7 @@ def test_set_values_are_typed(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fields", "sets", "where", "fragment"),
     [
-        ({"name": "x"}, [], "spec.yaml", "exactly one of command, callable, task, ray is needed, got none"),
+        ({"name": "x"}, [], "spec.yaml", "exactly one of command, callable, function, task, ray is needed, got none"),
         ({"name": "x", "command": "a", "task": "train"}, [], "spec.yaml", "got command, task"),
         ({"name": "bad name", "command": "a"}, [], "spec.yaml:name", "letters, digits"),
         ({"name": "x", "command": "a"}, ["resurces.nodes=2"], "--set:resurces", "did you mean 'resources'"),

@@ -71,6 +71,6 @@ def test_bad_ray_specs_are_one_line_errors(tmp_path: Path) -> None:
     code, out = render(spec, "ray.driver=missing.py")
     assert code == 2 and f"{spec}:ray.driver: driver script not found: {tmp_path / 'missing.py'}" in out
     code, out = render(spec, "command=hostname")
-    assert code == 2 and "exactly one of command, callable, task, ray is needed, got command, ray" in out
+    assert code == 2 and "exactly one of command, callable, function, task, ray is needed, got command, ray" in out
     code, out = render(spec, "ray.start_timeout_s=0")
     assert code == 2 and "ray.start_timeout_s" in out

@@ -29,13 +29,16 @@ def report(
     if as_json:
         print_json({"report": str(target), "goodput": a.as_dict(), "incarnations": len(data.segments),
                     "restart_causes": data.summary["restart_causes"],
-                    "startup_s": [seg.startup for seg in data.segments]})
+                    "startup_s": [seg.startup for seg in data.segments], "snapshot": data.summary["snapshot"]})
         return
     typer.echo(f"{target}")
     typer.echo(f"goodput {a.goodput:.1%} ({a.productive_s:.0f} s productive of {a.wall_s:.0f} s wall, "
                f"{len(data.segments)} incarnation(s))")
     typer.echo(f"lost: queue {a.queue_wait_s:.1f} s, restarts {a.restart_overhead_s:.1f} s, recomputed steps "
                f"{a.recomputed_s:.1f} s, checkpoint stalls {a.checkpoint_stall_s:.1f} s, other {a.other_s:.1f} s")
+    if snap := data.summary["snapshot"]:
+        typer.echo(f"code snapshot: {snap['files']} files, {snap['bytes']} bytes from {snap['source']} "
+                   f"(commit {snap['git_commit'] or '-'}{', dirty' if snap['dirty'] else ''})")
     for seg in data.segments[1:]:
         if seg.startup:
             typer.echo(f"restart {seg.n} start-up (s): " + ", ".join(f"{k} {v:.2f}" for k, v in seg.startup.items()))

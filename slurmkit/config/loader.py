@@ -41,6 +41,11 @@ class Resolved:
         assert self.resources.nodes and self.resources.tasks_per_node
         return 1 if self.spec.ray else self.resources.nodes * self.resources.tasks_per_node
 
+    @property
+    def snapshot(self) -> bool:
+        """Whether the code is copied into the run folder: the spec's choice, else the profile's."""
+        return self.profile.snapshot if self.spec.snapshot is None else self.spec.snapshot
+
 
 MAX_EXTENDS = 32
 

@@ -110,5 +110,11 @@ class ClusterProfile(Strict):
     """Python interpreter on the compute nodes; unset uses the interpreter running slurmkit."""
     sbatch_extra: SbatchOptions = Field(default_factory=list)
     """More sbatch options, each as --key=value or --flag."""
+    snapshot: bool = False
+    """Copy the code at submit time into the run folder (code/) and run every incarnation from that copy: the
+    git-tracked and untracked-but-not-ignored files of the current repository as they are on disk, or outside
+    git the folder of the callable's module. So a requeue runs what was submitted, not what was edited since."""
+    snapshot_max_mb: int = Field(100, ge=1)
+    """The largest snapshot allowed, in MB; a larger one is refused at submit, naming its largest files."""
     template_dir: str | None = None
     """Folder whose templates override the shipped ones, file by file or block by block."""

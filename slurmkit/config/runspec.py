@@ -15,11 +15,11 @@ from slurmkit.errors import clip
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 TASKS = ("train",)
-KINDS = ("command", "callable", "task", "ray")
+KINDS = ("command", "callable", "function", "task", "ray")
 
 
 class RunSpec(Strict):
-    """One run: exactly one of command, callable, task or ray, plus resources."""
+    """One run: exactly one of command, callable, function, task or ray, plus resources."""
 
     multiline_fields = frozenset({"command", "kwargs", "config"})
 
@@ -31,6 +31,9 @@ class RunSpec(Strict):
     """A Python callable as module:function, called on every rank with kwargs; rank 0's return is the result."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for callable."""
+    function: str | None = None
+    """Set only by slurmkit.Executor.submit/map_array: the name of the Python function carried by value in the
+    job's pickle (e.g. __main__.train), shown by status and the report. A spec file names a callable instead."""
     task: str | None = None
     """A built-in task: train."""
     config: dict[str, Any] = Field(default_factory=dict)
@@ -41,6 +44,9 @@ class RunSpec(Strict):
     """Resources of this run; unset fields come from the profile, then the defaults."""
     env: EnvMap = Field(default_factory=dict)
     """Environment variables for the ranks (values quoted in the script)."""
+    snapshot: bool | None = None
+    """Copy the code into the run folder at submit and run from that copy, requeues included; unset takes the
+    profile's snapshot."""
 
     @field_validator("name")
     @classmethod

@@ -7,6 +7,7 @@ range and tests/test_executor_hook.py fails if the hook stops being used.
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from dataclasses import dataclass
@@ -19,10 +20,27 @@ from submitit.core.utils import DelayedSubmission, JobPaths
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
 from slurmkit.render import JobFiles, RenderInput, render, shell_quote
+from slurmkit.runs import RunPaths
 from slurmkit.slurm import commands
 
 SBATCH_TIMEOUT_S = 60
 NO_LIMIT_MIN = 366 * 24 * 60
+# What a job's own environment says about that job: a submit from inside a job (a nested pipeline)
+# must not hand them to the new one, whose batch shell would otherwise start with the parent's
+# rank, rendezvous and run folder. SLURM_CONF and the user's SLURMKIT_PROFILE* settings stay.
+JOB_ENV_PREFIXES = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_")
+JOB_ENV_NAMES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                           "SLURMKIT_RUN_DIR", "SLURMKIT_CHECKPOINT_URI", "SLURMKIT_RUN_NAME", "SLURMKIT_SEED",
+                           "SLURMKIT_SIGNAL"})
+KEPT_ENV = frozenset({"SLURM_CONF"})
+
+
+def job_env_unset(environ: dict[str, str]) -> list[str]:
+    """`env -u NAME ...` for the variables of the job this process runs in (none outside a job)."""
+    if "SLURM_JOB_ID" not in environ and "SUBMITIT_EXECUTOR" not in environ:
+        return []
+    names = sorted(k for k in environ if k not in KEPT_ENV and (k.startswith(JOB_ENV_PREFIXES) or k in JOB_ENV_NAMES))
+    return ["env", *(a for k in names for a in ("-u", k))] if names else []
 
 
 def python_command(resolved: Resolved) -> str:
@@ -68,9 +86,10 @@ def render_for(resolved: Resolved, folder: Path, command: str, array: ArraySpec 
                dependency: str | None = None) -> str:
     """The script for a run whose submitit folder is `folder` (inside the run or sweep folder)."""
     sweep = {"dir": array.sweep_dir, "base": array.base, "pickle": array.pickle} if array and array.sweep_dir else None
+    code_dir = str(RunPaths(folder.parent).code_dir) if resolved.snapshot else None
     return render(RenderInput(resolved, command, job_files(folder, array is not None), python_command(resolved),
                               str(folder.parent), array=array.array if array else None, dependency=dependency,
-                              sweep=sweep))
+                              sweep=sweep, code_dir=code_dir))
 
 
 class RenderedSlurmExecutor(submitit.SlurmExecutor):
@@ -98,7 +117,8 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
         # submitit runs this itself without a timeout; coreutils timeout bounds a hung slurmctld.
-        argv = ["timeout", "--kill-after=5", str(SBATCH_TIMEOUT_S), "sbatch", str(submission_file_path)]
+        argv = [*job_env_unset(dict(os.environ)), "timeout", "--kill-after=5", str(SBATCH_TIMEOUT_S), "sbatch",
+                str(submission_file_path)]
         commands.CALLS["sbatch"] += 1
         return argv
 

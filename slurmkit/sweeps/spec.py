@@ -14,6 +14,7 @@ Keys are dotted run-spec paths. When several modes are given, the tasks are thei
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import random
@@ -178,15 +179,21 @@ def parse_grid_option(item: str) -> tuple[str, list[Any]]:
     return key, [parse_set(f"{key}={v}")[1] for v in raw.split(",")]
 
 
-def load(path: Path, grid: list[str] | None = None, max_parallel: int | None = None) -> SweepPlan:
-    """Read a sweep spec; --grid options replace (or add) grid keys. Keys are checked here."""
-    raw = read_yaml(path)
+def load(path: Path | dict[str, Any], grid: list[str] | None = None, max_parallel: int | None = None,
+         grid_values: dict[str, list[Any]] | None = None) -> SweepPlan:
+    """Read a sweep spec (a file, or a mapping built in Python: slurmkit.sweep); --grid options and
+    grid_values replace (or add) grid keys. Keys are checked here."""
+    raw = copy.deepcopy(path) if isinstance(path, dict) else read_yaml(path)
+    source = "<spec>" if isinstance(path, dict) else str(path)
     section_raw = raw.pop(SWEEP_KEY, None)
+    if section_raw is None and grid_values:
+        section_raw = {}
     if not isinstance(section_raw, dict):
-        raise ConfigError("no sweep section", where=f"{path}:{SWEEP_KEY}",
+        raise ConfigError("no sweep section", where=f"{source}:{SWEEP_KEY}",
                           valid="valid: a mapping with grid, list and/or random")
     section_raw = dict(section_raw)
-    section_raw["grid"] = {**(section_raw.get("grid") or {}), **dict(parse_grid_option(g) for g in grid or [])}
+    section_raw["grid"] = {**(section_raw.get("grid") or {}), **(grid_values or {}),
+                           **dict(parse_grid_option(g) for g in grid or [])}
     if max_parallel is not None:
         section_raw["max_parallel"] = max_parallel
     try:
@@ -195,14 +202,14 @@ def load(path: Path, grid: list[str] | None = None, max_parallel: int | None = N
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         raise ConfigError(err["msg"].removeprefix("Value error, "),
-                          where=f"{path}:{SWEEP_KEY}" + (f".{field}" if field else "")) from None
+                          where=f"{source}:{SWEEP_KEY}" + (f".{field}" if field else "")) from None
     task = raw.get("task")
     for mode, keys in (("grid", list(section.grid)), ("random.params", list(section.random.params)
                                                        if section.random else [])):
         for key in keys:
-            check_key(key, f"{path}:{SWEEP_KEY}.{mode}", task)
+            check_key(key, f"{source}:{SWEEP_KEY}.{mode}", task)
     for i, entry in enumerate(section.configs):
         for key in entry:
-            check_key(key, f"{path}:{SWEEP_KEY}.list[{i}]", task)
-    name = str(raw.get("name") or path.stem)
-    return SweepPlan(str(path), name, [(str(path), raw)], section, expand(section))
+            check_key(key, f"{source}:{SWEEP_KEY}.list[{i}]", task)
+    name = str(raw.get("name") or (path.stem if isinstance(path, Path) else "sweep"))
+    return SweepPlan(source, name, [(source, raw)], section, expand(section))

@@ -65,6 +65,11 @@ class SweepPaths:
         return self.job_folder / f"array-{array_number}.pkl"
 
     @property
+    def function_pickle(self) -> Path:
+        """A map_array's function and every task's arguments (slurmkit.sweeps.mapped)."""
+        return self.sweep_dir / "function.pkl"
+
+    @property
     def local_runner_log(self) -> Path:
         """Output of the local executor's runner (sweeps on the `local` profile)."""
         return self.sweep_dir / "local-runner.log"
@@ -220,6 +225,16 @@ def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: dict[
             data.pop("final", None)
             data.pop("failures", None)
     return task
+
+
+def load_call(paths: SweepPaths, index: int) -> tuple[Any, tuple[Any, ...]]:
+    """On the node: a map_array's function and task `index`'s arguments (slurmkit.sweeps.mapped),
+    from the user's own private sweep folder, as submitit's own pickles are read."""
+    import pickle
+
+    with open(paths.function_pickle, "rb") as f:
+        fn, items = pickle.load(f)
+    return fn, tuple(items[index])
 
 
 def manifest_tasks(manifest: dict[str, Any]) -> tuple[list[Resolved], list[int]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,22 +132,40 @@ def _submit(plan: SweepPlan, profile: str | None, sets: list[str] | None, max_ar
             after: str | None, executor: str) -> SweepSubmitted:
     n = len(plan.overrides)
     if executor == "slurm":
-        live_array, max_jobs = cluster_limits()
+        _, max_jobs = cluster_limits()
         if n > max_jobs:  # before resolving: a runaway spec is refused at once
             raise PreflightError(f"sweep of {n} tasks exceeds the cluster's MaxJobCount={max_jobs}",
                                  where=f"{plan.source}:sweep", valid=f"valid: at most {max_jobs} tasks")
-    tasks = resolve_tasks(plan, profile, sets)
-    if executor == "local":
+    return launch(plan, resolve_tasks(plan, profile, sets), max_array_size, after)
+
+
+def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None, after: str | None = None,
+           prepare: Callable[[SweepPaths], None] | None = None) -> SweepSubmitted:
+    """Pre-flight, write the manifest (then `prepare` the folder: the function of a map_array),
+    take the code snapshot if asked for, and submit the arrays (on local: start the runner)."""
+    n = len(tasks)
+    first = tasks.groups[0]
+    slurm = first.profile.executor == "slurm"
+    if slurm:
+        from slurmkit.slurm import preflight
+
+        for group in tasks.groups:
+            preflight.check(group)
+    paths = create(plan, tasks)
+    with RunPaths(paths.sweep_dir).or_nothing():
+        if prepare is not None:
+            prepare(paths)
+        if first.snapshot:
+            from slurmkit.snapshot import into
+
+            run = RunPaths(paths.sweep_dir)
+            into(run.run_dir, run.code_dir, None, first.profile.snapshot_max_mb)
+    if not slurm:
         from slurmkit.sweeps import local
 
-        paths = create(plan, tasks)
         local.start(paths, list(range(n)))
         return SweepSubmitted(paths.sweep_id, str(paths.sweep_dir), n, [])
-    from slurmkit.slurm import preflight
-
-    for group in tasks.groups:
-        preflight.check(group)
-    paths = create(plan, tasks)
+    live_array, _ = cluster_limits()
     limit = min(max_array_size or live_array, live_array)
     arrays = plan_arrays(tasks.group_of, list(range(n)), limit, plan.section.max_parallel)
     try:

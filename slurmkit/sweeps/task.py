@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common.slurm_env import slurm_job_id
-from slurmkit.sweeps.store import Manifest, SweepPaths, materialize_task, task_entry
+from slurmkit.sweeps.store import Manifest, SweepPaths, load_call, materialize_task, task_entry
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,16 @@ class SweepTask:
     index: int | None = None
 
     def __call__(self) -> Any:
+        from slurmkit.runs import RunPaths
         from slurmkit.worker.entry import Run
 
         index = self.index if self.index is not None else self.base + int(os.environ["SLURM_ARRAY_TASK_ID"])
         paths = SweepPaths(Path(self.sweep_dir))
         task = task_entry(paths, Manifest(paths).read(), index)
-        return Run(spec=task.spec, run_dir=task.run_dir, env=task.env, checkpoint_uri=task.checkpoint_uri)()
+        fn, args = load_call(paths, index) if task.spec.get("function") else (None, ())
+        code = RunPaths(paths.sweep_dir).code_dir
+        return Run(spec=task.spec, run_dir=task.run_dir, env=task.env, checkpoint_uri=task.checkpoint_uri,
+                   fn=fn, args=args, code_dir=str(code) if code.is_dir() else None)()
 
 
 def link_pickle(paths: SweepPaths, pickle: Path, job_id: str) -> None:

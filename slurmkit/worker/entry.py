@@ -30,6 +30,12 @@ class Run:
     run_dir: str
     env: dict[str, str] = field(default_factory=dict)
     checkpoint_uri: str | None = None
+    fn: Any = None
+    """A `function` spec's Python function (slurmkit.Executor), pickled by value with its arguments."""
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    code_dir: str | None = None
+    """The run's code snapshot: the working directory and first import path of every incarnation."""
 
     def __call__(self) -> Any:
         """Run the spec; the rank's outcome goes to outcomes/ as JSON (a stop for requeue writes none)."""
@@ -49,6 +55,9 @@ class Run:
     def _run(self) -> Any:
         os.environ.update(self.env)
         os.environ["SLURMKIT_RUN_DIR"] = self.run_dir
+        if self.code_dir:  # the batch shell has done this on Slurm; the local executor has not
+            os.chdir(self.code_dir)
+            sys.path.insert(0, self.code_dir)
         if self.checkpoint_uri:
             os.environ["SLURMKIT_CHECKPOINT_URI"] = self.checkpoint_uri
         if self.spec.get("task") is not None:  # stops at an agreed step and records its own restarts
@@ -62,6 +71,8 @@ class Run:
                 return run_command(self.spec["command"])
             if self.spec.get("callable") is not None:
                 return call(self.spec["callable"], self.spec.get("kwargs") or {})
+            if self.spec.get("function") is not None:
+                return call_function(self.fn, self.args, self.kwargs)
             from slurmkit.worker import ray_driver
 
             return ray_driver.run(self.spec["ray"])
@@ -94,6 +105,35 @@ def call(target: str, kwargs: dict[str, Any]) -> Any:
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj(**kwargs)
+
+
+def call_function(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A function from slurmkit.Executor. A parameter annotated slurmkit.Checkpoint gets the run's
+    Checkpoint; a process group it brought up (slurmkit.distributed) is left together once it
+    returns (or stops at an agreed step), and torn down however it ends."""
+    from slurmkit import checkpoint
+
+    name = checkpoint.wants_checkpoint(fn)
+    ckpt = checkpoint.default() if name else None
+    try:
+        value = fn(*args, **{**kwargs, name: ckpt}) if name else fn(*args, **kwargs)
+        for made in {id(c): c for c in (ckpt, checkpoint._default) if c is not None}.values():
+            made.close()
+    except BaseException as exc:
+        _leave_group(together=isinstance(exc, checkpoint.AgreedStop))
+        raise
+    _leave_group(together=True)
+    return value
+
+
+def _leave_group(together: bool) -> None:
+    dist = sys.modules.get("slurmkit.distributed")
+    if dist is None:
+        return
+    if together:
+        dist.shutdown()
+    else:
+        dist.abandon()
 
 
 def run_command(command: str) -> dict[str, Any]:

@@ -33,31 +33,38 @@ def _raising_handler(requeue: bool) -> Any:
     return handler
 
 
-def after(run_dir: str, requeue_asked: bool) -> str:
+def after(run_dir: str, requeue_asked: bool, step: int | None = None) -> str:
     """Rank 0 requeues (within budget) after the profile's signal; says what happened."""
     from slurmkit.common.slurm_env import slurm_job_id
     from slurmkit.runs import RunPaths
     from slurmkit.worker import requeue
 
+    at = f" at step {step}" if step is not None else ""
     if not requeue_asked:
-        return "SIGTERM: stopped; Slurm ends or requeues the job itself"
+        return f"SIGTERM: stopped{at}; Slurm ends or requeues the job itself"
     if os.environ.get("SLURM_PROCID", "0") != "0":
-        return "stopped; rank 0 asks for the requeue"
-    cause, ok = requeue.requeue_after_signal(RunPaths(Path(run_dir)), slurm_job_id(), None)
-    return f"stopped ({cause}); {'requeued: the run starts again' if ok else 'requeue budget spent, not requeued'}"
+        return f"stopped{at}; rank 0 asks for the requeue"
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return f"stopped{at}; not under Slurm: no requeue"
+    cause, ok = requeue.requeue_after_signal(RunPaths(Path(run_dir)), slurm_job_id(), step)
+    return (f"stopped{at} ({cause}); "
+            f"{'requeued: the run starts again' if ok else 'requeue budget spent, not requeued'}")
 
 
 @contextmanager
 def requeue_on_signal(run_dir: str) -> Iterator[None]:
-    """Under Slurm: the stop signals interrupt the body; then requeue and exit without a result."""
-    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
-        yield
-        return
-    from slurmkit.worker.preempt import install_handlers
+    """Under Slurm: the stop signals interrupt the body; then requeue and exit without a result.
+    A function with a slurmkit.Checkpoint replaces these handlers by its flag, and stops at the
+    step its ranks agree on (AgreedStop), its state saved; that is requeued the same way."""
+    from slurmkit.checkpoint import AgreedStop
 
-    install_handlers(_raising_handler(True), _raising_handler(False))
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        from slurmkit.worker.preempt import install_handlers
+
+        install_handlers(_raising_handler(True), _raising_handler(False))
     try:
         yield
-    except Interrupted as stop:
-        print(f"slurmkit: {after(run_dir, stop.requeue)}", flush=True)
+    except (Interrupted, AgreedStop) as stop:
+        step = stop.step if isinstance(stop, AgreedStop) else None
+        print(f"slurmkit: {after(run_dir, stop.requeue, step)}", flush=True)
         raise SystemExit(0) from None  # not an exception: no result (or error) for this incarnation

@@ -1,0 +1,163 @@
+"""The Python API: Executor.submit / map_array and slurmkit.sweep, over the same library as the CLI.
+
+    ex = slurmkit.Executor(profile="devcluster", nodes=2, time="00:10:00")
+    job = ex.submit(fn, *args, **kwargs)      # a slurmkit.Job (slurmkit.handles)
+
+Keyword arguments are the run's resources (nodes, tasks_per_node, gpus_per_node, cpus_per_task,
+mem, time) and any profile field (partition, account, requeue, signal_delay_s, ...), validated as
+the CLI validates them, with the same one-line errors. Precedence, highest first: `set=[...]`
+> keyword arguments > the profile > the defaults. Torch is never imported here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import sysconfig
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from slurmkit import jobs
+from slurmkit.config.loader import Layer, Resolved, profile_layers, profile_name, resolve_layers, validate_layers
+from slurmkit.config.overrides import split_sets
+from slurmkit.config.profile import ClusterProfile, Resources
+from slurmkit.errors import ConfigError, did_you_mean, squash
+from slurmkit.handles import Job, SweepHandle
+from slurmkit.runs import expand_root
+
+SOURCE = "Executor"
+RESOURCE_FIELDS = tuple(Resources.model_fields)
+SPEC_FIELDS = ("name", "env", "snapshot")
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    """A run name from a function: `<lambda>` -> lambda; a name Slurm and the run id accept."""
+    name = _UNSAFE_NAME.sub("", getattr(fn, "__name__", "") or "") or "function"
+    return name[:64].lstrip("._-") or "function"
+
+
+def _qualified(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', None) or type(fn).__name__}"
+
+
+def _installed(path: str) -> bool:
+    """A module file of the standard library or of an installed package: the nodes import it too."""
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return any(Path(path).resolve().is_relative_to(Path(r).resolve()) for r in roots)
+
+
+def by_value(fn: Callable[..., Any]) -> None:
+    """Send the function's module by value unless the nodes can import it: cloudpickle pickles
+    `__main__` (scripts, notebooks) by value already; a module that exists only in the login
+    node's working directory is registered so too, an installed package stays by reference."""
+    import cloudpickle
+
+    top = (getattr(fn, "__module__", None) or "").split(".")[0]
+    module = sys.modules.get(top)
+    path = getattr(module, "__file__", None)
+    if module is None or top in ("__main__", "slurmkit") or path is None or _installed(path):
+        return
+    cloudpickle.register_pickle_by_value(module)
+
+
+def check_call(call: jobs.Call) -> None:
+    """At submit, never after queueing: the call pickles, and its return value can come back."""
+    import cloudpickle
+
+    fn = call.fn
+    if not callable(fn):
+        raise ConfigError(f"{type(fn).__name__} object is not callable", where=f"{SOURCE}.submit",
+                          valid="valid: a function, lambda, or callable object")
+    for kind, test in (("generator", inspect.isgeneratorfunction), ("coroutine", inspect.iscoroutinefunction),
+                       ("async generator", inspect.isasyncgenfunction)):
+        if test(fn):
+            raise ConfigError(f"{_qualified(fn)} returns a {kind}, which cannot be sent back from the job",
+                              where=f"{SOURCE}.submit", valid="valid: a function that returns its values")
+    by_value(fn)
+    try:
+        cloudpickle.dumps(call)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to see, in one line
+        raise ConfigError(f"{_qualified(fn)} or its arguments do not pickle: {type(exc).__name__}: "
+                          f"{squash(str(exc), 200)}", where=f"{SOURCE}.submit",
+                          valid="valid: a function whose globals and arguments pickle (no open files, locks, "
+                                "sockets or live connections)") from None
+
+
+class Executor:
+    """Submits Python functions as slurmkit runs: profiles, rendered scripts, pre-flight, requeue,
+    run folders; `slurmkit status/logs/result/cancel/report` work on what it submits."""
+
+    def __init__(self, profile: str | None = None, *, name: str | None = None, env: dict[str, str] | None = None,
+                 set: list[str] | None = None, snapshot: bool | None = None, **fields: Any) -> None:
+        self._kw: dict[str, Any] = {"name": name, "env": env, "set": set, "snapshot": snapshot, **fields}
+        self.profile_name = profile_name(profile)
+        unknown = [k for k in fields if k not in RESOURCE_FIELDS and k not in ClusterProfile.model_fields]
+        if unknown:
+            valid = [*RESOURCE_FIELDS, *SPEC_FIELDS, "set", *ClusterProfile.model_fields]
+            raise ConfigError(f"unknown keyword argument {unknown[0]!r}{did_you_mean(unknown[0], valid)}",
+                              where=SOURCE, valid=f"valid: {', '.join(valid)}")
+        spec_sets, profile_sets = split_sets(set or [])
+        layers: list[Layer] = [*profile_layers(self.profile_name),
+                               (SOURCE, {k: v for k, v in fields.items() if k in ClusterProfile.model_fields})]
+        if profile_sets:
+            layers.append(("set", profile_sets))
+        self.profile: ClusterProfile = validate_layers(ClusterProfile, layers)
+        spec: dict[str, Any] = {"resources": {k: v for k, v in fields.items() if k in RESOURCE_FIELDS}}
+        spec.update({k: v for k, v in (("name", name), ("env", env), ("snapshot", snapshot)) if v is not None})
+        self._spec_layers: list[Layer] = [(SOURCE, spec), *([("set", spec_sets)] if spec_sets else [])]
+        self.resolve(lambda: None)  # every argument is checked now, not at the first submit
+
+    def resolve(self, fn: Callable[..., Any]) -> Resolved:
+        """The run spec a submit of fn gets: a `function` run named after fn unless name= was given."""
+        base = {"name": _name_of(fn), "function": _qualified(fn)}
+        return resolve_layers([(SOURCE, base), *self._spec_layers], self.profile, self.profile_name)
+
+    def update(self, **kw: Any) -> Executor:
+        """A new executor with these arguments changed (the profile too, with profile=)."""
+        merged = {"profile": self.profile_name, **self._kw, **kw}
+        return Executor(**merged)
+
+    @property
+    def run_root(self) -> str:
+        return str(expand_root(self.profile.run_root))
+
+    def render(self, fn: Callable[..., Any]) -> str:
+        """The sbatch script a submit of fn would send (a dry run: nothing is created)."""
+        return jobs.dry_run(self.resolve(fn)).script
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Job:
+        """Run fn(*args, **kwargs) on every rank of one job; rank 0's return value is job.result()."""
+        call = jobs.Call(fn, args, kwargs)
+        check_call(call)
+        resolved = self.resolve(fn)
+        done = jobs.submit(resolved, call=call)
+        return Job(done.run_id, done.job_id or "", done.run_dir, resolved.profile.executor, self.run_root)
+
+    def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any], max_parallel: int | None = None,
+                  max_array_size: int | None = None) -> list[Job]:
+        """fn(*items) for each tuple of items, as ONE Slurm job array (several only above MaxArraySize),
+        throttled to max_parallel running at once; one Job per item, in order."""
+        from slurmkit.sweeps import mapped
+
+        items = [tuple(t) for t in zip(*iterables, strict=True)] if len(iterables) > 1 else [
+            (x,) for x in (iterables[0] if iterables else [])]
+        if not items:
+            return []
+        check_call(jobs.Call(fn, items[0]))
+        return mapped.submit(self.resolve(fn), fn, items, max_parallel, max_array_size)
+
+
+def sweep(spec: str | Path | dict[str, Any], profile: str | None = None, grid: dict[str, list[Any]] | None = None,
+          max_parallel: int | None = None, set: list[str] | None = None) -> SweepHandle:
+    """Submit a sweep spec (a file, or a mapping with a `sweep:` section) as `slurmkit sweep` does."""
+    from slurmkit.sweeps import spec as sweep_spec
+    from slurmkit.sweeps.store import SweepPaths
+    from slurmkit.sweeps.submit import submit
+
+    plan = sweep_spec.load(spec if isinstance(spec, dict) else Path(spec), max_parallel=max_parallel,
+                           grid_values=grid)
+    done = submit(plan, profile, set)
+    return SweepHandle(SweepPaths(Path(done.sweep_dir)))

@@ -1,0 +1,193 @@
+"""Checkpoints and the coordinated stop for functions submitted from Python.
+
+    def train(steps: int, ckpt: slurmkit.Checkpoint) -> float:
+        rank, world, device = slurmkit.distributed.init()
+        state = ckpt.restore() or {"step": 0, "w": torch.zeros(8)}
+        for step in range(state["step"], steps):
+            ...                                      # one training step, all-reduce as you like
+            state = {"step": step + 1, "w": w}
+            ckpt.step(step + 1, state)               # the step boundary
+        return float(w.sum())
+
+A function with a parameter annotated `slurmkit.Checkpoint` gets one from the run's entry, on
+the run's checkpoint URI (profile checkpoint_root, else the run folder). Without one, the module
+functions `slurmkit.checkpoint.restore()`, `step()` and `save()` use a default Checkpoint.
+
+What it gives, as `task: train` has it: step-N folders valid only once their commit marker is
+written (slurmkit.worker.checkpoint), a save every `every` steps written in the background, the
+newest `keep_latest_k` valid steps kept, and the stop: the signal handler only sets a flag; at
+the next `step()` every rank agrees (one small all-reduce), the state of that step is saved and
+committed, and rank 0 requeues within the profile's budget. The next incarnation's `restore()`
+returns that state, so no finished step is lost. Rank 0 writes the state: the ranks of a
+data-parallel function hold the same one. Torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+STATE_FILE = "state.pt"
+DEFAULT_EVERY = 100
+
+
+class AgreedStop(BaseException):  # noqa: N818 - a control-flow signal, like SystemExit
+    """Raised by Checkpoint.step on every rank at the agreed step, after the final save; the run's
+    entry turns it into the requeue (slurmkit.worker.interrupt)."""
+
+    def __init__(self, requeue: bool, step: int) -> None:
+        super().__init__(f"stopped at step {step}")
+        self.requeue, self.step = requeue, step
+
+
+class Checkpoint:
+    def __init__(self, uri: str | None = None, every: int = DEFAULT_EVERY, keep_latest_k: int = 3,
+                 async_save: bool = True) -> None:
+        """uri: an fsspec URI; unset, the run's ($SLURMKIT_CHECKPOINT_URI, else the run folder's)."""
+        from slurmkit.worker.checkpoint import AsyncWriter, CheckpointStore
+        from slurmkit.worker.preempt import StopFlag
+
+        uri = uri or os.environ.get("SLURMKIT_CHECKPOINT_URI") or _run_folder_uri()
+        self.uri, self.every, self.keep, self.async_save = uri, every, keep_latest_k, async_save
+        self.store = CheckpointStore(uri, (STATE_FILE,))
+        self.writer = AsyncWriter(self.store)
+        self.flag = StopFlag().install()
+        self.resumed_step: int | None = None
+        self._buffers: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ ranks
+
+    @staticmethod
+    def _world() -> tuple[int, int]:
+        import torch.distributed as tdist
+
+        if tdist.is_available() and tdist.is_initialized():
+            return tdist.get_rank(), tdist.get_world_size()
+        return 0, 1
+
+    def _max(self, values: list[int]) -> list[int]:
+        """The largest of each value over the ranks (the values themselves with one rank)."""
+        import torch
+        import torch.distributed as tdist
+
+        if self._world()[1] == 1:
+            return values
+        device = "cuda" if tdist.get_backend() == "nccl" else "cpu"
+        t = torch.tensor(values, dtype=torch.int64, device=device)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+        return [int(v) for v in t.tolist()]
+
+    def _from_main(self, obj: Any) -> Any:
+        import torch.distributed as tdist
+
+        if self._world()[1] == 1:
+            return obj
+        box = [obj]
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # ------------------------------------------------------------------ restore / save
+
+    def restore(self) -> Any | None:
+        """The newest valid state (rank 0 picks the step, every rank loads it), or None: a fresh start."""
+        step = self._from_main(self.store.latest_valid() if self._world()[0] == 0 else None)
+        if step is None:
+            return None
+        self.resumed_step = step
+        if self._world()[0] == 0:
+            print(f"slurmkit: resumed from checkpoint step-{step}", flush=True)
+        return self.store.load(step, STATE_FILE)
+
+    def save(self, step: int, state: Any, wait: bool = False) -> None:
+        """Save `state` as step-N: in the background (committed at a later boundary), or now with wait."""
+        from slurmkit.worker.checkpoint import snapshot
+
+        if self._world()[0] != 0:
+            return
+        self._commit()
+        value = state() if callable(state) else state
+        self.writer.start(step, {STATE_FILE: snapshot(value, self._buffers)})
+        if wait or not self.async_save:
+            self._commit()
+
+    def _commit(self) -> None:
+        if not self.writer.pending:
+            return
+        step = self.writer.step
+        entries = self.writer.result()
+        assert step is not None
+        self.store.commit(step, entries, {"world_size": self._world()[1]})
+        self.store.prune(self.keep, protect=(step, self.resumed_step))
+        print(f"slurmkit: checkpoint step-{step} committed", flush=True)
+
+    def step(self, step: int, state: Any | Callable[[], Any]) -> None:
+        """The step boundary after `step` finished steps, on every rank. `state`, or a function
+        returning it (called only when a save is due), is what restore() gives back."""
+        stop, writing = self._max([int(self.flag.kind), int(self.writer.pending and not self.writer.done)])
+        if self.writer.pending and not writing:
+            self._commit()
+        if stop:
+            from slurmkit.worker.preempt import Stop
+
+            self.save(step, state, wait=True)
+            import torch.distributed as tdist
+
+            if self._world()[1] > 1:
+                tdist.barrier()  # committed before any rank leaves
+            raise AgreedStop(Stop(stop) == Stop.REQUEUE, step)
+        if self.every and step % self.every == 0:
+            self.save(step, state)
+
+    def close(self) -> None:
+        """Commit a save still in flight (the function returned)."""
+        self._commit()
+
+
+def _run_folder_uri() -> str:
+    from pathlib import Path
+
+    from slurmkit.runs import RunPaths
+
+    run_dir = os.environ.get("SLURMKIT_RUN_DIR")
+    if not run_dir:
+        raise RuntimeError("slurmkit.Checkpoint outside a slurmkit run needs uri=")
+    return RunPaths(Path(run_dir)).checkpoint_uri(None)
+
+
+_default: Checkpoint | None = None
+
+
+def default() -> Checkpoint:
+    """The Checkpoint of this process, made on first use."""
+    global _default
+    if _default is None:
+        _default = Checkpoint()
+    return _default
+
+
+def restore() -> Any | None:
+    return default().restore()
+
+
+def step(n: int, state: Any | Callable[[], Any]) -> None:
+    default().step(n, state)
+
+
+def save(n: int, state: Any, wait: bool = False) -> None:
+    default().save(n, state, wait)
+
+
+def wants_checkpoint(fn: Callable[..., Any]) -> str | None:
+    """The parameter of fn annotated slurmkit.Checkpoint (as a class or its name), if any."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    for p in params:
+        ann = p.annotation
+        if ann is Checkpoint or (isinstance(ann, str) and ann.split(".")[-1] == "Checkpoint"):
+            return p.name
+    return None

@@ -1,0 +1,160 @@
+"""Handles on what the Python API submitted: Job (a run, or one task of a map_array), SweepHandle,
+as_completed. A Job is a small frozen dataclass of ids and paths: it pickles, travels into another
+job, and `Job.from_id` rebuilds it in any process, from a run id or a Slurm job id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmkit import jobs
+from slurmkit.errors import JobFailedError
+from slurmkit.polling import Poller
+from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.sweeps.store import SweepPaths
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run (a submit) or one task of a map_array (a sweep task, whose folder appears when it starts)."""
+
+    run_id: str
+    job_id: str
+    """The Slurm job id at submit (ARRAY_TASK for a map_array task; the controller pid on local)."""
+    run_dir: str
+    executor: str = "slurm"
+    run_root: str = ""
+
+    @classmethod
+    def from_id(cls, ident: str, profile: str | None = None) -> Job:
+        """Reattach to a run (CLI- or Python-submitted) by run id, unique prefix, folder or Slurm job id."""
+        from slurmkit.config.loader import load_profile, profile_name
+        from slurmkit.lookup import find
+        from slurmkit.runs import expand_root
+
+        run_root = str(expand_root(load_profile(profile_name(profile)).run_root))
+        paths = find(run_root, ident)
+        rec = RunRecord(paths).read()
+        ids = rec.get("job_ids") or [""]
+        return cls(rec.get("run_id", paths.run_id), ids[-1], str(paths.run_dir), rec.get("executor", "slurm"),
+                   run_root)
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(Path(self.run_dir))
+
+    @property
+    def started(self) -> bool:
+        """Whether the run folder exists: always for a submit, once it starts for a map_array task."""
+        return self.paths.record.exists()
+
+    @property
+    def state(self) -> str:
+        """The Slurm state now (PENDING, RUNNING, COMPLETED, FAILED, ...): one squeue, at most one sacct."""
+        return states([self])[self]
+
+    def done(self) -> bool:
+        return not jobs.is_active(self.state)
+
+    def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> str:
+        """The final state, polling with back-off; TimeoutError if the job is still active after timeout s."""
+        final = Poller(first_s=poll_s).until_ended(lambda: self.state,
+                                                   lambda st: {st} if jobs.is_active(st) else set(), timeout)
+        if jobs.is_active(final):
+            raise TimeoutError(f"{self.run_id}: still {final} after {timeout} s")
+        return final
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Waits; rank 0's return value. A failed job raises JobFailedError with the failing rank's log tail."""
+        return self.results(timeout, ranks=[0])[0]
+
+    def results(self, timeout: float | None = None, ranks: list[int] | None = None) -> list[Any]:
+        """Waits; every rank's return value, by rank."""
+        final = self.wait(timeout)
+        if not self.started:
+            raise JobFailedError(f"ended {final} before it started", where=self.run_id, log_tail="")
+        if ranks is None:
+            ranks = list(range(int(RunRecord(self.paths).read().get("num_tasks", 1))))
+        return [jobs.result(self.paths, rank) for rank in ranks]
+
+    def logs(self, rank: int | None = None) -> str:
+        """Every rank's output so far, each line prefixed [rank] ([rank!] for stderr)."""
+        return "\n".join(jobs.logs(self.paths, rank)) if self.started else ""
+
+    def cancel(self) -> list[str]:
+        if self.started:
+            return jobs.cancel(self.paths)
+        from slurmkit.slurm import commands
+
+        commands.scancel([self.job_id])
+        return [self.job_id]
+
+
+def states(handles: list[Job]) -> dict[Job, str]:
+    """The state of many jobs at once: one squeue for the runs (and at most one sacct), and one
+    per map_array whose tasks have not all started."""
+    started = [j for j in handles if j.started]
+    rows = jobs.statuses([(j.paths, RunRecord(j.paths).read()) for j in started])
+    out = {j: row.state for j, row in zip(started, rows, strict=True)}
+    by_sweep: dict[Path, list[Job]] = {}
+    for job in handles:
+        if job not in out:  # only a map_array task has no folder yet: <sweep>/tasks/<index>
+            by_sweep.setdefault(Path(job.run_dir).parent.parent, []).append(job)
+    for sweep_dir, waiting in by_sweep.items():
+        from slurmkit.sweeps.results import task_states
+
+        now = {s.index: s.state for s in task_states(SweepPaths(sweep_dir))}
+        out.update((j, now[int(Path(j.run_dir).name)]) for j in waiting)
+    return out
+
+
+def as_completed(handles: Iterable[Job], timeout: float | None = None, poll_s: float = 1.0) -> Iterator[Job]:
+    """Each job as it ends (in the order they end), polling all of them at once with back-off."""
+    pending = list(dict.fromkeys(handles))
+    poller = Poller(first_s=poll_s)
+    while pending:
+        now = states(pending)
+        for job in [j for j in pending if not jobs.is_active(now[j])]:
+            pending.remove(job)
+            yield job
+        if pending:
+            if timeout is not None and poller.elapsed() > timeout:
+                raise TimeoutError(f"{len(pending)} job(s) still active after {timeout} s")
+            poller.wait()
+
+
+@dataclass(frozen=True)
+class SweepHandle:
+    """A submitted sweep: the library behind `slurmkit sweep status/results/resubmit`."""
+
+    paths: SweepPaths
+
+    @property
+    def sweep_id(self) -> str:
+        return self.paths.sweep_id
+
+    def status(self) -> dict[int, str]:
+        """Each task's state, by task index."""
+        from slurmkit.sweeps.results import task_states
+
+        return {s.index: s.state for s in task_states(self.paths)}
+
+    def wait(self, timeout: float | None = None) -> dict[int, str]:
+        from slurmkit.sweeps.results import wait
+
+        return {s.index: s.state for s in wait(self.paths, timeout_s=timeout)}
+
+    def results(self) -> list[dict[str, Any]]:
+        """One row per task: index, state, the varying keys and the final metrics."""
+        from slurmkit.sweeps.results import results
+
+        return results(self.paths).rows
+
+    def resubmit(self, failed: bool = True) -> list[int]:
+        """A new array of the tasks that ended failed, cancelled or timed out; their indices."""
+        from slurmkit.sweeps.submit import resubmit_failed
+
+        return resubmit_failed(self.paths, self.status()) if failed else []
