@@ -15,6 +15,7 @@ import inspect
 import re
 import sys
 import sysconfig
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from slurmkit.runs import expand_root
 SOURCE = "Executor"
 RESOURCE_FIELDS = tuple(Resources.model_fields)
 SPEC_FIELDS = ("name", "env", "snapshot")
+PREFLIGHT_TTL_S = 60.0
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -109,6 +111,7 @@ class Executor:
         spec.update({k: v for k, v in (("name", name), ("env", env), ("snapshot", snapshot)) if v is not None})
         self._spec_layers: list[Layer] = [(SOURCE, spec), *([("set", spec_sets)] if spec_sets else [])]
         self.resolve(lambda: None)  # every argument is checked now, not at the first submit
+        self._checked_at: float | None = None
 
     def resolve(self, fn: Callable[..., Any]) -> Resolved:
         """The run spec a submit of fn gets: a `function` run named after fn unless name= was given."""
@@ -133,7 +136,11 @@ class Executor:
         call = jobs.Call(fn, args, kwargs)
         check_call(call)
         resolved = self.resolve(fn)
-        done = jobs.submit(resolved, call=call)
+        # Every submit of an executor asks for the same resources: one pre-flight a minute serves them.
+        fresh = self._checked_at is not None and time.monotonic() - self._checked_at < PREFLIGHT_TTL_S
+        done = jobs.submit(resolved, call=call, preflighted=fresh)
+        if not fresh:
+            self._checked_at = time.monotonic()
         return Job(done.run_id, done.job_id or "", done.run_dir, resolved.profile.executor, self.run_root)
 
     def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any], max_parallel: int | None = None,

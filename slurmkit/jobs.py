@@ -86,11 +86,13 @@ def dry_run(resolved: Resolved, dependency: str | None = None) -> Submitted:
     return Submitted(run_id="<run-id>", job_id=None, run_dir=str(paths.run_dir), script=script)
 
 
-def submit(resolved: Resolved, dependency: str | None = None, call: Call | None = None) -> Submitted:
+def submit(resolved: Resolved, dependency: str | None = None, call: Call | None = None,
+           preflighted: bool = False) -> Submitted:
     """Pre-flight, create the run folder and record, submit through submitit, record the job id.
 
     dependency is an sbatch --dependency value, e.g. from dependency.after_dependency. call is
-    the Python function a `function` spec runs (slurmkit.Executor.submit).
+    the Python function a `function` spec runs (slurmkit.Executor.submit). preflighted: the caller
+    has just checked this same request against the live cluster (an Executor submitting again).
     Everything the submit creates gets the run's umask (perms); a submit that fails before
     anything is queued leaves nothing behind.
     """
@@ -99,9 +101,10 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
     check_function_kind(resolved, call)
     slurm = resolved.profile.executor == "slurm"
     if slurm:
-        from slurmkit.slurm import preflight
+        if not preflighted:
+            from slurmkit.slurm import preflight
 
-        preflight.check(resolved)
+            preflight.check(resolved)
     elif dependency:
         raise SlurmkitError("--after needs the slurm executor", where=resolved.profile_name,
                             valid="valid: a Slurm profile, e.g. -p devcluster")
@@ -131,13 +134,12 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
                 if isinstance(exc, (SlurmkitError, OSError)):
                     raise
                 raise SlurmError(f"submission failed: {squash(str(exc))}", where=resolved.profile_name) from exc
-        # Queued: the job id is recorded first, so nothing later can lose it.
+        # Queued: the job id is recorded first (with the script, in one write), so nothing later can lose it.
         job_id = str(job.job_id)
-        record.add_job_id(job_id, pid_start=None if slurm else procs.start_time(int(job_id)))
         script = getattr(executor, "last_script", None) or ""
+        record.add_job_id(job_id, pid_start=None if slurm else procs.start_time(int(job_id)), script=script)
         if script:
             paths.write_script(script)
-        record.update(script=script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
 
 

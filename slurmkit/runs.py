@@ -304,9 +304,11 @@ class RunRecord(LockedJson):
         super().__init__(paths.record)
         self.paths = paths
 
-    def add_job_id(self, job_id: str, pid_start: int | None = None) -> dict[str, Any]:
-        """Append a job id; a local run's is the controller's pid, kept with its start time (procs)."""
+    def add_job_id(self, job_id: str, pid_start: int | None = None, **also: Any) -> dict[str, Any]:
+        """Append a job id; a local run's is the controller's pid, kept with its start time (procs).
+        `also`: more fields set in the same write."""
         with self.editing() as data:
+            data.update(also)
             if job_id not in data.setdefault("job_ids", []):
                 data["job_ids"].append(job_id)
             if pid_start is not None:
