@@ -197,3 +197,7 @@ def test_snapshot_runs_the_submitted_code_after_an_edit(cluster: None, tmp_path:
 
     status = CliRunner().invoke(app, ["status", out["run_id"], "-p", str(dev_profile), "--json"])
     assert json.loads(status.output)[0]["snapshot"]["git_commit"] == snap["git_commit"]
+    # The CLI's report works on a run Python submitted, and shows what code it ran.
+    report = CliRunner().invoke(app, ["report", out["run_id"], "-p", str(dev_profile), "--json"])
+    assert report.exit_code == 0, report.output
+    assert json.loads(report.output)["snapshot"]["files"] == 2

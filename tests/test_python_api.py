@@ -201,3 +201,21 @@ def test_sweep_from_a_mapping_with_a_grid(local_profile: Path) -> None:
     assert sw.resubmit(failed=True) == []  # nothing failed, nothing resubmitted
     with pytest.raises(ConfigError, match="no sweep section"):
         slurmkit.sweep({"name": "x", "command": "true"}, profile=str(local_profile))
+
+
+def test_local_map_array_with_a_snapshot_records_it_in_every_task(local_profile: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "helper.py").write_text("VERSION = 1\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    monkeypatch.chdir(repo)
+    ex = slurmkit.Executor(profile=str(local_profile), tasks_per_node=1, snapshot=True)
+    handles = ex.map_array(add, [1, 2], [3, 4])
+    assert [j.result(timeout=300) for j in handles] == [4, 6]
+    from slurmkit.runs import RunRecord
+
+    for job in handles:
+        snap = RunRecord(job.paths).read()["snapshot"]
+        assert snap["source"] == str(repo) and snap["files"] == 1 and snap["git_commit"] is None
+    assert (Path(handles[0].run_dir).parent.parent / "code" / "helper.py").read_text() == "VERSION = 1\n"

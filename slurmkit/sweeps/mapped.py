@@ -39,6 +39,7 @@ def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ..
     import cloudpickle
 
     from slurmkit.handles import Job
+    from slurmkit.jobs import Call
     from slurmkit.sweeps.submit import launch
 
     plan, tasks = plan_for(resolved, len(items), max_parallel)
@@ -48,7 +49,7 @@ def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ..
         atomic_write(paths.function_pickle, payload, perms.file_mode(paths.sweep_dir))
 
     with perms.umask(resolved.profile.run_mode):
-        done = launch(plan, tasks, max_array_size, prepare=write_function)
+        done = launch(plan, tasks, max_array_size, prepare=write_function, call=Call(fn))
     paths = SweepPaths(Path(done.sweep_dir))
     latest = latest_job_ids({"tasks": [{"index": i} for i in range(len(items))],
                              "arrays": ArrayLog(paths).read()["arrays"]})

@@ -65,6 +65,11 @@ class SweepPaths:
         return self.job_folder / f"array-{array_number}.pkl"
 
     @property
+    def snapshot_record(self) -> Path:
+        """The sweep's code snapshot (code/), as a plain run's run.json records it."""
+        return self.sweep_dir / "snapshot.json"
+
+    @property
     def function_pickle(self) -> Path:
         """A map_array's function and every task's arguments (slurmkit.sweeps.mapped)."""
         return self.sweep_dir / "function.pkl"
@@ -196,6 +201,7 @@ def task_record(paths: SweepPaths, manifest: dict[str, Any], index: int) -> dict
         "resources": entry.resources, "num_tasks": entry.num_tasks, "job_ids": [],
         "sweep": {"sweep_id": manifest["sweep_id"], "index": index, "overrides": task["overrides"],
                   "seed": task["seed"]},
+        **({"snapshot": json.loads(paths.snapshot_record.read_text())} if paths.snapshot_record.exists() else {}),
     }
 
 

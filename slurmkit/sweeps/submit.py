@@ -6,6 +6,7 @@ exists, so no task is ever dropped silently.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,9 +141,10 @@ def _submit(plan: SweepPlan, profile: str | None, sets: list[str] | None, max_ar
 
 
 def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None, after: str | None = None,
-           prepare: Callable[[SweepPaths], None] | None = None) -> SweepSubmitted:
+           prepare: Callable[[SweepPaths], None] | None = None, call: Any = None) -> SweepSubmitted:
     """Pre-flight, write the manifest (then `prepare` the folder: the function of a map_array),
-    take the code snapshot if asked for, and submit the arrays (on local: start the runner)."""
+    take the code snapshot if asked for (of `call`'s module folder outside git), and submit the
+    arrays (on local: start the runner)."""
     n = len(tasks)
     first = tasks.groups[0]
     slurm = first.profile.executor == "slurm"
@@ -155,11 +157,11 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
     with RunPaths(paths.sweep_dir).or_nothing():
         if prepare is not None:
             prepare(paths)
-        if first.snapshot:
-            from slurmkit.snapshot import into
+        from slurmkit.jobs import take_snapshot
 
-            run = RunPaths(paths.sweep_dir)
-            into(run.run_dir, run.code_dir, None, first.profile.snapshot_max_mb)
+        if (snap := take_snapshot(first, paths.sweep_dir, call)) is not None:
+            # Each task's run.json is made when it starts (store.task_record), and carries this.
+            atomic_write_text(paths.snapshot_record, json.dumps(snap), perms.file_mode(paths.sweep_dir))
     if not slurm:
         from slurmkit.sweeps import local
 
