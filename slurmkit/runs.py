@@ -129,7 +129,8 @@ class RunPaths:
             raise
 
     def write_script(self, text: str) -> None:
-        atomic_write_text(self.script, text, perms.file_mode(self.run_dir))
+        # Not fsynced: run.json, written durably just before, holds the same text as "script".
+        atomic_write_text(self.script, text, perms.file_mode(self.run_dir), durable=False)
 
     @property
     def run_id(self) -> str:

@@ -182,3 +182,22 @@ def test_a_slurm_conf_not_written_by_devcluster_is_not_ours(tmp_path: Path, monk
     assert not cluster.is_ours()
     monkeypatch.setattr(layout, "SLURM_CONF", tmp_path / "missing.conf")
     assert not cluster.is_ours()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_atomic_write_replaces_whole_files_and_leaves_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              durable: bool) -> None:
+    """Both modes replace the file whole; only the durable one fsyncs (the file and its folder)."""
+    import os as os_mod
+
+    from slurmkit.common import atomic
+
+    synced: list[int] = []
+    real_fsync = os_mod.fsync
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    target = tmp_path / "f.txt"
+    atomic.atomic_write_text(target, "old\n", durable=durable)
+    atomic.atomic_write_text(target, "new\n" * 1000, durable=durable)
+    assert target.read_text() == "new\n" * 1000
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+    assert len(synced) == (4 if durable else 0)

@@ -2,7 +2,8 @@
 
 Write a temp file in the same folder (O_EXCL), in 1 MiB chunks, fsync it, rename it over the
 target, fsync the folder. Used for run.json and sweep.json, outcome records, scripts, and every
-file of a checkpoint on a local or parallel filesystem.
+file of a checkpoint on a local or parallel filesystem. A run's sbatch.sh, a copy of run.json's
+"script", skips the fsyncs (durable=False): it is still all or nothing to a reader.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ WRITE_CHUNK = 1 << 20  # 1 MiB writes, as dd bs=1M: one huge write() was 3x slow
 PRIVATE_FILE = 0o600
 
 
-def atomic_write(path: Path | str, data: bytes, mode: int = PRIVATE_FILE) -> None:
-    """Replace `path` with `data`; the file is created with `mode`, narrowed by the umask."""
+def atomic_write(path: Path | str, data: bytes, mode: int = PRIVATE_FILE, durable: bool = True) -> None:
+    """Replace `path` with `data`; the file is created with `mode`, narrowed by the umask.
+    durable=False skips both fsyncs (still all or nothing to a reader): for a copy of what a
+    durable file already holds, such as a run's sbatch.sh beside run.json's "script"."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
@@ -28,13 +31,16 @@ def atomic_write(path: Path | str, data: bytes, mode: int = PRIVATE_FILE) -> Non
                 chunk = view[start:start + WRITE_CHUNK]
                 while chunk:
                     chunk = chunk[os.write(fd, chunk):]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -42,5 +48,5 @@ def atomic_write(path: Path | str, data: bytes, mode: int = PRIVATE_FILE) -> Non
         os.close(dir_fd)
 
 
-def atomic_write_text(path: Path | str, text: str, mode: int = PRIVATE_FILE) -> None:
-    atomic_write(path, text.encode(), mode)
+def atomic_write_text(path: Path | str, text: str, mode: int = PRIVATE_FILE, durable: bool = True) -> None:
+    atomic_write(path, text.encode(), mode, durable)
