@@ -194,7 +194,12 @@ def test_atomic_write_replaces_whole_files_and_leaves_no_temp(tmp_path: Path, mo
 
     synced: list[int] = []
     real_fsync = os_mod.fsync
-    monkeypatch.setattr(atomic.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", counting_fsync)
     target = tmp_path / "f.txt"
     atomic.atomic_write_text(target, "old\n", durable=durable)
     atomic.atomic_write_text(target, "new\n" * 1000, durable=durable)
