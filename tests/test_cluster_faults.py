@@ -106,8 +106,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return result
 
 
-def test_preemption_signal_saves_at_the_step_and_resumes(cluster: None, dev_profile: Path,
-                                                         reference: dict[str, Any]) -> None:
+def test_preemption_signal_saves_at_the_step_resumes_and_reports_both_segments(
+        cluster: None, dev_profile: Path, tmp_path: Path, reference: dict[str, Any]) -> None:
     paths, job = start(dev_profile)
     wait_step(paths, 60)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
@@ -119,6 +119,41 @@ def test_preemption_signal_saves_at_the_step_and_resumes(cluster: None, dev_prof
     assert any(p.name == "model.pt" for p in written)
     assert all(stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in written), [
         (p, oct(p.stat().st_mode)) for p in written]
+    # The same run is the observability case (docs/observability.md): its report shows both job
+    # segments, the restart's start-up phases and the goodput (one preempted run serves both).
+    check_report_of_a_run_preempted_once(paths, job, dev_profile, tmp_path)
+
+
+def check_report_of_a_run_preempted_once(paths: RunPaths, job_id: str, dev_profile: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from slurmkit.cli.app import app
+
+    runner = CliRunner()
+    out = tmp_path / "report.png"
+    result = runner.invoke(app, ["report", paths.run_id, "-p", str(dev_profile), "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    assert info["incarnations"] == 2 and info["restart_causes"] == ["preemption"]
+    from slurmkit import report
+
+    data = report.collect(paths)
+    first, second = data.segments
+    assert first.job_id == second.job_id == job_id and first.cause == "preemption"
+    assert first.end is not None and second.start is not None and second.start >= first.end
+    # Where the restart's seconds went, from the resumed first step's record.
+    assert list(second.startup) == ["launch", "imports", "rendezvous", "build", "restore", "first_step"]
+    assert all(v >= 0 for v in second.startup.values()) and second.startup["imports"] > 0
+    assert info["startup_s"][1] == second.startup
+    gp = data.accounting
+    assert 0 < gp.goodput < 1 and gp.steps == STEPS
+    assert gp.productive_s < gp.wall_s and gp.queue_wait_s > 0
+    status = json.loads(runner.invoke(app, ["status", paths.run_id, "-p", str(dev_profile), "--json"]).output)
+    assert status[0]["restarts"] == 1 and status[0]["goodput"] == pytest.approx(gp.goodput, abs=0.05)
+    html = tmp_path / "report.html"
+    assert runner.invoke(app, ["report", paths.run_id, "-p", str(dev_profile), "-o", str(html)]).exit_code == 0
+    assert "data:image/png;base64," in html.read_text() and "preemption" in html.read_text()
 
 
 def test_scontrol_requeue_resumes_from_the_last_checkpoint(cluster: None, dev_profile: Path,

@@ -19,7 +19,6 @@ from slurmkit.cli.app import app
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, steady, write_spec
-from tests.test_cluster_faults import STEPS, start, wait_step
 
 pytestmark = pytest.mark.cluster
 runner = CliRunner()
@@ -80,40 +79,6 @@ def test_doctor_passes_then_fails_with_a_fix_when_slurmctld_is_down(cluster: Non
         assert "FAIL  slurm" in text and "fix: start slurmctld" in text
     finally:
         dc.up(2, log=lambda m: print(m, file=sys.stderr))
-
-
-def test_report_of_a_run_preempted_once_shows_both_job_segments(cluster: None, tmp_path: Path,
-                                                                 dev_profile: Path) -> None:
-    paths, job_id = start(dev_profile)
-    wait_step(paths, 120)
-    commands.scancel([job_id], signal="USR2")
-    final = jobs.wait(paths, poller=steady(1.0), timeout_s=240)
-    assert final.state == "COMPLETED"
-    out = tmp_path / "report.png"
-    result = runner.invoke(app, ["report", paths.run_id, "-p", str(dev_profile), "-o", str(out), "--json"])
-    assert result.exit_code == 0, result.output
-    info = json.loads(result.output)
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
-    assert info["incarnations"] == 2 and info["restart_causes"] == ["preemption"]
-    from slurmkit import report
-
-    data = report.collect(paths)
-    first, second = data.segments
-    assert first.job_id == second.job_id == job_id and first.cause == "preemption"
-    assert first.end is not None and second.start is not None and second.start >= first.end
-    # Where the restart's seconds went, from the resumed first step's record.
-    assert list(second.startup) == ["launch", "imports", "rendezvous", "build", "restore", "first_step"]
-    assert all(v >= 0 for v in second.startup.values()) and second.startup["imports"] > 0
-    assert info["startup_s"][1] == second.startup
-    gp = data.accounting
-    assert 0 < gp.goodput < 1 and gp.steps == STEPS
-    assert gp.productive_s < gp.wall_s and gp.queue_wait_s > 0
-    status = json.loads(runner.invoke(app, ["status", paths.run_id, "-p", str(dev_profile), "--json"]).output)
-    assert status[0]["restarts"] == 1 and status[0]["goodput"] == pytest.approx(gp.goodput, abs=0.05)
-    html = tmp_path / "report.html"
-    assert runner.invoke(app, ["report", paths.run_id, "-p", str(dev_profile), "-o", str(html)]).exit_code == 0
-    assert "data:image/png;base64," in html.read_text() and "preemption" in html.read_text()
-
 
 
 def test_health_gate_all_reduce_across_both_nodes_passes(cluster: None, tmp_path: Path) -> None:
