@@ -227,8 +227,13 @@ def test_sbatch_refusal_leaves_no_run_record(cluster: None, tmp_path: Path, dev_
     assert list(run_root.iterdir()) == []
 
 
-def test_submit_while_slurmctld_is_down(cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path) -> None:
+def test_submit_while_slurmctld_is_down(cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from slurmkit.devcluster import cluster as dc
+
+    # One attempt: each scontrol spends about 9 s in its own connect retries against a dead
+    # controller. The query retries themselves are tested in test_polling.py (stand-in squeue).
+    monkeypatch.setattr(commands, "QUERY_ATTEMPTS", 1)
 
     pid = dc.status()["daemons"]["slurmctld"]["pid"]
     os.kill(pid, signal.SIGTERM)
