@@ -166,6 +166,13 @@ def default() -> Checkpoint:
     return _default
 
 
+def finish() -> None:
+    """Commit the default Checkpoint's save still in flight, if it was ever made (the run's entry,
+    once the function returns)."""
+    if _default is not None:
+        _default.close()
+
+
 def restore() -> Any | None:
     return default().restore()
 
@@ -179,7 +186,10 @@ def save(n: int, state: Any, wait: bool = False) -> None:
 
 
 def wants_checkpoint(fn: Callable[..., Any]) -> str | None:
-    """The parameter of fn annotated slurmkit.Checkpoint (as a class or its name), if any."""
+    """The parameter of fn annotated slurmkit.Checkpoint, if any. A string annotation is evaluated
+    in fn's module, so a user's own class named Checkpoint is not taken for it; one that cannot
+    be evaluated there (imported inside a function) counts when it reads Checkpoint or
+    slurmkit.Checkpoint."""
     import inspect
 
     try:
@@ -188,6 +198,11 @@ def wants_checkpoint(fn: Callable[..., Any]) -> str | None:
         return None
     for p in params:
         ann = p.annotation
-        if ann is Checkpoint or (isinstance(ann, str) and ann.split(".")[-1] == "Checkpoint"):
+        if isinstance(ann, str):
+            try:
+                ann = eval(ann, getattr(fn, "__globals__", {}))  # noqa: S307 - the function's own annotation
+            except Exception:  # noqa: BLE001 - not resolvable in its module: judge by the text
+                ann = Checkpoint if ann in ("Checkpoint", "slurmkit.Checkpoint") else None
+        if ann is Checkpoint:
             return p.name
     return None

@@ -219,3 +219,31 @@ def test_local_map_array_with_a_snapshot_records_it_in_every_task(local_profile:
         snap = RunRecord(job.paths).read()["snapshot"]
         assert snap["source"] == str(repo) and snap["files"] == 1 and snap["git_commit"] is None
     assert (Path(handles[0].run_dir).parent.parent / "code" / "helper.py").read_text() == "VERSION = 1\n"
+
+
+def test_only_slurmkit_checkpoint_annotations_get_one() -> None:
+    from slurmkit.checkpoint import wants_checkpoint
+
+    class OwnCheckpoint:
+        pass
+
+    def by_string(steps: int, ckpt: slurmkit.Checkpoint) -> None: ...
+    def theirs(ckpt: OwnCheckpoint) -> None: ...
+
+    unresolvable: dict[str, Any] = {}  # a module where the name was imported inside a function
+    exec(compile("def f(steps, c: 'Checkpoint'): pass", "<m>", "exec", dont_inherit=True), unresolvable)
+    assert wants_checkpoint(by_string) == "ckpt" and wants_checkpoint(unresolvable["f"]) == "c"
+    assert wants_checkpoint(theirs) is None and wants_checkpoint(len) is None
+
+
+class Checkpoint:  # a user's own class that happens to share the name
+    pass
+
+
+def shadowed(ckpt: Checkpoint) -> None: ...
+
+
+def test_a_users_own_checkpoint_class_is_not_taken_for_slurmkits() -> None:
+    from slurmkit.checkpoint import wants_checkpoint
+
+    assert wants_checkpoint(shadowed) is None

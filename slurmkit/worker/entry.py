@@ -117,8 +117,7 @@ def call_function(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     ckpt = checkpoint.default() if name else None
     try:
         value = fn(*args, **{**kwargs, name: ckpt}) if name else fn(*args, **kwargs)
-        for made in {id(c): c for c in (ckpt, checkpoint._default) if c is not None}.values():
-            made.close()
+        checkpoint.finish()
     except BaseException as exc:
         _leave_group(together=isinstance(exc, checkpoint.AgreedStop))
         raise
