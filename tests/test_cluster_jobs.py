@@ -291,3 +291,22 @@ def test_preemption_signal_requeues_a_run_without_steps(cluster: None, tmp_path:
     assert (value["stdout"].split()[-2:] == ["done", "1"]) if kind == "command" else value == {"restarts": 1}
     record = RunRecord(paths).read()
     assert [r["cause"] for r in record["restarts"]] == ["preemption"]
+
+
+def test_a_users_own_torch_distributed_script_runs_as_a_command(cluster: None, tmp_path: Path,
+                                                                dev_profile: Path) -> None:
+    """A command run gets the env:// rendezvous variables: a plain init_process_group() works on 2 nodes."""
+    script = tmp_path / "own_train.py"
+    script.write_text(
+        "import os, torch, torch.distributed as d\n"
+        "d.init_process_group('gloo')\n"
+        "t = torch.tensor([float(d.get_rank() + 1)])\n"
+        "d.all_reduce(t)\n"
+        "print(f\"rank={d.get_rank()} world={d.get_world_size()} sum={t.item()} local={os.environ['LOCAL_RANK']}\")\n"
+        "d.destroy_process_group()\n")
+    spec = write_spec(tmp_path, name="own", command=f"{sys.executable} {script}",
+                      resources={"nodes": 2, "tasks_per_node": 1, "time": "00:05:00"})
+    sub = submit(spec, dev_profile)
+    assert finish(sub["run_dir"], timeout_s=180).state == "COMPLETED"
+    outs = [jobs.result(RunPaths(Path(sub["run_dir"])), rank=r)["stdout"].strip() for r in (0, 1)]
+    assert outs == ["rank=0 world=2 sum=3.0 local=0", "rank=1 world=2 sum=3.0 local=0"]

@@ -76,7 +76,8 @@ def test_master_addr_is_the_first_host_of_the_nodelist_without_scontrol(monkeypa
 
 LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID",
                  "SUBMITIT_EXECUTOR", "SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_LOCALID", "SUBMITIT_LOCAL_NTASKS",
-                 "SUBMITIT_LOCAL_JOB_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+                 "SUBMITIT_LOCAL_JOB_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                 "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def launch_env(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
@@ -101,3 +102,15 @@ def test_detect_from_submitit_local_environment(monkeypatch: pytest.MonkeyPatch)
     env = dist.detect()
     assert (env.rank, env.world_size, env.master_addr, env.master_port) == (1, 2, "127.0.0.1", 24242)
     assert env.launcher == "local"
+
+
+def test_torchrun_ranks_inside_an_srun_step_are_torchrun_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One torchrun per node under srun: the step says task 1 of 2, torchrun says rank 5 of 8."""
+    launch_env(monkeypatch, SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_JOB_ID="31", SLURM_JOB_NODELIST="n[1-2]",
+               TORCHELASTIC_RUN_ID="31", RANK="5", WORLD_SIZE="8", LOCAL_RANK="1", LOCAL_WORLD_SIZE="4",
+               MASTER_ADDR="n1", MASTER_PORT="29500")
+    env = dist.detect()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (5, 8, 1, 4)
+    assert (env.master_addr, env.master_port, env.launcher, env.job_id) == ("n1", 29500, "torchrun", "31")
+    assert dist.rank_env(env) == {"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "RANK": "5", "WORLD_SIZE": "8",
+                                  "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -38,8 +38,13 @@ class DistEnv:
 
 
 def detect() -> DistEnv:
-    """Rank layout from Slurm, submitit's local executor, torchrun, or a single process."""
+    """Rank layout from torchrun, Slurm, submitit's local executor, or a single process.
+
+    torchrun comes first: its ranks, started inside an srun step, see that step's SLURM_PROCID
+    too (one task per node), but their rank is torchrun's RANK."""
     env = os.environ
+    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env:
+        return _torchrun(env)
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and env.get("SUBMITIT_EXECUTOR") != "local":
         job_id = env.get("SLURM_JOB_ID", "0")  # unique per array task too
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
@@ -53,10 +58,21 @@ def detect() -> DistEnv:
         return DistEnv(int(env["SUBMITIT_LOCAL_GLOBALID"]), n, int(env.get("SUBMITIT_LOCAL_LOCALID", 0)), n,
                        "127.0.0.1", int(env.get("MASTER_PORT") or ports.training_port(job_id)), job_id, "local")
     if "RANK" in env and "WORLD_SIZE" in env:
-        return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-                       int(env.get("LOCAL_WORLD_SIZE", 1)), env.get("MASTER_ADDR", "127.0.0.1"),
-                       int(env.get("MASTER_PORT", PORT_BASE)), "0", "torchrun")
+        return _torchrun(env)
     return DistEnv(0, 1, 0, 1, "127.0.0.1", PORT_BASE, "0", "single")
+
+
+def _torchrun(env: Mapping[str, str]) -> DistEnv:
+    return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                   int(env.get("LOCAL_WORLD_SIZE", 1)), env.get("MASTER_ADDR", "127.0.0.1"),
+                   int(env.get("MASTER_PORT", PORT_BASE)), env.get("SLURM_JOB_ID", "0"), "torchrun")
+
+
+def rank_env(denv: DistEnv) -> dict[str, str]:
+    """The variables torch.distributed's env:// rendezvous reads, for a user's own script."""
+    return {"MASTER_ADDR": denv.master_addr, "MASTER_PORT": str(denv.master_port), "RANK": str(denv.rank),
+            "WORLD_SIZE": str(denv.world_size), "LOCAL_RANK": str(denv.local_rank),
+            "LOCAL_WORLD_SIZE": str(denv.local_world_size)}
 
 
 @dataclass(frozen=True)
@@ -105,8 +121,7 @@ def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
         backend = "gloo"
         device = torch.device("cpu")
         torch.set_num_threads(_cpu_threads(denv.local_world_size))
-    os.environ.update(MASTER_ADDR=denv.master_addr, MASTER_PORT=str(denv.master_port),
-                      RANK=str(denv.rank), WORLD_SIZE=str(denv.world_size), LOCAL_RANK=str(denv.local_rank))
+    os.environ.update(rank_env(denv))
     owns_group = denv.world_size > 1 and not tdist.is_initialized()
     if owns_group:
         tdist.init_process_group(backend, rank=denv.rank, world_size=denv.world_size,

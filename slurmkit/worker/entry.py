@@ -136,9 +136,15 @@ def _leave_group(together: bool) -> None:
 
 
 def run_command(command: str) -> dict[str, Any]:
-    """Run with bash -c, echo its output to the rank log as it comes, return its tail."""
+    """Run with bash -c (with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and
+    LOCAL_WORLD_SIZE exported), echo its output to the rank log as it comes, return its tail."""
+    from slurmkit.worker.dist import detect, rank_env
+
     tail: deque[str] = deque(maxlen=STDOUT_TAIL_LINES)
-    with subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=None, text=True) as proc:
+    # The env:// rendezvous variables, so that a user's own `python train.py` with
+    # init_process_group() works under srun without slurmkit's worker.
+    env = {**os.environ, **rank_env(detect())}
+    with subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=None, text=True, env=env) as proc:
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
