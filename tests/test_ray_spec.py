@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -74,3 +75,23 @@ def test_bad_ray_specs_are_one_line_errors(tmp_path: Path) -> None:
     assert code == 2 and "exactly one of command, callable, function, task, ray is needed, got command, ray" in out
     code, out = render(spec, "ray.start_timeout_s=0")
     assert code == 2 and "ray.start_timeout_s" in out
+
+
+def test_a_ray_run_is_refused_at_submit_when_its_python_has_no_ray(tmp_path: Path) -> None:
+    """A real interpreter without Ray (a fresh venv): pre-flight asks it, before any Slurm call."""
+    import sys
+
+    from slurmkit.config.loader import resolve
+    from slurmkit.errors import PreflightError
+    from slurmkit.slurm.preflight import check_ray_importable
+
+    venv = tmp_path / "noray"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"extends": "devcluster", "python": str(venv / "bin" / "python")}))
+    resolved = resolve(EXAMPLES / "ray_hostnames.yaml", str(profile))
+    with pytest.raises(PreflightError) as err:
+        check_ray_importable(resolved)
+    line = str(err.value)
+    assert line.startswith("profile:python: ray is not importable") and "pip install 'ray[default]'" in line
+    check_ray_importable(resolve(EXAMPLES / "ray_hostnames.yaml", "devcluster"))  # this venv has Ray: passes
