@@ -118,6 +118,8 @@ class RenderInput:
     """For a sweep's job array: {"dir": sweep folder, "base": sweep index of array task 0}."""
     code_dir: str | None = None
     """The code snapshot the ranks run from (working directory and PYTHONPATH); None runs from the submit folder."""
+    rank_python: str | None = None
+    """The ranks' interpreter (the container's, if it names one); None: `python`, the host's."""
 
 
 def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
@@ -154,6 +156,7 @@ def render(inp: RenderInput) -> str:
         "dependency": inp.dependency,
         "command": Shell(inp.command),
         "python": Shell(inp.python),
+        "rank_python": Shell(inp.rank_python or inp.python),
         "run_dir": inp.run_dir,
         "sweep": inp.sweep,
         "code_dir": inp.code_dir,

@@ -99,3 +99,18 @@ def test_contradictory_container_fields_are_refused_in_one_line(tmp_path: Path, 
     assert result.exit_code == 2, result.output
     assert result.output.count("\n") == 1 and fragment in result.output
     assert f"{path.resolve()}:container" in result.output
+
+
+@pytest.mark.parametrize("runtime", sorted(CONTAINERS))
+def test_ray_head_workers_and_driver_start_inside_the_container(tmp_path: Path, runtime: str) -> None:
+    resolved = resolve(EXAMPLES / "ray_hostnames.yaml", str(profile_with(tmp_path, CONTAINERS[runtime])))
+    script = dry_run(resolved).script
+    check_shell(script, tmp_path)  # shellcheck: no container array defined and left unused (SC2034)
+    wrap = '"${SLURMKIT_SRUN_CONTAINER[@]}"' if runtime == "pyxis" else '"${SLURMKIT_RANK_PREFIX[@]}"'
+    joined = script.replace("\\\n", " ")
+    ray_start = next(ln for ln in joined.splitlines() if "ray.scripts.scripts start" in ln)
+    driver = next(ln for ln in joined.splitlines() if "submitit.core._submit" in ln and ln.startswith("srun "))
+    assert wrap in ray_start and wrap in driver
+    python = CONTAINERS[runtime].get("python")
+    if python:  # the container's interpreter starts Ray, not the host's
+        assert f"{python} -m ray.scripts.scripts start" in ray_start
