@@ -170,6 +170,8 @@ class RunStatus:
     """Productive step time / wall time, once the run has ended on Slurm (see slurmkit.goodput)."""
     snapshot: dict[str, Any] | None = None
     """The code snapshot the run runs from (slurmkit.snapshot), if it took one."""
+    reason: str = ""
+    """Why a pending job waits, as squeue says it (Priority, Resources, BeginTime, JobHeldUser, ...)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,8 +218,12 @@ def statuses(runs: list[tuple[RunPaths, dict[str, Any]]]) -> list[RunStatus]:
         out.append(RunStatus(paths.run_id, rec.get("name", ""), jid, state, nodes, elapsed, restarts,
                              len(job_ids), str(paths.run_dir), rec.get("created", ""),
                              _goodput(paths, rec, infos.get(jid)) if not is_active(state) else None,
-                             rec.get("snapshot")))
+                             rec.get("snapshot"), _pending_reason(infos.get(jid))))
     return out
+
+
+def _pending_reason(info: commands.JobInfo | None) -> str:
+    return info.reason if info is not None and info.state == "PENDING" and info.reason not in ("", "None") else ""
 
 
 def _goodput(paths: RunPaths, rec: dict[str, Any], info: commands.JobInfo | None) -> float | None:
@@ -255,11 +261,19 @@ def is_active(state: str) -> bool:
 
 
 def wait(paths: RunPaths, poll_s: float = 2.0, timeout_s: float | None = None,
-         poller: Poller | None = None) -> RunStatus:
+         poller: Poller | None = None, on_answer: Callable[[RunStatus], None] | None = None) -> RunStatus:
     """Poll until the run is no longer active (or timeout_s passes): every poll_s at first, then
-    backing off (slurmkit.polling), one squeue (and at most one sacct) a poll."""
+    backing off (slurmkit.polling), one squeue (and at most one sacct) a poll. on_answer sees
+    every status polled (the CLI shows the transitions)."""
     return (poller or Poller(first_s=poll_s)).until_ended(
-        lambda: run_state(paths), lambda st: {st.state} if is_active(st.state) else set(), timeout_s)
+        lambda: run_state(paths), lambda st: {st.state} if is_active(st.state) else set(), timeout_s, on_answer)
+
+
+def describe(st: RunStatus) -> str:
+    """A state as a transition line shows it: PENDING (Priority), RUNNING on node[1-2], COMPLETED."""
+    if st.reason:
+        return f"{st.state} ({st.reason})"
+    return f"{st.state} on {st.nodes}" if st.state == "RUNNING" and st.nodes else st.state
 
 
 # ---------------------------------------------------------------- cancel / result / logs

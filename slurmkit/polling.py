@@ -57,12 +57,15 @@ class Poller:
         return True
 
     def until_ended(self, query: Callable[[], T], live: Callable[[T], set[str]],
-                    timeout_s: float | None = None) -> T:
+                    timeout_s: float | None = None, on_answer: Callable[[T], None] | None = None) -> T:
         """query() every interval until live(answer), its still-active states, is empty, timeout_s
-        has passed, or only UNKNOWN has been live for UNKNOWN_GRACE_S; the last answer."""
+        has passed, or only UNKNOWN has been live for UNKNOWN_GRACE_S; the last answer. on_answer
+        sees every answer (e.g. on_change, to show state transitions)."""
         unknown_since: float | None = None
         while True:
             answer = query()
+            if on_answer is not None:
+                on_answer(answer)
             now = self.elapsed()
             states = live(answer)
             unknown_since = (unknown_since if unknown_since is not None else now) if states == {"UNKNOWN"} else None
@@ -70,3 +73,16 @@ class Poller:
                     or (unknown_since is not None and now - unknown_since > UNKNOWN_GRACE_S)):
                 return answer
             self.wait()
+
+
+def on_change(describe: Callable[[T], str], emit: Callable[[str], None]) -> Callable[[T], None]:
+    """An on_answer that emits describe(answer) whenever it differs from the one before."""
+    last: list[str] = []
+
+    def seen(answer: T) -> None:
+        text = describe(answer)
+        if not last or text != last[0]:
+            last[:] = [text]
+            emit(text)
+
+    return seen

@@ -310,3 +310,28 @@ def test_a_users_own_torch_distributed_script_runs_as_a_command(cluster: None, t
     assert finish(sub["run_dir"], timeout_s=180).state == "COMPLETED"
     outs = [jobs.result(RunPaths(Path(sub["run_dir"])), rank=r)["stdout"].strip() for r in (0, 1)]
     assert outs == ["rank=0 world=2 sum=3.0 local=0", "rank=1 world=2 sum=3.0 local=0"]
+
+
+def test_submit_wait_shows_the_pending_reason_and_each_transition(cluster: None, tmp_path: Path,
+                                                                  dev_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="held", command="echo released",
+                      resources={"nodes": 1, "tasks_per_node": 1, "time": "00:05:00"})
+    proc = subprocess.Popen([sys.executable, "-m", "slurmkit", "submit", str(spec), "-p", str(dev_profile),
+                             "--set", "profile.sbatch_extra=[--hold]", "--wait"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None and proc.stdout is not None
+    lines = []
+    for line in proc.stderr:  # transitions arrive as they happen, one line each
+        lines.append(line.strip())
+        if "PENDING (JobHeldUser)" in line:
+            break
+    job_id = proc.stdout.readline().split("job ")[1].split()[0]
+    status = runner.invoke(app, ["status", job_id, "-p", str(dev_profile)])
+    assert "JobHeldUser" in status.output  # `status` shows the pending reason too
+    subprocess.run(["scontrol", "release", job_id], check=True)
+    out, err = proc.communicate(timeout=120)
+    lines += [ln.strip() for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 0 and "COMPLETED" in out and "released" in out
+    states = [ln.split(" ", 1)[1] for ln in lines]  # each line: HH:MM:SS STATE
+    assert states[0] == "PENDING (JobHeldUser)" and states[-1] == "COMPLETED"
+    assert all(a != b for a, b in zip(states, states[1:], strict=False))  # a line per change, not per poll

@@ -115,3 +115,19 @@ def test_until_ended_stops_at_the_end_at_the_timeout_and_after_the_unknown_grace
     assert run([{"RUNNING"}], timeout_s=50)[1] > 50  # never ends: gives up after the timeout
     _, waited = run([{"RUNNING"}, {"UNKNOWN"}])  # only unknown jobs left: gives up after the grace
     assert UNKNOWN_GRACE_S < waited < 2 * UNKNOWN_GRACE_S
+
+
+def test_on_change_emits_each_transition_once() -> None:
+    from slurmkit.polling import on_change
+
+    lines: list[str] = []
+    seen = on_change(str.upper, lines.append)
+    for answer in ["pending", "pending", "running", "running", "running", "completed"]:
+        seen(answer)
+    assert lines == ["PENDING", "RUNNING", "COMPLETED"]
+    clock = Clock()
+    answers = iter(["pending", "running", "done"])
+    polled: list[str] = []
+    Poller(first_s=1.0, clock=clock, sleep=clock.sleep).until_ended(
+        lambda: next(answers), lambda a: set() if a == "done" else {a}, on_answer=polled.append)
+    assert polled == ["pending", "running", "done"]  # every answer, the last one included

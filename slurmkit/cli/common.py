@@ -84,3 +84,20 @@ def run_root_for(profile: str | None) -> str:
     from slurmkit.config.loader import load_profile, profile_name
 
     return load_profile(profile_name(profile)).run_root
+
+
+def transitions(describe: Callable[[Any], str]) -> Callable[[Any], None]:
+    """For a --wait: each change of state as one timestamped line on stderr (rich styling only
+    when stderr is a terminal), so stdout keeps only the result."""
+    from rich.console import Console
+
+    from slurmkit.polling import on_change
+
+    console = Console(stderr=True, highlight=False)
+
+    def emit(text: str) -> None:
+        import datetime as dt
+
+        console.print(f"[dim]{dt.datetime.now():%H:%M:%S}[/dim] {text}", markup=True, soft_wrap=True)
+
+    return on_change(describe, emit)

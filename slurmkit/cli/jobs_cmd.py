@@ -17,6 +17,7 @@ from slurmkit.cli.common import (
     dependency_for,
     print_json,
     run_root_for,
+    transitions,
     user_errors,
 )
 
@@ -52,7 +53,7 @@ def submit(
         typer.echo(f"run {sub.run_id}  job {sub.job_id}  {sub.run_dir}")
     if wait:
         paths = RunPaths(Path(sub.run_dir))
-        final = jobs.wait(paths)
+        final = jobs.wait(paths, on_answer=transitions(jobs.describe))
         value = jobs.result(paths)
         if as_json:
             print_json({"run_id": sub.run_id, "job_id": sub.job_id, "run_dir": sub.run_dir, "state": final.state,
@@ -81,7 +82,8 @@ def status(
     table = Table("run", "job", "state", "nodes", "elapsed", "restarts", "goodput", "jobs")
     for r in rows:
         gp = f"{r.goodput:.0%}" if r.goodput is not None else ""
-        table.add_row(r.run_id, r.job_id, r.state, r.nodes, r.elapsed, str(r.restarts), gp, str(r.jobs))
+        state = f"{r.state} ({r.reason})" if r.reason else r.state
+        table.add_row(r.run_id, r.job_id, state, r.nodes, r.elapsed, str(r.restarts), gp, str(r.jobs))
     Console().print(table)
 
 

@@ -19,6 +19,7 @@ from slurmkit.cli.common import (
     print_json,
     print_json_list,
     run_root_for,
+    transitions,
     user_errors,
 )
 
@@ -82,7 +83,7 @@ def submit(
     if wait:
         from slurmkit.sweeps import results, store
 
-        states = results.wait(store.SweepPaths(Path(done.sweep_dir)))
+        states = results.wait(store.SweepPaths(Path(done.sweep_dir)), on_answer=transitions(results.describe))
         if as_json:
             print_json({**done.as_dict(), "counts": results.counts(states)})
         else:

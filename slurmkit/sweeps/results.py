@@ -7,7 +7,7 @@ import io
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -79,7 +79,8 @@ def task_states(paths: SweepPaths, manifest: dict[str, Any] | None = None) -> li
 
 
 def wait(paths: SweepPaths, poll_s: float = 2.0, timeout_s: float | None = None,
-         poller: Poller | None = None) -> list[TaskState]:
+         poller: Poller | None = None, on_answer: Callable[[list[TaskState]], None] | None = None
+         ) -> list[TaskState]:
     """Poll until no task is active (or timeout_s passes): one squeue and at most one sacct a
     poll, backing off as jobs.wait does. The manifest is read once; the array log every poll,
     so tasks resubmitted meanwhile are waited for too."""
@@ -88,7 +89,12 @@ def wait(paths: SweepPaths, poll_s: float = 2.0, timeout_s: float | None = None,
     manifest = Manifest(paths).read()
     return (poller or Poller(first_s=poll_s)).until_ended(
         lambda: task_states(paths, {**manifest, "arrays": ArrayLog(paths).read()["arrays"]}),
-        lambda states: {s.state for s in states if is_active(s.state)}, timeout_s)
+        lambda states: {s.state for s in states if is_active(s.state)}, timeout_s, on_answer)
+
+
+def describe(states: list[TaskState]) -> str:
+    """A sweep's transition line: its counts by state, e.g. 2 COMPLETED, 2 RUNNING, 4 PENDING."""
+    return ", ".join(f"{n} {state}" for state, n in counts(states).items())
 
 
 def counts(states: list[TaskState]) -> dict[str, int]:
