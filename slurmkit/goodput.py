@@ -43,7 +43,7 @@ def incarnations(job_ids: list[str]) -> list[Incarnation]:
     """Every incarnation of every job, oldest first (one sacct call)."""
     from slurmkit.slurm import commands
 
-    found = [inc for info in commands.sacct(job_ids).values() for inc in info.history]
+    found = [inc for info in commands.sacct_or_warn(job_ids).values() for inc in info.history]
     return sorted(found, key=lambda i: i.start or i.submit or 0.0)
 
 

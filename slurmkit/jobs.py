@@ -187,12 +187,22 @@ def local_state(paths: RunPaths, record: dict[str, Any]) -> str:
     job_id = job_ids[-1] if job_ids else ""
     if procs.same_process(job_id, (record.get("pid_starts") or {}).get(job_id)):
         return "RUNNING"
-    found = [paths.outcome(job_id, t) for t in range(int(record.get("num_tasks", 1)))]
-    if all(o is not None and o.ok for o in found):
-        return "COMPLETED"
+    by_outcomes = outcome_state(paths, job_id, int(record.get("num_tasks", 1)))
+    if by_outcomes == "COMPLETED":
+        return by_outcomes
     if not paths.outcome_file(job_id, 0).parent.exists() and paths.result_pickle(job_id, 0).exists():
         return LEGACY_ENDED
     return "FAILED"
+
+
+def outcome_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
+    """What the ranks' outcome records say of an ended job: COMPLETED (every rank succeeded),
+    FAILED (one recorded an error), else UNKNOWN. For a job neither squeue nor sacct knows (no
+    accounting, or sacct failing), as for a local run."""
+    found = [paths.outcome(job_id, t) for t in range(num_tasks)]
+    if all(o is not None and o.ok for o in found):
+        return "COMPLETED"
+    return "FAILED" if any(o is not None and not o.ok for o in found) else "UNKNOWN"
 
 
 def statuses(runs: list[tuple[RunPaths, dict[str, Any]]]) -> list[RunStatus]:
@@ -211,7 +221,7 @@ def statuses(runs: list[tuple[RunPaths, dict[str, Any]]]) -> list[RunStatus]:
             state = local_state(paths, rec)
         elif jid:
             info = infos.get(jid)
-            state = info.state if info else "UNKNOWN"
+            state = info.state if info else outcome_state(paths, jid, int(rec.get("num_tasks", 1)))
             nodes, elapsed = (info.nodes, info.elapsed) if info else ("", "")
         # run.json knows every restart and its cause, whichever incarnation is live now.
         restarts = max(len(rec.get("restarts", [])), infos[jid].restarts if jid in infos else 0)

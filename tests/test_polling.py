@@ -131,3 +131,29 @@ def test_on_change_emits_each_transition_once() -> None:
     Poller(first_s=1.0, clock=clock, sleep=clock.sleep).until_ended(
         lambda: next(answers), lambda a: set() if a == "done" else {a}, on_answer=polled.append)
     assert polled == ["pending", "running", "done"]  # every answer, the last one included
+
+
+@pytest.mark.parametrize(("outcomes", "state"), [(["success", "success"], "COMPLETED"),
+                                                 (["success", "error"], "FAILED"), ([], "UNKNOWN")])
+def test_a_failing_sacct_is_a_warning_and_the_run_folder_decides_stand_in_sacct(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        outcomes: list[str], state: str) -> None:
+    """No accounting (or sacct failing): status goes on from squeue and what the ranks recorded."""
+    from slurmkit import jobs
+    from slurmkit.common import outcomes as oc
+    from slurmkit.runs import RunPaths, RunRecord
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "squeue", "exit 0\n")  # the job has left the queue
+    stand_in(bin_dir, "sacct", 'echo "sacct: error: Problem talking to the database: Connection refused" >&2\nexit 1\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(commands, "QUERY_WAIT", {"multiplier": 0.0, "max": 0.0, "jitter": 0.0})
+    paths = RunPaths(tmp_path / "runs" / "r-1")
+    paths.run_dir.mkdir(parents=True)
+    RunRecord(paths).create({"run_id": "r-1", "executor": "slurm", "num_tasks": 2, "job_ids": ["77"]})
+    for rank, kind in enumerate(outcomes):
+        oc.record(paths.outcome_file("77", rank), kind, value=1, error="boom" if kind == "error" else "")
+    (status,) = jobs.status(str(tmp_path / "runs"))
+    assert status.state == state
+    assert "warning: sacct failed" in capsys.readouterr().err

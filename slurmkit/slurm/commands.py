@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from slurmkit.common.slurm_env import base_id
-from slurmkit.errors import SlurmError, squash
+from slurmkit.errors import SlurmError, squash, warn
 from slurmkit.slurm import parse
 
 # What Slurm prints is read in slurm/parse.py; callers know ACTIVE_STATES as commands.ACTIVE_STATES.
@@ -107,6 +107,16 @@ def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
                             ",".join(job_ids), f"--format={parse.SACCT_FORMAT}"], query=True))
 
 
+def sacct_or_warn(job_ids: list[str]) -> dict[str, JobInfo]:
+    """sacct, where a failure (no slurmdbd, a timeout, accounting disabled) is one warning on stderr
+    and no answer: a status or a wait goes on from squeue and the run folders, never exit 3."""
+    try:
+        return sacct(job_ids)
+    except SlurmError as exc:
+        warn(f"sacct failed, finished jobs are judged by their run folders: {exc.what}")
+        return {}
+
+
 def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
     """States of many jobs: one squeue call, plus one sacct call for those squeue no longer knows."""
     live = squeue_all()
@@ -125,7 +135,7 @@ def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
     # Jobs squeue still shows as ended get their accounting history too (times for goodput), in the same call.
     ended = [jid for jid in job_ids if jid in live and not live[jid].active]
     if missing or ended:
-        acct = sacct(missing + ended)
+        acct = sacct_or_warn(missing + ended)
         found.update((jid, replace(found[jid], history=acct[jid].history)) for jid in ended if jid in acct)
         found.update((jid, info) for jid, info in acct.items() if jid not in found)
     return found

@@ -17,7 +17,7 @@ from slurmkit.errors import SlurmkitError, did_you_mean
 from slurmkit.polling import Poller
 from slurmkit.procs import same_process
 from slurmkit.runs import RunRecord
-from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, latest_job_ids, newest_arrays
+from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, latest_job_ids, newest_arrays, task_entry
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 DEFAULT_METRIC = "loss"
@@ -54,6 +54,16 @@ def _local_states(paths: SweepPaths, manifest: dict[str, Any]) -> list[TaskState
     return out
 
 
+def _by_outcomes(paths: SweepPaths, manifest: dict[str, Any], index: int, job_id: str) -> str:
+    """A task neither squeue nor sacct knows: what its ranks' outcome records say (jobs.outcome_state)."""
+    from slurmkit.jobs import outcome_state
+
+    task = paths.task(index)
+    if not task.record.exists():
+        return "UNKNOWN"
+    return outcome_state(task, job_id, task_entry(paths, manifest, index).num_tasks)
+
+
 def task_states(paths: SweepPaths, manifest: dict[str, Any] | None = None) -> list[TaskState]:
     """Every task's state: the newest job of each task, from one squeue and (if needed) one sacct."""
     from slurmkit.slurm import commands
@@ -67,12 +77,13 @@ def task_states(paths: SweepPaths, manifest: dict[str, Any] | None = None) -> li
     live = commands.squeue_all()
     # sacct on an array's base id lists all of its tasks: one call covers every finished task.
     finished_arrays = sorted({commands.base_id(j) for j in latest.values() if j and j not in live})
-    done = commands.sacct(finished_arrays) if finished_arrays else {}
+    done = commands.sacct_or_warn(finished_arrays) if finished_arrays else {}
     out = []
     for index, jid in latest.items():
         info = (live.get(jid) or done.get(jid)) if jid else None
         if info is None:
-            out.append(TaskState(index, "UNKNOWN" if jid else NOT_SUBMITTED, jid or ""))
+            out.append(TaskState(index, _by_outcomes(paths, manifest, index, jid) if jid else NOT_SUBMITTED,
+                                 jid or ""))
         else:
             out.append(TaskState(index, info.state, jid or "", info.nodes, info.elapsed, info.restarts))
     return out
