@@ -96,6 +96,6 @@ def test_local_profile_runs_the_same_spec_without_slurm(tmp_path: Path, local_pr
     spec = write_spec(tmp_path, name="loc", callable="tests.helpers_fns:add", kwargs={"a": 20, "b": 22})
     result = CliRunner().invoke(app, ["submit", str(spec), "-p", str(local_profile), "--json"])
     assert result.exit_code == 0, result.output
-    paths = RunPaths(Path(json.loads(result.output)["run_dir"]))
+    paths = RunPaths(Path(json.loads(result.stdout)["run_dir"]))
     assert jobs.wait(paths, poller=steady(0.5)).state == "COMPLETED"
     assert [jobs.result(paths, rank=r)["sum"] for r in (0, 1)] == [42, 42]

@@ -50,7 +50,7 @@ def test_ranks_run_through_the_stand_in_runtime_with_mounts_and_gpu_flags(
     profile = container_profile(tmp_path, container)
     result = runner.invoke(app, ["submit", str(EXAMPLES / "hostnames.yaml"), "-p", str(profile), "--wait", "--json"])
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)
     assert out["state"] == "COMPLETED"
     assert out["result"]["stdout"].split() == ["node1"]  # rank 0's command ran, through the stand-in
     runs = str(tmp_path / "runs")

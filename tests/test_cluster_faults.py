@@ -133,7 +133,7 @@ def check_report_of_a_run_preempted_once(paths: RunPaths, job_id: str, dev_profi
     out = tmp_path / "report.png"
     result = runner.invoke(app, ["report", paths.run_id, "-p", str(dev_profile), "-o", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    info = json.loads(result.output)
+    info = json.loads(result.stdout)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
     assert info["incarnations"] == 2 and info["restart_causes"] == ["preemption"]
     from slurmkit import report

@@ -32,7 +32,7 @@ def submit(spec: Path, profile: Path, *sets: str) -> dict[str, str]:
         args += ["--set", s]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    data: dict[str, str] = json.loads(result.output)
+    data: dict[str, str] = json.loads(result.stdout)
     return data
 
 
@@ -58,7 +58,7 @@ def test_callable_result_comes_back(cluster: None, tmp_path: Path, dev_profile: 
     assert finish(sub["run_dir"]).state == "COMPLETED"
     result = runner.invoke(app, ["result", sub["run_id"], "-p", str(dev_profile), "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["sum"] == 5
+    assert json.loads(result.stdout)["sum"] == 5
 
 
 def test_shell_command_result_and_record(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
@@ -96,7 +96,7 @@ def test_after_any_and_after_notok_follow_a_failed_run(cluster: None, tmp_path: 
 def submit_after(spec: Path, profile: Path, flag: str, ident: str) -> dict[str, str]:
     result = runner.invoke(app, ["submit", str(spec), "-p", str(profile), flag, ident, "--json"])
     assert result.exit_code == 0, result.output
-    data: dict[str, str] = json.loads(result.output)
+    data: dict[str, str] = json.loads(result.stdout)
     script = (Path(data["run_dir"]) / "sbatch.sh").read_text()
     kind = {"--after": "afterok", "--after-any": "afterany", "--after-notok": "afternotok"}[flag]
     assert f"#SBATCH --dependency={kind}:" in script
@@ -166,7 +166,7 @@ def test_status_of_many_runs_is_one_squeue_call(cluster: None, tmp_path: Path, d
     with commands.counting() as calls:
         result = runner.invoke(app, ["status", "-p", str(dev_profile), "--json"])
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.output)
+    rows = json.loads(result.stdout)
     assert {r["job_id"] for r in rows} == {s["job_id"] for s in subs}
     assert calls["squeue"] == 1 and calls["sacct"] <= 1 and calls.total() <= 2
     for s in subs:

@@ -38,7 +38,7 @@ def test_health_gate_failure_requeues_with_the_bad_node_excluded(cluster: None, 
         spec = write_spec(tmp_path, name="gated", command="hostname", resources={"nodes": 1, "time": "00:05:00"})
         result = runner.invoke(app, ["submit", str(spec), "-p", str(profile), "--json"])
         assert result.exit_code == 0, result.output
-        paths = RunPaths(Path(json.loads(result.output)["run_dir"]))
+        paths = RunPaths(Path(json.loads(result.stdout)["run_dir"]))
         deadline = time.monotonic() + 90
         while "excluded_nodes" not in RunRecord(paths).read():
             assert time.monotonic() < deadline, "the gate never failed"
@@ -59,7 +59,7 @@ def test_health_gate_failure_requeues_with_the_bad_node_excluded(cluster: None, 
 
 def test_doctor_passes_then_fails_with_a_fix_when_slurmctld_is_down(cluster: None, dev_profile: Path) -> None:
     result = runner.invoke(app, ["doctor", "-p", str(dev_profile), "--json"])
-    checks = {c["name"]: c for c in json.loads(result.output)}
+    checks = {c["name"]: c for c in json.loads(result.stdout)}
     assert result.exit_code == 0, result.output
     assert {c["status"] for c in checks.values()} <= {"PASS", "WARN"}
     assert {"slurm", "partition", "munge", "compute-node python", "run_root", "nccl"} <= set(checks)
@@ -71,7 +71,7 @@ def test_doctor_passes_then_fails_with_a_fix_when_slurmctld_is_down(cluster: Non
     try:
         result = runner.invoke(app, ["doctor", "-p", str(dev_profile), "--json"])
         assert result.exit_code == 1
-        checks = {c["name"]: c for c in json.loads(result.output)}
+        checks = {c["name"]: c for c in json.loads(result.stdout)}
         assert checks["slurm"]["status"] == "FAIL" and "slurmctld" in checks["slurm"]["fix"]
         assert checks["compute-node python"]["status"] == "SKIP"
         assert checks["munge"]["status"] == "PASS"
@@ -89,7 +89,7 @@ def test_health_gate_all_reduce_across_both_nodes_passes(cluster: None, tmp_path
                       resources={"nodes": 2, "tasks_per_node": 1, "time": "00:05:00"})
     result = runner.invoke(app, ["submit", str(spec), "-p", str(profile), "--wait", "--json"])
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)
     assert out["state"] == "COMPLETED"
     log = RunPaths(Path(out["run_dir"])).rank_log(out["job_id"], 0).read_text()
     assert "slurmkit health: node1 ok (0 GPUs via none, all-reduce ok)" in log

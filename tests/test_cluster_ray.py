@@ -24,7 +24,7 @@ runner = CliRunner()
 def submit(*args: str) -> dict[str, str]:
     result = runner.invoke(app, ["submit", *args, "--json"])
     assert result.exit_code == 0, result.output
-    data: dict[str, str] = json.loads(result.output)
+    data: dict[str, str] = json.loads(result.stdout)
     return data
 
 

@@ -33,7 +33,7 @@ def write_sweep(tmp_path: Path, sweep: dict[str, Any], command: str = "sleep 3")
 def invoke(*args: str) -> dict[str, Any]:
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
-    data: dict[str, Any] = json.loads(result.output)
+    data: dict[str, Any] = json.loads(result.stdout)
     return data
 
 

@@ -40,7 +40,7 @@ def test_bench_allreduce_on_two_nodes(cluster: None, dev_profile: Path) -> None:
                                       "--max-bytes", str(1 << 20), "--json"])
     wall_s = time.monotonic() - started
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["world_size"] == 2 and data["backend"] == "gloo"
     rows = data["rows"]
     assert [r["bytes"] for r in rows] == [8 << i for i in range(18)]

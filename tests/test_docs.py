@@ -66,7 +66,7 @@ def test_sweeps_doc_example_expands_to_the_documented_24_tasks(tmp_path: Path) -
     prof.write_text(f"extends: devcluster\nrun_root: {tmp_path / 'runs'}\n")
     result = CliRunner().invoke(app, ["sweep", str(path), "-p", str(prof), "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
-    info = json.loads(result.output)
+    info = json.loads(result.stdout)
     assert info["tasks"] == 24 and info["arrays"] == [{"tasks": "0-23", "array": "0-23%4"}]
     assert info["varying"] == ["config.lr", "config.seed", "config.hidden", "config.weight_decay"]
 

@@ -21,7 +21,7 @@ def test_bench_fs_compares_with_dd_on_the_same_path_and_cleans_up(tmp_path: Path
     result = runner.invoke(app, ["bench", "fs", str(tmp_path), "--size", "8MB", "--checkpoint-size", "1GB",
                                  "--json"])
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)
     assert out["bytes"] == 8 * 2**20 and out["write_MBps"] > 0 and out["dd_write_MBps"] > 0
     assert out["write_vs_dd"] > 0 and out["checkpoint_bytes"] == 2**30
     # write_MBps, not write_s: 8 MB can take a few ms, which 3 decimals of write_s cannot carry to 5%.
@@ -43,7 +43,7 @@ def test_bench_fs_refuses_a_bad_size_in_one_line(tmp_path: Path) -> None:
 def test_doctor_on_the_local_profile_needs_no_slurm(local_profile: Path) -> None:
     result = runner.invoke(app, ["doctor", "-p", str(local_profile), "--json"])
     assert result.exit_code == 0, result.output
-    checks = {c["name"]: c for c in json.loads(result.output)}
+    checks = {c["name"]: c for c in json.loads(result.stdout)}
     assert checks["slurm"]["status"] == "SKIP" and checks["run_root"]["status"] in ("PASS", "WARN")
 
 
@@ -88,10 +88,10 @@ def test_report_of_a_local_run_draws_a_png(tmp_path: Path, local_profile: Path) 
     result = runner.invoke(app, ["submit", str(EXAMPLES / "train_digits.yaml"), "-p", str(local_profile), "--set",
                                  "config.steps=40", "--wait", "--json"])
     assert result.exit_code == 0, result.output
-    run_dir = Path(json.loads(result.output)["run_dir"])
+    run_dir = Path(json.loads(result.stdout)["run_dir"])
     result = runner.invoke(app, ["report", str(run_dir), "-p", str(local_profile), "--json"])
     assert result.exit_code == 0, result.output
-    info = json.loads(result.output)
+    info = json.loads(result.stdout)
     png = run_dir / "report.png"
     assert info["report"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
     assert info["goodput"]["steps"] == 40 and 0 < info["goodput"]["goodput"] <= 1

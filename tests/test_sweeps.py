@@ -87,7 +87,7 @@ def test_dry_run_shows_each_task_its_seed_and_the_arrays(tmp_path: Path, local_p
     result = runner.invoke(app, ["sweep", str(path), "-p", str(local_profile), "--dry-run", "--json",
                                  "--max-array-size", "4"])
     assert result.exit_code == 0, result.output
-    info = json.loads(result.output)
+    info = json.loads(result.stdout)
     assert info["tasks"] == 6 and info["varying"] == ["env.LR", "resources.nodes"]
     assert [c["seed"] for c in info["configs"]] == [100, 101, 102, 103, 104, 105]
     # Tasks that ask for different resources cannot share an array; each group is chunked at 4.
@@ -100,7 +100,7 @@ def test_train_tasks_take_their_seed_from_the_config(tmp_path: Path, local_profi
     result = runner.invoke(app, ["sweep", str(EXAMPLES / "sweep_digits.yaml"), "-p", str(local_profile),
                                  "--dry-run", "--json", "--grid", "config.lr=0.1,0.2,0.3"])
     assert result.exit_code == 0, result.output
-    info = json.loads(result.output)
+    info = json.loads(result.stdout)
     assert info["tasks"] == 6  # --grid replaced config.lr's two values with three
     assert sorted({c["config.lr"] for c in info["configs"]}) == [0.1, 0.2, 0.3]
     assert [c["seed"] for c in info["configs"]] == [0, 1] * 3
@@ -227,7 +227,7 @@ def test_local_sweep_runs_through_the_local_executor_then_resubmits_the_failed(t
                        command=command)
     result = runner.invoke(app, ["sweep", str(path), "-p", str(local_profile), "--json"])
     assert result.exit_code == 0, result.output
-    done = json.loads(result.output)
+    done = json.loads(result.stdout)
     assert done["tasks"] == 3 and done["array_job_ids"] == []
     paths = store.SweepPaths(Path(done["sweep_dir"]))
     states = wait_local(paths)
@@ -237,14 +237,14 @@ def test_local_sweep_runs_through_the_local_executor_then_resubmits_the_failed(t
     (paths.task(1).run_dir / "fixed").write_text("")
     result = runner.invoke(app, ["sweep", "resubmit", paths.sweep_id, "--failed", "-p", str(local_profile), "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["resubmitted"] == [1]
+    assert json.loads(result.stdout)["resubmitted"] == [1]
     states = wait_local(paths)
     assert [s.state for s in states] == ["COMPLETED"] * 3
     assert states[0].job_id == pids[0] and states[2].job_id == pids[2], "only task 1 ran again"
     assert states[1].job_id != pids[1]
 
     result = runner.invoke(app, ["sweep", "results", paths.sweep_id, "-p", str(local_profile), "--json"])
-    rows = json.loads(result.output)
+    rows = json.loads(result.stdout)
     assert [(r["index"], r["state"], r["env.MODE"], r["returncode"]) for r in rows] == [
         (0, "COMPLETED", "ok", 0), (1, "COMPLETED", "flaky", 0), (2, "COMPLETED", "fine", 0)]
     line = one_line_error(["sweep", "results", paths.sweep_id, "-p", str(local_profile), "--sort", "acuracy"])
