@@ -136,7 +136,7 @@ def _writable(label: str, uri: str) -> Check:
 
 def _nccl(resolved: Resolved) -> Check:
     env = resolved.profile.nccl_env
-    gpus = bool(resolved.resources.gpus_per_node)
+    gpus = bool(resolved.node_gpus)
     problems = []
     if env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
         problems.append(f"NCCL_DEBUG={env['NCCL_DEBUG']} floods the logs of every rank")

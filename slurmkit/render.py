@@ -138,7 +138,7 @@ def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
     mounts = [*c.mounts, *(f"{p}:{p}" for p in dict.fromkeys(paths) if p not in taken)]
     prof = resolved.profile
     env_names = list(dict.fromkeys([*c.env, *prof.setup.env, *resolved.spec.env, *prof.nccl_env]))
-    gpus = c.gpus if c.gpus is not None else bool(resolved.resources.gpus_per_node)
+    gpus = c.gpus if c.gpus is not None else bool(resolved.node_gpus)
     return {"srun": c.runtime == "pyxis", "prefix": c.runtime != "pyxis", "mounts": mounts,
             "env_names": env_names, "gpus": gpus}
 
@@ -151,6 +151,7 @@ def render(inp: RenderInput) -> str:
         "spec": resolved.spec,
         "profile": resolved.profile,
         "r": resolved.resources,
+        "node_gpus": resolved.node_gpus,
         "files": inp.files,
         "array": inp.array,
         "dependency": inp.dependency,

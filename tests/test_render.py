@@ -122,7 +122,7 @@ def test_spec_env_is_exported_quoted(tmp_path: Path) -> None:
 # Every `| raw` in the shipped templates, as docs/templates.md lists them: shell by contract, names
 # validated as identifiers or fixed choices, integers, and slurmkit's own shell.
 RAW_ALLOWED = {"line", "key", "profile.signal", "profile.signal_delay_s", "c.runtime", "profile.run_mode",
-               "ray_port", "sweep.base | int", "(spec.ray.object_store_mb or 0) | int", "(r.gpus_per_node or 0) | int",
+               "ray_port", "sweep.base | int", "(spec.ray.object_store_mb or 0) | int", "node_gpus | int",
                '("0027" if profile.run_mode == "group" else "0077")'}
 
 

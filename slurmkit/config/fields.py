@@ -139,7 +139,29 @@ SlurmMem = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidator
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_keys), AfterValidator(_env_names)]
 HomePath = Annotated[str, AfterValidator(_home_path)]
 """A path whose leading ~ is expanded on the login node (venv, python)."""
+_GRES_RE = re.compile(r"^[a-z][a-z0-9_-]*(?::[A-Za-z0-9_.-]+)?(?::\d+)?$")
+
+
+def _gres(value: str) -> str:
+    for item in value.split(","):
+        if not _GRES_RE.match(item):
+            raise ValueError(f"invalid gres item {item!r}; valid: NAME[:TYPE][:COUNT], comma-separated, "
+                             "e.g. gpu:a100:4")
+    return value
+
+
+def gres_gpus(gres: str | None) -> int:
+    """GPUs per node a --gres value asks for: gpu (1), gpu:4, gpu:a100:4; other GRES count none."""
+    total = 0
+    for item in (gres or "").split(","):
+        parts = item.split(":")
+        if parts[0] == "gpu":
+            total += int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+    return total
+
+
 SbatchValue = Annotated[str, AfterValidator(sbatch_safe)]
+Gres = Annotated[str, AfterValidator(_gres)]
 """Text that reaches an #SBATCH line (partition, account, run_root, ...)."""
 SbatchOptions = Annotated[list[str], AfterValidator(_sbatch_options)]
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from slurmkit.config.fields import gres_gpus
 from slurmkit.config.overrides import deep_merge, split_sets
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
@@ -40,6 +41,17 @@ class Resolved:
         """Processes submitit runs: every rank, or for Ray the one driver."""
         assert self.resources.nodes and self.resources.tasks_per_node
         return 1 if self.spec.ray else self.resources.nodes * self.resources.tasks_per_node
+
+    @property
+    def node_gpus(self) -> int:
+        """GPUs each node gets, however resources ask for them: gpus_per_node, gpus_per_task x
+        tasks_per_node, or a gpu gres. The health gate, container GPU flags, pre-flight and Ray use it."""
+        r = self.resources
+        if r.gpus_per_node:
+            return r.gpus_per_node
+        if r.gpus_per_task:
+            return r.gpus_per_task * (r.tasks_per_node or 1)
+        return gres_gpus(r.gres)
 
     @property
     def snapshot(self) -> bool:
@@ -229,6 +241,33 @@ def merge_resources(*layers: Resources) -> Resources:
     return Resources.model_validate(merged)
 
 
+GPU_FORMS = ("gpus_per_node", "gpus_per_task", "gres")
+
+
+def gpu_forms(merged: Resources, given: tuple[Resources, ...], source: str) -> Resources:
+    """One way of asking for GPUs, and the per-GPU CPU and memory forms only beside one. Slurm
+    takes --cpus-per-gpu or --cpus-per-task, --mem-per-gpu or --mem: the highest layer (`given`,
+    lowest first) that sets either decides, and the other gives way (a profile's cpus_per_task
+    to a spec's cpus_per_gpu); one layer setting both is an error."""
+    asked = [f for f in GPU_FORMS if (gres_gpus(merged.gres) if f == "gres" else getattr(merged, f))]
+    if len(asked) > 1:
+        raise ConfigError(f"GPUs asked for twice: {' and '.join(asked)}", where=f"{source}:resources.{asked[1]}",
+                          valid="valid: one of gpus_per_node, gpus_per_task, gres (gpu:...)")
+    drop: dict[str, None] = {}
+    for per_gpu, instead in (("cpus_per_gpu", "cpus_per_task"), ("mem_per_gpu", "mem")):
+        if getattr(merged, per_gpu) is None:
+            continue
+        if not asked:
+            raise ConfigError(f"{per_gpu} without GPUs", where=f"{source}:resources.{per_gpu}",
+                              valid="valid: with gpus_per_node, gpus_per_task or a gpu gres")
+        top = next(g for g in reversed(given) if getattr(g, per_gpu) is not None or getattr(g, instead) is not None)
+        if getattr(top, per_gpu) is not None and getattr(top, instead) is not None:
+            raise ConfigError(f"{per_gpu} with {instead}: Slurm takes one of them",
+                              where=f"{source}:resources.{per_gpu}", valid=f"valid: {per_gpu} or {instead}, not both")
+        drop[instead if getattr(top, per_gpu) is not None else per_gpu] = None
+    return merged.model_copy(update=drop) if drop else merged
+
+
 def _check_ray(spec: RunSpec, resources: Resources, source: str) -> None:
     """A Ray driver path is read beside the spec file; Ray runs one node per Slurm node."""
     assert spec.ray is not None
@@ -247,7 +286,8 @@ def _check_ray(spec: RunSpec, resources: Resources, source: str) -> None:
 def resolve_layers(layers: list[Layer], profile: ClusterProfile, profile_name: str) -> Resolved:
     """Run-spec layers (lowest first) against an already loaded profile."""
     run_spec = validate_runspec(layers)
-    resources = merge_resources(DEFAULT_RESOURCES, profile.resources, run_spec.resources)
+    resources = gpu_forms(merge_resources(DEFAULT_RESOURCES, profile.resources, run_spec.resources),
+                          (profile.resources, run_spec.resources), layers[0][0])
     if run_spec.ray is not None:
         _check_ray(run_spec, resources, layers[0][0])
     return Resolved(spec=run_spec, profile=profile, profile_name=profile_name, resources=resources,

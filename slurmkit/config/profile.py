@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from slurmkit.config.container import Container
-from slurmkit.config.fields import EnvMap, HomePath, SbatchOptions, SbatchValue, SlurmMem, SlurmTime, Strict
+from slurmkit.config.fields import EnvMap, Gres, HomePath, SbatchOptions, SbatchValue, SlurmMem, SlurmTime, Strict
 
 
 class Resources(Strict):
@@ -19,10 +19,19 @@ class Resources(Strict):
     """Ranks per node (sbatch --ntasks-per-node); usually one per GPU."""
     gpus_per_node: int | None = Field(None, ge=0)
     """GPUs per node (sbatch --gpus-per-node); 0 asks for none."""
+    gpus_per_task: int | None = Field(None, ge=0)
+    """GPUs per rank (sbatch --gpus-per-task), instead of gpus_per_node or a gpu gres."""
+    gres: Gres | None = None
+    """Generic resources per node as the cluster declares them, e.g. gpu:a100:4 or gpu:2,nvme:1 (sbatch --gres);
+    a gpu item is the job's GPUs per node, instead of gpus_per_node or gpus_per_task."""
     cpus_per_task: int | None = Field(None, ge=1)
     """CPU cores per rank (sbatch --cpus-per-task)."""
+    cpus_per_gpu: int | None = Field(None, ge=1)
+    """CPU cores per allocated GPU (sbatch --cpus-per-gpu); Slurm takes it instead of cpus_per_task."""
     mem: SlurmMem | None = None
     """Memory per node, e.g. 8G, 8GB or 8000 (MB) (sbatch --mem, as 8G); unset leaves the partition default."""
+    mem_per_gpu: SlurmMem | None = None
+    """Memory per allocated GPU, e.g. 40G (sbatch --mem-per-gpu); Slurm takes it instead of mem."""
     time: SlurmTime | None = None
     """Wall-clock limit, e.g. 90 (minutes), 1:30:00 (unquoted is fine) or 2-00:00:00 (sbatch --time)."""
 

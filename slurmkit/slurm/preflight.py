@@ -70,12 +70,13 @@ def check(resolved: Resolved, array_size: int | None = None) -> str:
     if max_nodes.isdigit() and r.nodes > int(max_nodes):
         raise PreflightError(f"nodes={r.nodes} exceeds partition '{name}' MaxNodes={max_nodes}",
                              where="resources.nodes")
-    if r.gpus_per_node:
+    if resolved.node_gpus:
         gres = commands.partition_gres(name)
         if not any(g.split(":")[0] == "gpu" for g in gres):
+            form = next(f for f in ("gpus_per_node", "gpus_per_task", "gres") if getattr(r, f))
             raise PreflightError(
-                f"gpus_per_node={r.gpus_per_node} but partition '{name}' has no GRES gpu",
-                where="resources.gpus_per_node", valid=f"GRES there: {', '.join(gres) or 'none'}")
+                f"{form}={getattr(r, form)} asks for GPUs but partition '{name}' has no GRES gpu",
+                where=f"resources.{form}", valid=f"GRES there: {', '.join(gres) or 'none'}")
     if array_size is not None:
         max_array = int(commands.show_config().get("MaxArraySize", "1001"))
         if array_size > max_array:
