@@ -326,8 +326,8 @@ def test_submit_wait_shows_the_pending_reason_and_each_transition(cluster: None,
         if "PENDING (JobHeldUser)" in line:
             break
     job_id = proc.stdout.readline().split("job ")[1].split()[0]
-    status = runner.invoke(app, ["status", job_id, "-p", str(dev_profile)])
-    assert "JobHeldUser" in status.output  # `status` shows the pending reason too
+    status = runner.invoke(app, ["status", job_id, "-p", str(dev_profile), "--json"])
+    assert json.loads(status.stdout)[0]["reason"] == "JobHeldUser"  # `status` shows the pending reason too
     subprocess.run(["scontrol", "release", job_id], check=True)
     out, err = proc.communicate(timeout=120)
     lines += [ln.strip() for ln in err.splitlines() if ln.strip()]

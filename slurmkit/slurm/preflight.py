@@ -75,7 +75,7 @@ def check(resolved: Resolved, array_size: int | None = None) -> str:
         if not any(g.split(":")[0] == "gpu" for g in gres):
             form = next(f for f in ("gpus_per_node", "gpus_per_task", "gres") if getattr(r, f))
             raise PreflightError(
-                f"{form}={getattr(r, form)} asks for GPUs but partition '{name}' has no GRES gpu",
+                f"{form}={getattr(r, form)} but partition '{name}' has no GRES gpu",
                 where=f"resources.{form}", valid=f"GRES there: {', '.join(gres) or 'none'}")
     if array_size is not None:
         max_array = int(commands.show_config().get("MaxArraySize", "1001"))
