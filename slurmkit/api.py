@@ -26,7 +26,6 @@ from slurmkit.config.overrides import split_sets
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.errors import ConfigError, did_you_mean, squash
 from slurmkit.handles import Job, SweepHandle
-from slurmkit.runs import expand_root
 
 SOURCE = "Executor"
 RESOURCE_FIELDS = tuple(Resources.model_fields)
@@ -123,10 +122,6 @@ class Executor:
         merged = {"profile": self.profile_name, **self._kw, **kw}
         return Executor(**merged)
 
-    @property
-    def run_root(self) -> str:
-        return str(expand_root(self.profile.run_root))
-
     def render(self, fn: Callable[..., Any]) -> str:
         """The sbatch script a submit of fn would send (a dry run: nothing is created)."""
         return jobs.dry_run(self.resolve(fn)).script
@@ -141,7 +136,7 @@ class Executor:
         done = jobs.submit(resolved, call=call, preflighted=fresh)
         if not fresh:
             self._checked_at = time.monotonic()
-        return Job(done.run_id, done.job_id or "", done.run_dir, resolved.profile.executor, self.run_root)
+        return Job(done.run_id, done.job_id or "", done.run_dir)
 
     def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any], max_parallel: int | None = None,
                   max_array_size: int | None = None) -> list[Job]:

@@ -25,22 +25,16 @@ class Job:
     job_id: str
     """The Slurm job id at submit (ARRAY_TASK for a map_array task; the controller pid on local)."""
     run_dir: str
-    executor: str = "slurm"
-    run_root: str = ""
 
     @classmethod
     def from_id(cls, ident: str, profile: str | None = None) -> Job:
         """Reattach to a run (CLI- or Python-submitted) by run id, unique prefix, folder or Slurm job id."""
         from slurmkit.config.loader import load_profile, profile_name
         from slurmkit.lookup import find
-        from slurmkit.runs import expand_root
 
-        run_root = str(expand_root(load_profile(profile_name(profile)).run_root))
-        paths = find(run_root, ident)
+        paths = find(load_profile(profile_name(profile)).run_root, ident)
         rec = RunRecord(paths).read()
-        ids = rec.get("job_ids") or [""]
-        return cls(rec.get("run_id", paths.run_id), ids[-1], str(paths.run_dir), rec.get("executor", "slurm"),
-                   run_root)
+        return cls(rec.get("run_id", paths.run_id), (rec.get("job_ids") or [""])[-1], str(paths.run_dir))
 
     @property
     def paths(self) -> RunPaths:

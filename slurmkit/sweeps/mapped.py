@@ -53,5 +53,4 @@ def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ..
     paths = SweepPaths(Path(done.sweep_dir))
     latest = latest_job_ids({"tasks": [{"index": i} for i in range(len(items))],
                              "arrays": ArrayLog(paths).read()["arrays"]})
-    return [Job(f"{paths.sweep_id}/{i}", latest[i] or "", str(paths.task(i).run_dir), resolved.profile.executor,
-                str(paths.sweep_dir.parent)) for i in range(len(items))]
+    return [Job(f"{paths.sweep_id}/{i}", latest[i] or "", str(paths.task(i).run_dir)) for i in range(len(items))]

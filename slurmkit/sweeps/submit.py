@@ -10,7 +10,7 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmkit import perms
 from slurmkit.common.atomic import atomic_write_text
@@ -23,6 +23,9 @@ from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
 from slurmkit.sweeps.spec import SweepPlan
 from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, manifest_tasks
 from slurmkit.sweeps.task import SweepTask
+
+if TYPE_CHECKING:
+    from slurmkit.jobs import Call
 
 # Final states after which `resubmit --failed` runs a task again.
 RETRY_STATES = frozenset({"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -141,7 +144,7 @@ def _submit(plan: SweepPlan, profile: str | None, sets: list[str] | None, max_ar
 
 
 def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None, after: str | None = None,
-           prepare: Callable[[SweepPaths], None] | None = None, call: Any = None) -> SweepSubmitted:
+           prepare: Callable[[SweepPaths], None] | None = None, call: Call | None = None) -> SweepSubmitted:
     """Pre-flight, write the manifest (then `prepare` the folder: the function of a map_array),
     take the code snapshot if asked for (of `call`'s module folder outside git), and submit the
     arrays (on local: start the runner)."""
