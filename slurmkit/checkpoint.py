@@ -48,7 +48,7 @@ class Checkpoint:
         from slurmkit.worker.checkpoint import AsyncWriter, CheckpointStore
         from slurmkit.worker.preempt import StopFlag
 
-        uri = uri or os.environ.get("SLURMKIT_CHECKPOINT_URI") or _run_folder_uri()
+        uri = uri or _run_folder_uri()
         self.uri, self.every, self.keep, self.async_save = uri, every, keep_latest_k, async_save
         self.store = CheckpointStore(uri, (STATE_FILE,))
         self.writer = AsyncWriter(self.store)
@@ -145,14 +145,13 @@ class Checkpoint:
 
 
 def _run_folder_uri() -> str:
-    from pathlib import Path
+    """The run's checkpoint URI, as `task: train` finds it (slurmkit.worker.lifecycle.checkpoint_uri)."""
+    from slurmkit.worker.lifecycle import checkpoint_uri
 
-    from slurmkit.runs import RunPaths
-
-    run_dir = os.environ.get("SLURMKIT_RUN_DIR")
-    if not run_dir:
+    uri = checkpoint_uri(os.environ.get("SLURMKIT_RUN_DIR"))
+    if not uri:
         raise RuntimeError("slurmkit.Checkpoint outside a slurmkit run needs uri=")
-    return RunPaths(Path(run_dir)).checkpoint_uri(None)
+    return uri
 
 
 _default: Checkpoint | None = None
