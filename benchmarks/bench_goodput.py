@@ -1,12 +1,15 @@
 """Goodput under repeated preemption on the dev cluster (2 nodes x 1 rank, gloo, ~1 s steps).
 
-A preemption signal (scancel --signal=USR2) is injected after every ~60 s of RUNNING time.
+A preemption is injected after every ~60 s of RUNNING time, one of two ways (--mode):
+- usr2: the signal Slurm sends before a limit, by hand (scancel --signal=USR2);
+- partition: real Slurm preemption, a plain 2-node `sbatch -p urgent --exclusive` job that needs
+  the run's nodes (the dev cluster's debug partition: PreemptMode=REQUEUE, GraceTime=20 s).
 Runtime goodput = productive step time / time the job was RUNNING (sacct, every incarnation);
 queue wait is reported apart. The baseline is the usual submitit + DDP pattern measured on the
 same cluster (shared/notes/preemption-facts.md): 0.81. Also reported: seconds from the signal to
 the job's exit (final save included), and from RUNNING again to the first step.
 
-Usage: python benchmarks/bench_goodput.py [--steps 240] [--every 60] [--interval 20]
+Usage: python benchmarks/bench_goodput.py [--mode usr2|partition] [--steps 240] [--every 60] [--interval 20]
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import yaml
 
 from slurmkit import goodput, jobs
 from slurmkit.config.loader import resolve
-from slurmkit.runs import RunPaths
+from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.slurm.parse import Incarnation
 
 BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a preemption every 60 s
@@ -31,6 +34,7 @@ BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a pre
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=["usr2", "partition"], default="usr2")
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--every", type=float, default=60.0, help="seconds of RUNNING between preemptions")
     parser.add_argument("--interval", type=int, default=20, help="checkpoint_every (steps)")
@@ -52,7 +56,7 @@ def main() -> None:
         if state == "RUNNING":
             running_since = running_since or now
             if now - running_since >= args.every:
-                subprocess.run(["scancel", "--signal=USR2", sub.job_id], check=True)
+                preempt(args.mode, sub.job_id)
                 signals.append(now)
                 running_since = None
                 time.sleep(3)
@@ -70,8 +74,10 @@ def main() -> None:
     # sacct's End is a whole second, which may read as just before a sub-second signal.
     exits = [max(0.0, min((i.end for i in incs if i.end and i.end >= int(s)), default=s) - s) for s in signals]
     runtime_goodput = gp.productive_s / running if running else 0.0
+    lost_steps = [r.get("lost_steps") for r in RunRecord(paths).read().get("restarts", [])]
     print(json.dumps({
-        "steps": args.steps, "preemptions": len(signals), "incarnations": len(incs), "final": incs[-1].state,
+        "mode": args.mode, "lost_steps": lost_steps, "steps": args.steps, "preemptions": len(signals),
+        "incarnations": len(incs), "final": incs[-1].state,
         "running_s": round(running, 1), "productive_s": round(gp.productive_s, 1),
         "runtime_goodput": round(runtime_goodput, 3), "baseline_goodput": BASELINE_GOODPUT,
         "goodput_vs_baseline": round(runtime_goodput / BASELINE_GOODPUT, 3),
@@ -80,6 +86,16 @@ def main() -> None:
         "median_step_s": round(acc.typical, 3),
         "restart_phases_median_s": phase_medians(startups),
     }, indent=1))
+
+
+def preempt(mode: str, job_id: str) -> None:
+    if mode == "usr2":
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+        return
+    from slurmkit.devcluster import layout
+
+    subprocess.run(["sbatch", "-p", layout.URGENT_PARTITION, "-N", "2", "--exclusive", "-t", "2", "-o", "/dev/null",
+                    "--wrap", "sleep 3"], check=True, capture_output=True)
 
 
 def phase_medians(startups: list[tuple[Incarnation, dict[str, float]]]) -> dict[str, float]:

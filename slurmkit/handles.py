@@ -86,6 +86,11 @@ class Job:
         commands.scancel([self.job_id])
         return [self.job_id]
 
+    def resubmit(self, partition: str | None = None) -> Job:
+        """The same run as a new job that resumes from its checkpoint (`slurmkit resubmit`)."""
+        sub = jobs.resubmit(self.paths, partition)
+        return Job(sub.run_id, str(sub.job_id), sub.run_dir)
+
 
 def states(handles: list[Job]) -> dict[Job, str]:
     """The state of many jobs at once: one squeue for the runs (and at most one sacct), and one

@@ -223,6 +223,8 @@ def statuses(runs: list[tuple[RunPaths, dict[str, Any]]]) -> list[RunStatus]:
             info = infos.get(jid)
             state = info.state if info else outcome_state(paths, jid, int(rec.get("num_tasks", 1)))
             nodes, elapsed = (info.nodes, info.elapsed) if info else ("", "")
+            if not is_active(state) and (rec.get("preempted") or {}).get("job_id") == jid:
+                state = "PREEMPTED"  # it saved and exited within GraceTime, so Slurm says COMPLETED
         # run.json knows every restart and its cause, whichever incarnation is live now.
         restarts = max(len(rec.get("restarts", [])), infos[jid].restarts if jid in infos else 0)
         out.append(RunStatus(paths.run_id, rec.get("name", ""), jid, state, nodes, elapsed, restarts,
@@ -303,6 +305,38 @@ def cancel(paths: RunPaths) -> list[str]:
     return ids
 
 
+def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
+    """Submit an ended run again under its run id: the same script and call as a new job, which
+    resumes from the run's newest committed checkpoint. The single-run twin of `sweep resubmit`,
+    for a run Slurm did not bring back: preempted under PreemptMode=CANCEL, a spent requeue
+    budget, a cancel, a failure fixed since. Its dependency is dropped (it was met)."""
+    rec = RunRecord(paths).read()
+    if rec.get("executor") != "slurm":
+        raise SlurmkitError("only a run on a Slurm profile can be resubmitted", where=paths.run_id,
+                            valid="submit a local run again with `slurmkit submit`")
+    st = run_state(paths)
+    if is_active(st.state) or st.state == "COMPLETED":
+        raise SlurmkitError(f"run is {st.state} (job {st.job_id}); nothing to resubmit", where=paths.run_id,
+                            valid="valid: a run that ended other than COMPLETED; `slurmkit cancel` a live one first")
+    script = "".join(ln for ln in (rec.get("script") or paths.script.read_text()).splitlines(keepends=True)
+                     if not ln.startswith("#SBATCH --dependency="))
+    from slurmkit.slurm import executor as ex_mod
+
+    with perms.umask(perms.folder_kind(paths.run_dir)):
+        job_id = ex_mod.resubmit(paths, st.job_id, script, partition)
+    # The job id first, in its own write, as submit does: nothing later may lose it.
+    RunRecord(paths).add_job_id(job_id, script=script)
+    on = f" on partition {partition}" if partition else ""
+    with RunRecord(paths).editing() as record:
+        for key in ("final", "preempted", "cancelled"):
+            record.pop(key, None)
+        record.setdefault("restarts", []).append(
+            {"n": 0, "job_id": job_id, "cause": "resubmit", "time": dt.datetime.now().isoformat(timespec="seconds"),
+             "detail": f"slurmkit resubmit{on} after job {st.job_id} ended {st.state}", "resumed_step": None})
+    paths.write_script(script)
+    return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
+
+
 def result(paths: RunPaths, rank: int = 0) -> Any:
     """The callable's return value on `rank`; a failure raises with the failing rank's log tail.
 
@@ -321,6 +355,9 @@ def result(paths: RunPaths, rank: int = 0) -> Any:
     if is_active(st.state):
         raise SlurmkitError(f"run is still {st.state}; no result yet", where=paths.run_id,
                             valid="wait with `slurmkit submit --wait` or poll `slurmkit status`")
+    if st.state == "PREEMPTED":
+        raise JobFailedError(f"run was preempted (job {st.job_id}): {RunRecord(paths).read()['preempted']['detail']}",
+                             where=paths.run_id, valid=f"resume it with `slurmkit resubmit {paths.run_id}`")
     failing, tail = failing_rank_tail(paths, st.job_id)
     raise JobFailedError(f"run ended {st.state} (job {st.job_id}); rank {failing} log tail: {tail}",
                          where=paths.run_id, log_tail=tail)

@@ -102,6 +102,7 @@ def collect(paths: RunPaths) -> ReportData:
                                 startups.get(id(inc), {})))
     return ReportData(paths.run_id, curve.points(), gpu, segments, acc.result(),
                       {"restarts": len(causes), "restart_causes": causes, "name": record.get("name", ""),
+                       "lost_steps": [r.get("lost_steps") for r in record.get("restarts", [])],
                        "snapshot": record.get("snapshot")})
 
 

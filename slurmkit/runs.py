@@ -177,6 +177,12 @@ class RunPaths:
         """Why the running job asked to be requeued; read and removed by the next incarnation."""
         return self.run_dir / "restart-request.json"
 
+    @property
+    def stop_marker(self) -> Path:
+        """The step the ranks agreed to stop at, written before its save: if the save never ends
+        (killed after GraceTime) the next incarnation still knows how far the last one got."""
+        return self.run_dir / "stopping.json"
+
     def hang_marker(self, rank: int) -> Path:
         return self.run_dir / f"hang-rank{rank}.json"
 

@@ -164,7 +164,7 @@ def test_scontrol_requeue_resumes_from_the_last_checkpoint(cluster: None, dev_pr
     # Slurm's SIGTERM comes KillWait seconds before SIGKILL: the ranks save at the step they are at.
     result = check(paths, reference, max_lost=0)
     assert result["restart_causes"] == ["requeue"]
-    assert "SIGTERM; saved at step" in "\n".join(jobs.logs(paths, rank=0))
+    assert "SIGTERM: stopped at step" in "\n".join(jobs.logs(paths, rank=0))
 
 
 def test_scancel_saves_at_the_step_and_ends_cancelled(cluster: None, dev_profile: Path) -> None:
@@ -172,7 +172,7 @@ def test_scancel_saves_at_the_step_and_ends_cancelled(cluster: None, dev_profile
     wait_step(paths, 60)
     subprocess.run(["scancel", job], check=True)
     assert finish(paths) == "CANCELLED"
-    saved = re.findall(r"SIGTERM; saved at step (\d+)", "\n".join(jobs.logs(paths, rank=0)))
+    saved = re.findall(r"SIGTERM: stopped at step (\d+)", "\n".join(jobs.logs(paths, rank=0)))
     assert len(saved) == 1, "no final save after scancel's SIGTERM"
     store = CheckpointStore(str(paths.checkpoints))
     assert store.latest_valid() == int(saved[0]) >= 60  # the step the ranks agreed on, committed
@@ -255,3 +255,117 @@ def test_time_limit_signal_is_a_timeout_and_resumes(cluster: None, dev_profile: 
     # The ranks agreed on the signal at the next step boundary, saved there and resumed from it.
     assert RunRecord(paths).read()["restarts"][0]["resumed_step"] == 11
     assert executed_steps(paths.metrics) == list(range(1, STEPS + 1))  # nothing recomputed
+
+
+# ------------------------------------------------------------- real preemption by a higher partition
+
+def urgent_job() -> str:
+    """A plain 2-node job on the dev cluster's `urgent` partition that needs the whole of both nodes:
+    Slurm itself picks the debug/scavenger run as its victim (preempt/partition_prio)."""
+    from slurmkit.devcluster import layout
+
+    out = subprocess.run(["sbatch", "--parsable", "-p", layout.URGENT_PARTITION, "-N", "2", "--exclusive", "-t", "2",
+                          "-o", "/dev/null", "--wrap", "sleep 3"], check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def sacct_times(job: str) -> list[tuple[str, str, str]]:
+    """(state, start, end) of every incarnation of a job, oldest first."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "--duplicates", "-j", job, "-o", "state,start,end"],
+                         check=True, capture_output=True, text=True).stdout
+    return [tuple(ln.split("|")) for ln in out.splitlines() if ln.strip()]  # type: ignore[misc]
+
+
+def test_real_preemption_by_the_urgent_partition_requeues_within_grace_time(
+        cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    """PreemptMode=REQUEUE, no user signal: the ranks get SIGTERM only. A job that exits within its
+    GraceTime is COMPLETED for Slurm, so rank 0 must ask for the requeue itself, in time."""
+    paths, job = start(dev_profile)
+    wait_step(paths, 60)
+    urgent = urgent_job()
+    result = check(paths, reference, max_lost=0)  # saved at the agreed step, inside the grace
+    assert result["restart_causes"] == ["preemption"]
+    assert jobs.run_state(paths).restarts == 1  # what `slurmkit status` shows
+    (restart,) = RunRecord(paths).read()["restarts"]
+    assert "PreemptMode=REQUEUE" in restart["detail"] and restart["lost_steps"] == 0
+    # Slurm really preempted it: the urgent job ran in the gap between the two incarnations.
+    first, second = sacct_times(job)[:2]
+    (u_state, u_start, u_end), = sacct_times(urgent)
+    assert first[0] == "REQUEUED" and u_state == "COMPLETED"
+    assert first[2] <= u_start and u_end <= second[1]  # ISO times compare as strings
+
+
+@pytest.fixture
+def user_signal_on_preemption(cluster: None) -> Any:
+    """The cluster's other preemption style: Slurm sends the job's --signal (USR2, to the batch shell)
+    at preemption time, before GraceTime's SIGTERM (22.05: SlurmctldParameters=preempt_send_user_signal;
+    23.02 on: PreemptParameters=send_user_signal). slurmctld re-reads it on `scontrol reconfigure`."""
+    from slurmkit.devcluster import layout
+
+    conf = layout.SLURM_CONF.read_text()
+    layout.SLURM_CONF.write_text(conf + "SlurmctldParameters=preempt_send_user_signal\n")
+    try:
+        subprocess.run(["scontrol", "reconfigure"], check=True, timeout=60)
+        wait_until(lambda: "preempt_send_user_signal" in subprocess.run(
+            ["scontrol", "show", "config"], capture_output=True, text=True).stdout, 30, "the reconfigure", 0.5)
+        yield
+    finally:
+        layout.SLURM_CONF.write_text(conf)
+        subprocess.run(["scontrol", "reconfigure"], check=False, timeout=60)
+
+
+def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
+        user_signal_on_preemption: None, tmp_path: Path, run_root: Path, reference: dict[str, Any]) -> None:
+    """PreemptMode=CANCEL, with the user signal first: USR2 must read as preemption, not as the
+    time limit, though Slurm has just cut the job's end time to the grace."""
+    from typer.testing import CliRunner
+
+    from slurmkit.cli.app import app
+    from slurmkit.devcluster import layout
+    from slurmkit.errors import JobFailedError
+
+    profile = tmp_path / "scavenger.yaml"
+    profile.write_text(f"extends: devcluster\nrun_root: {run_root}\npartition: {layout.CANCEL_PARTITION}\n")
+    paths, job = start(profile)
+    wait_step(paths, 60)
+    urgent_job()
+    assert finish(paths) == "PREEMPTED"  # Slurm says COMPLETED: the job saved and left within its grace
+    assert len(sacct_times(job)) == 1  # and it did not come back by itself
+    with pytest.raises(JobFailedError, match="PreemptMode=CANCEL") as err:
+        jobs.result(paths)
+    assert f"slurmkit resubmit {paths.run_id}" in err.value.one_line()
+    assert "caught SIGUSR2, forwarding to ranks" in "\n".join(jobs.logs(paths, rank=0))
+    stopped = RunRecord(paths).read()["preempted"]["step"]
+    runner = CliRunner()
+    out = runner.invoke(app, ["resubmit", paths.run_id, "-p", str(profile), "--partition", layout.PARTITION,
+                              "--wait", "--json"])
+    assert out.exit_code == 0, out.output
+    answer = json.loads(out.stdout)
+    assert answer["state"] == "COMPLETED" and answer["job_id"] != job and answer["run_id"] == paths.run_id
+    assert answer["result"]["params_sha256"] == reference["params_sha256"]
+    assert executed_steps(paths.metrics) == list(range(1, STEPS + 1))  # resumed at the stop step: none lost
+    record = RunRecord(paths).read()
+    assert record["job_ids"] == [job, answer["job_id"]] and "preempted" not in record
+    (restart,) = record["restarts"]
+    assert restart["cause"] == "resubmit" and restart["resumed_step"] == stopped and restart["lost_steps"] == 0
+    assert sacct_times(answer["job_id"])[0][0] == "COMPLETED"
+    again = runner.invoke(app, ["resubmit", paths.run_id, "-p", str(profile)])
+    assert again.exit_code != 0 and "COMPLETED" in again.output and "Traceback" not in again.output
+
+
+def test_a_save_longer_than_grace_time_resumes_from_the_last_commit_and_says_what_was_lost(
+        cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    # The stop's save takes 40 s, GraceTime is 20: Slurm kills the ranks mid-save and requeues the job.
+    paths, job = start(dev_profile, "config.inject_slow_stop_save_s=40", "config.hang_timeout_s=300")
+    wait_step(paths, 60)
+    urgent_job()
+    result = check(paths, reference, max_lost=EVERY)
+    assert result["restart_causes"] == ["preemption"]
+    (restart,) = RunRecord(paths).read()["restarts"]
+    assert restart["detail"] == "slurm state PREEMPTED"  # no marker: the ranks never got to ask
+    log = "\n".join(jobs.logs(paths, rank=0))
+    (stopped,) = map(int, re.findall(r"injected 40 s delay in the stop's save of step (\d+)", log))
+    committed = (stopped - 1) // EVERY * EVERY  # the last periodic save before the stop's own
+    assert result["resumed_from_step"] == committed
+    # The stop step's own metrics record was never written (killed in its save); the stop marker says it.
+    assert restart["lost_steps"] == stopped - committed > 0

@@ -51,3 +51,42 @@ def test_budgets_are_per_cause(tmp_path: Path) -> None:
     assert requeue.allowed(record, "requeue")  # an external requeue spends the preemption budget
     assert requeue.budget(record, "unknown") == 2
     assert not requeue.allowed({**record, "final": "done"}, "preemption")
+
+
+def test_lost_steps_count_the_stop_step_a_killed_save_never_logged(tmp_path: Path) -> None:
+    paths = _run(tmp_path)
+    assert requeue.lost_steps(paths, None) is None  # no step ran
+    paths.metrics.write_text(json.dumps({"step": 100}) + "\n")
+    assert requeue.lost_steps(paths, 100) == 0  # the stop's save made it
+    paths.stop_marker.write_text(json.dumps({"step": 112}) + "\n")
+    assert requeue.lost_steps(paths, 100) == 12  # killed in the save of step 112: 101..112 run again
+    assert requeue.lost_steps(paths, None) == 112  # no checkpoint: everything
+
+
+def test_a_resubmitted_job_learns_the_step_it_resumed_from_once(tmp_path: Path) -> None:
+    paths = _run(tmp_path, restarts=[{"n": 0, "job_id": "8", "cause": "resubmit", "resumed_step": None}])
+    paths.stop_marker.write_text(json.dumps({"step": 61}) + "\n")
+    requeue.note_resubmit_resumed(paths, "8", 61)
+    (entry,) = RunRecord(paths).read()["restarts"]
+    assert (entry["resumed_step"], entry["lost_steps"]) == (61, 0) and not paths.stop_marker.exists()
+    requeue.note_resubmit_resumed(paths, "9", 5)  # another job's start changes nothing
+    assert RunRecord(paths).read()["restarts"] == [entry]
+
+
+def test_a_partition_preempt_mode_decides_who_brings_the_job_back() -> None:
+    from slurmkit.slurm.commands import Preemption
+
+    assert Preemption("t", "REQUEUE", "2999-01-01T00:00:00").requeues
+    assert not Preemption("t", "CANCEL", "").requeues
+    assert Preemption("t", "REQUEUE", "2999-01-01T00:00:00").left_s > 0
+    assert Preemption("t", "REQUEUE", "2000-01-01T00:00:00").left_s == 0 == Preemption("t", "CANCEL", "?").left_s
+
+
+def test_resubmit_refuses_a_local_run_in_one_line(tmp_path: Path) -> None:
+    import pytest
+
+    from slurmkit import jobs
+    from slurmkit.errors import SlurmkitError
+
+    with pytest.raises(SlurmkitError, match="only a run on a Slurm profile can be resubmitted"):
+        jobs.resubmit(_run(tmp_path, executor="local"))

@@ -43,6 +43,7 @@ def root(
 
 app.command("render")(render_cmd.render)
 app.command("submit")(jobs_cmd.submit)
+app.command("resubmit")(jobs_cmd.resubmit)
 app.command("status")(jobs_cmd.status)
 app.command("list")(jobs_cmd.list_runs)
 app.command("logs")(jobs_cmd.logs)

@@ -1,9 +1,9 @@
-"""`slurmkit submit | status | logs | cancel | result | list`."""
+"""`slurmkit submit | resubmit | status | logs | cancel | result | list`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -20,6 +20,9 @@ from slurmkit.cli.common import (
     transitions,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from slurmkit.jobs import Submitted
 
 RunArg = Annotated[str, typer.Argument(help="Run id, unique prefix, or run folder.")]
 
@@ -39,14 +42,20 @@ def submit(
     """Submit RUNSPEC; print its run id and job id."""
     from slurmkit import jobs
     from slurmkit.config.loader import resolve
-    from slurmkit.runs import RunPaths
 
     resolved = resolve(runspec, profile, set_ or [])
     dependency = dependency_for(profile, after, after_any, after_notok)
     if dry_run:
         typer.echo(jobs.dry_run(resolved, dependency).script, nl=False)
         return
-    sub = jobs.submit(resolved, dependency)
+    _announce(jobs.submit(resolved, dependency), wait, as_json)
+
+
+def _announce(sub: Submitted, wait: bool, as_json: bool) -> None:
+    """Print a submitted run; with wait, follow it to its end and print its result."""
+    from slurmkit import jobs
+    from slurmkit.runs import RunPaths
+
     if as_json and not wait:
         print_json({"run_id": sub.run_id, "job_id": sub.job_id, "run_dir": sub.run_dir})
     elif not as_json:
@@ -61,6 +70,21 @@ def submit(
         else:
             typer.echo(f"{final.state}")
             _print_value(value)
+
+
+@user_errors
+def resubmit(
+    run: RunArg,
+    profile: ProfileOpt = None,
+    partition: Annotated[str | None, typer.Option("--partition", help="Run the new job here instead.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the run to end and print its result.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit an ended run again under its run id; it resumes from its newest checkpoint."""
+    from slurmkit import jobs
+    from slurmkit.lookup import find as find_run
+
+    _announce(jobs.resubmit(find_run(run_root_for(profile), run), partition), wait, as_json)
 
 
 @user_errors

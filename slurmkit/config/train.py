@@ -42,6 +42,9 @@ class TrainConfig(Strict):
     inject_kill_in_save_at_step: int | None = Field(None, ge=1)
     """Fault injection: rank 0 SIGKILLs itself mid-way through the checkpoint save of this step (after its first
     file), in an incarnation that did not resume; the step is left without a commit marker."""
+    inject_slow_stop_save_s: float = Field(0.0, ge=0)
+    """Fault injection: the save at an agreed stop takes this many seconds longer (rank 0's writer
+    waits after its first file), in an incarnation that did not resume: a save that outlasts GraceTime."""
     inject_hold_at_step: int | None = Field(None, ge=1)
     """Fault injection: after this step, in an incarnation that did not resume, every rank waits (the
     watchdog fed) until a stop signal arrives, then stops at the next step: a run sure to meet its time limit."""

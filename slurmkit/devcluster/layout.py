@@ -19,6 +19,12 @@ BRIDGE = "skbr0"
 SUBNET = "10.77.0"
 CONTROLLER_IP = f"{SUBNET}.1"
 PARTITION = "debug"
+# Real preemption, as shared clusters do it: a job in `urgent` (higher PriorityTier) takes the
+# nodes of `debug` jobs, which Slurm signals, gives GRACE_TIME_S, then requeues. `scavenger`
+# holds the same nodes with PreemptMode=CANCEL: preempted jobs there do not come back by themselves.
+URGENT_PARTITION = "urgent"
+CANCEL_PARTITION = "scavenger"
+GRACE_TIME_S = 20
 PARTITION_MAX_TIME_MIN = 60
 MAX_ARRAY_SIZE = 1001  # Slurm's defaults; `devcluster up --max-array-size/--max-job-count` raise them
 MAX_JOB_COUNT = 10000
@@ -104,8 +110,15 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost={CONTROLLER_IP}
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 {node_lines}
-PartitionName={PARTITION} Nodes=node[1-{n}] Default=YES MaxTime={PARTITION_MAX_TIME_MIN} State=UP
+PartitionName={PARTITION} Nodes=node[1-{n}] Default=YES MaxTime={PARTITION_MAX_TIME_MIN} State=UP \
+PriorityTier=1 PreemptMode=REQUEUE GraceTime={GRACE_TIME_S}
+PartitionName={CANCEL_PARTITION} Nodes=node[1-{n}] MaxTime={PARTITION_MAX_TIME_MIN} State=UP \
+PriorityTier=1 PreemptMode=CANCEL GraceTime={GRACE_TIME_S}
+PartitionName={URGENT_PARTITION} Nodes=node[1-{n}] MaxTime={PARTITION_MAX_TIME_MIN} State=UP \
+PriorityTier=10 PreemptMode=OFF
 """
 
 

@@ -8,7 +8,7 @@ import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slurmkit.common.slurm_env import base_id
@@ -55,14 +55,16 @@ class SlurmTimeout(TransientSlurmError):
     """A Slurm command that did not answer within its timeout."""
 
 
-def call(argv: list[str], timeout: float = DEFAULT_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def call(argv: list[str], timeout: float = DEFAULT_TIMEOUT_S,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command (an argument list, never a shell string) within `timeout`; every
-    Slurm call slurmkit makes comes through here."""
+    Slurm call slurmkit makes comes through here (submitit's own sbatch runs under coreutils
+    timeout, slurm/executor.py)."""
     CALLS[argv[0]] += 1
     if shutil.which(argv[0]) is None:
         raise SlurmError(f"{argv[0]} not found on PATH", valid="is Slurm installed on this node?")
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired as exc:
         raise SlurmTimeout(f"{argv[0]} did not answer within {timeout:.0f} s", valid="is slurmctld up?") from exc
 
@@ -148,8 +150,80 @@ def scancel(job_ids: list[str], signal: str | None = None) -> None:
     run(argv + job_ids)
 
 
-def requeue(job_id: str) -> None:
-    run(["scontrol", "requeue", job_id])
+def requeue(job_id: str, within_s: float = 0.0) -> None:
+    """Ask Slurm to requeue a job. From inside the job (the batch shell, rank 0) a controller hiccup
+    is retried for `within_s`, the grace the job has left: a job that ends before its requeue went
+    through does not come back. A retry that finds the job already requeued ("pending execution")
+    means an earlier try went through."""
+    argv = ["scontrol", "requeue", job_id]
+    if within_s <= 0:
+        run(argv)
+        return
+    import tenacity
+
+    tries = 0
+
+    def once() -> None:
+        nonlocal tries
+        tries += 1
+        try:
+            _once(argv, min(DEFAULT_TIMEOUT_S, max(2.0, within_s / 3)), check=True)
+        except SlurmError as exc:
+            if tries == 1 or "pending execution" not in exc.what.lower():
+                raise
+
+    tenacity.Retrying(stop=tenacity.stop_after_delay(within_s),
+                      wait=tenacity.wait_exponential(multiplier=0.5, max=4.0) + tenacity.wait_random(0, 0.5),
+                      retry=tenacity.retry_if_exception_type(TransientSlurmError), reraise=True)(once)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Slurm has picked a running job for preemption (scontrol's PreemptTime)."""
+
+    at: str
+    """When Slurm picked it (PreemptTime)."""
+    mode: str
+    """Its partition's PreemptMode: REQUEUE, CANCEL, ..."""
+    ends: str
+    """When the grace ends and Slurm stops the job itself (EndTime)."""
+
+    @property
+    def left_s(self) -> float:
+        """Seconds of grace left (0 if unknown or over)."""
+        import datetime as dt
+
+        try:
+            return max(0.0, dt.datetime.fromisoformat(self.ends).timestamp() - dt.datetime.now().timestamp())
+        except ValueError:
+            return 0.0
+
+    @property
+    def requeues(self) -> bool:
+        """Under CANCEL the preempted job does not come back; under REQUEUE it must ask in time."""
+        return "CANCEL" not in self.mode.upper()
+
+
+def preemption(job_id: str) -> Preemption | None:
+    """Whether Slurm is preempting this job, and its partition's mode; None if not (or unknown).
+    Asked once each, not retried: this runs inside the grace period."""
+    lines = run(["scontrol", "--oneliner", "show", "job", job_id], check=False).splitlines()
+    job = parse.oneliner(lines[0]) if lines else {}
+    at = job.get("PreemptTime", "None")
+    if at in ("", "None", "Unknown"):
+        return None
+    part = parse.oneliner(run(["scontrol", "--oneliner", "show", "partition", job.get("Partition", "")],
+                              check=False))
+    return Preemption(at=at, mode=part.get("PreemptMode", "") or "UNKNOWN", ends=job.get("EndTime", ""))
+
+
+def sbatch(script: str, options: list[str], env: dict[str, str], timeout: float = 60.0) -> str:
+    """Submit one batch script file; its job id. Never retried: a submit that timed out may have queued."""
+    proc = call(["sbatch", "--parsable", *options, script], timeout, env)
+    if proc.returncode != 0:
+        detail = squash(proc.stderr or proc.stdout, None) or f"exit code {proc.returncode}"
+        raise SlurmError(f"sbatch failed: {detail}")
+    return proc.stdout.strip().split(";")[0]
 
 
 def exclude_nodes(job_id: str, nodes: list[str]) -> None:

@@ -35,12 +35,42 @@ JOB_ENV_NAMES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "
 KEPT_ENV = frozenset({"SLURM_CONF"})
 
 
-def job_env_unset(environ: dict[str, str]) -> list[str]:
-    """`env -u NAME ...` for the variables of the job this process runs in (none outside a job)."""
+def _job_env_names(environ: dict[str, str]) -> list[str]:
+    """The variables of the job this process runs in (none outside a job)."""
     if "SLURM_JOB_ID" not in environ and "SUBMITIT_EXECUTOR" not in environ:
         return []
-    names = sorted(k for k in environ if k not in KEPT_ENV and (k.startswith(JOB_ENV_PREFIXES) or k in JOB_ENV_NAMES))
+    return sorted(k for k in environ if k not in KEPT_ENV and (k.startswith(JOB_ENV_PREFIXES) or k in JOB_ENV_NAMES))
+
+
+def job_env_unset(environ: dict[str, str]) -> list[str]:
+    """`env -u NAME ...` for the variables of the job this process runs in (none outside a job)."""
+    names = _job_env_names(environ)
     return ["env", *(a for k in names for a in ("-u", k))] if names else []
+
+
+def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = None) -> str:
+    """sbatch a run's recorded script again; the new job's call is job `job_id`'s pickle, copied
+    (never unpickled here) under the new id (submitit's worker waits up to 60 s for it).
+    `partition` overrides the script's. Returns the new job id."""
+    old = JobPaths(paths.job_folder, job_id=job_id).submitted_pickle
+    if not old.exists():
+        from slurmkit.errors import SlurmkitError
+
+        raise SlurmkitError(f"job {job_id}'s call is gone ({old})", where=paths.run_id,
+                            valid="submit the run again with `slurmkit submit`")
+    tag = uuid.uuid4().hex
+    tmp_script, tmp_pickle = paths.job_folder / f".resubmit-{tag}.sh", paths.job_folder / f".{tag}.pkl"
+    parent = set(_job_env_names(dict(os.environ)))
+    env = {k: v for k, v in os.environ.items() if k not in parent}
+    try:
+        tmp_script.write_text(script)
+        tmp_pickle.write_bytes(old.read_bytes())
+        new = commands.sbatch(str(tmp_script), [f"--partition={partition}"] if partition else [], env, SBATCH_TIMEOUT_S)
+        JobPaths(paths.job_folder, job_id=new).move_temporary_file(tmp_pickle, "submitted_pickle")
+    finally:
+        tmp_script.unlink(missing_ok=True)
+        tmp_pickle.unlink(missing_ok=True)
+    return new
 
 
 def python_command(resolved: Resolved) -> str:

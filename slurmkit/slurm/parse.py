@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 from slurmkit.common.slurm_env import expand_hostlist
 
+# PREEMPTED is an end: a job preempted under PreemptMode=REQUEUE goes RUNNING, COMPLETING, PENDING
+# (measured on the dev cluster; PREEMPTED is only its old incarnation's sacct line), while under
+# CANCEL it stays PREEMPTED.
 ACTIVE_STATES = frozenset(
     {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-     "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "PREEMPTED", "STOPPED", "RESV_DEL_HOLD"}
+     "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "STOPPED", "RESV_DEL_HOLD"}
 )
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%M|%A"

@@ -47,8 +47,13 @@ class Lifecycle:
         uri = checkpoint_uri(run_dir)
         self.resilience = Resilience(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
                                      cfg.hang_timeout_s or None, self._on_hang, prefetch,
-                                     cfg.inject_kill_in_save_at_step) if uri else None
+                                     cfg.inject_kill_in_save_at_step, cfg.inject_slow_stop_save_s,
+                                     self._on_stop) if uri else None
         self.restart: dict[str, Any] | None = None
+
+    def _on_stop(self, step: int) -> None:
+        if self.paths is not None and self.dist.is_main:
+            atomic_write_text(self.paths.stop_marker, json.dumps({"step": step, "time": time.time()}) + "\n")
 
     def _on_hang(self, idle_s: float) -> None:
         if self.paths is not None:
@@ -60,6 +65,8 @@ class Lifecycle:
         if self.resilience:
             self.resilience.attach(trainer)
         count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        if not count and self.dist.is_main and self.paths and self.job_id:
+            requeue.note_resubmit_resumed(self.paths, self.job_id, resumed)
         if count and self.dist.is_main and self.paths and self.job_id:
             self.restart = requeue.record_restart(self.paths, self.job_id, count, resumed)
             print(f"slurmkit: restart {count}, cause {self.restart['cause']} ({self.restart['detail']}), "
@@ -82,16 +89,14 @@ class Lifecycle:
             self.resilience.watchdog.stop()
 
     def requeue_and_exit(self, trainer: Trainer) -> None:
-        """After the final save: rank 0 requeues (within budget; not after SIGTERM), then every rank exits."""
+        """After the final save: rank 0 acts on the stop (requeue.after_stop), then every rank exits."""
         step = trainer.state.step
         assert self.resilience is not None
-        if self.dist.is_main and self.resilience.stop_kind == Stop.TERMINATE:
-            print(f"slurmkit: SIGTERM; saved at step {step}. Slurm ends or requeues the job itself", flush=True)
-        elif self.dist.is_main:
+        if self.dist.is_main:
             if self.job_id and self.paths:
-                cause, ok = requeue.requeue_after_signal(self.paths, self.job_id, step)
-                print(f"slurmkit: stopped at step {step} ({cause}); "
-                      f"{'requeued' if ok else 'requeue budget spent, not requeued'}", flush=True)
+                what = requeue.after_stop(self.paths, self.job_id, step,
+                                          self.resilience.stop_kind == Stop.REQUEUE)
+                print(f"slurmkit: {what}", flush=True)
             else:
                 print(f"slurmkit: stopped at step {step}; checkpoint committed (not under Slurm: no requeue)",
                       flush=True)

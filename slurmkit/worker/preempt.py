@@ -4,7 +4,8 @@
   it before the time limit, and on preemption where the admin enables the user signal.
 - SIGTERM means "save, then exit": Slurm sends it on scancel, on `scontrol requeue`, on
   preemption without the user signal, and at the limit, then SIGKILL after KillWait/GraceTime.
-  Slurm itself decides whether the job comes back, so the ranks ask for nothing.
+  Slurm decides whether the job comes back, except on preemption: a job that exits within its
+  GraceTime is COMPLETED for Slurm, so rank 0 asks for the requeue (requeue.after_stop).
 
 They replace submitit's handlers: its USR2 handler checkpoints on rank 0 only, from inside the
 handler, and guesses timeout vs preemption from wall-clock time; its SIGTERM handler ignores it.

@@ -39,14 +39,6 @@ def _now() -> str:
 TIMEOUT_MARGIN_S = 60  # Slurm checks limits about every 30 s, so the signal may come that early
 
 
-def signal_cause(paths: RunPaths, job_id: str) -> tuple[str, str]:
-    """Timeout when the limit is near, else preemption: Slurm sends the same signal for both."""
-    from slurmkit.slurm import commands
-
-    delay = int((RunRecord(paths).read().get("profile") or {}).get("signal_delay_s", 0))
-    return cause_of_signal(commands.time_left_s(job_id), delay)
-
-
 def cause_of_signal(left_s: float | None, signal_delay_s: int) -> tuple[str, str]:
     """(cause, detail) of the profile's signal, from the seconds the job had left (squeue %L)."""
     if left_s is not None and left_s <= signal_delay_s + TIMEOUT_MARGIN_S:
@@ -54,10 +46,48 @@ def cause_of_signal(left_s: float | None, signal_delay_s: int) -> tuple[str, str
     return "preemption", "signal with time to spare" if left_s is None else f"signal with {left_s:.0f} s left"
 
 
-def requeue_after_signal(paths: RunPaths, job_id: str, step: int | None) -> tuple[str, bool]:
-    """After the profile's signal: requeue for its cause (timeout or preemption) within budget."""
-    cause, detail = signal_cause(paths, job_id)
-    return cause, request(paths, job_id, cause, step, detail)
+def after_stop(paths: RunPaths, job_id: str, step: int | None, requeue_signal: bool) -> str:
+    """Rank 0, once the ranks have stopped (and saved, at `step`): what the stop signal meant and
+    what was done about it, in one line.
+
+    - Slurm is preempting the job (its PreemptTime is set). That is SIGTERM alone, or the profile's
+      signal first where the cluster sends the user signal on preemption. Under PreemptMode=REQUEUE
+      the requeue is asked for now, inside GraceTime: a job that ends before its grace is over is
+      recorded COMPLETED by Slurm and never comes back. Under CANCEL the run is marked preempted;
+      `slurmkit resubmit` resumes it.
+    - Else the profile's signal is the time limit coming, or a preemption by hand
+      (`scancel --signal`): requeued for its cause, within budget.
+    - Else SIGTERM is scancel, `scontrol requeue` or the limit itself: Slurm decides, nothing is asked.
+    """
+    from slurmkit.errors import SlurmError
+    from slurmkit.slurm import commands
+
+    at = f" at step {step}" if step is not None else ""
+    try:
+        pre = commands.preemption(job_id)
+    except SlurmError:
+        pre = None
+    if pre is not None:
+        detail = f"preempted by a higher-priority job at {pre.at} (PreemptMode={pre.mode})"
+        if not pre.requeues:
+            mark_preempted(paths, job_id, step, detail)
+            return (f"{detail}; stopped{at}. It does not come back by itself: "
+                    f"resume it with `slurmkit resubmit {paths.run_id}`")
+        ok = request(paths, job_id, "preemption", step, detail, within_s=pre.left_s)
+        return f"{detail}; stopped{at}; {'requeued' if ok else 'preemption budget spent, not requeued'}"
+    if not requeue_signal:
+        return f"SIGTERM: stopped{at}; Slurm ends or requeues the job itself"
+    left = commands.time_left_s(job_id)
+    delay = int((RunRecord(paths).read().get("profile") or {}).get("signal_delay_s", 0))
+    cause, detail = cause_of_signal(left, delay)
+    ok = request(paths, job_id, cause, step, detail, within_s=left or 0.0)
+    return f"stopped{at} ({cause}); {'requeued: the run starts again' if ok else 'requeue budget spent, not requeued'}"
+
+
+def mark_preempted(paths: RunPaths, job_id: str, step: int | None, detail: str) -> None:
+    """A preemption that Slurm ends for good (PreemptMode=CANCEL): the run's record says so, since
+    the job itself, having exited in time, is COMPLETED in Slurm's eyes."""
+    RunRecord(paths).update(preempted={"job_id": job_id, "step": step, "detail": detail, "time": _now()})
 
 
 def budget(record: dict[str, Any], cause: str) -> int:
@@ -75,9 +105,13 @@ def allowed(record: dict[str, Any], cause: str) -> bool:
     return not record.get("final") and spent(record, cause) < budget(record, cause)
 
 
+IN_JOB_RETRY_S = 30.0  # after a crash or hang the job is not being stopped: a controller hiccup may take this long
+
+
 def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, detail: str = "",
-            bad_nodes: list[str] | None = None) -> bool:
-    """Ask Slurm to requeue this job for `cause`, if its budget allows; the marker goes first.
+            bad_nodes: list[str] | None = None, within_s: float = IN_JOB_RETRY_S) -> bool:
+    """Ask Slurm to requeue this job for `cause`, if its budget allows; the marker goes first. A
+    controller hiccup is retried for `within_s`, the time the job has left (a grace, a limit).
 
     bad_nodes (a failed health gate) join the run's excluded nodes; every requeue asks Slurm to
     keep the job off all of them, as long as the partition still has enough other nodes.
@@ -97,7 +131,7 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
     # Requeueing from inside the job makes Slurm signal this very process; finish both calls first.
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        commands.requeue(job_id)
+        commands.requeue(job_id, within_s=max(1.0, within_s - 2))
         note = _exclude(job_id, excluded, snapshot)
     except BaseException:
         # No requeue happened: a stale marker would give the next restart the wrong cause.
@@ -165,16 +199,47 @@ def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_ste
     if done:
         return done
     cause, detail = _restart_cause(paths, job_id)  # before the lock: it may ask sacct
+    lost = lost_steps(paths, resumed_step)
     with RunRecord(paths).editing() as record:
         entry = _recorded(record, job_id, restart_count)
         if entry is None:
             entry = {"n": restart_count, "job_id": job_id, "cause": cause, "detail": detail, "time": _now(),
-                     "resumed_step": resumed_step}
+                     "resumed_step": resumed_step, "lost_steps": lost}
             record.setdefault("restarts", []).append(entry)
             if spent(record, cause) > budget(record, cause):
                 record["final"] = f"{cause} budget of {budget(record, cause)} spent"
     paths.restart_request.unlink(missing_ok=True)
+    paths.stop_marker.unlink(missing_ok=True)
     return entry
+
+
+def lost_steps(paths: RunPaths, resumed_step: int | None) -> int | None:
+    """Steps the last incarnation ran past the checkpoint this one resumes from: they run again.
+    0 when the stop's save made it (within GraceTime or KillWait); None before any step ran."""
+    reached = [s for s in (_last_step(paths), _stop_step(paths)) if s is not None]
+    return max(0, max(reached) - (resumed_step or 0)) if reached else None
+
+
+def _stop_step(paths: RunPaths) -> int | None:
+    """The stop step of the last incarnation (its marker): its metrics record may never have been written."""
+    try:
+        return int(json.loads(paths.stop_marker.read_text())["step"])
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def note_resubmit_resumed(paths: RunPaths, job_id: str, resumed_step: int | None) -> None:
+    """A resubmitted job (slurmkit resubmit) starts as restart 0 of a new job id: its entry, which
+    the login node wrote, learns the step it resumed from and the steps that run again."""
+    entry = _recorded(RunRecord(paths).read(), job_id, 0)
+    if entry is None or entry.get("resumed_step") is not None:
+        return
+    lost = lost_steps(paths, resumed_step)
+    with RunRecord(paths).editing() as record:
+        for r in record.get("restarts", []):
+            if r.get("job_id") == job_id and r.get("n") == 0:
+                r.update(resumed_step=resumed_step, lost_steps=lost)
+    paths.stop_marker.unlink(missing_ok=True)
 
 
 def _last_step(paths: RunPaths) -> int | None:

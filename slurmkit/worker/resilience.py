@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -59,12 +60,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 class Resilience:
     def __init__(self, dist: Dist, uri: str, every: int, keep_latest_k: int = 3, async_save: bool = True,
                  hang_timeout_s: float | None = None, on_hang: Any = None, prefetch: Prefetch | None = None,
-                 kill_in_save_at: int | None = None) -> None:
+                 kill_in_save_at: int | None = None, slow_stop_save_s: float = 0.0,
+                 on_stop: Callable[[int], None] | None = None) -> None:
+        """on_stop(step): told the agreed stop step before its final save starts."""
         self.dist = dist
         self.store = CheckpointStore(uri, TRAINER_FILES)
         self.prefetch: Prefetch | None = prefetch or self.store.prefetch()
-        self.kill_in_save_at = kill_in_save_at
-        self.writer = AsyncWriter(self.store, self._kill_mid_save if kill_in_save_at and dist.is_main else None)
+        self.kill_in_save_at, self.slow_stop_save_s = kill_in_save_at, slow_stop_save_s
+        faulty = dist.is_main and bool(kill_in_save_at or slow_stop_save_s)
+        self.writer = AsyncWriter(self.store, self._fault_in_save if faulty else None)
+        self._stopping = False
+        self.on_stop = on_stop
         self.every, self.keep, self.async_save = every, keep_latest_k, async_save
         self.flag = StopFlag().install()
         self.watchdog = Watchdog(hang_timeout_s, on_hang).start()
@@ -74,12 +80,19 @@ class Resilience:
         self.stopped_at: int | None = None
         self.stop_kind = Stop.NONE  # as agreed by all ranks
 
-    def _kill_mid_save(self, step: int, name: str) -> None:
-        """Fault injection (config.inject_kill_in_save_at_step): rank 0 SIGKILLs itself after the first
-        file of that step's save, in a run that did not resume, so the step is left without a marker."""
-        if step == self.kill_in_save_at and self.resumed_step is None:
+    def _fault_in_save(self, step: int, name: str) -> None:
+        """Fault injection, on rank 0 after the first file of a save, in a run that did not resume:
+        config.inject_kill_in_save_at_step SIGKILLs it there (the step is left without a marker);
+        config.inject_slow_stop_save_s makes the stop's save that much slower."""
+        if self.resumed_step is not None:
+            return
+        if step == self.kill_in_save_at:
             print(f"slurmkit: injected SIGKILL during the save of step {step}, after {name}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if self._stopping and self.slow_stop_save_s:
+            print(f"slurmkit: injected {self.slow_stop_save_s:g} s delay in the stop's save of step {step}", flush=True)
+            time.sleep(self.slow_stop_save_s)
+            self._stopping = False  # once per save
 
     # --------------------------------------------------------------- collectives
 
@@ -230,6 +243,9 @@ class Resilience:
             self.stall_s += time.perf_counter() - t0
         if stop:
             # Every rank stops at this same step and takes part in the final save.
+            self._stopping = True
+            if self.on_stop is not None:
+                self.on_stop(trainer.state.step)
             self.save(trainer, wait=True)
             self.stopped_at = trainer.state.step
             self.stop_kind = Stop(stop)
