@@ -45,7 +45,7 @@ def _slurm(resolved: Resolved) -> list[Check]:
         return [Check("slurm", FAIL, f"slurmctld does not answer: {ping['detail'] or 'no reply'}",
                       "start slurmctld (`slurmkit devcluster up` on the dev cluster) or check SlurmctldHost in "
                       "slurm.conf")]
-    out = [Check("slurm", PASS, f"{commands.version()}, controller up")]
+    out = [Check("slurm", PASS, f"{commands.version()}, controller up"), _accounting()]
     try:
         partition = preflight.check(resolved)
         out.append(Check("partition", PASS, f"'{partition}' accepts {resolved.resources.nodes} node(s) for "
@@ -54,6 +54,28 @@ def _slurm(resolved: Resolved) -> list[Check]:
         out.append(Check("partition", FAIL, exc.one_line(), "fix the profile field named above (`slurmkit profiles "
                                                             "show`), or pick a partition from `sinfo -s`"))
     return out
+
+
+ACCOUNTING_DEGRADED = ("without it, finished jobs are judged by their run folders: status, result, wait and the "
+                       "requeue policy work; end times, goodput, report segments and restart causes from Slurm "
+                       "states are unknown")
+
+
+def _accounting() -> Check:
+    """slurmdbd behind sacct: its absence degrades some answers, never a command."""
+    from slurmkit.errors import SlurmError
+    from slurmkit.slurm import commands
+
+    try:
+        storage = commands.show_config().get("AccountingStorageType", "")
+        if storage.endswith("/none"):
+            return Check("accounting", WARN, f"AccountingStorageType={storage}: {ACCOUNTING_DEGRADED}",
+                         "nothing to fix for slurmkit; ask the admins for slurmdbd if you need those")
+        commands.sacct(["1"])
+    except SlurmError as exc:
+        return Check("accounting", WARN, f"sacct fails ({exc.what}): {ACCOUNTING_DEGRADED}",
+                     "check slurmdbd (`sacctmgr show cluster`)")
+    return Check("accounting", PASS, f"{storage}, sacct answers")
 
 
 def _munge() -> Check:

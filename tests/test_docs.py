@@ -155,8 +155,8 @@ def _cli_command(words: list[str]) -> tuple[object, list[str]] | None:
 
 # Names the docs use that belong to Slurm, torch or Jinja, not to slurmkit.
 FOREIGN_NAMES = {"GraceTime", "ExcNodeList", "SchedulerParameters", "MaxArraySize", "MaxJobCount", "StrictUndefined",
-                 "MinJobAge", "MaxSubmitJobs", "MaxJobs", "PriorityTier", "PreemptMode", "PreemptTime", "PreemptType", "EndTime",
-                 "KillWait", "SlurmctldParameters", "PreemptParameters",
+                 "MinJobAge", "MaxSubmitJobs", "MaxJobs", "PriorityTier", "PreemptMode", "PreemptTime", "PreemptType",
+                 "EndTime", "KillWait", "SlurmctldParameters", "PreemptParameters", "AccountingStorageType",
                  "DistributedDataParallel", "DistributedSampler", "TimeoutError"}
 
 

@@ -97,3 +97,27 @@ def test_report_of_a_local_run_draws_a_png(tmp_path: Path, local_profile: Path) 
     assert info["goodput"]["steps"] == 40 and 0 < info["goodput"]["goodput"] <= 1
     bad = runner.invoke(app, ["report", str(run_dir), "-p", str(local_profile), "-o", str(tmp_path / "r.pdf")])
     assert bad.exit_code == 2 and "valid: a .png or .html file" in bad.output
+
+
+@pytest.mark.parametrize("conf, sacct_rc, says", [
+    ("accounting_storage/none", 0, "AccountingStorageType=accounting_storage/none"),
+    ("accounting_storage/slurmdbd", 1, "sacct fails"),
+    ("accounting_storage/slurmdbd", 0, None),
+])
+def test_doctor_warns_what_is_degraded_without_accounting_stand_in_scontrol_and_sacct(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, conf: str, sacct_rc: int, says: str | None) -> None:
+    import os
+
+    from slurmkit import doctor
+
+    for name, body in (("scontrol", f'echo "AccountingStorageType   = {conf}"'),
+                       ("sacct", f'echo "slurmdbd: connection refused" >&2; exit {sacct_rc}')):
+        (tmp_path / name).write_text(f"#!/bin/bash\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr("slurmkit.slurm.commands.QUERY_ATTEMPTS", 1)
+    check = doctor._accounting()
+    if says is None:
+        assert check.status == doctor.PASS
+    else:
+        assert check.status == doctor.WARN and says in check.detail and "run folders" in check.detail

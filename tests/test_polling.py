@@ -76,6 +76,8 @@ def hiccup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             '(connect failure)" >&2; exit 1; fi\n')
     stand_in(tmp_path, "squeue", body + 'echo "7|RUNNING|None|node1|0:05|7"\n')
     stand_in(tmp_path, "scancel", body)
+    pending = 'if [ -n "${PENDING:-}" ]; then echo "Job is pending execution for job 7" >&2; exit 1; fi\n'
+    stand_in(tmp_path, "scontrol", body + pending)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("STATE", str(tmp_path))
     monkeypatch.setattr(commands, "QUERY_WAIT", {"multiplier": 0.0, "max": 0.0, "jitter": 0.0})
@@ -99,6 +101,31 @@ def test_a_command_that_changes_state_is_never_repeated_stand_in_scancel(
     with commands.counting() as calls, pytest.raises(SlurmError, match="scancel 7 failed"):
         commands.scancel(["7"])
     assert calls["scancel"] == 1
+
+
+def test_an_in_job_requeue_is_retried_within_the_grace_left_stand_in_scontrol(
+        hiccup: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAILS", "2")
+    with commands.counting() as calls:
+        commands.requeue("7", within_s=20)
+    assert calls["scontrol"] == 3
+    # A try that failed on the way back but went through: the next one finds the job requeued.
+    (hiccup / "count").unlink()
+    monkeypatch.setenv("FAILS", "1")
+    monkeypatch.setenv("PENDING", "1")
+    with commands.counting() as calls:
+        commands.requeue("7", within_s=20)
+    assert calls["scontrol"] == 2
+    # First time, "pending execution" is a real error; and without a grace nothing is repeated.
+    (hiccup / "count").unlink()
+    monkeypatch.setenv("FAILS", "0")
+    with pytest.raises(SlurmError, match="pending execution"):
+        commands.requeue("7", within_s=20)
+    (hiccup / "count").unlink()
+    monkeypatch.setenv("FAILS", "1")
+    with commands.counting() as calls, pytest.raises(SlurmError, match="Unable to contact"):
+        commands.requeue("7")
+    assert calls["scontrol"] == 1
 
 
 def test_until_ended_stops_at_the_end_at_the_timeout_and_after_the_unknown_grace() -> None:
