@@ -55,8 +55,10 @@ class Job:
 
     def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> str:
         """The final state, polling with back-off; TimeoutError if the job is still active after timeout s."""
-        final = Poller(first_s=poll_s).until_ended(lambda: self.state,
-                                                   lambda st: {st} if jobs.is_active(st) else set(), timeout)
+        from slurmkit.slurm.commands import TransientSlurmError
+
+        final = Poller(first_s=poll_s).until_ended(lambda: self.state, lambda st: {st} if jobs.is_active(st) else set(),
+                                                   timeout, survive=(TransientSlurmError,))
         if jobs.is_active(final):
             raise TimeoutError(f"{self.run_id}: still {final} after {timeout} s")
         return final

@@ -278,7 +278,8 @@ def wait(paths: RunPaths, poll_s: float = 2.0, timeout_s: float | None = None,
     backing off (slurmkit.polling), one squeue (and at most one sacct) a poll. on_answer sees
     every status polled (the CLI shows the transitions)."""
     return (poller or Poller(first_s=poll_s)).until_ended(
-        lambda: run_state(paths), lambda st: {st.state} if is_active(st.state) else set(), timeout_s, on_answer)
+        lambda: run_state(paths), lambda st: {st.state} if is_active(st.state) else set(), timeout_s, on_answer,
+        survive=(commands.TransientSlurmError,))
 
 
 def describe(st: RunStatus) -> str:

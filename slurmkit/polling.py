@@ -57,13 +57,29 @@ class Poller:
         return True
 
     def until_ended(self, query: Callable[[], T], live: Callable[[T], set[str]],
-                    timeout_s: float | None = None, on_answer: Callable[[T], None] | None = None) -> T:
+                    timeout_s: float | None = None, on_answer: Callable[[T], None] | None = None,
+                    survive: tuple[type[Exception], ...] = ()) -> T:
         """query() every interval until live(answer), its still-active states, is empty, timeout_s
         has passed, or only UNKNOWN has been live for UNKNOWN_GRACE_S; the last answer. on_answer
-        sees every answer (e.g. on_change, to show state transitions)."""
+        sees every answer (e.g. on_change, to show state transitions). A query that raises one of
+        `survive` (a controller down for longer than a query's own retries) is asked again at the
+        next interval, with one warning per outage: a long wait outlives a slurmctld restart."""
         unknown_since: float | None = None
+        outage = False
         while True:
-            answer = query()
+            try:
+                answer = query()
+            except survive as exc:
+                if timeout_s is not None and self.elapsed() > timeout_s:
+                    raise
+                if not outage:
+                    from slurmkit.errors import warn
+
+                    warn(f"{exc}; still waiting, asking again every {self.interval():.0f} s or more")
+                outage = True
+                self.wait()
+                continue
+            outage = False
             if on_answer is not None:
                 on_answer(answer)
             now = self.elapsed()

@@ -369,3 +369,6 @@ def test_a_save_longer_than_grace_time_resumes_from_the_last_commit_and_says_wha
     assert result["resumed_from_step"] == committed
     # The stop step's own metrics record was never written (killed in its save); the stop marker says it.
     assert restart["lost_steps"] == stopped - committed > 0
+    from slurmkit import report
+
+    assert report.collect(paths).summary["lost_steps"] == [restart["lost_steps"]]  # what `slurmkit report` says

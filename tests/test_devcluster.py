@@ -26,6 +26,20 @@ def test_slurm_conf_declares_every_node_and_the_partition() -> None:
     assert "node3" in layout.hosts_block(3) and layout.hosts_block(3).startswith(layout.HOSTS_BEGIN)
 
 
+def test_slurm_conf_variants_preemption_no_accounting_and_gres() -> None:
+    conf = layout.slurm_conf(2)
+    assert "PreemptType=preempt/partition_prio" in conf and "GresTypes" not in conf
+    assert f"PartitionName={layout.URGENT_PARTITION} Nodes=node[1-2]" in conf
+    assert "PriorityTier=1 PreemptMode=CANCEL GraceTime=20" in conf and "PriorityTier=10 PreemptMode=OFF" in conf
+    bare = layout.slurm_conf(2, accounting=False, min_job_age_s=5)
+    assert "AccountingStorageType=accounting_storage/none" in bare and "AccountingStorageHost" not in bare
+    assert "MinJobAge=5" in bare
+    gpus = layout.slurm_conf(2, gpus_per_node=2)
+    assert "GresTypes=gpu" in gpus and gpus.count(" Gres=gpu:2 ") == 2
+    assert layout.gres_conf(2, 2).endswith(f"NodeName=node[1-2] Name=gpu File={layout.GPU_DEVICES}/nvidia[0-1]\n")
+    assert layout.gres_conf(2, 1).endswith("/nvidia0\n")
+
+
 def test_not_root_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dc.os, "geteuid", lambda: 1000)
     result = runner.invoke(app, ["devcluster", "up"])

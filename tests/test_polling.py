@@ -8,6 +8,7 @@ import os
 import stat
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,6 +145,31 @@ def test_until_ended_stops_at_the_end_at_the_timeout_and_after_the_unknown_grace
     assert UNKNOWN_GRACE_S < waited < 2 * UNKNOWN_GRACE_S
 
 
+def test_a_wait_rides_out_a_controller_outage_with_one_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = Clock()
+    down = commands.TransientSlurmError("squeue failed: Unable to contact slurm controller")
+    answers: list[Any] = [down, down, down, {"RUNNING"}, commands.TransientSlurmError("Socket timed out"), set()]
+    asked: list[Any] = []
+
+    def query() -> set[str]:
+        asked.append(answers[len(asked)])
+        if isinstance(asked[-1], Exception):
+            raise asked[-1]
+        return set(asked[-1])
+
+    survive = (commands.TransientSlurmError,)
+    assert Poller(clock=clock, sleep=clock.sleep).until_ended(query, lambda s: s, survive=survive) == set()
+    assert len(asked) == 6  # every failed poll was asked again, up to the end
+    err = capsys.readouterr().err
+    assert err.count("still waiting") == 2 and "Unable to contact" in err and "Socket timed out" in err
+
+    def never() -> set[str]:
+        raise down
+
+    with pytest.raises(commands.TransientSlurmError):  # past the wait's timeout the error stands
+        Poller(clock=clock, sleep=clock.sleep).until_ended(never, lambda s: s, timeout_s=5.0, survive=survive)
+
+
 def test_on_change_emits_each_transition_once() -> None:
     from slurmkit.polling import on_change
 
@@ -181,6 +207,8 @@ def test_a_failing_sacct_is_a_warning_and_the_run_folder_decides_stand_in_sacct(
     RunRecord(paths).create({"run_id": "r-1", "executor": "slurm", "num_tasks": 2, "job_ids": ["77"]})
     for rank, kind in enumerate(outcomes):
         oc.record(paths.outcome_file("77", rank), kind, value=1, error="boom" if kind == "error" else "")
+    monkeypatch.setattr(commands, "_SACCT_WARNED", set())
     (status,) = jobs.status(str(tmp_path / "runs"))
     assert status.state == state
-    assert "warning: sacct failed" in capsys.readouterr().err
+    assert jobs.status(str(tmp_path / "runs"))[0].state == state  # a --wait polls again: warned once
+    assert capsys.readouterr().err.count("warning: sacct failed") == 1

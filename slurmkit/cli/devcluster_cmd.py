@@ -25,11 +25,19 @@ def up(
                               ] = layout.MAX_ARRAY_SIZE,
     max_job_count: Annotated[int, typer.Option(help="slurm.conf MaxJobCount (jobs slurmctld holds).")
                              ] = layout.MAX_JOB_COUNT,
+    no_accounting: Annotated[bool, typer.Option("--no-accounting", help="No slurmdbd: "
+                                                "AccountingStorageType=accounting_storage/none, as on some clusters.")
+                             ] = False,
+    min_job_age: Annotated[int, typer.Option(help="slurm.conf MinJobAge: seconds squeue shows a finished job.")
+                           ] = layout.MIN_JOB_AGE_S,
+    gpus_per_node: Annotated[int, typer.Option(help="Declare this many GPUs a node as GRES (stand-in device files).")
+                             ] = 0,
 ) -> None:
     """Install (if missing) and start munge, mariadb, slurmdbd, slurmctld and N slurmd; wait until idle."""
     from slurmkit.devcluster import cluster
 
-    cluster.up(nodes, purge=purge, log=_log, max_array_size=max_array_size, max_job_count=max_job_count)
+    cluster.up(nodes, purge=purge, log=_log, max_array_size=max_array_size, max_job_count=max_job_count,
+               accounting=not no_accounting, min_job_age_s=min_job_age, gpus_per_node=gpus_per_node)
 
 
 @app.command()

@@ -28,7 +28,7 @@ def report(
     a = data.accounting
     if as_json:
         print_json({"report": str(target), "goodput": a.as_dict(), "incarnations": len(data.segments),
-                    "restart_causes": data.summary["restart_causes"],
+                    "restart_causes": data.summary["restart_causes"], "lost_steps": data.summary["lost_steps"],
                     "startup_s": [seg.startup for seg in data.segments], "snapshot": data.summary["snapshot"]})
         return
     typer.echo(f"{target}")
@@ -36,6 +36,8 @@ def report(
                f"{len(data.segments)} incarnation(s))")
     typer.echo(f"lost: queue {a.queue_wait_s:.1f} s, restarts {a.restart_overhead_s:.1f} s, recomputed steps "
                f"{a.recomputed_s:.1f} s, checkpoint stalls {a.checkpoint_stall_s:.1f} s, other {a.other_s:.1f} s")
+    if any(data.summary["lost_steps"]):
+        typer.echo("steps run again after each restart: " + ", ".join(str(n) for n in data.summary["lost_steps"]))
     if snap := data.summary["snapshot"]:
         typer.echo(f"code snapshot: {snap['files']} files, {snap['bytes']} bytes from {snap['source']} "
                    f"(commit {snap['git_commit'] or '-'}{', dirty' if snap['dirty'] else ''})")

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -205,9 +206,12 @@ def _wait_idle(n: int, log: Log, timeout: float = 90) -> None:
 
 
 def up(n: int = 2, purge: bool = False, log: Log = print, max_array_size: int = layout.MAX_ARRAY_SIZE,
-       max_job_count: int = layout.MAX_JOB_COUNT) -> dict[str, Any]:
+       max_job_count: int = layout.MAX_JOB_COUNT, accounting: bool = True,
+       min_job_age_s: int = layout.MIN_JOB_AGE_S, gpus_per_node: int = 0) -> dict[str, Any]:
     """Bring the cluster up with n nodes and these limits; a second call with the same ones changes
-    nothing, other ones restart the daemons (slurmctld reads MaxJobCount only when it starts)."""
+    nothing, other ones restart the daemons (slurmctld reads MaxJobCount only when it starts).
+    accounting=False runs no mariadb or slurmdbd: sacct has nothing to ask, as on clusters without them.
+    gpus_per_node declares GPUs as GRES, backed by stand-in device files (there are no GPUs here)."""
     require_root()
     if n < 2:
         raise DevClusterError(f"--nodes {n} is too few", valid="valid: 2 or more")
@@ -216,7 +220,11 @@ def up(n: int = 2, purge: bool = False, log: Log = print, max_array_size: int = 
                               valid="valid: 2 <= max-array-size <= 4000001 (Slurm's bound), max-job-count >= it")
     ensure_packages(log)
     state = _load()
-    conf = layout.slurm_conf(n, max_array_size, max_job_count)
+    if min_job_age_s < 2:
+        raise DevClusterError(f"--min-job-age {min_job_age_s} is too short", valid="valid: 2 s or more")
+    if not 0 <= gpus_per_node <= 16:
+        raise DevClusterError(f"--gpus-per-node {gpus_per_node}", valid="valid: 0 to 16")
+    conf = layout.slurm_conf(n, max_array_size, max_job_count, accounting, min_job_age_s, gpus_per_node)
     reconfigured = layout.SLURM_CONF.exists() and layout.SLURM_CONF.read_text() != conf and bool(state["daemons"])
     if purge or (state["nodes"] and state["nodes"] != n) or reconfigured:
         down(purge=purge, log=log)
@@ -226,12 +234,18 @@ def up(n: int = 2, purge: bool = False, log: Log = print, max_array_size: int = 
     state["nodes"] = n
     _write_if_changed(layout.SLURM_CONF, conf, 0o644)
     _write_if_changed(layout.SLURMDBD_CONF, layout.slurmdbd_conf(), 0o600)
+    if gpus_per_node:
+        _gpu_devices(gpus_per_node)
+        _write_if_changed(layout.GRES_CONF, layout.gres_conf(n, gpus_per_node), 0o644)
+    else:
+        layout.GRES_CONF.unlink(missing_ok=True)
     network.setup(layout.nodes(n))
     network.write_hosts(layout.hosts_block(n))
     _start_munge(state, log)
-    _start_mariadb(state, log, purge)
-    _save(state)
-    _start_daemon(state, "slurmdbd", ["slurmdbd", "-D"], lambda: _port_open("127.0.0.1", 6819), log)
+    if accounting:
+        _start_mariadb(state, log, purge)
+        _save(state)
+        _start_daemon(state, "slurmdbd", ["slurmdbd", "-D"], lambda: _port_open("127.0.0.1", 6819), log)
     _start_daemon(state, "slurmctld", ["slurmctld", "-D", "-i"], _ctld_up, log)
     for nd in layout.nodes(n):
         (layout.STATE_DIR / f"slurmd-{nd.name}").mkdir(exist_ok=True)
@@ -241,8 +255,21 @@ def up(n: int = 2, purge: bool = False, log: Log = print, max_array_size: int = 
         _start_daemon(state, f"slurmd-{nd.name}", argv, lambda: True, log)
     _save(state)
     _wait_idle(n, log)
-    log(f"dev cluster up: {n} nodes idle in partition {layout.PARTITION}")
+    extras = [*([] if accounting else ["no accounting"]), *([f"{gpus_per_node} GPUs a node"] if gpus_per_node else [])]
+    log(f"dev cluster up: {n} nodes idle in partition {layout.PARTITION}" + "".join(f", {e}" for e in extras))
     return status()
+
+
+def _gpu_devices(count: int) -> None:
+    """Character devices with NVIDIA's major number (195), as slurmd insists on for a gres.conf
+    File=; nothing opens them: there are no GPUs here, only their allocation."""
+    layout.GPU_DEVICES.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        dev = layout.GPU_DEVICES / f"nvidia{i}"
+        if dev.exists() and not dev.is_char_device():
+            dev.unlink()
+        if not dev.exists():
+            os.mknod(dev, stat.S_IFCHR | 0o600, os.makedev(195, i))
 
 
 def _write_if_changed(path: Path, text: str, mode: int) -> None:

@@ -68,12 +68,33 @@ def controller_host() -> str:
     return socket.gethostname().split(".")[0]
 
 
-def slurm_conf(n: int, max_array_size: int = MAX_ARRAY_SIZE, max_job_count: int = MAX_JOB_COUNT) -> str:
+MIN_JOB_AGE_S = 300  # Slurm's default: squeue shows a finished job this long
+
+
+GRES_CONF = Path("/etc/slurm/gres.conf")
+GPU_DEVICES = STATE_DIR / "dev"
+"""Stand-in device files for the declared GPUs: slurmd binds a job to them (CUDA_VISIBLE_DEVICES)."""
+
+
+def gres_conf(n: int, gpus_per_node: int) -> str:
+    files = f"nvidia[0-{gpus_per_node - 1}]" if gpus_per_node > 1 else "nvidia0"
+    return f"{CONF_HEADER}\nNodeName=node[1-{n}] Name=gpu File={GPU_DEVICES}/{files}\n"
+
+
+def slurm_conf(n: int, max_array_size: int = MAX_ARRAY_SIZE, max_job_count: int = MAX_JOB_COUNT,
+               accounting: bool = True, min_job_age_s: int = MIN_JOB_AGE_S, gpus_per_node: int = 0) -> str:
+    """slurm.conf; accounting=False is a cluster without slurmdbd (AccountingStorageType=none);
+    gpus_per_node > 0 declares that many GPUs per node as GRES (gres_conf has their files)."""
+    gres = f" Gres=gpu:{gpus_per_node}" if gpus_per_node else ""
     node_lines = "\n".join(
         f"NodeName={nd.name} NodeAddr={nd.ip} NodeHostname={nd.name} CPUs={NODE_CPUS} "
-        f"RealMemory={NODE_MEM_MB} State=UNKNOWN"
+        f"RealMemory={NODE_MEM_MB}{gres} State=UNKNOWN"
         for nd in nodes(n)
     )
+    if gpus_per_node:
+        node_lines = f"GresTypes=gpu\n{node_lines}"
+    accounting_lines = (f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost={CONTROLLER_IP}"
+                        if accounting else "AccountingStorageType=accounting_storage/none")
     return f"""{CONF_HEADER}
 ClusterName={CLUSTER_NAME}
 SlurmctldHost={controller_host()}({CONTROLLER_IP})
@@ -100,14 +121,13 @@ MailProg=/bin/true
 # A requeued job becomes eligible with no event to wake the scheduler: a 2 s cycle picks it up sooner.
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=2
 KillWait=5
-MinJobAge=300
+MinJobAge={min_job_age_s}
 MaxArraySize={max_array_size}
 MaxJobCount={max_job_count}
 InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=60
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost={CONTROLLER_IP}
+{accounting_lines}
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 PreemptType=preempt/partition_prio

@@ -20,6 +20,7 @@ from slurmkit.slurm.parse import ACTIVE_STATES as ACTIVE_STATES
 from slurmkit.slurm.parse import JobInfo
 
 DEFAULT_TIMEOUT_S = 30.0
+IN_GRACE_TIMEOUT_S = 10.0  # a question asked inside a job's grace: an unanswered one must not eat the save's time
 # Slurm calls made by this process, by program: bounded (one counter per program), so a long
 # --wait or logs --follow does not grow it; tests and benchmarks read it through counting().
 CALLS: Counter[str] = Counter()
@@ -115,8 +116,13 @@ def sacct_or_warn(job_ids: list[str]) -> dict[str, JobInfo]:
     try:
         return sacct(job_ids)
     except SlurmError as exc:
-        warn(f"sacct failed, finished jobs are judged by their run folders: {exc.what}")
+        if exc.what not in _SACCT_WARNED:  # once per process: a --wait polls it again and again
+            _SACCT_WARNED.add(exc.what)
+            warn(f"sacct failed, finished jobs are judged by their run folders: {exc.what}")
         return {}
+
+
+_SACCT_WARNED: set[str] = set()
 
 
 def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
@@ -207,13 +213,13 @@ class Preemption:
 def preemption(job_id: str) -> Preemption | None:
     """Whether Slurm is preempting this job, and its partition's mode; None if not (or unknown).
     Asked once each, not retried: this runs inside the grace period."""
-    lines = run(["scontrol", "--oneliner", "show", "job", job_id], check=False).splitlines()
+    lines = run(["scontrol", "--oneliner", "show", "job", job_id], timeout=IN_GRACE_TIMEOUT_S, check=False).splitlines()
     job = parse.oneliner(lines[0]) if lines else {}
     at = job.get("PreemptTime", "None")
     if at in ("", "None", "Unknown"):
         return None
     part = parse.oneliner(run(["scontrol", "--oneliner", "show", "partition", job.get("Partition", "")],
-                              check=False))
+                              timeout=IN_GRACE_TIMEOUT_S, check=False))
     return Preemption(at=at, mode=part.get("PreemptMode", "") or "UNKNOWN", ends=job.get("EndTime", ""))
 
 
@@ -247,7 +253,8 @@ def srun_help() -> str:
 def time_left_s(job_id: str) -> float | None:
     """Seconds before the job's time limit (squeue %L), None when unlimited or unknown. Asked once:
     it is asked at stop time, inside the grace period, where a retry's wait would eat the save."""
-    return parse.time_left(run(["squeue", "--noheader", "--jobs", job_id, "--format=%L"], check=False))
+    return parse.time_left(run(["squeue", "--noheader", "--jobs", job_id, "--format=%L"], timeout=IN_GRACE_TIMEOUT_S,
+                               check=False))
 
 
 def incarnation_states(job_id: str) -> list[str]:

@@ -96,11 +96,13 @@ def wait(paths: SweepPaths, poll_s: float = 2.0, timeout_s: float | None = None,
     poll, backing off as jobs.wait does. The manifest is read once; the array log every poll,
     so tasks resubmitted meanwhile are waited for too."""
     from slurmkit.jobs import is_active
+    from slurmkit.slurm.commands import TransientSlurmError
 
     manifest = Manifest(paths).read()
     return (poller or Poller(first_s=poll_s)).until_ended(
         lambda: task_states(paths, {**manifest, "arrays": ArrayLog(paths).read()["arrays"]}),
-        lambda states: {s.state for s in states if is_active(s.state)}, timeout_s, on_answer)
+        lambda states: {s.state for s in states if is_active(s.state)}, timeout_s, on_answer,
+        survive=(TransientSlurmError,))
 
 
 def describe(states: list[TaskState]) -> str:

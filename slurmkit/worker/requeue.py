@@ -77,10 +77,14 @@ def after_stop(paths: RunPaths, job_id: str, step: int | None, requeue_signal: b
         return f"{detail}; stopped{at}; {'requeued' if ok else 'preemption budget spent, not requeued'}"
     if not requeue_signal:
         return f"SIGTERM: stopped{at}; Slurm ends or requeues the job itself"
-    left = commands.time_left_s(job_id)
+    try:
+        left = commands.time_left_s(job_id)
+    except SlurmError:  # a controller that does not answer in time: the signal reads as a preemption
+        left = None
     delay = int((RunRecord(paths).read().get("profile") or {}).get("signal_delay_s", 0))
     cause, detail = cause_of_signal(left, delay)
-    ok = request(paths, job_id, cause, step, detail, within_s=left or 0.0)
+    # Time left unknown (squeue did not answer): the controller may be back within a usual retry span.
+    ok = request(paths, job_id, cause, step, detail, within_s=IN_JOB_RETRY_S if left is None else left)
     return f"stopped{at} ({cause}); {'requeued: the run starts again' if ok else 'requeue budget spent, not requeued'}"
 
 
