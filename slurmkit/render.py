@@ -120,6 +120,8 @@ class RenderInput:
     """The code snapshot the ranks run from (working directory and PYTHONPATH); None runs from the submit folder."""
     rank_python: str | None = None
     """The ranks' interpreter (the container's, if it names one); None: `python`, the host's."""
+    job_folder: str | None = None
+    """submitit's folder, which `launcher: torchrun` ranks name to submitit themselves."""
 
 
 def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
@@ -141,6 +143,27 @@ def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
     gpus = c.gpus if c.gpus is not None else bool(resolved.node_gpus)
     return {"srun": c.runtime == "pyxis", "prefix": c.runtime != "pyxis", "mounts": mounts,
             "env_names": env_names, "gpus": gpus}
+
+
+def torchrun_node(inp: RenderInput) -> str:
+    """`bash -c` for each node's srun task under `launcher: torchrun`: torchrun starts the node's
+    ranks (slurmkit.worker.torchrun_rank, then submitit's worker). Slurm signals this shell (the
+    srun task), which passes them to the ranks: torchrun itself would die of the requeue signal
+    and kill its ranks on SIGTERM without waiting for their save."""
+    assert inp.job_folder is not None and inp.resolved.resources.tasks_per_node is not None
+    rank_py = inp.rank_python or inp.python
+    sig = inp.resolved.profile.signal
+    return "\n".join([
+        f"{rank_py} -m torch.distributed.run --nnodes=\"$SLURM_JOB_NUM_NODES\" "
+        f"--nproc-per-node={inp.resolved.resources.tasks_per_node:d} --rdzv-backend=c10d "
+        '--rdzv-endpoint="$SLURMKIT_RDZV_ENDPOINT" --rdzv-id="$SLURM_JOB_ID" --max-restarts=0 '
+        f"-m slurmkit.worker.torchrun_rank {shell_quote(inp.job_folder)} &",
+        "SLURMKIT_TORCHRUN=$!",
+        f"trap 'pkill -{sig} -P \"$SLURMKIT_TORCHRUN\"' {sig}",
+        "trap 'pkill -TERM -P \"$SLURMKIT_TORCHRUN\"' TERM",
+        'while true; do wait "$SLURMKIT_TORCHRUN"; rc=$?; kill -0 "$SLURMKIT_TORCHRUN" 2>/dev/null || break; done',
+        'exit "$rc"',
+    ])
 
 
 def render(inp: RenderInput) -> str:
@@ -165,6 +188,8 @@ def render(inp: RenderInput) -> str:
         "env": resolved.spec.env,
         "slurm": resolved.profile.executor == "slurm",
         "ray_port": ports.ray_port_shell(),
+        "torchrun_node": torchrun_node(inp) if resolved.spec.launcher == "torchrun" else None,
+        "torchrun_port": ports.training_port_shell(),
     }
     try:
         return env.get_template(ENTRY_TEMPLATE).render(context)

@@ -198,3 +198,12 @@ def test_an_alias_bomb_in_one_set_value_is_refused(tmp_path: Path) -> None:
         levels.append(f"&{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
     err = refused(["render", str(spec), "--set", "kwargs.x=[" + ", ".join(levels) + "]"]).stderr
     assert "error: --set: expands to more than 200000 values" in err
+
+
+def test_launcher_torchrun_off_slurm_or_an_unknown_launcher_is_one_line(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="tr", command="true")
+    out = refused(["submit", str(spec), "-p", str(profile(tmp_path)), "--set", "launcher=torchrun"])
+    assert ":launcher:" in out.stderr and "valid: srun here" in out.stderr
+    out = refused(["submit", str(spec), "-p", str(profile(tmp_path)), "--set", "launcher=mpirun"])
+    assert "launcher" in out.stderr and "torchrun" in out.stderr
+    assert nothing_under(tmp_path / "runs")

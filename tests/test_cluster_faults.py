@@ -372,3 +372,15 @@ def test_a_save_longer_than_grace_time_resumes_from_the_last_commit_and_says_wha
     from slurmkit import report
 
     assert report.collect(paths).summary["lost_steps"] == [restart["lost_steps"]]  # what `slurmkit report` says
+
+
+def test_torchrun_launcher_trains_like_srun_and_survives_preemption(
+        cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    """`launcher: torchrun`: one torchrun per node; the requeue signal reaches the ranks through the
+    node's shell (torchrun would die of it), they stop at one step, save, and rank 0 requeues."""
+    paths, job = start(dev_profile, "launcher=torchrun")
+    assert "torch.distributed.run" in paths.script.read_text()
+    wait_step(paths, 60)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    result = check(paths, reference, max_lost=0)  # same ranks, same data: the srun run's digest
+    assert result["restart_causes"] == ["preemption"] and result["world_size"] == 2

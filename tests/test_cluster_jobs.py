@@ -293,9 +293,11 @@ def test_preemption_signal_requeues_a_run_without_steps(cluster: None, tmp_path:
     assert [r["cause"] for r in record["restarts"]] == ["preemption"]
 
 
-def test_a_users_own_torch_distributed_script_runs_as_a_command(cluster: None, tmp_path: Path,
-                                                                dev_profile: Path) -> None:
-    """A command run gets the env:// rendezvous variables: a plain init_process_group() works on 2 nodes."""
+@pytest.mark.parametrize("launcher, per_node", [("srun", 1), ("torchrun", 2)])
+def test_a_users_own_torch_distributed_script_runs_as_a_command(cluster: None, tmp_path: Path, dev_profile: Path,
+                                                                launcher: str, per_node: int) -> None:
+    """A command run gets the env:// rendezvous variables: a plain init_process_group() works on 2 nodes,
+    its ranks started by srun, or by one torchrun a node (c10d rendezvous on the first)."""
     script = tmp_path / "own_train.py"
     script.write_text(
         "import os, torch, torch.distributed as d\n"
@@ -305,11 +307,13 @@ def test_a_users_own_torch_distributed_script_runs_as_a_command(cluster: None, t
         "print(f\"rank={d.get_rank()} world={d.get_world_size()} sum={t.item()} local={os.environ['LOCAL_RANK']}\")\n"
         "d.destroy_process_group()\n")
     spec = write_spec(tmp_path, name="own", command=f"{sys.executable} {script}",
-                      resources={"nodes": 2, "tasks_per_node": 1, "time": "00:05:00"})
-    sub = submit(spec, dev_profile)
+                      resources={"nodes": 2, "tasks_per_node": per_node, "time": "00:05:00"})
+    sub = submit(spec, dev_profile, f"launcher={launcher}")
     assert finish(sub["run_dir"], timeout_s=180).state == "COMPLETED"
-    outs = [jobs.result(RunPaths(Path(sub["run_dir"])), rank=r)["stdout"].strip() for r in (0, 1)]
-    assert outs == ["rank=0 world=2 sum=3.0 local=0", "rank=1 world=2 sum=3.0 local=0"]
+    world = 2 * per_node
+    outs = [jobs.result(RunPaths(Path(sub["run_dir"])), rank=r)["stdout"].strip() for r in range(world)]
+    total = world * (world + 1) / 2
+    assert outs == [f"rank={r} world={world} sum={total} local={r % per_node}" for r in range(world)]
 
 
 def test_submit_wait_shows_the_pending_reason_and_each_transition(cluster: None, tmp_path: Path,

@@ -49,6 +49,22 @@ def test_every_runtime_renders_a_script_that_passes_shellcheck(tmp_path: Path, r
     assert "export HF_HOME='/data/hf cache'" in script
 
 
+@pytest.mark.parametrize("runtime", [None, *sorted(CONTAINERS)])
+def test_launcher_torchrun_renders_one_torchrun_a_node_that_passes_shellcheck(tmp_path: Path,
+                                                                             runtime: str | None) -> None:
+    sets = ["launcher=torchrun", "resources.tasks_per_node=2"]
+    if runtime is None:
+        script = dry_run(resolve(EXAMPLES / "hostnames.yaml", "devcluster", sets)).script
+    else:
+        script = script_for(tmp_path, CONTAINERS[runtime], *sets)
+    check_shell(script, tmp_path)
+    launch = script[script.index("srun --unbuffered"):]
+    assert '-n "$SLURM_JOB_NUM_NODES" --ntasks-per-node=1' in launch and "--nproc-per-node=2" in launch
+    assert "-m slurmkit.worker.torchrun_rank" in launch and "submitit.core._submit" not in launch
+    if runtime == "pyxis":
+        assert '"${SLURMKIT_SRUN_CONTAINER[@]}" bash -c' in launch
+
+
 def test_pyxis_passes_its_options_to_srun_and_runs_the_container_python(tmp_path: Path) -> None:
     script = script_for(tmp_path, CONTAINERS["pyxis"])
     line = next(ln for ln in script.splitlines() if ln.startswith("SLURMKIT_SRUN_CONTAINER=("))

@@ -123,7 +123,7 @@ def test_spec_env_is_exported_quoted(tmp_path: Path) -> None:
 # validated as identifiers or fixed choices, integers, and slurmkit's own shell.
 RAW_ALLOWED = {"line", "key", "profile.signal", "profile.signal_delay_s", "c.runtime", "profile.run_mode",
                "ray_port", "sweep.base | int", "(spec.ray.object_store_mb or 0) | int", "node_gpus | int",
-               '("0027" if profile.run_mode == "group" else "0077")'}
+               '("0027" if profile.run_mode == "group" else "0077")', "r.tasks_per_node | int", "torchrun_port"}
 
 
 def test_raw_is_used_only_where_the_docs_say() -> None:

@@ -2,7 +2,8 @@
 are disjoint, so for the same job id no two uses can meet; two jobs sharing a node differ unless
 their ids are a multiple of the range's span apart.
 
-    training rendezvous (MASTER_PORT)   [20000, 25000)   20000 + id % 5000
+    training rendezvous (MASTER_PORT,   [20000, 25000)   20000 + id % 5000
+      or torchrun's c10d endpoint)
     health-gate all-reduce              [25000, 30000)   25000 + id % 5000
     Ray head and its services           [30000, 60000)   30000 + (id % 300) * 100, a block of 100
 """
@@ -30,6 +31,12 @@ def training_port(job_id: str) -> int:
 def health_port(job_id: str) -> int:
     base, span = HEALTH
     return base + _number(job_id) % span
+
+
+def training_port_shell(job_id_var: str = "SLURM_JOB_ID") -> str:
+    """training_port as a bash arithmetic expression (torchrun's rendezvous port, in the batch shell)."""
+    base, span = TRAINING
+    return f"$(( {base} + {job_id_var} % {span} ))"
 
 
 def ray_port_shell(job_id_var: str = "SLURM_JOB_ID") -> str:

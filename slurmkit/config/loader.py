@@ -290,6 +290,9 @@ def resolve_layers(layers: list[Layer], profile: ClusterProfile, profile_name: s
                           (profile.resources, run_spec.resources), layers[0][0])
     if run_spec.ray is not None:
         _check_ray(run_spec, resources, layers[0][0])
+    if run_spec.launcher == "torchrun" and profile.executor != "slurm":
+        raise ConfigError(f"launcher torchrun on the {profile.executor} executor", where=f"{layers[0][0]}:launcher",
+                          valid="valid: srun here (local ranks start as processes); torchrun on a Slurm profile")
     return Resolved(spec=run_spec, profile=profile, profile_name=profile_name, resources=resources,
                     spec_source=layers[0][0])
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -47,6 +47,9 @@ class RunSpec(Strict):
     snapshot: bool | None = None
     """Copy the code into the run folder at submit and run from that copy, requeues included; unset takes the
     profile's snapshot."""
+    launcher: Literal["srun", "torchrun"] = "srun"
+    """How ranks start: srun, one task per rank; or torchrun, one per node (an srun task) starting
+    tasks_per_node ranks with the c10d rendezvous on the first node (docs/training.md). Slurm profiles only."""
 
     @field_validator("name")
     @classmethod
@@ -81,6 +84,8 @@ class RunSpec(Strict):
             raise ValueError("kwargs is only valid with callable")
         if self.config and self.task is None:
             raise ValueError("config is only valid with task")
+        if self.launcher == "torchrun" and self.ray is not None:
+            raise ValueError("launcher torchrun is not valid with ray (Ray starts its own processes); valid: srun")
         return self
 
     @property

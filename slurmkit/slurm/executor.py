@@ -119,7 +119,8 @@ def render_for(resolved: Resolved, folder: Path, command: str, array: ArraySpec 
     code_dir = str(RunPaths(folder.parent).code_dir) if resolved.snapshot else None
     return render(RenderInput(resolved, command, job_files(folder, array is not None), python_command(resolved),
                               str(folder.parent), array=array.array if array else None, dependency=dependency,
-                              sweep=sweep, code_dir=code_dir, rank_python=rank_python(resolved)))
+                              sweep=sweep, code_dir=code_dir, rank_python=rank_python(resolved),
+                              job_folder=str(folder)))
 
 
 class RenderedSlurmExecutor(submitit.SlurmExecutor):

@@ -43,7 +43,8 @@ class Lifecycle:
         """`prefetch`: the checkpoint search already started (see `start_prefetch`), else started here."""
         self.dist, self.cfg = dist, cfg
         self.paths = RunPaths(Path(run_dir)) if run_dir else None
-        self.job_id = slurm_job_id() if dist.env.launcher == "slurm" else None
+        # A Slurm job's ranks, whether srun or a torchrun inside srun started them (launcher: torchrun).
+        self.job_id = (slurm_job_id() or None) if dist.env.launcher in ("slurm", "torchrun") else None
         uri = checkpoint_uri(run_dir)
         self.resilience = Resilience(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
                                      cfg.hang_timeout_s or None, self._on_hang, prefetch,
