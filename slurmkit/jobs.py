@@ -357,8 +357,10 @@ def result(paths: RunPaths, rank: int = 0) -> Any:
         raise SlurmkitError(f"run is still {st.state}; no result yet", where=paths.run_id,
                             valid="wait with `slurmkit submit --wait` or poll `slurmkit status`")
     if st.state == "PREEMPTED":
-        raise JobFailedError(f"run was preempted (job {st.job_id}): {RunRecord(paths).read()['preempted']['detail']}",
-                             where=paths.run_id, valid=f"resume it with `slurmkit resubmit {paths.run_id}`")
+        # Marked by rank 0 when it saved in time; Slurm's own PREEMPTED when the grace ran out first.
+        why = (RunRecord(paths).read().get("preempted") or {}).get("detail", "Slurm ended it at the end of its grace")
+        raise JobFailedError(f"run was preempted (job {st.job_id}): {why}", where=paths.run_id,
+                             valid=f"resume it with `slurmkit resubmit {paths.run_id}`")
     failing, tail = failing_rank_tail(paths, st.job_id)
     raise JobFailedError(f"run ended {st.state} (job {st.job_id}); rank {failing} log tail: {tail}",
                          where=paths.run_id, log_tail=tail)

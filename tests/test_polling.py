@@ -212,3 +212,26 @@ def test_a_failing_sacct_is_a_warning_and_the_run_folder_decides_stand_in_sacct(
     assert status.state == state
     assert jobs.status(str(tmp_path / "runs"))[0].state == state  # a --wait polls again: warned once
     assert capsys.readouterr().err.count("warning: sacct failed") == 1
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_preempted_run_ends_and_says_how_to_resume_stand_in_squeue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marked: bool) -> None:
+    """Slurm's PREEMPTED (the grace ran out) is an end, as is a COMPLETED job whose rank 0 marked
+    it preempted under PreemptMode=CANCEL; either way `result` names `slurmkit resubmit`."""
+    from slurmkit import jobs
+    from slurmkit.errors import JobFailedError
+    from slurmkit.runs import RunPaths, RunRecord
+
+    state = "COMPLETED" if marked else "PREEMPTED"
+    stand_in(tmp_path, "squeue", f'echo "77|{state}|None|node1|0:05|0"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    paths = RunPaths(tmp_path / "runs" / "r-1")
+    paths.run_dir.mkdir(parents=True)
+    RunRecord(paths).create({"run_id": "r-1", "executor": "slurm", "num_tasks": 1, "job_ids": ["77"],
+                             **({"preempted": {"job_id": "77", "step": 9, "detail": "PreemptMode=CANCEL"}}
+                                if marked else {})})
+    assert jobs.run_state(paths).state == "PREEMPTED" and not jobs.is_active("PREEMPTED")
+    with pytest.raises(JobFailedError, match="preempted") as err:
+        jobs.result(paths)
+    assert "slurmkit resubmit r-1" in err.value.one_line()

@@ -37,6 +37,7 @@ def _now() -> str:
 
 
 TIMEOUT_MARGIN_S = 60  # Slurm checks limits about every 30 s, so the signal may come that early
+IN_JOB_RETRY_S = 30.0  # after a crash or hang the job is not being stopped: a controller hiccup may take this long
 
 
 def cause_of_signal(left_s: float | None, signal_delay_s: int) -> tuple[str, str]:
@@ -107,9 +108,6 @@ def spent(record: dict[str, Any], cause: str) -> int:
 
 def allowed(record: dict[str, Any], cause: str) -> bool:
     return not record.get("final") and spent(record, cause) < budget(record, cause)
-
-
-IN_JOB_RETRY_S = 30.0  # after a crash or hang the job is not being stopped: a controller hiccup may take this long
 
 
 def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, detail: str = "",
