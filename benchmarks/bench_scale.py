@@ -150,9 +150,11 @@ def runs_status(tmp: Path, job_ids: list[str]) -> dict[str, Any]:
 
 def main() -> None:
     from slurmkit.devcluster import cluster as dc
+    from slurmkit.devcluster import layout
 
     # Purged: ended jobs of an earlier run still count against MaxJobCount for MinJobAge seconds.
-    dc.up(2, log=lambda m: None, purge=True, max_array_size=MAX_ARRAY_SIZE, max_job_count=MAX_JOB_COUNT)
+    dc.up(2, log=lambda m: None, purge=True,
+          variant=layout.Variant(max_array_size=MAX_ARRAY_SIZE, max_job_count=MAX_JOB_COUNT))
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     profile = tmp / "p.yaml"
     profile.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(tmp / "runs")}))

@@ -298,20 +298,15 @@ def test_real_preemption_by_the_urgent_partition_requeues_within_grace_time(
 @pytest.fixture
 def user_signal_on_preemption(cluster: None) -> Any:
     """The cluster's other preemption style: Slurm sends the job's --signal (USR2, to the batch shell)
-    at preemption time, before GraceTime's SIGTERM (22.05: SlurmctldParameters=preempt_send_user_signal;
-    23.02 on: PreemptParameters=send_user_signal). slurmctld re-reads it on `scontrol reconfigure`."""
-    from slurmkit.devcluster import layout
+    at preemption time, before GraceTime's SIGTERM (`devcluster up --preempt-user-signal`)."""
+    from slurmkit.devcluster import cluster as dc
+    from slurmkit.devcluster.layout import Variant
 
-    conf = layout.SLURM_CONF.read_text()
-    layout.SLURM_CONF.write_text(conf + "SlurmctldParameters=preempt_send_user_signal\n")
+    dc.up(2, log=lambda _: None, variant=Variant(preempt_user_signal=True))
     try:
-        subprocess.run(["scontrol", "reconfigure"], check=True, timeout=60)
-        wait_until(lambda: "preempt_send_user_signal" in subprocess.run(
-            ["scontrol", "show", "config"], capture_output=True, text=True).stdout, 30, "the reconfigure", 0.5)
         yield
     finally:
-        layout.SLURM_CONF.write_text(conf)
-        subprocess.run(["scontrol", "reconfigure"], check=False, timeout=60)
+        dc.up(2, log=lambda _: None)
 
 
 def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(

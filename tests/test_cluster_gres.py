@@ -30,8 +30,9 @@ GPU_FORMS = [
 @pytest.fixture(scope="module")
 def gres_cluster(cluster: None) -> Iterator[None]:
     from slurmkit.devcluster import cluster as dc
+    from slurmkit.devcluster.layout import Variant
 
-    dc.up(2, log=lambda _: None, gpus_per_node=2)
+    dc.up(2, log=lambda _: None, variant=Variant(gpus_per_node=2))
     try:
         yield
     finally:

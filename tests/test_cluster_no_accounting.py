@@ -28,8 +28,9 @@ MIN_JOB_AGE_S = 5
 @pytest.fixture(scope="module")
 def no_accounting(cluster: None) -> Iterator[None]:
     from slurmkit.devcluster import cluster as dc
+    from slurmkit.devcluster.layout import Variant
 
-    dc.up(2, log=lambda _: None, accounting=False, min_job_age_s=MIN_JOB_AGE_S)
+    dc.up(2, log=lambda _: None, variant=Variant(accounting=False, min_job_age_s=MIN_JOB_AGE_S))
     try:
         yield
     finally:

@@ -31,13 +31,16 @@ def test_slurm_conf_variants_preemption_no_accounting_and_gres() -> None:
     assert "PreemptType=preempt/partition_prio" in conf and "GresTypes" not in conf
     assert f"PartitionName={layout.URGENT_PARTITION} Nodes=node[1-2]" in conf
     assert "PriorityTier=1 PreemptMode=CANCEL GraceTime=20" in conf and "PriorityTier=10 PreemptMode=OFF" in conf
-    bare = layout.slurm_conf(2, accounting=False, min_job_age_s=5)
+    bare = layout.slurm_conf(2, layout.Variant(accounting=False, min_job_age_s=5))
     assert "AccountingStorageType=accounting_storage/none" in bare and "AccountingStorageHost" not in bare
     assert "MinJobAge=5" in bare
-    gpus = layout.slurm_conf(2, gpus_per_node=2)
+    gpus = layout.slurm_conf(2, layout.Variant(gpus_per_node=2))
     assert "GresTypes=gpu" in gpus and gpus.count(" Gres=gpu:2 ") == 2
     assert layout.gres_conf(2, 2).endswith(f"NodeName=node[1-2] Name=gpu File={layout.GPU_DEVICES}/nvidia[0-1]\n")
     assert layout.gres_conf(2, 1).endswith("/nvidia0\n")
+    assert "SlurmctldParameters=preempt_send_user_signal" not in conf
+    assert "SlurmctldParameters=preempt_send_user_signal\n" in layout.slurm_conf(2, layout.Variant(
+        preempt_user_signal=True))
 
 
 def test_not_root_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:

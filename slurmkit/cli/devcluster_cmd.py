@@ -32,12 +32,16 @@ def up(
                            ] = layout.MIN_JOB_AGE_S,
     gpus_per_node: Annotated[int, typer.Option(help="Declare this many GPUs a node as GRES (stand-in device files).")
                              ] = 0,
+    preempt_user_signal: Annotated[bool, typer.Option(help="Preemption sends the job's --signal first, then "
+                                                      "SIGTERM at GraceTime's end (preempt_send_user_signal).")
+                                   ] = False,
 ) -> None:
     """Install (if missing) and start munge, mariadb, slurmdbd, slurmctld and N slurmd; wait until idle."""
     from slurmkit.devcluster import cluster
 
-    cluster.up(nodes, purge=purge, log=_log, max_array_size=max_array_size, max_job_count=max_job_count,
-               accounting=not no_accounting, min_job_age_s=min_job_age, gpus_per_node=gpus_per_node)
+    cluster.up(nodes, purge=purge, log=_log, variant=layout.Variant(
+        max_array_size=max_array_size, max_job_count=max_job_count, accounting=not no_accounting,
+        min_job_age_s=min_job_age, gpus_per_node=gpus_per_node, preempt_user_signal=preempt_user_signal))
 
 
 @app.command()

@@ -205,26 +205,25 @@ def _wait_idle(n: int, log: Log, timeout: float = 90) -> None:
     raise DevClusterError(f"nodes not idle after {timeout:.0f} s: {states}", valid=f"see {layout.LOG_DIR}")
 
 
-def up(n: int = 2, purge: bool = False, log: Log = print, max_array_size: int = layout.MAX_ARRAY_SIZE,
-       max_job_count: int = layout.MAX_JOB_COUNT, accounting: bool = True,
-       min_job_age_s: int = layout.MIN_JOB_AGE_S, gpus_per_node: int = 0) -> dict[str, Any]:
-    """Bring the cluster up with n nodes and these limits; a second call with the same ones changes
+def up(n: int = 2, purge: bool = False, log: Log = print, variant: layout.Variant = layout.DEFAULT) -> dict[str, Any]:
+    """Bring the cluster up with n nodes as `variant` says; a second call with the same ones changes
     nothing, other ones restart the daemons (slurmctld reads MaxJobCount only when it starts).
-    accounting=False runs no mariadb or slurmdbd: sacct has nothing to ask, as on clusters without them.
-    gpus_per_node declares GPUs as GRES, backed by stand-in device files (there are no GPUs here)."""
+    Without accounting no mariadb or slurmdbd runs: sacct has nothing to ask, as on clusters
+    without them. GPUs declared as GRES are backed by stand-in device files (there are no GPUs here)."""
     require_root()
+    v = variant
     if n < 2:
         raise DevClusterError(f"--nodes {n} is too few", valid="valid: 2 or more")
-    if not 2 <= max_array_size <= 4_000_001 or max_job_count < max(max_array_size, 2):
-        raise DevClusterError(f"--max-array-size {max_array_size} with --max-job-count {max_job_count}",
+    if not 2 <= v.max_array_size <= 4_000_001 or v.max_job_count < max(v.max_array_size, 2):
+        raise DevClusterError(f"--max-array-size {v.max_array_size} with --max-job-count {v.max_job_count}",
                               valid="valid: 2 <= max-array-size <= 4000001 (Slurm's bound), max-job-count >= it")
+    if v.min_job_age_s < 2:
+        raise DevClusterError(f"--min-job-age {v.min_job_age_s} is too short", valid="valid: 2 s or more")
+    if not 0 <= v.gpus_per_node <= 16:
+        raise DevClusterError(f"--gpus-per-node {v.gpus_per_node}", valid="valid: 0 to 16")
     ensure_packages(log)
     state = _load()
-    if min_job_age_s < 2:
-        raise DevClusterError(f"--min-job-age {min_job_age_s} is too short", valid="valid: 2 s or more")
-    if not 0 <= gpus_per_node <= 16:
-        raise DevClusterError(f"--gpus-per-node {gpus_per_node}", valid="valid: 0 to 16")
-    conf = layout.slurm_conf(n, max_array_size, max_job_count, accounting, min_job_age_s, gpus_per_node)
+    conf = layout.slurm_conf(n, v)
     reconfigured = layout.SLURM_CONF.exists() and layout.SLURM_CONF.read_text() != conf and bool(state["daemons"])
     if purge or (state["nodes"] and state["nodes"] != n) or reconfigured:
         down(purge=purge, log=log)
@@ -234,15 +233,15 @@ def up(n: int = 2, purge: bool = False, log: Log = print, max_array_size: int = 
     state["nodes"] = n
     _write_if_changed(layout.SLURM_CONF, conf, 0o644)
     _write_if_changed(layout.SLURMDBD_CONF, layout.slurmdbd_conf(), 0o600)
-    if gpus_per_node:
-        _gpu_devices(gpus_per_node)
-        _write_if_changed(layout.GRES_CONF, layout.gres_conf(n, gpus_per_node), 0o644)
+    if v.gpus_per_node:
+        _gpu_devices(v.gpus_per_node)
+        _write_if_changed(layout.GRES_CONF, layout.gres_conf(n, v.gpus_per_node), 0o644)
     else:
         layout.GRES_CONF.unlink(missing_ok=True)
     network.setup(layout.nodes(n))
     network.write_hosts(layout.hosts_block(n))
     _start_munge(state, log)
-    if accounting:
+    if v.accounting:
         _start_mariadb(state, log, purge)
         _save(state)
         _start_daemon(state, "slurmdbd", ["slurmdbd", "-D"], lambda: _port_open("127.0.0.1", 6819), log)
@@ -255,7 +254,9 @@ def up(n: int = 2, purge: bool = False, log: Log = print, max_array_size: int = 
         _start_daemon(state, f"slurmd-{nd.name}", argv, lambda: True, log)
     _save(state)
     _wait_idle(n, log)
-    extras = [*([] if accounting else ["no accounting"]), *([f"{gpus_per_node} GPUs a node"] if gpus_per_node else [])]
+    extras = [text for on, text in ((not v.accounting, "no accounting"),
+                                    (v.gpus_per_node, f"{v.gpus_per_node} GPUs a node"),
+                                    (v.preempt_user_signal, "the user signal on preemption")) if on]
     log(f"dev cluster up: {n} nodes idle in partition {layout.PARTITION}" + "".join(f", {e}" for e in extras))
     return status()
 

@@ -81,20 +81,35 @@ def gres_conf(n: int, gpus_per_node: int) -> str:
     return f"{CONF_HEADER}\nNodeName=node[1-{n}] Name=gpu File={GPU_DEVICES}/{files}\n"
 
 
-def slurm_conf(n: int, max_array_size: int = MAX_ARRAY_SIZE, max_job_count: int = MAX_JOB_COUNT,
-               accounting: bool = True, min_job_age_s: int = MIN_JOB_AGE_S, gpus_per_node: int = 0) -> str:
-    """slurm.conf; accounting=False is a cluster without slurmdbd (AccountingStorageType=none);
-    gpus_per_node > 0 declares that many GPUs per node as GRES (gres_conf has their files)."""
-    gres = f" Gres=gpu:{gpus_per_node}" if gpus_per_node else ""
+@dataclass(frozen=True)
+class Variant:
+    """How a `devcluster up` differs from the default cluster, as real clusters differ (docs/devcluster.md)."""
+
+    max_array_size: int = MAX_ARRAY_SIZE
+    max_job_count: int = MAX_JOB_COUNT
+    accounting: bool = True
+    """False: no slurmdbd, AccountingStorageType=accounting_storage/none."""
+    min_job_age_s: int = MIN_JOB_AGE_S
+    gpus_per_node: int = 0
+    """GPUs declared per node as GRES (gres_conf has their stand-in device files)."""
+    preempt_user_signal: bool = False
+    """Preemption sends the job's --signal first (22.05's SlurmctldParameters=preempt_send_user_signal)."""
+
+
+DEFAULT = Variant()
+
+
+def slurm_conf(n: int, v: Variant = DEFAULT) -> str:
+    gres = f" Gres=gpu:{v.gpus_per_node}" if v.gpus_per_node else ""
     node_lines = "\n".join(
         f"NodeName={nd.name} NodeAddr={nd.ip} NodeHostname={nd.name} CPUs={NODE_CPUS} "
         f"RealMemory={NODE_MEM_MB}{gres} State=UNKNOWN"
         for nd in nodes(n)
     )
-    if gpus_per_node:
+    if v.gpus_per_node:
         node_lines = f"GresTypes=gpu\n{node_lines}"
     accounting_lines = (f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost={CONTROLLER_IP}"
-                        if accounting else "AccountingStorageType=accounting_storage/none")
+                        if v.accounting else "AccountingStorageType=accounting_storage/none")
     return f"""{CONF_HEADER}
 ClusterName={CLUSTER_NAME}
 SlurmctldHost={controller_host()}({CONTROLLER_IP})
@@ -120,10 +135,11 @@ MpiDefault=none
 MailProg=/bin/true
 # A requeued job becomes eligible with no event to wake the scheduler: a 2 s cycle picks it up sooner.
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=2
+{"SlurmctldParameters=preempt_send_user_signal" if v.preempt_user_signal else "# preemption: SIGTERM, no user signal"}
 KillWait=5
-MinJobAge={min_job_age_s}
-MaxArraySize={max_array_size}
-MaxJobCount={max_job_count}
+MinJobAge={v.min_job_age_s}
+MaxArraySize={v.max_array_size}
+MaxJobCount={v.max_job_count}
 InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=60
