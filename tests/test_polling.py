@@ -106,17 +106,17 @@ def test_a_command_that_changes_state_is_never_repeated_stand_in_scancel(
 
 def test_an_in_job_requeue_is_retried_within_the_grace_left_stand_in_scontrol(
         hiccup: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAILS", "2")
-    with commands.counting() as calls:
-        commands.requeue("7", within_s=20)
-    assert calls["scontrol"] == 3
+    def scontrol_calls(fails: int) -> int:
+        (hiccup / "count").unlink(missing_ok=True)
+        monkeypatch.setenv("FAILS", str(fails))
+        with commands.counting() as calls:
+            commands.requeue("7", within_s=20)
+        return calls["scontrol"]
+
+    assert scontrol_calls(2) == 3
     # A try that failed on the way back but went through: the next one finds the job requeued.
-    (hiccup / "count").unlink()
-    monkeypatch.setenv("FAILS", "1")
     monkeypatch.setenv("PENDING", "1")
-    with commands.counting() as calls:
-        commands.requeue("7", within_s=20)
-    assert calls["scontrol"] == 2
+    assert scontrol_calls(1) == 2
     # First time, "pending execution" is a real error; and without a grace nothing is repeated.
     (hiccup / "count").unlink()
     monkeypatch.setenv("FAILS", "0")
