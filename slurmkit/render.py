@@ -147,23 +147,21 @@ def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
 
 def torchrun_node(inp: RenderInput) -> str:
     """`bash -c` for each node's srun task under `launcher: torchrun`: torchrun starts the node's
-    ranks (slurmkit.worker.torchrun_rank, then submitit's worker). Slurm signals this shell (the
-    srun task), which passes them to the ranks: torchrun itself would die of the requeue signal
-    and kill its ranks on SIGTERM without waiting for their save."""
+    ranks (slurmkit.worker.torchrun_rank, then submitit's worker).
+
+    Slurm delivers a step's signals to every process of the step (whichever proctrack plugin), so
+    the ranks get the requeue signal and SIGTERM straight from Slurm. torchrun must not die of the
+    requeue signal (its default action for USR1 and USR2), which would end the node's task non-zero
+    under the ranks' save: it starts with that signal ignored, and each rank sets it back to the
+    default before its own handler goes in. For TERM, INT and HUP torchrun has its own handler,
+    which passes the signal on and waits up to 30 s for its ranks."""
     assert inp.job_folder is not None and inp.resolved.resources.tasks_per_node is not None
     rank_py = inp.rank_python or inp.python
-    sig = inp.resolved.profile.signal
-    return "\n".join([
-        f"{rank_py} -m torch.distributed.run --nnodes=\"$SLURM_JOB_NUM_NODES\" "
-        f"--nproc-per-node={inp.resolved.resources.tasks_per_node:d} --rdzv-backend=c10d "
-        '--rdzv-endpoint="$SLURMKIT_RDZV_ENDPOINT" --rdzv-id="$SLURM_JOB_ID" --max-restarts=0 '
-        f"-m slurmkit.worker.torchrun_rank {shell_quote(inp.job_folder)} &",
-        "SLURMKIT_TORCHRUN=$!",
-        f"trap 'pkill -{sig} -P \"$SLURMKIT_TORCHRUN\"' {sig}",
-        "trap 'pkill -TERM -P \"$SLURMKIT_TORCHRUN\"' TERM",
-        'while true; do wait "$SLURMKIT_TORCHRUN"; rc=$?; kill -0 "$SLURMKIT_TORCHRUN" 2>/dev/null || break; done',
-        'exit "$rc"',
-    ])
+    return (f"trap '' {inp.resolved.profile.signal}; "
+            f"exec {rank_py} -m torch.distributed.run --nnodes=\"$SLURM_JOB_NUM_NODES\" "
+            f"--nproc-per-node={inp.resolved.resources.tasks_per_node:d} --rdzv-backend=c10d "
+            '--rdzv-endpoint="$SLURMKIT_RDZV_ENDPOINT" --rdzv-id="$SLURM_JOB_ID" --max-restarts=0 '
+            f"-m slurmkit.worker.torchrun_rank {shell_quote(inp.job_folder)}")
 
 
 def render(inp: RenderInput) -> str:

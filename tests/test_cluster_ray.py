@@ -28,6 +28,12 @@ def submit(*args: str) -> dict[str, str]:
     return data
 
 
+def _log_tails(runs: list[dict[str, str]]) -> str:
+    """What a failed Ray job said: its Ray logs and the batch and driver logs, the last lines of each."""
+    logs = [p for r in runs for pattern in ("ray-*.log", "submitit/*_log.*") for p in Path(r["run_dir"]).glob(pattern)]
+    return "\n".join(f"== {p}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:]) for p in sorted(logs))
+
+
 def test_ray_driver_sees_tasks_on_both_nodes(cluster: None, dev_profile: Path) -> None:
     out = submit(str(EXAMPLES / "ray_hostnames.yaml"), "-p", str(dev_profile), "--wait")
     assert out["state"] == "COMPLETED", out
@@ -53,9 +59,9 @@ def test_two_ray_jobs_on_the_same_nodes_keep_separate_clusters(cluster: None, tm
         both_running |= states == ["RUNNING", "RUNNING"]
         if not any(jobs.is_active(s) for s in states):
             break
-        assert time.monotonic() < deadline, states
+        assert time.monotonic() < deadline, (states, _log_tails(runs))
         time.sleep(0.5)
-    assert states == ["COMPLETED", "COMPLETED"]
+    assert states == ["COMPLETED", "COMPLETED"], _log_tails(runs)
     assert both_running, "the two jobs never ran at the same time; the test proves nothing"
     # Each driver saw its own 2 nodes, never a merged cluster of 4.
     assert [jobs.result(RunPaths(Path(r["run_dir"]))) for r in runs] == [2, 2]

@@ -55,6 +55,10 @@ def test_port_ranges_never_meet() -> None:
     for i, a in enumerate(ranges):
         for b in ranges[i + 1:]:
             assert not set(a) & set(b)
+    # Not where outgoing connections take their ports (this machine's range too), nor Ray's own.
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert all(r.stop <= min(low, ports.EPHEMERAL_LOW) for r in ranges)
+    assert not {6379, 8265, 10001} & {p for r in ranges for p in r}
     for job_id in ("0", "4999", "5000", "123456", "77_3"):
         picked = {ports.training_port(job_id), ports.health_port(job_id)}
         assert len(picked) == 2 and all(any(p in r for r in ranges[:2]) for p in picked)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurmkit.config.loader import resolve
+from slurmkit.config.yamlio import dump
 from slurmkit.errors import ConfigError
 from tests.test_render import FOLDER, check_shell, render_profile
 
@@ -36,12 +37,12 @@ def _setup_part(script: str) -> str:
 def test_values_round_trip_through_bash_unchanged(tmp_path: Path, env_value: str, nccl_value: str, module: str,
                                                   spec_value: str) -> None:
     prof = tmp_path / "p.yaml"
-    prof.write_text(yaml.safe_dump({
+    prof.write_text(dump({  # as the loader reads it: a bare 0E0 is a float there
         "extends": "devcluster", "setup": {"env": {"HOSTILE_ENV": env_value}, "modules": [module]},
         "nccl_env": {"NCCL_HOSTILE": nccl_value},
     }))
     spec = tmp_path / "s.yaml"
-    spec.write_text(yaml.safe_dump({"name": "q", "command": "true", "env": {"SPEC_HOSTILE": spec_value}}))
+    spec.write_text(dump({"name": "q", "command": "true", "env": {"SPEC_HOSTILE": spec_value}}))
     script = _setup_part(render_profile(spec, str(prof)))
     probe = (
         'module() { shift; printf "%s\\0" "$@"; }\n' + script.replace("set -uo pipefail", "")

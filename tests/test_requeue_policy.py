@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from slurmkit.common import outcomes
 from slurmkit.runs import RunPaths, RunRecord
@@ -41,6 +42,20 @@ def test_same_error_at_the_same_step_twice_is_final(tmp_path: Path) -> None:
     decision = requeue.after_failure(paths, "7", 1)
     assert decision.startswith("not requeued: the same error at step 30 twice")
     assert "deterministic error at step 30" in RunRecord(paths).read()["final"]
+
+
+def test_a_failed_srun_after_rank_0_asked_for_a_requeue_keeps_its_cause(tmp_path: Path, monkeypatch: Any) -> None:
+    """torchrun dying under the ranks' save once replaced rank 0's preemption marker with a crash."""
+    paths = _run(tmp_path)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    marker = {"cause": "preemption", "job_id": "7", "restart_count": 2}
+    paths.restart_request.write_text(json.dumps(marker) + "\n")
+    assert "asked for a requeue (preemption)" in requeue.after_failure(paths, "7", 140)
+    assert json.loads(paths.restart_request.read_text()) == marker
+    assert "failures" not in RunRecord(paths).read()
+    # A marker an earlier incarnation left (its next start died before reading it) does not count.
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    assert requeue._requested_here(paths, "7") is None
 
 
 def test_budgets_are_per_cause(tmp_path: Path) -> None:

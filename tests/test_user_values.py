@@ -57,6 +57,16 @@ def test_kwargs_from_a_file_and_from_set_have_the_same_types(tmp_path: Path, loc
     assert from_file["tag"] == "1e-3"  # quoted: text
 
 
+@pytest.mark.parametrize("text", ["0E0", "1e-3", "1_000", "0x1F", ".5", "1:30:00", "true", "~", "a b"])
+def test_what_slurmkit_writes_as_yaml_reads_back_unchanged(text: str) -> None:
+    """`profiles show` and the tests write with yamlio.dump: PyYAML's own dumper leaves 0E0 bare,
+    which the YAML 1.2 numbers of the loader read as a float."""
+    from slurmkit.config import yamlio
+
+    data = {"text": text, "number": 1e-3, "count": 1000}
+    assert yamlio.load_text(yamlio.dump(data), "test") == data
+
+
 def test_an_unset_variable_in_run_root_is_an_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurmkit.runs import expand_checkpoint_root, expand_root
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 
 from slurmkit.cli.common import JsonOpt, print_json, user_errors
 
@@ -37,9 +36,10 @@ def list_(as_json: JsonOpt = False) -> None:
 @user_errors
 def show(name: Annotated[str, typer.Argument(help="Profile name or path.")]) -> None:
     """Print a profile with its `extends` chain resolved and every default filled in."""
+    from slurmkit.config import yamlio
     from slurmkit.config.loader import load_profile
 
-    typer.echo(yaml.safe_dump(load_profile(name).model_dump(), sort_keys=False), nl=False)
+    typer.echo(yamlio.dump(load_profile(name).model_dump()), nl=False)
 
 
 @app.command()

@@ -5,16 +5,21 @@ their ids are a multiple of the range's span apart.
     training rendezvous (MASTER_PORT,   [20000, 25000)   20000 + id % 5000
       or torchrun's c10d endpoint)
     health-gate all-reduce              [25000, 30000)   25000 + id % 5000
-    Ray head and its services           [30000, 60000)   30000 + (id % 300) * 100, a block of 100
+    Ray head and its services           [10100, 20000)   10100 + (id % 99) * 100, a block of 100
+
+Every range lies below Linux's ephemeral ports (32768 and up by default), from which any outgoing
+connection on the node takes its local port: a port there may be in use at random when a job asks
+to listen on it. Ray's own fixed ports stay outside them: its client server's 10001, 6379, 8265.
 """
 
 from __future__ import annotations
 
 from slurmkit.common.slurm_env import base_id
 
+EPHEMERAL_LOW = 32768  # Linux's default net.ipv4.ip_local_port_range starts here
 TRAINING = (20000, 5000)
 HEALTH = (25000, 5000)
-RAY = (30000, 300, 100)  # base, blocks, ports per block
+RAY = (10100, 99, 100)  # base, blocks, ports per block
 
 
 def _number(job_id: str) -> int:

@@ -37,6 +37,19 @@ UserLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT_RE, list("-+01234
 UserLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
 
 
+class UserDumper(yaml.SafeDumper):
+    """Writes what UserLoader reads back unchanged: a string it would take for a number (`0E0`,
+    `1e-3`, which PyYAML's own dumper leaves bare) is quoted."""
+
+
+UserDumper.yaml_implicit_resolvers = UserLoader.yaml_implicit_resolvers
+
+
+def dump(data: Any) -> str:
+    """YAML text of `data` in the order given, as UserLoader reads it back."""
+    return yaml.dump(data, Dumper=UserDumper, sort_keys=False, allow_unicode=True)
+
+
 class YamlSyntaxError(ConfigError):
     """The text is not YAML at all (a --set value is then taken as plain text)."""
 

@@ -129,7 +129,8 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
         return False
     excluded = sorted({*snapshot.get("excluded_nodes", []), *(bad_nodes or [])})
     atomic_write_text(paths.restart_request, json.dumps(
-        {"cause": cause, "step": step, "detail": detail, "job_id": job_id, "time": _now()}) + "\n")
+        {"cause": cause, "step": step, "detail": detail, "job_id": job_id, "restart_count": outcomes.restart_count(),
+         "time": _now()}) + "\n")
     # Requeueing from inside the job makes Slurm signal this very process; finish both calls first.
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -266,8 +267,22 @@ def _error_signature(found: list[Outcome | None]) -> str | None:
 COMPLETED = "completed"
 
 
+def _requested_here(paths: RunPaths, job_id: str) -> str | None:
+    """The cause of the requeue this incarnation already asked for (rank 0, after a stop), if any."""
+    try:
+        marker = json.loads(paths.restart_request.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    same = marker.get("job_id") == job_id and marker.get("restart_count") == outcomes.restart_count()
+    return str(marker.get("cause")) if same else None
+
+
 def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
-    """Decide, after srun failed, whether to requeue; returns what was decided."""
+    """Decide, after srun failed, whether to requeue; returns what was decided. A requeue that rank 0
+    has already asked for stands: its marker (and cause) is never replaced by a crash."""
+    asked = _requested_here(paths, job_id)
+    if asked is not None:
+        return f"srun exit code {exit_code} after rank 0 asked for a requeue ({asked}): nothing more to do"
     num_tasks = int(RunRecord(paths).read().get("num_tasks", 1))
     found = _outcomes(paths, job_id, num_tasks)
     if all(o is not None and o.ok for o in found):
@@ -322,10 +337,17 @@ def main(argv: list[str] | None = None) -> int:
         print("slurmkit requeue: not inside a Slurm job", file=sys.stderr)
         return 2
     paths = RunPaths(Path(args.run_dir))
-    if args.health:
-        print(f"slurmkit: {after_health_gate(paths, job_id)}", file=sys.stderr, flush=True)
+    from slurmkit.errors import SlurmError
+
+    try:
+        if args.health:
+            print(f"slurmkit: {after_health_gate(paths, job_id)}", file=sys.stderr, flush=True)
+            return 1
+        decision = after_failure(paths, job_id, args.exit_code)
+    except SlurmError as exc:  # the job ends here; its log says why it did not come back
+        print(f"slurmkit: ranks failed (exit {args.exit_code}); requeue failed: {exc.one_line()}",
+              file=sys.stderr, flush=True)
         return 1
-    decision = after_failure(paths, job_id, args.exit_code)
     if decision == COMPLETED:
         print(f"slurmkit: srun exit {args.exit_code}, but every rank had finished its work; the run is complete",
               file=sys.stderr, flush=True)

@@ -9,11 +9,16 @@ slurmkit's requeue acts on rank 0's: each rank takes torchrun's RANK, LOCAL_RANK
 as SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS, and writes to submitit's log files for that rank.
 torchrun's own variables (TORCHELASTIC_RUN_ID, MASTER_ADDR, ...) stay: slurmkit.worker.dist
 detects a torchrun rank first.
+
+torchrun starts with the requeue signal ignored (see slurmkit.render.torchrun_node), and an
+ignored signal stays ignored across exec: each rank sets it back to the default, so that it acts
+as under srun until the worker's handler is in.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 
@@ -22,6 +27,9 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 1 or "RANK" not in os.environ:
         sys.exit("usage: torchrun ... -m slurmkit.worker.torchrun_rank FOLDER (RANK comes from torchrun)")
     folder = args[0]
+    requeue_signal = os.environ.get("SLURMKIT_SIGNAL", "")
+    if requeue_signal:
+        signal.signal(signal.Signals[f"SIG{requeue_signal}"], signal.SIG_DFL)
     os.environ.update(SLURM_PROCID=os.environ["RANK"], SLURM_LOCALID=os.environ.get("LOCAL_RANK", "0"),
                       SLURM_NTASKS=os.environ.get("WORLD_SIZE", "1"))
     import submitit
