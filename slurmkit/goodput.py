@@ -5,7 +5,8 @@
 - lost, split into: queue wait (between incarnations: one ending -> the next running; the wait
   before the first start is not counted, the run had not begun), restart overhead (running ->
   the first step of that incarnation), recomputed steps (steps run again after a restart), checkpoint
-  stalls (time a step waited on a save), and the rest (final save, exit, evaluation, teardown).
+  stalls (time a step waited on a save), and the rest (final save, exit, evaluation, teardown, and
+  in-job restarts: a new srun step inside an incarnation is not told apart from its steps yet).
 
 goodput = productive / wall. Incarnations come from one `sacct --duplicates` call for every job id.
 """

@@ -160,7 +160,7 @@ def torchrun_node(inp: RenderInput) -> str:
     return (f"trap '' {inp.resolved.profile.signal}; "
             f"exec {rank_py} -m torch.distributed.run --nnodes=\"$SLURM_JOB_NUM_NODES\" "
             f"--nproc-per-node={inp.resolved.resources.tasks_per_node:d} --rdzv-backend=c10d "
-            '--rdzv-endpoint="$SLURMKIT_RDZV_ENDPOINT" --rdzv-id="$SLURM_JOB_ID" --max-restarts=0 '
+            '--rdzv-endpoint="$SLURMKIT_RDZV_ENDPOINT" --rdzv-id="$SLURM_JOB_ID.$SLURMKIT_ATTEMPT" --max-restarts=0 '
             f"-m slurmkit.worker.torchrun_rank {shell_quote(inp.job_folder)}")
 
 

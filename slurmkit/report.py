@@ -37,6 +37,8 @@ class Segment:
     """Why this incarnation ended and the run was restarted (run.json), empty for the last one."""
     startup: dict[str, float] = field(default_factory=dict)
     """Seconds in each start-up phase, from its first step's record (goodput.startup_spans)."""
+    in_job: list[tuple[float, str]] = field(default_factory=list)
+    """In-job restarts inside this incarnation (a new srun step, no requeue): when, and the cause."""
 
 
 MAX_POINTS = 2000
@@ -91,19 +93,31 @@ def collect(paths: RunPaths) -> ReportData:
         curve.add(rec)
     incs = acc.incarnations
     gpu = [ln for f in sorted(paths.run_dir.glob(paths.gpu_metrics("*").name)) for ln in iter_records(f)]
-    # restarts[k] in run.json is the cause that ended incarnation k (and started k + 1).
-    causes = [r.get("cause", "") for r in record.get("restarts", [])]
+    restarts = record.get("restarts", [])
+    # Of the restarts in run.json, the k-th that was not in-job ended incarnation k (and started k + 1).
+    causes = [r.get("cause", "") for r in restarts if not r.get("in_job")]
+    in_job = [(t, r.get("cause", "")) for r in restarts if r.get("in_job") and (t := _epoch(r.get("time"))) is not None]
     startups = {id(inc): goodput.startup_spans(inc, rec["startup"]) for inc, rec in acc.firsts() if "startup" in rec}
     segments = []
     for n, inc in enumerate(incs):
         queued = inc.submit if n == 0 else incs[n - 1].end
         cause = causes[n] if n < len(causes) and n < len(incs) - 1 else ""
+        inside = [(t, c) for t, c in in_job if (inc.start or 0.0) <= t <= (inc.end or float("inf"))]
         segments.append(Segment(inc.job_id, n, queued, inc.start, inc.end, inc.state, inc.nodes, cause,
-                                startups.get(id(inc), {})))
+                                startups.get(id(inc), {}), inside))
     return ReportData(paths.run_id, curve.points(), gpu, segments, acc.result(),
-                      {"restarts": len(causes), "restart_causes": causes, "name": record.get("name", ""),
-                       "lost_steps": [r.get("lost_steps") for r in record.get("restarts", [])],
+                      {"restarts": len(restarts), "restart_causes": [r.get("cause", "") for r in restarts],
+                       "in_job": [bool(r.get("in_job")) for r in restarts], "name": record.get("name", ""),
+                       "lost_steps": [r.get("lost_steps") for r in restarts],
                        "snapshot": record.get("snapshot")})
+
+
+def _epoch(iso: Any) -> float | None:
+    """run.json's local ISO times as epoch seconds, the timeline's clock."""
+    try:
+        return dt.datetime.fromisoformat(str(iso)).timestamp()
+    except ValueError:
+        return None
 
 
 def _plt() -> Any:
@@ -129,10 +143,13 @@ def _timeline(ax: Any, data: ReportData, t0: float) -> None:
                            color=STATE_COLORS.get(seg.state, "#1565c0"))
             label = f"job {seg.job_id} #{seg.n} on {seg.nodes}: {seg.state}" + (f" ({seg.cause})" if seg.cause else "")
             ax.text(seg.start - t0, y + 0.35, label, fontsize=7, va="bottom")
+        for t, cause in seg.in_job:  # a new srun step in the same allocation: a mark on the bar
+            ax.plot([t - t0], [y], "x", color="#c62828", markersize=7)
+            ax.text(t - t0, y - 0.35, f"in-job restart ({cause})", fontsize=6, va="top")
     ax.set_yticks([s.n for s in data.segments], [f"#{s.n}" for s in data.segments])
     ax.set_ylim(-0.6, max(len(data.segments), 1) - 0.2)
     ax.set_xlabel("seconds since the first submit")
-    ax.set_title("timeline: queued (grey), running (colour by how it ended)", fontsize=9)
+    ax.set_title("timeline: queued (grey), running (colour by how it ended), in-job restarts (x)", fontsize=9)
 
 
 def render_png(data: ReportData) -> bytes:
@@ -175,13 +192,15 @@ def render_html(data: ReportData, png: bytes) -> str:
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in data.accounting.as_dict().items())
     segs = "".join(f"<tr><td>#{s.n}</td><td>{html.escape(s.job_id)}</td><td>{html.escape(s.nodes)}</td>"
                    f"<td>{html.escape(s.state)}</td><td>{html.escape(s.cause)}</td>"
+                   f"<td>{html.escape(', '.join(c for _, c in s.in_job))}</td>"
                    f"<td>{html.escape(_spans(s.startup))}</td></tr>" for s in data.segments)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>slurmkit report {html.escape(data.run_id)}"
             f"</title></head><body><h1>{html.escape(data.run_id)}</h1>"
             f"<img alt='report' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
             f"<h2>Goodput</h2><table>{rows}</table>"
             f"<h2>Incarnations</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>state</th><th>restarted "
-            f"because</th><th>start-up (s)</th></tr>{segs}</table>{_code(data.summary.get('snapshot'))}"
+            f"because</th><th>in-job restarts</th><th>start-up (s)</th></tr>{segs}</table>"
+            f"{_code(data.summary.get('snapshot'))}"
             "</body></html>\n")
 
 

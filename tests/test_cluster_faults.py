@@ -190,34 +190,63 @@ def test_node_down_mid_run(cluster: None, dev_profile: Path, reference: dict[str
     assert result["restart_causes"] == ["node_failure"]
 
 
-def test_kill_9_of_one_rank(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
-    paths, _ = start(dev_profile)
+def incarnations(job: str) -> list[str]:
+    """What Slurm saw of a job: one state per incarnation (an in-job restart adds none)."""
+    from slurmkit.slurm import commands
+
+    return commands.incarnation_states(job)
+
+
+def test_kill_9_of_one_rank_restarts_in_the_job_then_requeues_once_in_job_restarts_are_spent(
+        cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    """One in-job restart allowed: the first kill starts a new srun step in the same allocation, the
+    second (in that step) sends the job through the queue, which resumes it."""
+    paths, job = start(dev_profile, "profile.requeue.in_job=1")
     signal_rank_at_step(paths, 1, 75, signal.SIGKILL)
-    result = check(paths, reference)
-    assert result["restart_causes"] == ["crash"]
+    wait_until(lambda: any(r.get("in_job") and r.get("resumed_step") is not None
+                           for r in RunRecord(paths).read().get("restarts", [])), what="the in-job restart")
+    assert jobs.run_state(paths).state == "RUNNING" and incarnations(job) == ["RUNNING"]
+    # Mid-interval, so that no save is in flight: a crash then costs at most checkpoint_every steps.
+    now = (steps_done(paths) or [0])[-1]
+    killed_at = now - now % EVERY + EVERY // 2 + (EVERY if now % EVERY > EVERY // 2 - 10 else 0)
+    signal_rank_at_step(paths, 1, killed_at, signal.SIGKILL)
+    result = check(paths, reference, max_lost=2 * EVERY)  # each crash: back to the last commit
+    assert result["restart_causes"] == ["crash", "crash"] and result["in_job_restarts"] == 1
+    first, second = RunRecord(paths).read()["restarts"]
+    assert (first["in_job"], first["n"], first["resumed_step"]) == (1, 0, 50)
+    assert "in_job" not in second and second["n"] == 1
+    assert incarnations(job) == ["REQUEUED", "COMPLETED"]
+    assert "restarting in the job (attempt 1): crash" in "\n".join(jobs.logs(paths, rank=0))
+    from slurmkit import report
+
+    data = report.collect(paths)  # the timeline: the in-job restart is a mark on the first incarnation's bar
+    assert [([c for _, c in seg.in_job], seg.cause) for seg in data.segments] == [(["crash"], "crash"), ([], "")]
+    assert data.summary["in_job"] == [True, False]
 
 
-def test_sigstop_of_one_rank_is_a_hang(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
-    paths, _ = start(dev_profile, "config.hang_timeout_s=6")
+def test_sigstop_of_one_rank_is_a_hang_restarted_in_the_job(cluster: None, dev_profile: Path,
+                                                           reference: dict[str, Any]) -> None:
+    paths, job = start(dev_profile, "config.hang_timeout_s=6")
     signal_rank_at_step(paths, 1, 75, signal.SIGSTOP)
     result = check(paths, reference)
-    assert result["restart_causes"] == ["hang"]
+    assert result["restart_causes"] == ["hang"] and result["in_job_restarts"] == 1
     assert "slurmkit watchdog: no step progress" in "\n".join(jobs.logs(paths, rank=0))
     # The watchdog's own record of the hang: a live rank waited past the timeout, then gave up.
     (restart,) = RunRecord(paths).read()["restarts"]
     assert json.loads(restart["detail"])["idle_s"] >= 6  # recorded to 0.1 s: 6.04 s is written 6.0
+    assert restart["in_job"] == 1 and incarnations(job) == ["COMPLETED"]  # never through the queue
 
 
 def test_sigkill_during_a_checkpoint_write(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
     # Rank 0 SIGKILLs itself once the first file of step 100's save is written (an event, not a race
     # against a 50-100 ms window); srun's --kill-on-bad-exit takes rank 1 down with it.
-    paths, _ = start(dev_profile, f"config.inject_kill_in_save_at_step={2 * EVERY}")
+    paths, job = start(dev_profile, f"config.inject_kill_in_save_at_step={2 * EVERY}")
     result = check(paths, reference, max_lost=2 * EVERY)  # back to step 50, and the steps run during the save
-    assert result["restart_causes"] == ["crash"]
+    assert result["restart_causes"] == ["crash"] and result["in_job_restarts"] == 1
     log = "\n".join(jobs.logs(paths, rank=0))
     assert f"injected SIGKILL during the save of step {2 * EVERY}, after" in log
     assert f"checkpoint step-{2 * EVERY} is incomplete or corrupt; falling back" in log  # the next start saw it
-    assert result["resumed_from_step"] == EVERY
+    assert result["resumed_from_step"] == EVERY and incarnations(job) == ["COMPLETED"]
 
 
 def test_corrupt_newest_checkpoint_falls_back(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
@@ -237,7 +266,7 @@ def test_deterministic_error_is_not_requeued_twice(cluster: None, dev_profile: P
     paths, _ = start(dev_profile, "config.inject_error_at_step=60", f"config.checkpoint_every={EVERY}")
     assert finish(paths) == "FAILED"
     record = RunRecord(paths).read()
-    assert [r["cause"] for r in record["restarts"]] == ["crash"]
+    assert [(r["cause"], r.get("in_job")) for r in record["restarts"]] == [("crash", 1)]  # the second try, in the job
     assert "deterministic error at step 60" in record["final"]
     failed = jobs.failing_rank_tail(paths, record["job_ids"][-1])[1]
     assert "injected error at step 60" in failed

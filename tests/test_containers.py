@@ -71,7 +71,7 @@ def test_pyxis_passes_its_options_to_srun_and_runs_the_container_python(tmp_path
     assert "--container-image='nvcr.io#nvidia/pytorch:24.05-py3'" in line
     assert "--container-mounts=/data:/data:ro," in line and "--container-workdir=/workspace" in line
     assert "--container-env=HF_HOME,OMP_NUM_THREADS" in line
-    launch = next(ln for ln in script.splitlines() if ln.startswith("srun "))
+    launch = next(ln for ln in script.splitlines() if ln.lstrip().startswith("srun "))
     assert '"${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -u -m submitit.core._submit' in launch
     # The batch shell's own helper stays on the host interpreter.
     assert "/usr/bin/python -m slurmkit.worker.requeue" not in script

@@ -81,10 +81,10 @@ def test_lost_steps_count_the_stop_step_a_killed_save_never_logged(tmp_path: Pat
 def test_a_resubmitted_job_learns_the_step_it_resumed_from_once(tmp_path: Path) -> None:
     paths = _run(tmp_path, restarts=[{"n": 0, "job_id": "8", "cause": "resubmit", "resumed_step": None}])
     paths.stop_marker.write_text(json.dumps({"step": 61}) + "\n")
-    requeue.note_resubmit_resumed(paths, "8", 61)
+    requeue.note_resumed(paths, "8", 0, 0, 61)
     (entry,) = RunRecord(paths).read()["restarts"]
     assert (entry["resumed_step"], entry["lost_steps"]) == (61, 0) and not paths.stop_marker.exists()
-    requeue.note_resubmit_resumed(paths, "9", 5)  # another job's start changes nothing
+    assert requeue.note_resumed(paths, "9", 0, 0, 5) is None  # another job's start changes nothing
     assert RunRecord(paths).read()["restarts"] == [entry]
 
 
@@ -105,3 +105,42 @@ def test_resubmit_refuses_a_local_run_in_one_line(tmp_path: Path) -> None:
 
     with pytest.raises(SlurmkitError, match="only a run on a Slurm profile can be resubmitted"):
         jobs.resubmit(_run(tmp_path, executor="local"))
+
+
+def test_in_job_restarts_stop_at_the_profiles_limit_per_incarnation(tmp_path: Path, monkeypatch: Any) -> None:
+    """Refusals that need no Slurm call; the restart itself runs in test_cluster_faults."""
+    paths = _run(tmp_path)
+    RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 1}})
+    monkeypatch.setenv("SLURMKIT_ATTEMPT", "1")  # the one in-job restart of this incarnation is spent
+    assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died") is None
+    RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 0}})
+    monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
+    assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died") is None
+    assert "restarts" not in RunRecord(paths).read()
+
+
+def test_an_in_job_restart_is_its_own_entry_beside_the_incarnations(tmp_path: Path) -> None:
+    entries = [{"n": 1, "job_id": "7", "cause": "preemption", "resumed_step": 40},
+               {"n": 1, "in_job": 1, "job_id": "7", "cause": "crash", "resumed_step": None}]
+    paths = _run(tmp_path, restarts=entries)
+    paths.metrics.write_text(json.dumps({"step": 57}) + "\n")
+    entry = requeue.note_resumed(paths, "7", 1, 1, 50)
+    assert entry is not None and (entry["cause"], entry["resumed_step"], entry["lost_steps"]) == ("crash", 50, 7)
+    assert RunRecord(paths).read()["restarts"][0] == entries[0]  # the incarnation's own entry is untouched
+
+
+def test_a_rank_that_lost_its_peer_is_no_deterministic_error(tmp_path: Path) -> None:
+    """Recorded from the dev cluster: rank 1 SIGKILLed, rank 0's all-reduce fails. Twice at the same
+    logged step, that once read as 'the same error twice' and ended the run FAILED."""
+    peer = ("Traceback (most recent call last):\n  File \"trainer.py\", line 228, in train_step\n"
+            "RuntimeError: Got the following error when running the callback: RuntimeError: [gloo/transport/tcp/"
+            "pair.cc:537] Read error [10.77.0.12]:45748: Connection reset by peer.\n\nAt:\n"
+            "  torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py(31): <lambda>\n")
+    paths = _run(tmp_path)
+    _results(paths, ("error", peer))
+    found = requeue._outcomes(paths, "7", 2)
+    assert found[0] is not None and found[0].peer_failed and found[0].error_line.startswith("RuntimeError: Got")
+    assert requeue._error_signature(found) is None
+    own = "Traceback (most recent call last):\nValueError: bad batch\n\nAt:\n  loader.py(3): next\n"
+    _results(paths, ("error", own), ("error", peer))
+    assert requeue._error_signature(requeue._outcomes(paths, "7", 2)) == "ValueError: bad batch"

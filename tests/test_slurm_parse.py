@@ -96,3 +96,13 @@ def test_parsers_skip_what_is_not_theirs() -> None:
     assert parse.squeue("squeue: error: Invalid user\n\n") == {}
     assert parse.sacct("garbage\n|||\n") == {}
     assert parse.epoch("Unknown") is None and parse.epoch("None") is None
+
+
+def test_unusable_nodes_between_two_steps() -> None:
+    """`sinfo --Node --format="%N %t"`: one line per node and partition (the dev cluster has three)."""
+    healthy = "node1 idle\nnode1 idle\nnode1 idle\nnode2 alloc\nnode2 alloc\nnode2 mix\n"
+    assert parse.unusable_nodes(healthy) == []
+    # Written by hand in the same format: down, not responding (*), draining, failing, powered down (~).
+    odd = "node1 alloc\nnode2 down\nnode3 mix*\nnode4 drng\nnode5 fail\nnode6 idle~\nnode7 comp\nnode8 drain\n"
+    assert parse.unusable_nodes(odd) == ["node2", "node3", "node4", "node5", "node8"]
+    assert parse.unusable_nodes("sinfo: error: Unable to contact slurm controller\n") == []

@@ -6,7 +6,8 @@ JSON cannot. `result` alone unpickles, and only from a folder the caller owns (s
 
 One record per (job id, rank): outcomes/<job_id>_<rank>.json in the run folder, holding
     {"state": "success" | "error", "returncode": 0 | 1, "error": text, "value": JSON or null,
-     "value_omitted": why the value is not here, "restart_count": N, "time": ISO time}
+     "value_omitted": why the value is not here, "restart_count": N, "attempt": K, "time": ISO time}
+(restart_count: Slurm's incarnation; attempt: the srun step within it, slurmkit's in-job restarts.)
 A rank that stops to be requeued writes none: that incarnation has no result.
 Torch-free: both sides import it.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,10 @@ from slurmkit.common.atomic import atomic_write_text
 VALUE_MAX_BYTES = 64 * 1024
 ERROR_MAX_CHARS = 4000
 SUCCESS, ERROR = "success", "error"
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b[^:]*:")
+# What gloo, NCCL and the c10d store say when the other side of a collective is gone.
+PEER_FAILURE_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "DistNetworkError",
+                        "NCCL communicator was aborted", "remote process exited or there was a network error")
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class Outcome:
     value: Any = None
     value_omitted: str = ""
     restart_count: int = 0
+    attempt: int = 0
 
     @property
     def ok(self) -> bool:
@@ -42,9 +49,16 @@ class Outcome:
 
     @property
     def error_line(self) -> str:
-        """The last non-empty line of the error text: what a traceback says went wrong."""
-        lines = [ln for ln in self.error.strip().splitlines() if ln.strip()]
-        return lines[-1].strip() if lines else ""
+        """What a traceback says went wrong: its last exception line (`ValueError: bad batch`), else
+        its last non-empty line. torch's errors end in a C++ or Python location ("At: ...") after it."""
+        lines = [ln.strip() for ln in self.error.strip().splitlines() if ln.strip()]
+        return next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1] if lines else "")
+
+    @property
+    def peer_failed(self) -> bool:
+        """The error is a collective that lost its peer (a rank killed, a node gone): a consequence
+        of another rank's failure, never a sign of a deterministic error of this one."""
+        return any(marker in self.error for marker in PEER_FAILURE_MARKERS)
 
 
 def _json_value(value: Any) -> tuple[Any, str]:
@@ -62,12 +76,18 @@ def restart_count() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
+def attempt() -> int:
+    """Which srun step of this incarnation the ranks are (0, then 1.. after in-job restarts); the
+    batch shell exports it."""
+    return int(os.environ.get("SLURMKIT_ATTEMPT", "0") or 0)
+
+
 def record(path: Path, state: str, *, value: Any = None, error: str = "") -> None:
     """Write one rank's outcome atomically (a reader never sees half a record)."""
     shown, omitted = _json_value(value) if state == SUCCESS else (None, "")
     data = {"state": state, "returncode": 0 if state == SUCCESS else 1, "error": error[-ERROR_MAX_CHARS:],
             "value": shown, "value_omitted": omitted, "restart_count": restart_count(),
-            "time": dt.datetime.now().isoformat(timespec="seconds")}
+            "attempt": attempt(), "time": dt.datetime.now().isoformat(timespec="seconds")}
     # 0666 narrowed by the job's umask (0077, or 0027 for run_mode group), as its logs and checkpoints.
     atomic_write_text(path, json.dumps(data) + "\n", mode=0o666)
 
@@ -79,6 +99,6 @@ def read(path: Path) -> Outcome | None:
         return Outcome(state=str(data["state"]), returncode=int(data.get("returncode", 1)),
                        error=str(data.get("error") or ""), value=data.get("value"),
                        value_omitted=str(data.get("value_omitted") or ""),
-                       restart_count=int(data.get("restart_count") or 0))
+                       restart_count=int(data.get("restart_count") or 0), attempt=int(data.get("attempt") or 0))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -40,7 +40,8 @@ DEFAULT_RESOURCES = Resources(nodes=1, tasks_per_node=1, gpus_per_node=0, cpus_p
 
 
 class RequeueBudget(Strict):
-    """How many times a run is requeued per cause before it is left failed."""
+    """How many times a run is restarted per cause before it is left failed, and how many of the
+    crash and hang restarts stay inside the allocation."""
 
     preemption: int = Field(20, ge=0)
     """Requeues after a preemption signal."""
@@ -52,6 +53,10 @@ class RequeueBudget(Strict):
     """Requeues after the watchdog saw no step progress for hang_timeout."""
     crash: int = Field(3, ge=0)
     """Requeues after a rank died (killed, or an error not yet seen twice at the same step)."""
+    in_job: int = Field(2, ge=0)
+    """Of the crash and hang restarts, how many per job incarnation run again inside the allocation
+    (a new srun step, no trip through the queue); each also spends its cause's budget. 0: every
+    restart is a requeue."""
 
 
 class Setup(Strict):

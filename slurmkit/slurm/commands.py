@@ -257,6 +257,13 @@ def time_left_s(job_id: str) -> float | None:
                                check=False))
 
 
+def unusable_nodes(nodelist: str) -> list[str]:
+    """The nodes of `nodelist` that cannot run a new step now (slurm.parse.unusable_nodes). Asked
+    once, by the batch shell between two steps: a controller that does not answer is an error."""
+    return parse.unusable_nodes(run(["sinfo", "--noheader", "--Node", "--nodes", nodelist, "--format=%N %t"],
+                                    timeout=IN_GRACE_TIMEOUT_S))
+
+
 def incarnation_states(job_id: str) -> list[str]:
     """State of every incarnation of a job, oldest first; [] when accounting cannot say."""
     try:

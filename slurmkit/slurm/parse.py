@@ -154,3 +154,17 @@ def oneliner(line: str) -> dict[str, str]:
         if sep:
             fields[key] = value
     return fields
+
+
+_UNUSABLE_STATES = ("down", "drain", "drng", "fail", "maint", "unk", "futr", "npc", "boot", "inval")
+
+
+def unusable_nodes(text: str) -> list[str]:
+    """Nodes that cannot run a new step, from `sinfo --Node --format="%N %t"` (one line per node
+    and partition): down, drained or draining, failing, in maintenance, or not responding (`*`)."""
+    bad = set()
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and (parts[1].endswith("*") or parts[1].rstrip("~#!%$@^-").startswith(_UNUSABLE_STATES)):
+            bad.add(parts[0])
+    return sorted(bad)

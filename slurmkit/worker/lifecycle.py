@@ -10,6 +10,7 @@ from typing import Any
 
 import torch.distributed as tdist
 
+from slurmkit.common import outcomes
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
@@ -65,16 +66,21 @@ class Lifecycle:
         resumed = self.resilience.restore(trainer) if self.resilience else None
         if self.resilience:
             self.resilience.attach(trainer)
-        count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        if not count and self.dist.is_main and self.paths and self.job_id:
-            requeue.note_resubmit_resumed(self.paths, self.job_id, resumed)
-        if count and self.dist.is_main and self.paths and self.job_id:
+        if not (self.dist.is_main and self.paths and self.job_id):
+            return
+        count, attempt = outcomes.restart_count(), outcomes.attempt()
+        if count and not attempt:
             self.restart = requeue.record_restart(self.paths, self.job_id, count, resumed)
-            print(f"slurmkit: restart {count}, cause {self.restart['cause']} ({self.restart['detail']}), "
-                  f"resumed at step {resumed}", flush=True)
-            final = RunRecord(self.paths).read().get("final")
-            if final:
-                raise BudgetSpent(f"not continuing: {final}")
+        else:  # recorded before it ran: an in-job restart (the batch shell) or a resubmit (the login node)
+            self.restart = requeue.note_resumed(self.paths, self.job_id, count, attempt, resumed)
+        if self.restart is None:
+            return
+        what = f"in-job restart {attempt}" if attempt else f"restart {count}"
+        print(f"slurmkit: {what}, cause {self.restart['cause']} ({self.restart['detail']}), "
+              f"resumed at step {resumed}", flush=True)
+        final = RunRecord(self.paths).read().get("final")
+        if final:
+            raise BudgetSpent(f"not continuing: {final}")
 
     @property
     def stopped(self) -> bool:
@@ -113,5 +119,6 @@ class Lifecycle:
                        checkpoint_stall_s=round(self.resilience.stall_s, 4))
         if self.paths and self.paths.record.exists():
             restarts = RunRecord(self.paths).read().get("restarts", [])
-            out.update(restarts=len(restarts), restart_causes=[r["cause"] for r in restarts])
+            out.update(restarts=len(restarts), restart_causes=[r["cause"] for r in restarts],
+                       in_job_restarts=sum(1 for r in restarts if r.get("in_job")))
         return out

@@ -1,4 +1,6 @@
 """Requeue policy by cause, shared by rank 0 (preemption, timeout) and the batch shell (hang, crash).
+A crash or hang is first restarted inside the allocation (a new srun step), within the profile's
+requeue.in_job per incarnation; then it goes through the queue.
 
 The cause is what is known for sure: the marker the requester wrote before asking Slurm to
 requeue, or else what Slurm reports for the previous incarnation (sacct: NODE_FAIL, PREEMPTED,
@@ -8,7 +10,8 @@ run.json with its cause.
 
 Also the batch shell's entry point, after srun exits non-zero:
     python -m slurmkit.worker.requeue --run-dir DIR --exit-code RC
-It exits 0 only when every rank had in fact finished (the job is then recorded as completed).
+It exits 0 only when every rank had in fact finished (the job is then recorded as completed), and
+75 when the batch shell is to start the ranks again in the job.
 """
 
 from __future__ import annotations
@@ -191,8 +194,11 @@ def cause_of_previous(states: list[str]) -> tuple[str, str]:
     return SLURM_STATE_CAUSE.get(previous, "unknown"), detail
 
 
-def _recorded(record: dict[str, Any], job_id: str, restart_count: int) -> dict[str, Any] | None:
-    done = [r for r in record.get("restarts", []) if r.get("job_id") == job_id and r.get("n") == restart_count]
+def _recorded(record: dict[str, Any], job_id: str, restart_count: int, attempt: int = 0) -> dict[str, Any] | None:
+    """The restart entry that started incarnation `restart_count`'s srun step `attempt` (0: the
+    incarnation itself, by a requeue or a resubmit; 1..: an in-job restart)."""
+    done = [r for r in record.get("restarts", [])
+            if r.get("job_id") == job_id and r.get("n") == restart_count and r.get("in_job", 0) == attempt]
     return done[0] if done else None
 
 
@@ -231,18 +237,21 @@ def _stop_step(paths: RunPaths) -> int | None:
         return None
 
 
-def note_resubmit_resumed(paths: RunPaths, job_id: str, resumed_step: int | None) -> None:
-    """A resubmitted job (slurmkit resubmit) starts as restart 0 of a new job id: its entry, which
-    the login node wrote, learns the step it resumed from and the steps that run again."""
-    entry = _recorded(RunRecord(paths).read(), job_id, 0)
+def note_resumed(paths: RunPaths, job_id: str, restart_count: int, attempt: int,
+                 resumed_step: int | None) -> dict[str, Any] | None:
+    """Rank 0 of a start that the login node or the batch shell recorded before it ran (a resubmitted
+    job's restart 0; an in-job restart): its entry learns the step it resumed from and the steps
+    that run again. The entry, or None if there is none."""
+    entry = _recorded(RunRecord(paths).read(), job_id, restart_count, attempt)
     if entry is None or entry.get("resumed_step") is not None:
-        return
+        return entry
     lost = lost_steps(paths, resumed_step)
     with RunRecord(paths).editing() as record:
-        for r in record.get("restarts", []):
-            if r.get("job_id") == job_id and r.get("n") == 0:
-                r.update(resumed_step=resumed_step, lost_steps=lost)
+        entry = _recorded(record, job_id, restart_count, attempt)
+        if entry is not None:
+            entry.update(resumed_step=resumed_step, lost_steps=lost)
     paths.stop_marker.unlink(missing_ok=True)
+    return entry
 
 
 def _last_step(paths: RunPaths) -> int | None:
@@ -254,17 +263,51 @@ def _last_step(paths: RunPaths) -> int | None:
 
 def _outcomes(paths: RunPaths, job_id: str, num_tasks: int) -> list[Outcome | None]:
     """This incarnation's outcome records (never submitit's pickles); older incarnations' count as none."""
-    count = outcomes.restart_count()
+    count, attempt = outcomes.restart_count(), outcomes.attempt()
     found = [paths.outcome(job_id, rank) for rank in range(num_tasks)]
-    return [o if o is not None and o.restart_count == count else None for o in found]
+    return [o if o is not None and (o.restart_count, o.attempt) == (count, attempt) else None for o in found]
 
 
 def _error_signature(found: list[Outcome | None]) -> str | None:
-    """The last line of the first rank's error traceback, if a rank raised."""
-    return next((o.error_line for o in found if o is not None and not o.ok), None)
+    """The error line of the first rank that raised by itself (not because a peer was lost), if any."""
+    return next((o.error_line for o in found if o is not None and not o.ok and not o.peer_failed), None)
 
 
 COMPLETED = "completed"
+IN_JOB = "restarting in the job"
+IN_JOB_EXIT = 75  # main's exit status that tells the batch shell to start the ranks again (EX_TEMPFAIL)
+
+
+def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, detail: str) -> str | None:
+    """The batch shell, after a crash or hang: record an in-job restart if this incarnation has one
+    left (the profile's requeue.in_job), the cause's budget allows it and every node of the
+    allocation can run a step; what was decided, or None to go through the queue instead.
+
+    A new srun step in the same allocation, not an in-process restart: a rank that died or hung
+    is gone with its step either way, and the fresh step starts every rank the way a requeue would
+    (imports, rendezvous, the newest valid checkpoint), minus the queue.
+    """
+    from slurmkit.errors import SlurmError
+    from slurmkit.slurm import commands
+
+    attempt = outcomes.attempt()
+    record = RunRecord(paths).read()
+    if attempt >= int(((record.get("profile") or {}).get("requeue") or {}).get("in_job", 0)):
+        return None
+    try:
+        bad = commands.unusable_nodes(os.environ.get("SLURM_JOB_NODELIST", ""))
+    except SlurmError:  # Slurm cannot say whether the allocation is whole: leave it to the requeue
+        return None
+    if bad:
+        return None
+    with RunRecord(paths).editing() as record:
+        if not allowed(record, cause):
+            return None
+        record.setdefault("restarts", []).append(
+            {"n": outcomes.restart_count(), "in_job": attempt + 1, "job_id": job_id, "cause": cause,
+             "detail": detail, "time": _now(), "step": step, "resumed_step": None, "lost_steps": None})
+        left = budget(record, cause) - spent(record, cause)
+    return f"{IN_JOB} (attempt {attempt + 1}): {cause} ({detail}); {left} {cause} restart(s) left"
 
 
 def _requested_here(paths: RunPaths, job_id: str) -> str | None:
@@ -306,6 +349,9 @@ def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
                 failures.append({"error": signature, "step": step, "exit_code": exit_code, "time": _now()})
         if repeated:
             return f"not requeued: the same error at step {step} twice ({signature})"
+    in_job = restart_in_job(paths, job_id, cause, step, detail)
+    if in_job is not None:
+        return in_job
     if request(paths, job_id, cause, step, detail):
         return f"requeued: {cause} ({detail})"
     return f"not requeued: {cause} budget spent"
@@ -348,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurmkit: ranks failed (exit {args.exit_code}); requeue failed: {exc.one_line()}",
               file=sys.stderr, flush=True)
         return 1
+    if decision.startswith(IN_JOB):
+        print(f"slurmkit: ranks failed (exit {args.exit_code}); {decision}", file=sys.stderr, flush=True)
+        return IN_JOB_EXIT
     if decision == COMPLETED:
         print(f"slurmkit: srun exit {args.exit_code}, but every rank had finished its work; the run is complete",
               file=sys.stderr, flush=True)

@@ -60,7 +60,12 @@ if ! srun --ntasks-per-node=1 -n "$SLURM_JOB_NUM_NODES" -c 1 --kill-on-bad-exit=
   /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --health
   exit 1
 fi
-srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err "${SLURMKIT_RANK_PREFIX[@]}" /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
+# Each pass is one srun step of the ranks. After a crash or hang the requeue policy may start them
+# again in this allocation (an in-job restart, exit 75) rather than requeue the job; exit status 0
+# means every rank had finished its work before the failure (e.g. at exit).
+export SLURMKIT_ATTEMPT=0
+while true; do
+  srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err "${SLURMKIT_RANK_PREFIX[@]}" /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
 SLURMKIT_LAUNCH_PID=$!
 # wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
 while true; do
@@ -68,11 +73,17 @@ while true; do
   SLURMKIT_RC=$?
   kill -0 "$SLURMKIT_LAUNCH_PID" 2>/dev/null || break
 done
-if [ "$SLURMKIT_RC" -ne 0 ]; then
-  # Hang or crash: requeue within the profile's budget, unless the error is deterministic.
-  # Exit status 0 means every rank had finished its work before the failure (e.g. at exit).
-  if /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC"; then
+  if [ "$SLURMKIT_RC" -eq 0 ]; then
+    break
+  fi
+  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC"
+  SLURMKIT_DECISION=$?
+  if [ "$SLURMKIT_DECISION" -eq 0 ]; then
     SLURMKIT_RC=0
   fi
-fi
+  if [ "$SLURMKIT_DECISION" -ne 75 ]; then
+    break
+  fi
+  SLURMKIT_ATTEMPT=$(( SLURMKIT_ATTEMPT + 1 ))
+done
 exit "$SLURMKIT_RC"

@@ -1,0 +1,105 @@
+"""Crash recovery on the dev cluster (2 nodes x 1 rank, gloo): an in-job restart against a requeue.
+
+Two runs of the same training, in the same session: one with the profile's in-job restarts
+(`requeue.in_job: 2`), one with none (`requeue.in_job: 0`, every crash a requeue, as before). In
+each, every rank is SIGKILLed at a random step (`scancel --signal=KILL JOB`, which signals the
+job's steps, not its batch shell), `--crashes` times. Recovery is the time from the kill to the
+end of the first step of the restarted ranks (its metrics record, which carries `startup`). The
+figure is the ratio requeue / in-job, and each path's recovery against the floor measured in the
+same run: two bare processes importing torch and torch._dynamo at once, as the two ranks do.
+
+Usage: python benchmarks/bench_crash.py [--crashes 2] [--steps 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slurmkit import goodput, jobs
+from slurmkit.common.metrics import iter_records
+from slurmkit.config.loader import resolve
+from slurmkit.runs import RunPaths, RunRecord
+
+
+def import_floor_s() -> float:
+    """Two processes importing what a rank imports before its first step, started together."""
+    code = "import torch, torch._dynamo"
+    began = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    for p in procs:
+        p.wait()
+    return time.monotonic() - began
+
+
+def last_step(paths: RunPaths) -> int:
+    steps = [int(r["step"]) for r in iter_records(paths.metrics) if "step" in r]
+    return max(steps, default=0)
+
+
+def first_step_after(paths: RunPaths, t: float) -> float | None:
+    """End time of the first step a restarted rank 0 logged after `t` (the record with `startup`)."""
+    return next((float(r["time"]) for r in iter_records(paths.metrics) if "startup" in r and float(r["time"]) > t),
+                None)
+
+
+def one_run(tmp: Path, in_job: int, crashes: int, steps: int, rng: random.Random) -> dict[str, Any]:
+    profile = tmp / f"p{in_job}.yaml"
+    profile.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(tmp / "runs"),
+                                       "requeue": {"crash": crashes + 1, "in_job": in_job}}))
+    sets = ["resources.nodes=2", "resources.tasks_per_node=1", f"config.steps={steps}", "config.checkpoint_every=20",
+            "config.batch_size=8", "config.log_every=20"]
+    sub = jobs.submit(resolve("examples/train_gpt.yaml", str(profile), sets))
+    assert sub.job_id
+    paths = RunPaths(Path(sub.run_dir))
+    recoveries: list[float] = []
+    for k in range(crashes):
+        target = last_step(paths) + rng.randint(20, 60)
+        while last_step(paths) < target:
+            time.sleep(0.05)
+        killed = time.time()
+        subprocess.run(["scancel", "--signal=KILL", sub.job_id], check=True)
+        while (back := first_step_after(paths, killed)) is None:
+            time.sleep(0.1)
+        recoveries.append(back - killed)
+        print(f"in_job={in_job} crash {k + 1}: back after {back - killed:.1f} s", file=sys.stderr, flush=True)
+    state = jobs.wait(paths, timeout_s=600).state
+    restarts = RunRecord(paths).read().get("restarts", [])
+    assert state == "COMPLETED", state
+    assert [r["cause"] for r in restarts] == ["crash"] * crashes, restarts
+    return {"recovery_s": [round(x, 2) for x in recoveries], "median_s": round(statistics.median(recoveries), 2),
+            "in_job_restarts": sum(1 for r in restarts if r.get("in_job")),
+            "incarnations": len(goodput.incarnations([sub.job_id]))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--crashes", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-crash-"))
+    floor = import_floor_s()
+    in_job = one_run(tmp, args.crashes, args.crashes, args.steps, rng)
+    requeue = one_run(tmp, 0, args.crashes, args.steps, rng)
+    print(json.dumps({
+        "crashes": args.crashes, "import_floor_s": round(floor, 2),
+        "in_job": in_job, "requeue": requeue,
+        "requeue_over_in_job": round(requeue["median_s"] / in_job["median_s"], 2),
+        "in_job_over_floor": round(in_job["median_s"] / floor, 2),
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
