@@ -2,8 +2,8 @@
 
 Two runs of the same training, in the same session: one with the profile's in-job restarts
 (`requeue.in_job: 2`), one with none (`requeue.in_job: 0`, every crash a requeue, as before). In
-each, every rank is SIGKILLed at a random step (`scancel --signal=KILL JOB`, which signals the
-job's steps, not its batch shell), `--crashes` times. Recovery is the time from the kill to the
+each, every rank is SIGABRTed at a random step (`scancel --signal=ABRT JOB`, which signals the
+job's steps, not its batch shell; `--signal=KILL` would cancel the whole job), `--crashes` times. Recovery is the time from the kill to the
 end of the first step of the restarted ranks (its metrics record, which carries `startup`). The
 figure is the ratio requeue / in-job, and each path's recovery against the floor measured in the
 same run: two bare processes importing torch and torch._dynamo at once, as the two ranks do.
@@ -68,9 +68,11 @@ def one_run(tmp: Path, in_job: int, crashes: int, steps: int, rng: random.Random
         while last_step(paths) < target:
             time.sleep(0.05)
         killed = time.time()
-        subprocess.run(["scancel", "--signal=KILL", sub.job_id], check=True)
+        subprocess.run(["scancel", "--signal=ABRT", sub.job_id], check=True)
         while (back := first_step_after(paths, killed)) is None:
-            time.sleep(0.1)
+            if not jobs.is_active(jobs.run_state(paths).state):
+                raise SystemExit(f"the run ended instead of restarting: {jobs.run_state(paths).state}")
+            time.sleep(0.2)
         recoveries.append(back - killed)
         print(f"in_job={in_job} crash {k + 1}: back after {back - killed:.1f} s", file=sys.stderr, flush=True)
     state = jobs.wait(paths, timeout_s=600).state
