@@ -3,10 +3,11 @@
 Two runs of the same training, in the same session: one with the profile's in-job restarts
 (`requeue.in_job: 2`), one with none (`requeue.in_job: 0`, every crash a requeue, as before). In
 each, every rank is SIGABRTed at a random step (`scancel --signal=ABRT JOB`, which signals the
-job's steps, not its batch shell; `--signal=KILL` would cancel the whole job), `--crashes` times. Recovery is the time from the kill to the
-end of the first step of the restarted ranks (its metrics record, which carries `startup`). The
-figure is the ratio requeue / in-job, and each path's recovery against the floor measured in the
-same run: two bare processes importing torch and torch._dynamo at once, as the two ranks do.
+job's steps, not its batch shell; `--signal=KILL` would cancel the whole job), `--crashes`
+times. Recovery is the time from the kill to the end of the first step of the restarted ranks
+(its metrics record, which carries `startup`). The figure is the ratio requeue / in-job, and each
+path's recovery against the floor measured in the same run: two bare processes importing torch
+and torch._dynamo at once, as the two ranks do.
 
 Usage: python benchmarks/bench_crash.py [--crashes 2] [--steps 400]
 """
