@@ -176,15 +176,23 @@ def _exclude(job_id: str, nodes: list[str], record: dict[str, Any]) -> str:
     return f"excluded {','.join(nodes)}"
 
 
-def _restart_cause(paths: RunPaths, job_id: str) -> tuple[str, str]:
-    """The marker the requester left, else what accounting says the previous incarnation ended as."""
+def _marker(paths: RunPaths) -> dict[str, Any] | None:
+    """The restart request the requester left before asking Slurm (request), if it is readable."""
     try:
         marker = json.loads(paths.restart_request.read_text())
-        return str(marker["cause"]), str(marker.get("detail", ""))
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
-        from slurmkit.slurm import commands
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return marker if isinstance(marker, dict) and "cause" in marker else None
 
-        return cause_of_previous(commands.incarnation_states(job_id))
+
+def _restart_cause(paths: RunPaths, job_id: str) -> tuple[str, str]:
+    """The marker the requester left, else what accounting says the previous incarnation ended as."""
+    marker = _marker(paths)
+    if marker is not None:
+        return str(marker["cause"]), str(marker.get("detail", ""))
+    from slurmkit.slurm import commands
+
+    return cause_of_previous(commands.incarnation_states(job_id))
 
 
 def cause_of_previous(states: list[str]) -> tuple[str, str]:
@@ -312,12 +320,10 @@ def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, d
 
 def _requested_here(paths: RunPaths, job_id: str) -> str | None:
     """The cause of the requeue this incarnation already asked for (rank 0, after a stop), if any."""
-    try:
-        marker = json.loads(paths.restart_request.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    marker = _marker(paths)
+    if marker is None or marker.get("job_id") != job_id or marker.get("restart_count") != outcomes.restart_count():
         return None
-    same = marker.get("job_id") == job_id and marker.get("restart_count") == outcomes.restart_count()
-    return str(marker.get("cause")) if same else None
+    return str(marker["cause"])
 
 
 def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
