@@ -30,6 +30,11 @@ SETS = ["resources.nodes=2", "resources.tasks_per_node=1", f"config.steps={STEPS
         f"config.checkpoint_every={EVERY}", "config.log_every=50", "config.seed=11"]
 
 
+# A metrics record every 5 steps, for tests that signal a rank at a step: the signal lands where it
+# is aimed, not at the next record (one a second by default: near step 100, its save in flight).
+FINE_LOG = ("config.log_every=5", "config.log_min_interval_s=0")
+
+
 def start(profile: Path, *extra: str) -> tuple[RunPaths, str]:
     sub = jobs.submit(resolve(EXAMPLES / "train_gpt.yaml", str(profile), [*SETS, *extra]))
     assert sub.job_id
@@ -201,7 +206,7 @@ def test_kill_9_of_one_rank_restarts_in_the_job_then_requeues_once_in_job_restar
         cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
     """One in-job restart allowed: the first kill starts a new srun step in the same allocation, the
     second (in that step) sends the job through the queue, which resumes it."""
-    paths, job = start(dev_profile, "profile.requeue.in_job=1")
+    paths, job = start(dev_profile, "profile.requeue.in_job=1", *FINE_LOG)
     signal_rank_at_step(paths, 1, 75, signal.SIGKILL)
     wait_until(lambda: any(r.get("in_job") and r.get("resumed_step") is not None
                            for r in RunRecord(paths).read().get("restarts", [])), what="the in-job restart")
@@ -226,7 +231,7 @@ def test_kill_9_of_one_rank_restarts_in_the_job_then_requeues_once_in_job_restar
 
 def test_sigstop_of_one_rank_is_a_hang_restarted_in_the_job(cluster: None, dev_profile: Path,
                                                            reference: dict[str, Any]) -> None:
-    paths, job = start(dev_profile, "config.hang_timeout_s=6")
+    paths, job = start(dev_profile, "config.hang_timeout_s=6", *FINE_LOG)
     signal_rank_at_step(paths, 1, 75, signal.SIGSTOP)
     result = check(paths, reference)
     assert result["restart_causes"] == ["hang"] and result["in_job_restarts"] == 1
