@@ -144,3 +144,11 @@ def test_a_rank_that_lost_its_peer_is_no_deterministic_error(tmp_path: Path) -> 
     own = "Traceback (most recent call last):\nValueError: bad batch\n\nAt:\n  loader.py(3): next\n"
     _results(paths, ("error", own), ("error", peer))
     assert requeue._error_signature(requeue._outcomes(paths, "7", 2)) == "ValueError: bad batch"
+
+
+def test_the_batch_shell_restarts_in_the_job_on_the_exit_status_main_returns() -> None:
+    """The loop in templates/partials/launch.sh.j2 spells IN_JOB_EXIT as a literal."""
+    from tests.conftest import ROOT
+
+    loop = (ROOT / "templates" / "partials" / "launch.sh.j2").read_text()
+    assert f'if [ "$SLURMKIT_DECISION" -ne {requeue.IN_JOB_EXIT} ]; then' in loop

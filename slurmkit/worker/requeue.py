@@ -98,8 +98,13 @@ def mark_preempted(paths: RunPaths, job_id: str, step: int | None, detail: str) 
     RunRecord(paths).update(preempted={"job_id": job_id, "step": step, "detail": detail, "time": _now()})
 
 
+def _budgets(record: dict[str, Any]) -> dict[str, Any]:
+    """The profile's `requeue` block as run.json recorded it at submit."""
+    return (record.get("profile") or {}).get("requeue") or {}
+
+
 def budget(record: dict[str, Any], cause: str) -> int:
-    budgets = (record.get("profile") or {}).get("requeue") or {}
+    budgets = _budgets(record)
     # An external `scontrol requeue` (or a restart nobody recorded a reason for) spends the
     # preemption budget: from inside the job it looks the same.
     return int(budgets.get("preemption" if cause in ("requeue", "unknown") else cause, 0))
@@ -299,8 +304,7 @@ def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, d
     from slurmkit.slurm import commands
 
     attempt = outcomes.attempt()
-    record = RunRecord(paths).read()
-    if attempt >= int(((record.get("profile") or {}).get("requeue") or {}).get("in_job", 0)):
+    if attempt >= int(_budgets(RunRecord(paths).read()).get("in_job", 0)):
         return None
     try:
         bad = commands.unusable_nodes(os.environ.get("SLURM_JOB_NODELIST", ""))
