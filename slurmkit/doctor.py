@@ -48,7 +48,7 @@ def _slurm(resolved: Resolved) -> list[Check]:
     out = [Check("slurm", PASS, f"{commands.version()}, controller up"), _accounting()]
     try:
         partition = preflight.check(resolved)
-        out.append(Check("partition", PASS, f"'{partition}' accepts {resolved.resources.nodes} node(s) for "
+        out.append(Check("partition", PASS, f"'{partition}' accepts {resolved.alloc_nodes} node(s) for "
                                             f"{resolved.resources.time}"))
     except SlurmkitError as exc:
         out.append(Check("partition", FAIL, exc.one_line(), "fix the profile field named above (`slurmkit profiles "

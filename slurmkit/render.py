@@ -172,6 +172,8 @@ def render(inp: RenderInput) -> str:
         "spec": resolved.spec,
         "profile": resolved.profile,
         "r": resolved.resources,
+        "alloc_nodes": resolved.alloc_nodes,
+        "step_tasks": resolved.num_tasks,
         "node_gpus": resolved.node_gpus,
         "files": inp.files,
         "array": inp.array,

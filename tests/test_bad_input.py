@@ -207,3 +207,16 @@ def test_launcher_torchrun_off_slurm_or_an_unknown_launcher_is_one_line(tmp_path
     out = refused(["submit", str(spec), "-p", str(profile(tmp_path)), "--set", "launcher=mpirun"])
     assert "launcher" in out.stderr and "torchrun" in out.stderr
     assert nothing_under(tmp_path / "runs")
+
+
+def test_spare_nodes_off_slurm_or_with_torchrun_or_a_negative_count_is_one_line(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="sp", command="true")
+    out = refused(["submit", str(spec), "-p", str(profile(tmp_path)), "--set", "resources.spare_nodes=1"])
+    assert ":resources.spare_nodes: spare_nodes on the local executor" in out.stderr
+    slurm = profile(tmp_path, "s.yaml", extends="devcluster")
+    out = refused(["render", str(spec), "-p", str(slurm), "--set", "resources.spare_nodes=1",
+                   "--set", "launcher=torchrun"])
+    assert "spare_nodes with launcher torchrun" in out.stderr and "valid: 0, or launcher srun" in out.stderr
+    out = refused(["render", str(spec), "-p", str(slurm), "--set", "resources.spare_nodes=-1"])
+    assert "--set:resources.spare_nodes: Input should be greater than or equal to 0" in out.stderr
+    assert nothing_under(tmp_path / "runs")

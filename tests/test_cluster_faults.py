@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -184,15 +185,51 @@ def test_scancel_saves_at_the_step_and_ends_cancelled(cluster: None, dev_profile
     assert not RunRecord(paths).read().get("restarts")  # cancelled: Slurm does not bring it back
 
 
-def test_node_down_mid_run(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
-    paths, job = start(dev_profile)
+def check_with_node2_down_at_75(paths: RunPaths, reference: dict[str, Any]) -> dict[str, Any]:
+    """node2 set DOWN at step 75 (ReturnToService brings it back); the run's checked result."""
     wait_step(paths, 75)
     try:
         subprocess.run(["scontrol", "update", "NodeName=node2", "State=DOWN", "Reason=fault-test"], check=True)
-        result = check(paths, reference)
+        return check(paths, reference)
     finally:
         subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False, capture_output=True)
+
+
+def test_node_down_mid_run(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    paths, job = start(dev_profile)
+    result = check_with_node2_down_at_75(paths, reference)
     assert result["restart_causes"] == ["node_failure"]
+
+
+@pytest.fixture
+def three_nodes(cluster: None) -> Iterator[None]:
+    """The dev cluster with a third node, for a 2-node run with one spare; back to two after."""
+    from slurmkit.devcluster import cluster as dc
+
+    dc.up(3, log=lambda _: None)
+    try:
+        yield
+    finally:
+        dc.up(2, log=lambda _: None)
+
+
+def step_nodes(job: str) -> dict[str, str]:
+    """Each srun step of a job and the nodes it ran on, as accounting saw them."""
+    out = subprocess.run(["sacct", "-j", job, "--noheader", "--parsable2", "--format=JobID,NodeList"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [line.split("|") for line in out.splitlines()]
+    return {r[0]: r[1] for r in rows if len(r) > 1 and r[0].rpartition(".")[2].isdigit() and "." in r[0]}
+
+
+def test_a_node_set_down_with_a_spare_continues_on_the_spare_without_a_requeue(
+        three_nodes: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    paths, job = start(dev_profile, "resources.spare_nodes=1", *FINE_LOG)
+    result = check_with_node2_down_at_75(paths, reference)
+    assert result["restart_causes"] == ["node_failure"] and result["in_job_restarts"] == 1
+    (entry,) = RunRecord(paths).read()["restarts"]
+    assert (entry["in_job"], entry["nodes_lost"], entry["exclude"]) == (1, ["node2"], [])
+    assert incarnations(job) == ["COMPLETED"]  # no requeue: one incarnation in sacct
+    assert step_nodes(job) == {f"{job}.0": "node[1-2]", f"{job}.1": "node[1,3]"}  # the spare took node2's rank
 
 
 def incarnations(job: str) -> list[str]:

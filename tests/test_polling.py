@@ -129,6 +129,34 @@ def test_an_in_job_requeue_is_retried_within_the_grace_left_stand_in_scontrol(
     assert calls["scontrol"] == 1
 
 
+def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol(
+        hiccup: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmctld stopped by SIGSTOP reads a timed-out try once it runs again, and requeues the job:
+    the marker with the restart's cause must outlive the failed call (it once came back `requeue`)."""
+    import json
+
+    from slurmkit.runs import RunPaths, RunRecord
+    from slurmkit.worker import requeue
+
+    monkeypatch.setenv("FAILS", "1000")
+    with commands.counting() as calls, pytest.raises(commands.RequeueUncertain, match="may still go through"):
+        commands.requeue("7", within_s=1.5)
+    assert calls["scontrol"] >= 2
+    paths = RunPaths(hiccup / "run")
+    paths.job_folder.mkdir(parents=True)
+    RunRecord(paths).create({"run_id": "run", "job_ids": ["7"], "profile": {"requeue": {"preemption": 1}}})
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    with pytest.raises(commands.RequeueUncertain):
+        requeue.request(paths, "7", "preemption", 12, within_s=3)
+    assert json.loads(paths.restart_request.read_text())["cause"] == "preemption"
+    # A failure that reached nobody leaves no marker behind.
+    monkeypatch.setenv("FAILS", "0")
+    monkeypatch.setenv("PENDING", "1")
+    with pytest.raises(SlurmError, match="pending execution") as failed:
+        requeue.request(paths, "7", "preemption", 12, within_s=3)
+    assert not isinstance(failed.value, commands.RequeueUncertain) and not paths.restart_request.exists()
+
+
 def test_until_ended_stops_at_the_end_at_the_timeout_and_after_the_unknown_grace() -> None:
     from slurmkit.polling import UNKNOWN_GRACE_S
 

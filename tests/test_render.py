@@ -59,6 +59,17 @@ def test_header_carries_resources_signal_and_submitit_log_layout(tmp_path: Path)
     assert "#SBATCH --exclusive" in script
 
 
+def test_spare_nodes_allocate_more_and_each_step_runs_on_the_ranks_nodes(tmp_path: Path) -> None:
+    script = render_profile(GOLDEN / "spec.yaml", "devcluster", ["resources.nodes=2", "resources.spare_nodes=1",
+                                                                "resources.tasks_per_node=2"])
+    assert "#SBATCH --nodes=3" in script and "#SBATCH --no-kill" in script
+    assert 'srun --unbuffered --kill-on-bad-exit=1' in script and "--ntasks=4" in script
+    assert 'export SLURMKIT_STEP_NODES=2' in script and '"--exclude=$SLURMKIT_EXCLUDE"' in script
+    check_shell(script, tmp_path)
+    plain = render_profile(GOLDEN / "spec.yaml", "devcluster", ["resources.nodes=2"])
+    assert "--no-kill" not in plain and "SLURMKIT_STEP_NODES" not in plain and "#SBATCH --nodes=2" in plain
+
+
 def test_sweep_array_script_finds_each_task_folder(tmp_path: Path) -> None:
     array = ArraySpec("0-9%2", list(range(10)), 1001, "/shared/runs/my sweep")
     script = render_profile(GOLDEN / "spec.yaml", "devcluster", array=array, dependency="afterok:7:8")
@@ -123,7 +134,8 @@ def test_spec_env_is_exported_quoted(tmp_path: Path) -> None:
 # validated as identifiers or fixed choices, integers, and slurmkit's own shell.
 RAW_ALLOWED = {"line", "key", "profile.signal", "profile.signal_delay_s", "c.runtime", "profile.run_mode",
                "ray_port", "sweep.base | int", "(spec.ray.object_store_mb or 0) | int", "node_gpus | int",
-               '("0027" if profile.run_mode == "group" else "0077")', "r.tasks_per_node | int", "torchrun_port"}
+               '("0027" if profile.run_mode == "group" else "0077")', "r.tasks_per_node | int", "torchrun_port",
+               "r.spare_nodes | int", "r.nodes | int"}
 
 
 def test_raw_is_used_only_where_the_docs_say() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from slurmkit.common import outcomes
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker import requeue
+from slurmkit.worker.allocation import Allocation
 
 
 def _run(tmp_path: Path, **record: object) -> RunPaths:
@@ -56,6 +57,14 @@ def test_a_failed_srun_after_rank_0_asked_for_a_requeue_keeps_its_cause(tmp_path
     # A marker an earlier incarnation left (its next start died before reading it) does not count.
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
     assert requeue._requested_here(paths, "7") is None
+
+
+def test_a_restart_reads_only_the_marker_its_previous_incarnation_left(tmp_path: Path) -> None:
+    paths = _run(tmp_path)
+    paths.restart_request.write_text(json.dumps({"cause": "timeout", "job_id": "7", "restart_count": 1}) + "\n")
+    assert requeue._restart_cause(paths, "7", 2) == ("timeout", "")
+    # Left by an uncertain requeue of incarnation 0 that never went through, or by another job.
+    assert requeue._marker(paths, "7", 0) is None and requeue._marker(paths, "8", 1) is None
 
 
 def test_budgets_are_per_cause(tmp_path: Path) -> None:
@@ -111,12 +120,32 @@ def test_in_job_restarts_stop_at_the_profiles_limit_per_incarnation(tmp_path: Pa
     """Refusals that need no Slurm call; the restart itself runs in test_cluster_faults."""
     paths = _run(tmp_path)
     RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 1}})
+    whole = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
     monkeypatch.setenv("SLURMKIT_ATTEMPT", "1")  # the one in-job restart of this incarnation is spent
-    assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died") is None
+    assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
     RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 0}})
     monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
-    assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died") is None
+    assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
     assert "restarts" not in RunRecord(paths).read()
+
+
+def test_a_lost_node_restarts_in_the_job_only_while_a_spare_is_left(tmp_path: Path, monkeypatch: Any) -> None:
+    paths = _run(tmp_path, profile={"requeue": {"node_failure": 3, "in_job": 2}})
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
+    # node2 left the job; node3, the spare, is held and healthy; node4 is held but drained.
+    spare = Allocation(("node1", "node2", "node3", "node4"), ("node1", "node3", "node4"), ("node4",), 2)
+    assert (spare.lost, spare.healthy, spare.fits) == (["node2"], ["node1", "node3"], True)
+    assert requeue._newly_lost(paths, "7", spare) == ["node2"]
+    decision = requeue.restart_in_job(paths, "7", "node_failure", 40, "lost node2", spare, ["node2"])
+    assert decision is not None and decision.startswith(requeue.IN_JOB)
+    assert requeue.step_exclude(paths, "7") == ["node4"]  # the batch shell's srun --exclude
+    assert requeue._newly_lost(paths, "7", spare) == []  # node2 is not lost a second time
+    monkeypatch.setenv("SLURMKIT_ATTEMPT", "1")
+    gone = Allocation(spare.started, ("node1", "node4"), ("node4",), 2)
+    assert not gone.fits and requeue._newly_lost(paths, "7", gone) == ["node3"]
+    assert requeue.restart_in_job(paths, "7", "node_failure", 60, "lost node3", gone, ["node3"]) is None
+    assert requeue.restart_in_job(paths, "7", "crash", 60, "?", None) is None  # Slurm could not say
 
 
 def test_an_in_job_restart_is_its_own_entry_beside_the_incarnations(tmp_path: Path) -> None:

@@ -61,6 +61,16 @@ def test_sacct_node_fail_with_a_reason_and_a_heterogeneous_job() -> None:
     assert jobs["300+0"].state == "FAILED"
 
 
+def test_sacct_a_no_kill_job_that_lost_a_node_is_one_incarnation() -> None:
+    """Recorded on the dev cluster: `sbatch -N 3 --no-kill`, node2 set DOWN under a 2-node step."""
+    text = ("14|RESIZING|None|node[1-3]|00:00:05|0:0|2026-12-02T09:04:45|2026-12-02T09:04:46|2026-12-02T09:04:51\n"
+            "14|COMPLETED|None|node[1,3]|00:00:07|0:0|2026-12-02T09:04:51|2026-12-02T09:04:51|2026-12-02T09:04:58\n")
+    job = parse.sacct(text)["14"]
+    assert (job.state, job.restarts, job.nodes, job.elapsed) == ("COMPLETED", 0, "node[1,3]", "00:00:12")
+    (only,) = job.history
+    assert only.start is not None and only.end is not None and only.end - only.start == 12
+
+
 @pytest.mark.parametrize(("text", "seconds"), [("1:00:00", 3600), ("59:30", 3570), ("2-03:04:05", 183845),
                                                ("UNLIMITED", None), ("NOT_SET", None), ("INVALID", None), ("", None)])
 def test_time_left(text: str, seconds: float | None) -> None:

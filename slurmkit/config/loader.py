@@ -43,6 +43,12 @@ class Resolved:
         return 1 if self.spec.ray else self.resources.nodes * self.resources.tasks_per_node
 
     @property
+    def alloc_nodes(self) -> int:
+        """Nodes the job allocates: the ranks' nodes and the spares."""
+        assert self.resources.nodes is not None
+        return self.resources.nodes + (self.resources.spare_nodes or 0)
+
+    @property
     def node_gpus(self) -> int:
         """GPUs each node gets, however resources ask for them: gpus_per_node, gpus_per_task x
         tasks_per_node, or a gpu gres. The health gate, container GPU flags, pre-flight and Ray use it."""
@@ -293,8 +299,22 @@ def resolve_layers(layers: list[Layer], profile: ClusterProfile, profile_name: s
     if run_spec.launcher == "torchrun" and profile.executor != "slurm":
         raise ConfigError(f"launcher torchrun on the {profile.executor} executor", where=f"{layers[0][0]}:launcher",
                           valid="valid: srun here (local ranks start as processes); torchrun on a Slurm profile")
+    if resources.spare_nodes:
+        _check_spares(run_spec, profile, layers[0][0])
     return Resolved(spec=run_spec, profile=profile, profile_name=profile_name, resources=resources,
                     spec_source=layers[0][0])
+
+
+def _check_spares(spec: RunSpec, profile: ClusterProfile, source: str) -> None:
+    """Spare nodes replace a lost node of srun's ranks, inside a Slurm allocation."""
+    where = f"{source}:resources.spare_nodes"
+    if profile.executor != "slurm":
+        raise ConfigError(f"spare_nodes on the {profile.executor} executor", where=where,
+                          valid="valid: 0 here; spare nodes on a Slurm profile")
+    if spec.ray is not None or spec.launcher != "srun":
+        what = "ray" if spec.ray is not None else f"launcher {spec.launcher}"
+        raise ConfigError(f"spare_nodes with {what}", where=where,
+                          valid="valid: 0, or launcher srun without ray (its ranks restart on a spare)")
 
 
 def profile_name(profile: str | None) -> str:

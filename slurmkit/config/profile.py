@@ -14,7 +14,10 @@ class Resources(Strict):
     """What one job asks for. Every field may be left unset, and then the next layer decides."""
 
     nodes: int | None = Field(None, ge=1)
-    """Number of nodes (sbatch --nodes)."""
+    """Number of nodes the ranks run on (sbatch --nodes, plus spare_nodes)."""
+    spare_nodes: int | None = Field(None, ge=0)
+    """Extra nodes allocated and kept idle (sbatch --nodes=nodes+spare_nodes --no-kill): when a node of
+    the ranks fails, training starts again inside the job on a spare instead of a requeue."""
     tasks_per_node: int | None = Field(None, ge=1)
     """Ranks per node (sbatch --ntasks-per-node); usually one per GPU."""
     gpus_per_node: int | None = Field(None, ge=0)
@@ -36,7 +39,8 @@ class Resources(Strict):
     """Wall-clock limit, e.g. 90 (minutes), 1:30:00 (unquoted is fine) or 2-00:00:00 (sbatch --time)."""
 
 
-DEFAULT_RESOURCES = Resources(nodes=1, tasks_per_node=1, gpus_per_node=0, cpus_per_task=1, time="00:30:00")
+DEFAULT_RESOURCES = Resources(nodes=1, spare_nodes=0, tasks_per_node=1, gpus_per_node=0, cpus_per_task=1,
+                              time="00:30:00")
 
 
 class RequeueBudget(Strict):

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from slurmkit.common.slurm_env import base_id
+from slurmkit.common.slurm_env import base_id, expand_hostlist
 from slurmkit.errors import SlurmError, squash, warn
 from slurmkit.slurm import parse
 
@@ -156,31 +156,45 @@ def scancel(job_ids: list[str], signal: str | None = None) -> None:
     run(argv + job_ids)
 
 
+class RequeueUncertain(SlurmError):
+    """A requeue whose tries failed after one timed out: it may have gone through, or may not."""
+
+
 def requeue(job_id: str, within_s: float = 0.0) -> None:
     """Ask Slurm to requeue a job. From inside the job (the batch shell, rank 0) a controller hiccup
     is retried for `within_s`, the grace the job has left: a job that ends before its requeue went
     through does not come back. A retry that finds the job already requeued ("pending execution")
-    means an earlier try went through."""
+    means an earlier try went through.
+
+    A try that timed out may still go through: slurmctld reads the request once it answers again
+    (seen with slurmctld stopped by SIGSTOP). If no later try settles it, RequeueUncertain says so."""
     argv = ["scontrol", "requeue", job_id]
     if within_s <= 0:
         run(argv)
         return
     import tenacity
 
-    tries = 0
+    sent = False  # an earlier try may have reached slurmctld
 
     def once() -> None:
-        nonlocal tries
-        tries += 1
+        nonlocal sent
         try:
             _once(argv, min(DEFAULT_TIMEOUT_S, max(2.0, within_s / 3)), check=True)
+        except TransientSlurmError:
+            sent = True
+            raise
         except SlurmError as exc:
-            if tries == 1 or "pending execution" not in exc.what.lower():
+            if not sent or "pending execution" not in exc.what.lower():
                 raise
 
-    tenacity.Retrying(stop=tenacity.stop_after_delay(within_s),
-                      wait=tenacity.wait_exponential(multiplier=0.5, max=4.0) + tenacity.wait_random(0, 0.5),
-                      retry=tenacity.retry_if_exception_type(TransientSlurmError), reraise=True)(once)
+    try:
+        tenacity.Retrying(stop=tenacity.stop_after_delay(within_s),
+                          wait=tenacity.wait_exponential(multiplier=0.5, max=4.0) + tenacity.wait_random(0, 0.5),
+                          retry=tenacity.retry_if_exception_type(TransientSlurmError), reraise=True)(once)
+    except SlurmError as exc:
+        if sent:
+            raise RequeueUncertain(f"{exc.what} (an earlier try may still go through)", valid=exc.valid) from exc
+        raise
 
 
 @dataclass(frozen=True)
@@ -255,6 +269,14 @@ def time_left_s(job_id: str) -> float | None:
     it is asked at stop time, inside the grace period, where a retry's wait would eat the save."""
     return parse.time_left(run(["squeue", "--noheader", "--jobs", job_id, "--format=%L"], timeout=IN_GRACE_TIMEOUT_S,
                                check=False))
+
+
+def job_nodes(job_id: str) -> list[str]:
+    """The nodes a running job holds now (scontrol's NodeList): a --no-kill job that lost a node
+    holds fewer than its SLURM_JOB_NODELIST. Asked once, by the batch shell between two steps."""
+    lines = run(["scontrol", "--oneliner", "show", "job", job_id], timeout=IN_GRACE_TIMEOUT_S).splitlines()
+    nodes = parse.oneliner(lines[0]).get("NodeList", "") if lines else ""
+    return expand_hostlist(nodes) if nodes and nodes != "(null)" else []
 
 
 def unusable_nodes(nodelist: str) -> list[str]:

@@ -121,9 +121,30 @@ def _sacct(text: str) -> dict[str, JobInfo]:
         job_id, state, reason, nodes, elapsed, exit_code, submit, start, end = parts[:9]
         state = state.partition(" ")[0] or "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
         runs = history.setdefault(job_id, [])
-        runs.append(Incarnation(job_id, epoch(submit), epoch(start), epoch(end), state, nodes))
+        if runs and runs[-1].state == "RESIZING":
+            # A --no-kill job that lost a node goes on as the same incarnation: sacct ends a RESIZING
+            # line on the old nodes and starts a new one on the rest (measured, 22.05).
+            first = runs.pop()
+            elapsed = _add_elapsed(jobs[job_id].elapsed, elapsed)
+            began = (first.submit, first.start)
+        else:
+            began = (epoch(submit), epoch(start))
+        runs.append(Incarnation(job_id, *began, epoch(end), state, nodes))
         jobs[job_id] = JobInfo(job_id, state, reason, nodes, elapsed, exit_code, len(runs) - 1, "sacct", tuple(runs))
     return jobs
+
+
+def _add_elapsed(a: str, b: str) -> str:
+    """Two sacct Elapsed values ([D-]HH:MM:SS) added, in sacct's form."""
+    from slurmkit.config.fields import duration_s
+
+    try:
+        total = int(duration_s(a) + duration_s(b))
+    except ValueError:  # one of them empty or odd: the later one is what sacct says now
+        return b
+    days, rest = divmod(total, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
 
 
 def time_left(text: str) -> float | None:

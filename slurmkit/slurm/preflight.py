@@ -63,13 +63,13 @@ def check(resolved: Resolved, array_size: int | None = None) -> str:
         raise PreflightError(f"time {r.time} exceeds partition '{name}' MaxTime={part['MaxTime']}",
                              where="resources.time")
     total_nodes = int(part.get("TotalNodes", "0") or 0)
-    if r.nodes > total_nodes:
-        raise PreflightError(f"nodes={r.nodes} exceeds the {total_nodes} nodes of partition '{name}'",
-                             where="resources.nodes")
+    asked = f"nodes={r.nodes}" + (f" + spare_nodes={r.spare_nodes}" if r.spare_nodes else "")
+    where = "resources.spare_nodes" if r.spare_nodes else "resources.nodes"
+    if resolved.alloc_nodes > total_nodes:
+        raise PreflightError(f"{asked} exceeds the {total_nodes} nodes of partition '{name}'", where=where)
     max_nodes = part.get("MaxNodes", "UNLIMITED")
-    if max_nodes.isdigit() and r.nodes > int(max_nodes):
-        raise PreflightError(f"nodes={r.nodes} exceeds partition '{name}' MaxNodes={max_nodes}",
-                             where="resources.nodes")
+    if max_nodes.isdigit() and resolved.alloc_nodes > int(max_nodes):
+        raise PreflightError(f"{asked} exceeds partition '{name}' MaxNodes={max_nodes}", where=where)
     if resolved.node_gpus:
         gres = commands.partition_gres(name)
         if not any(g.split(":")[0] == "gpu" for g in gres):

@@ -1,7 +1,8 @@
 """torch.distributed from the Slurm environment (or submitit's local one), with explicit timeouts.
 
-MASTER_ADDR is the first host of $SLURM_JOB_NODELIST, expanded in Python (no scontrol on the
-ranks); MASTER_PORT comes from slurmkit.common.ports (the training range).
+MASTER_ADDR is the first host of the step's nodes ($SLURM_STEP_NODELIST: a job with spare nodes
+runs its ranks on some of the job's), expanded in Python (no scontrol on the ranks); MASTER_PORT
+comes from slurmkit.common.ports (the training range).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def detect() -> DistEnv:
         return _torchrun(env)
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and env.get("SUBMITIT_EXECUTOR") != "local":
         job_id = env.get("SLURM_JOB_ID", "0")  # unique per array task too
-        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
         addr = env.get("MASTER_ADDR") or (expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1")
         return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
                        int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1), addr,

@@ -1,6 +1,6 @@
 """Requeue policy by cause, shared by rank 0 (preemption, timeout) and the batch shell (hang, crash).
-A crash or hang is first restarted inside the allocation (a new srun step), within the profile's
-requeue.in_job per incarnation; then it goes through the queue.
+A crash, a hang or a lost node (with spare nodes) is first restarted inside the allocation (a new
+srun step), within the profile's requeue.in_job per incarnation; then it goes through the queue.
 
 The cause is what is known for sure: the marker the requester wrote before asking Slurm to
 requeue, or else what Slurm reports for the previous incarnation (sacct: NODE_FAIL, PREEMPTED,
@@ -30,6 +30,8 @@ from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
 from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.worker import allocation
+from slurmkit.worker.allocation import Allocation
 
 SLURM_STATE_CAUSE = {"NODE_FAIL": "node_failure", "PREEMPTED": "preemption", "TIMEOUT": "timeout",
                      "REQUEUED": "requeue", "REQUEUE_HOLD": "requeue", "FAILED": "crash"}
@@ -144,8 +146,10 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
     try:
         commands.requeue(job_id, within_s=max(1.0, within_s - 2))
         note = _exclude(job_id, excluded, snapshot)
+    except commands.RequeueUncertain:
+        raise  # it may yet go through: the next start must find the cause (a stale marker is never read)
     except BaseException:
-        # No requeue happened: a stale marker would give the next restart the wrong cause.
+        # No requeue happened: the marker would make the batch shell think one had been asked for.
         paths.restart_request.unlink(missing_ok=True)
         raise
     finally:
@@ -181,18 +185,22 @@ def _exclude(job_id: str, nodes: list[str], record: dict[str, Any]) -> str:
     return f"excluded {','.join(nodes)}"
 
 
-def _marker(paths: RunPaths) -> dict[str, Any] | None:
-    """The restart request the requester left before asking Slurm (request), if it is readable."""
+def _marker(paths: RunPaths, job_id: str, restart_count: int) -> dict[str, Any] | None:
+    """The restart request incarnation `restart_count` of the job left before asking Slurm
+    (request), if it is readable; one from another incarnation or job is stale."""
     try:
         marker = json.loads(paths.restart_request.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return marker if isinstance(marker, dict) and "cause" in marker else None
+    if not isinstance(marker, dict) or "cause" not in marker:
+        return None
+    return marker if (marker.get("job_id"), marker.get("restart_count")) == (job_id, restart_count) else None
 
 
-def _restart_cause(paths: RunPaths, job_id: str) -> tuple[str, str]:
-    """The marker the requester left, else what accounting says the previous incarnation ended as."""
-    marker = _marker(paths)
+def _restart_cause(paths: RunPaths, job_id: str, restart_count: int) -> tuple[str, str]:
+    """The marker the previous incarnation's requester left, else what accounting says that
+    incarnation ended as."""
+    marker = _marker(paths, job_id, restart_count - 1)
     if marker is not None:
         return str(marker["cause"]), str(marker.get("detail", ""))
     from slurmkit.slurm import commands
@@ -220,7 +228,7 @@ def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_ste
     done = _recorded(RunRecord(paths).read(), job_id, restart_count)
     if done:
         return done
-    cause, detail = _restart_cause(paths, job_id)  # before the lock: it may ask sacct
+    cause, detail = _restart_cause(paths, job_id, restart_count)  # before the lock: it may ask sacct
     lost = lost_steps(paths, resumed_step)
     with RunRecord(paths).editing() as record:
         entry = _recorded(record, job_id, restart_count)
@@ -291,43 +299,64 @@ IN_JOB = "restarting in the job"
 IN_JOB_EXIT = 75  # main's exit status that tells the batch shell to start the ranks again (EX_TEMPFAIL)
 
 
-def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, detail: str) -> str | None:
-    """The batch shell, after a crash or hang: record an in-job restart if this incarnation has one
-    left (the profile's requeue.in_job), the cause's budget allows it and every node of the
-    allocation can run a step; what was decided, or None to go through the queue instead.
+def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, detail: str,
+                   alloc: Allocation | None, lost: list[str] | None = None) -> str | None:
+    """The batch shell, after a crash, hang or lost node: record an in-job restart if this
+    incarnation has one left (the profile's requeue.in_job), the cause's budget allows it and the
+    allocation still has the nodes a step needs (a spare in place of a lost one); what was decided,
+    or None to go through the queue instead. The entry names the held nodes the next step leaves
+    out (`exclude`) and the nodes lost (`nodes_lost`).
 
     A new srun step in the same allocation, not an in-process restart: a rank that died or hung
     is gone with its step either way, and the fresh step starts every rank the way a requeue would
     (imports, rendezvous, the newest valid checkpoint), minus the queue.
     """
-    from slurmkit.errors import SlurmError
-    from slurmkit.slurm import commands
-
     attempt = outcomes.attempt()
-    if attempt >= int(_budgets(RunRecord(paths).read()).get("in_job", 0)):
-        return None
-    try:
-        bad = commands.unusable_nodes(os.environ.get("SLURM_JOB_NODELIST", ""))
-    except SlurmError:  # Slurm cannot say whether the allocation is whole: leave it to the requeue
-        return None
-    if bad:
-        return None
+    if attempt >= int(_budgets(RunRecord(paths).read()).get("in_job", 0)) or alloc is None or not alloc.fits:
+        return None  # an allocation Slurm cannot describe is left to the requeue
     with RunRecord(paths).editing() as record:
         if not allowed(record, cause):
             return None
         record.setdefault("restarts", []).append(
             {"n": outcomes.restart_count(), "in_job": attempt + 1, "job_id": job_id, "cause": cause,
-             "detail": detail, "time": _now(), "step": step, "resumed_step": None, "lost_steps": None})
+             "detail": detail, "time": _now(), "step": step, "resumed_step": None, "lost_steps": None,
+             "exclude": list(alloc.unusable), "nodes_lost": lost or []})
         left = budget(record, cause) - spent(record, cause)
     return f"{IN_JOB} (attempt {attempt + 1}): {cause} ({detail}); {left} {cause} restart(s) left"
 
 
+def _in_job_entries(record: dict[str, Any], job_id: str) -> list[dict[str, Any]]:
+    return [r for r in record.get("restarts", [])
+            if r.get("job_id") == job_id and r.get("n") == outcomes.restart_count() and r.get("in_job")]
+
+
+def _newly_lost(paths: RunPaths, job_id: str, alloc: Allocation | None) -> list[str]:
+    """Nodes this incarnation lost since its last in-job restart (none where Slurm cannot say)."""
+    if alloc is None:
+        return []
+    known = {n for r in _in_job_entries(RunRecord(paths).read(), job_id) for n in r.get("nodes_lost", [])}
+    return [n for n in alloc.lost if n not in known]
+
+
+def _allocation(job_id: str) -> Allocation | None:
+    from slurmkit.errors import SlurmError
+
+    try:
+        return allocation.read(job_id)
+    except SlurmError:
+        return None
+
+
+def step_exclude(paths: RunPaths, job_id: str) -> list[str]:
+    """The held nodes the next step of the ranks leaves out: its in-job restart entry's."""
+    entries = _in_job_entries(RunRecord(paths).read(), job_id)
+    return list(entries[-1].get("exclude", [])) if entries else []
+
+
 def _requested_here(paths: RunPaths, job_id: str) -> str | None:
     """The cause of the requeue this incarnation already asked for (rank 0, after a stop), if any."""
-    marker = _marker(paths)
-    if marker is None or marker.get("job_id") != job_id or marker.get("restart_count") != outcomes.restart_count():
-        return None
-    return str(marker["cause"])
+    marker = _marker(paths, job_id, outcomes.restart_count())
+    return None if marker is None else str(marker["cause"])
 
 
 def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
@@ -343,10 +372,14 @@ def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
         return COMPLETED
     hangs = paths.hang_markers()
     step = _last_step(paths)
+    alloc = _allocation(job_id)
+    lost = _newly_lost(paths, job_id, alloc)
     if hangs:
         cause, detail = "hang", hangs[0].read_text().strip()
         for h in hangs:
             h.unlink()
+    elif lost:
+        cause, detail = "node_failure", f"lost {','.join(lost)} (the job no longer holds it)"
     else:
         signature = _error_signature(found)
         cause, detail = "crash", signature or f"srun exit code {exit_code}"
@@ -359,10 +392,10 @@ def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
                 failures.append({"error": signature, "step": step, "exit_code": exit_code, "time": _now()})
         if repeated:
             return f"not requeued: the same error at step {step} twice ({signature})"
-    in_job = restart_in_job(paths, job_id, cause, step, detail)
+    in_job = restart_in_job(paths, job_id, cause, step, detail, alloc, lost)
     if in_job is not None:
         return in_job
-    if request(paths, job_id, cause, step, detail):
+    if request(paths, job_id, cause, step, detail, bad_nodes=lost):
         return f"requeued: {cause} ({detail})"
     return f"not requeued: {cause} budget spent"
 
@@ -406,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if decision.startswith(IN_JOB):
         print(f"slurmkit: ranks failed (exit {args.exit_code}); {decision}", file=sys.stderr, flush=True)
+        print(",".join(step_exclude(paths, job_id)))  # the batch shell's srun --exclude
         return IN_JOB_EXIT
     if decision == COMPLETED:
         print(f"slurmkit: srun exit {args.exit_code}, but every rank had finished its work; the run is complete",

@@ -61,7 +61,7 @@ done
   if [ "$SLURMKIT_RC" -eq 0 ]; then
     break
   fi
-  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC"
+  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC" >/dev/null
   SLURMKIT_DECISION=$?
   if [ "$SLURMKIT_DECISION" -eq 0 ]; then
     SLURMKIT_RC=0

@@ -1,0 +1,55 @@
+"""The allocation a batch shell holds between two srun steps of the ranks: which of its nodes can
+take the next step.
+
+A job with spare nodes (resources.spare_nodes: sbatch --nodes=N+K --no-kill, srun -N N) keeps its
+allocation when a node fails. Slurm takes the failed node out of the job: scontrol's NodeList
+shrinks, while the batch shell's SLURM_JOB_NODELIST still names it, and the node itself may be
+back IDLE at once (ReturnToService=2). So a lost node is one the job no longer holds, not one
+sinfo calls down (measured on the dev cluster, 22.05).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from slurmkit.common.slurm_env import expand_hostlist
+
+STEP_NODES_ENV = "SLURMKIT_STEP_NODES"  # the batch shell's: nodes one step of the ranks runs on
+
+
+@dataclass(frozen=True)
+class Allocation:
+    started: tuple[str, ...]
+    """The job's nodes as it started (SLURM_JOB_NODELIST)."""
+    held: tuple[str, ...]
+    """The nodes it holds now."""
+    unusable: tuple[str, ...]
+    """Held nodes that cannot run a step (down, drained, not responding)."""
+    needed: int
+    """Nodes one step of the ranks runs on."""
+
+    @property
+    def lost(self) -> list[str]:
+        return [n for n in self.started if n not in self.held]
+
+    @property
+    def healthy(self) -> list[str]:
+        return [n for n in self.held if n not in self.unusable]
+
+    @property
+    def fits(self) -> bool:
+        """Whether a new step of the ranks can start here."""
+        return len(self.healthy) >= self.needed
+
+
+def read(job_id: str) -> Allocation:
+    """Ask Slurm (SlurmError if it cannot say). A job without spares never shrinks (a lost node
+    ends it), so only its nodes' states are asked."""
+    from slurmkit.slurm import commands
+
+    started = tuple(expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", "")))
+    needed = int(os.environ.get(STEP_NODES_ENV) or len(started))
+    held = tuple(commands.job_nodes(job_id)) if needed < len(started) else started
+    unusable = tuple(commands.unusable_nodes(",".join(held))) if held else ()
+    return Allocation(started, held, unusable, needed)
