@@ -227,8 +227,7 @@ class Preemption:
 def preemption(job_id: str) -> Preemption | None:
     """Whether Slurm is preempting this job, and its partition's mode; None if not (or unknown).
     Asked once each, not retried: this runs inside the grace period."""
-    lines = run(["scontrol", "--oneliner", "show", "job", job_id], timeout=IN_GRACE_TIMEOUT_S, check=False).splitlines()
-    job = parse.oneliner(lines[0]) if lines else {}
+    job = _show_job(job_id, check=False)
     at = job.get("PreemptTime", "None")
     if at in ("", "None", "Unknown"):
         return None
@@ -274,9 +273,14 @@ def time_left_s(job_id: str) -> float | None:
 def job_nodes(job_id: str) -> list[str]:
     """The nodes a running job holds now (scontrol's NodeList): a --no-kill job that lost a node
     holds fewer than its SLURM_JOB_NODELIST. Asked once, by the batch shell between two steps."""
-    lines = run(["scontrol", "--oneliner", "show", "job", job_id], timeout=IN_GRACE_TIMEOUT_S).splitlines()
-    nodes = parse.oneliner(lines[0]).get("NodeList", "") if lines else ""
+    nodes = _show_job(job_id, check=True).get("NodeList", "")
     return expand_hostlist(nodes) if nodes and nodes != "(null)" else []
+
+
+def _show_job(job_id: str, check: bool) -> dict[str, str]:
+    """One job's fields from `scontrol --oneliner show job`, asked once within IN_GRACE_TIMEOUT_S."""
+    lines = run(["scontrol", "--oneliner", "show", "job", job_id], timeout=IN_GRACE_TIMEOUT_S, check=check).splitlines()
+    return parse.oneliner(lines[0]) if lines else {}
 
 
 def unusable_nodes(nodelist: str) -> list[str]:
