@@ -190,6 +190,10 @@ class RunPaths:
         """Every rank's hang marker present, by rank."""
         return sorted(self.run_dir.glob("hang-rank*.json"))
 
+    def injected_marker(self, step: int) -> Path:
+        """A one-shot fault injected at `step` has fired (config.inject_transient_error_at_steps)."""
+        return self.run_dir / f"injected-step{step}"
+
     def health_marker(self, node: str) -> Path:
         """Why `node` failed the health gate (written by the gate, read by the requeue)."""
         return self.run_dir / f"health-{node}.json"

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from slurmkit import jobs
+from slurmkit.common.metrics import iter_records
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker.checkpoint import CheckpointStore
@@ -304,11 +305,35 @@ def test_corrupt_newest_checkpoint_falls_back(cluster: None, dev_profile: Path, 
     assert result["resumed_from_step"] == previous
 
 
+def test_an_error_on_one_rank_restarts_warm_in_the_same_processes_twice(
+        cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    """The last rank raises at steps 75 and 120 (its processes live on): both ranks restart in the
+    process from their host copies (steps 50 and 100), with no new srun step and no requeue."""
+    paths, job = start(dev_profile, "config.inject_transient_error_at_steps=[75,120]", *FINE_LOG)
+    result = check(paths, reference)
+    assert result["restart_causes"] == ["crash", "crash"] and result["warm_restarts"] == 2
+    restarts = RunRecord(paths).read()["restarts"]
+    assert [(r["in_job"], r["warm"], r["step"], r["resumed_step"], r["lost_steps"]) for r in restarts] == [
+        (1, True, 75, 50, 25), (2, True, 120, 100, 20)]
+    assert "injected transient error at step 75 on rank 1" in restarts[0]["detail"]
+    firsts = [r for r in iter_records(paths.metrics) if "warm_restart" in r]
+    assert [(r["step"], r["warm_restart"]["resumed_step"]) for r in firsts] == [(51, 50), (101, 100)]
+    assert not [r for r in iter_records(paths.metrics) if "startup" in r][1:]  # one process start per rank
+    log = "\n".join(jobs.logs(paths, rank=0))
+    assert "warm restart: back at step 100 from host memory (committed), group generation 2" in log
+    assert incarnations(job) == ["COMPLETED"]
+    from slurmkit import report
+
+    (seg,) = report.collect(paths).segments
+    assert [c for _, c in seg.in_job] == ["crash, warm", "crash, warm"]
+
+
 def test_deterministic_error_is_not_requeued_twice(cluster: None, dev_profile: Path) -> None:
     paths, _ = start(dev_profile, "config.inject_error_at_step=60", f"config.checkpoint_every={EVERY}")
     assert finish(paths) == "FAILED"
     record = RunRecord(paths).read()
-    assert [(r["cause"], r.get("in_job")) for r in record["restarts"]] == [("crash", 1)]  # the second try, in the job
+    # The second try is a warm restart in the same processes; the third would fail the same way.
+    assert [(r["cause"], r.get("in_job"), r.get("warm")) for r in record["restarts"]] == [("crash", 1, True)]
     assert "deterministic error at step 60" in record["final"]
     failed = jobs.failing_rank_tail(paths, record["job_ids"][-1])[1]
     assert "injected error at step 60" in failed

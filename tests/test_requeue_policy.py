@@ -119,14 +119,16 @@ def test_resubmit_refuses_a_local_run_in_one_line(tmp_path: Path) -> None:
 def test_in_job_restarts_stop_at_the_profiles_limit_per_incarnation(tmp_path: Path, monkeypatch: Any) -> None:
     """Refusals that need no Slurm call; the restart itself runs in test_cluster_faults."""
     paths = _run(tmp_path)
-    RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 1}})
-    whole = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
-    monkeypatch.setenv("SLURMKIT_ATTEMPT", "1")  # the one in-job restart of this incarnation is spent
-    assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
-    RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 0}})
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
+    # The one in-job restart of this incarnation went to a warm restart: a cold one is refused.
+    warm = {"n": 0, "in_job": 1, "warm": True, "job_id": "7", "cause": "crash"}
+    RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 1}}, restarts=[warm])
+    whole = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
     assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
-    assert "restarts" not in RunRecord(paths).read()
+    RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 0}}, restarts=[])
+    assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
+    assert RunRecord(paths).read()["restarts"] == []
 
 
 def test_a_lost_node_restarts_in_the_job_only_while_a_spare_is_left(tmp_path: Path, monkeypatch: Any) -> None:
@@ -181,3 +183,28 @@ def test_the_batch_shell_restarts_in_the_job_on_the_exit_status_main_returns() -
 
     loop = (ROOT / "templates" / "partials" / "launch.sh.j2").read_text()
     assert f'if [ "$SLURMKIT_DECISION" -ne {requeue.IN_JOB_EXIT} ]; then' in loop
+
+
+def test_a_warm_restart_spends_both_budgets_and_the_same_error_twice_ends_the_run(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    paths = _run(tmp_path, profile={"requeue": {"crash": 2, "in_job": 2}})
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    line = requeue.restart_warm(paths, "7", 75, "ValueError: once", "rank 1: ValueError: once", 50)
+    assert line is not None and line.startswith(requeue.IN_JOB) and "1 crash restart(s) left" in line
+    (entry,) = RunRecord(paths).read()["restarts"]
+    assert (entry["in_job"], entry["warm"], entry["resumed_step"], entry["lost_steps"]) == (1, True, 50, 25)
+    # The srun step that the warm restart kept is still the incarnation's own: its start finds no entry.
+    assert requeue.note_resumed(paths, "7", 0, 1, 50) is None
+    # The same error at the same step again: deterministic, the run ends; no entry, no budget spent.
+    assert requeue.restart_warm(paths, "7", 75, "ValueError: once", "rank 1", 50) is None
+    record = RunRecord(paths).read()
+    assert len(record["restarts"]) == 1 and "deterministic error at step 75" in record["final"]
+
+
+def test_a_refused_warm_restart_leaves_the_failure_to_the_batch_shell(tmp_path: Path, monkeypatch: Any) -> None:
+    """in_job spent: nothing is noted, so the batch shell's own reading of the same error (after
+    the ranks re-raise) is its first, not a 'same error twice'."""
+    paths = _run(tmp_path, profile={"requeue": {"crash": 2, "in_job": 0}})
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert requeue.restart_warm(paths, "7", 75, "ValueError: x", "rank 1: ValueError: x", 50) is None
+    assert "failures" not in RunRecord(paths).read() and "final" not in RunRecord(paths).read()

@@ -209,9 +209,9 @@ class CheckpointStore:
 def snapshot(obj: Any, buffers: dict[str, Any] | None = None, _key: str = "") -> Any:
     """A CPU copy of a (nested) state, taken at a step boundary so training may go on.
 
-    With `buffers`, tensors are copied into the previous snapshot's memory when shapes match:
-    fresh allocations (page faults) cost more than the copy itself. Safe because at most one
-    save is in flight, so the previous snapshot has been written by now.
+    With `buffers`, tensors are copied into the memory of an earlier snapshot taken with the same
+    buffers when shapes match: fresh allocations (page faults) cost more than the copy itself. The
+    caller keeps a set of buffers out of use while its snapshot is being written or kept.
     """
     import torch
 
@@ -308,6 +308,12 @@ class AsyncWriter:
             self._thread.join(1.0)
             if heartbeat is not None:
                 heartbeat()
+
+    def abandon(self) -> None:
+        """Drop the save in flight, uncommitted (its folder has no marker: never read), once its
+        thread is done with the snapshot; an error it had is dropped with it."""
+        self.wait()
+        self.step, self._error = None, None
 
     def result(self, heartbeat: Callable[[], None] | None = None) -> list[Entry]:
         """This rank's entries of the finished save (raising its background error, if any)."""

@@ -7,11 +7,14 @@ comes from slurmkit.common.ports (the training range).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
+import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from slurmkit.common import ports
 from slurmkit.common.slurm_env import expand_hostlist
@@ -76,6 +79,80 @@ def rank_env(denv: DistEnv) -> dict[str, str]:
             "LOCAL_WORLD_SIZE": str(denv.local_world_size)}
 
 
+class Group:
+    """The default process group over a store of its own, which outlives it: a warm restart
+    (slurmkit.worker.warm) destroys the group and builds the next generation on the same store
+    (a new key prefix), with no new rendezvous port. Rank 0's process hosts the store."""
+
+    def __init__(self, denv: DistEnv, backend: str, device: Any, timeout: dt.timedelta) -> None:
+        import torch.distributed as tdist
+
+        self.denv, self.backend, self.device, self.timeout = denv, backend, device, timeout
+        self.store = tdist.TCPStore(denv.master_addr, denv.master_port, denv.world_size, denv.rank == 0,
+                                    timeout=timeout)
+        self.generation = 0
+        self._pairs: set[tuple[int, str]] = set()
+        """gloo's connections to the peers: (fd, the socket's inode as /proc names it)."""
+        self._init()
+
+    def _init(self) -> None:
+        import torch.distributed as tdist
+
+        before = _socket_fds()
+        tdist.init_process_group(self.backend, store=tdist.PrefixStore(f"slurmkit/gen{self.generation}/", self.store),
+                                 rank=self.denv.rank, world_size=self.denv.world_size, timeout=self.timeout,
+                                 device_id=self.device if self.backend == "nccl" else None)
+        # gloo connects every pair of ranks while the group is made: the sockets that appeared, minus the store's.
+        self._pairs = {(fd, ident) for fd, ident in (_socket_fds().items() - before.items())
+                       if _is_peer(fd, self.denv.master_port)}
+
+    def abort(self) -> None:
+        """Close this rank's connections to its peers, then destroy the group: a peer blocked in a
+        gloo collective with this rank fails at once ("Connection closed by peer").
+
+        gloo has no abort that does this: in torch 2.13 ProcessGroupGloo.abort() and shutdown(),
+        like destroy_process_group(), leave the connections open while anything still holds the
+        group, and DDP's reducer does. Shutting its sockets down is what reaches the peers."""
+        import torch.distributed as tdist
+
+        now = _socket_fds()
+        for fd, ident in self._pairs:
+            if now.get(fd) != ident:  # gloo closed it already (its peer went first); the number may be reused
+                continue
+            # A dup: gloo still owns (and closes) the fd.
+            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        self._pairs = set()
+        if tdist.is_initialized():
+            tdist.destroy_process_group()
+
+    def rebuild(self) -> None:
+        """The next generation of the group, once every rank has aborted its own."""
+        self.abort()
+        self.generation += 1
+        self._init()
+
+
+def _socket_fds() -> dict[int, str]:
+    """This process's sockets: fd -> "socket:[inode]"."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if target.startswith("socket:"):
+                found[int(name)] = target
+    return found
+
+
+def _is_peer(fd: int, store_port: int) -> bool:
+    """A connected socket, neither end of it on the store's port (a listener has no peer)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            return store_port not in (sock.getsockname()[1], sock.getpeername()[1])
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class Dist:
     """What a task needs from the process group."""
@@ -83,6 +160,9 @@ class Dist:
     env: DistEnv
     backend: str
     device_str: str
+    group: Group | None = field(default=None, compare=False)
+    """The group this process brought up over its own store; None for one rank, under torchrun
+    (its agent owns the store) or inside a group someone else initialised."""
 
     @property
     def rank(self) -> int:
@@ -124,12 +204,15 @@ def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
         torch.set_num_threads(_cpu_threads(denv.local_world_size))
     os.environ.update(rank_env(denv))
     owns_group = denv.world_size > 1 and not tdist.is_initialized()
-    if owns_group:
+    group: Group | None = None
+    if owns_group and denv.launcher == "torchrun":
         tdist.init_process_group(backend, rank=denv.rank, world_size=denv.world_size,
                                  timeout=dt.timedelta(seconds=timeout),
                                  device_id=device if backend == "nccl" else None)
+    elif owns_group:
+        group = Group(denv, backend, device, dt.timedelta(seconds=timeout))
     try:
-        yield Dist(denv, backend, str(device))
+        yield Dist(denv, backend, str(device), group)
         if owns_group:
             # Leave together: a rank whose peers (or the store on rank 0) vanish mid-teardown can
             # abort at exit ("terminate called without an active exception").

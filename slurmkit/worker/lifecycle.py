@@ -15,7 +15,7 @@ from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
 from slurmkit.runs import RunPaths, RunRecord
-from slurmkit.worker import requeue
+from slurmkit.worker import requeue, warm
 from slurmkit.worker.checkpoint import TRAINER_FILES, CheckpointStore, Prefetch
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.preempt import Stop
@@ -52,6 +52,10 @@ class Lifecycle:
                                      cfg.inject_kill_in_save_at_step, cfg.inject_slow_stop_save_s,
                                      self._on_stop) if uri else None
         self.restart: dict[str, Any] | None = None
+        self.warm = bool(cfg.warm_restart and self.resilience and self.paths and self.job_id and warm.possible(dist))
+        """Exceptions restart in the process (slurmkit.worker.warm); Slurm's policy decides, so only in a job."""
+        if self.resilience is not None:
+            self.resilience.host_copy = self.warm
 
     def _on_stop(self, step: int) -> None:
         if self.paths is not None and self.dist.is_main:
@@ -81,6 +85,46 @@ class Lifecycle:
         final = RunRecord(self.paths).read().get("final")
         if final:
             raise BudgetSpent(f"not continuing: {final}")
+
+    def fit(self, trainer: Trainer) -> dict[str, Any]:
+        """trainer.fit(), restarted in the process after an exception while the policy allows (a
+        warm restart); otherwise the exception goes on, and the batch shell takes over (cold)."""
+        while True:
+            try:
+                return trainer.fit()
+            except Exception as exc:
+                failed_at = self._agree_warm(trainer, exc)
+                if failed_at is None:
+                    raise
+            self._restart_warm(trainer, failed_at)
+
+    def _agree_warm(self, trainer: Trainer, error: Exception) -> float | None:
+        """When the failure began, if every rank is to restart warm; None for the cold path."""
+        res = self.resilience
+        if not self.warm or res is None or res.committed is None or self.paths is None or self.job_id is None:
+            return None
+        failed_at, paths, job_id, copy = time.time(), self.paths, self.job_id, res.committed
+
+        def decide(reports: list[warm.Report]) -> str | None:
+            signature, detail = warm.cause_of(reports)
+            return requeue.restart_warm(paths, job_id, trainer.state.step, signature, detail,
+                                        copy.step if copy.on_disk else None)
+
+        report = warm.report_of(self.dist.rank, error)
+        trainer.unwrap()  # the wrapper's group is about to go
+        agreed = warm.agree(self.dist, report, decide, warm.report_wait_s(trainer.median_step_s()),
+                            res.watchdog.progress)
+        return failed_at if agreed else None
+
+    def _restart_warm(self, trainer: Trainer, failed_at: float) -> None:
+        assert self.resilience is not None
+        copy = self.resilience.restore_from_host(trainer)
+        warm.rebuild(trainer)
+        trainer.hooks.append(warm.first_step_hook(failed_at, copy.step))
+        if self.dist.is_main:
+            print(f"slurmkit: warm restart: back at step {copy.step} from host memory "
+                  f"({'committed' if copy.on_disk else 'the initial state'}), group generation "
+                  f"{self.dist.group.generation if self.dist.group else 0}", flush=True)
 
     @property
     def stopped(self) -> bool:
@@ -120,5 +164,6 @@ class Lifecycle:
         if self.paths and self.paths.record.exists():
             restarts = RunRecord(self.paths).read().get("restarts", [])
             out.update(restarts=len(restarts), restart_causes=[r["cause"] for r in restarts],
-                       in_job_restarts=sum(1 for r in restarts if r.get("in_job")))
+                       in_job_restarts=sum(1 for r in restarts if r.get("in_job")),
+                       warm_restarts=sum(1 for r in restarts if r.get("warm")))
         return out

@@ -218,8 +218,8 @@ def cause_of_previous(states: list[str]) -> tuple[str, str]:
 def _recorded(record: dict[str, Any], job_id: str, restart_count: int, attempt: int = 0) -> dict[str, Any] | None:
     """The restart entry that started incarnation `restart_count`'s srun step `attempt` (0: the
     incarnation itself, by a requeue or a resubmit; 1..: an in-job restart)."""
-    done = [r for r in record.get("restarts", [])
-            if r.get("job_id") == job_id and r.get("n") == restart_count and r.get("in_job", 0) == attempt]
+    done = [r for r in record.get("restarts", []) if r.get("job_id") == job_id and r.get("n") == restart_count
+            and r.get("in_job", 0) == attempt and not r.get("warm")]
     return done[0] if done else None
 
 
@@ -312,10 +312,10 @@ def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, d
     (imports, rendezvous, the newest valid checkpoint), minus the queue.
     """
     attempt = outcomes.attempt()
-    if attempt >= int(_budgets(RunRecord(paths).read()).get("in_job", 0)) or alloc is None or not alloc.fits:
+    if alloc is None or not alloc.fits:
         return None  # an allocation Slurm cannot describe is left to the requeue
     with RunRecord(paths).editing() as record:
-        if not allowed(record, cause):
+        if not (_in_job_left(record, job_id) and allowed(record, cause)):
             return None
         record.setdefault("restarts", []).append(
             {"n": outcomes.restart_count(), "in_job": attempt + 1, "job_id": job_id, "cause": cause,
@@ -326,8 +326,46 @@ def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, d
 
 
 def _in_job_entries(record: dict[str, Any], job_id: str) -> list[dict[str, Any]]:
+    """This incarnation's in-job restarts, warm and cold."""
     return [r for r in record.get("restarts", [])
             if r.get("job_id") == job_id and r.get("n") == outcomes.restart_count() and r.get("in_job")]
+
+
+def _in_job_left(record: dict[str, Any], job_id: str) -> bool:
+    """The profile's requeue.in_job is per incarnation, warm and cold restarts together."""
+    return len(_in_job_entries(record, job_id)) < int(_budgets(record).get("in_job", 0))
+
+
+def _repeated(record: dict[str, Any], signature: str | None, step: int | None) -> bool:
+    """The same error at the same step seen before: deterministic, so the run ends (record["final"]);
+    else the failure is noted for next time."""
+    failures = record.setdefault("failures", [])
+    if signature and any(f.get("error") == signature and f.get("step") == step for f in failures):
+        record["final"] = f"deterministic error at step {step}: {signature}"
+        return True
+    failures.append({"error": signature, "step": step, "time": _now()})
+    return False
+
+
+def restart_warm(paths: RunPaths, job_id: str, step: int, signature: str | None, detail: str,
+                 resumed_step: int | None) -> str | None:
+    """Rank 0, after an exception that every rank's process survived: record a warm in-job restart
+    (in the process, from host memory; slurmkit.worker.warm) if the deterministic-error rule, the
+    in-job limit and the crash budget allow; what was decided, or None. On None the ranks re-raise
+    and the batch shell decides (after_failure), so a failure is noted only where it restarts here
+    or ends the run."""
+    with RunRecord(paths).editing() as record:
+        if not (_in_job_left(record, job_id) and allowed(record, "crash")):
+            return None
+        if _repeated(record, signature, step):
+            return None
+        n_in_job = len(_in_job_entries(record, job_id)) + 1
+        record.setdefault("restarts", []).append(
+            {"n": outcomes.restart_count(), "in_job": n_in_job, "warm": True, "job_id": job_id, "cause": "crash",
+             "detail": detail, "time": _now(), "step": step, "resumed_step": resumed_step,
+             "lost_steps": step - (resumed_step or 0)})
+        left = budget(record, "crash") - spent(record, "crash")
+    return f"{IN_JOB}, warm (in-job restart {n_in_job}): crash ({detail}) at step {step}; {left} crash restart(s) left"
 
 
 def _newly_lost(paths: RunPaths, job_id: str, alloc: Allocation | None) -> list[str]:
@@ -384,12 +422,7 @@ def after_failure(paths: RunPaths, job_id: str, exit_code: int) -> str:
         signature = _error_signature(found)
         cause, detail = "crash", signature or f"srun exit code {exit_code}"
         with RunRecord(paths).editing() as record:
-            failures = record.setdefault("failures", [])
-            repeated = bool(signature) and any(f.get("error") == signature and f.get("step") == step for f in failures)
-            if repeated:
-                record["final"] = f"deterministic error at step {step}: {signature}"
-            else:
-                failures.append({"error": signature, "step": step, "exit_code": exit_code, "time": _now()})
+            repeated = _repeated(record, signature, step)
         if repeated:
             return f"not requeued: the same error at step {step} twice ({signature})"
     in_job = restart_in_job(paths, job_id, cause, step, detail, alloc, lost)

@@ -13,6 +13,7 @@ import random
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+@dataclass
+class HostCopy:
+    """The state of a committed step (or the start's), in this rank's memory: a warm restart's source."""
+
+    step: int
+    files: dict[str, Any]
+    """model.pt, optim.pt, trainer.pt and this rank's rng file, as a save writes them."""
+    on_disk: bool
+    """A committed checkpoint holds the same (False: the initial state of a fresh start)."""
+
+
+def _apply(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any], meta: dict[str, Any],
+           rng: dict[str, Any] | None) -> None:
+    trainer.raw_model.load_state_dict(model)
+    trainer.optimizer.load_state_dict(optim)
+    if trainer.scheduler is not None and meta.get("scheduler") is not None:
+        trainer.scheduler.load_state_dict(meta["scheduler"])
+    trainer.state.load(meta)
+    if rng is not None:
+        set_rng_state(rng)
+
+
 class Resilience:
     def __init__(self, dist: Dist, uri: str, every: int, keep_latest_k: int = 3, async_save: bool = True,
                  hang_timeout_s: float | None = None, on_hang: Any = None, prefetch: Prefetch | None = None,
@@ -75,7 +98,13 @@ class Resilience:
         self.flag = StopFlag().install()
         self.watchdog = Watchdog(hang_timeout_s, on_hang).start()
         self.stall_s = 0.0
-        self._buffers: dict[str, Any] = {}
+        # Two sets of snapshot memory: the host copy's stays untouched while the next save is taken.
+        self._buffers: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+        self._slot = 0
+        self.host_copy = False
+        """Every rank keeps the last committed state in memory (set before restore: warm restarts)."""
+        self.committed: HostCopy | None = None
+        self._in_flight: HostCopy | None = None
         self.resumed_step: int | None = None
         self.stopped_at: int | None = None
         self.stop_kind = Stop.NONE  # as agreed by all ranks
@@ -142,6 +171,7 @@ class Resilience:
                 self.resumed_step = step
                 if self.dist.is_main:
                     print(f"slurmkit: resumed from checkpoint step-{step}", flush=True)
+                self._keep_start(trainer, step)
                 return step
             older = self.store.latest_valid(below=step) if self.dist.is_main else None
             if self.dist.is_main:
@@ -151,6 +181,7 @@ class Resilience:
         if initial is not None:  # a failed load may have changed some tensors already
             trainer.raw_model.load_state_dict(initial["model"])
             trainer.optimizer.load_state_dict(initial["optim"])
+        self._keep_start(trainer, None)
         return None
 
     def _load(self, trainer: Trainer, step: int, data: dict[str, bytes]) -> None:
@@ -161,27 +192,54 @@ class Resilience:
         rng_file = f"rng-rank{self.dist.rank}.pt"
         has_rng = rng_file in (self.store.manifest(step) or {}).get("files", {})
         model, optim, meta = load("model.pt"), load("optim.pt"), load("trainer.pt")
-        rng = load(rng_file) if has_rng else None
-        trainer.raw_model.load_state_dict(model)
-        trainer.optimizer.load_state_dict(optim)
-        if trainer.scheduler is not None and meta.get("scheduler") is not None:
-            trainer.scheduler.load_state_dict(meta["scheduler"])
-        trainer.state.load(meta)
-        if rng is not None:
-            set_rng_state(rng)
+        _apply(trainer, model, optim, meta, load(rng_file) if has_rng else None)
+
+    def _keep_start(self, trainer: Trainer, step: int | None) -> None:
+        """The state training starts from is the first host copy (a fresh start's: not on disk)."""
+        if self.host_copy:
+            self.committed = HostCopy(step or 0, snapshot(self._state(trainer), self._buffers[self._slot]),
+                                      step is not None)
+            self._slot ^= 1
+
+    def restore_from_host(self, trainer: Trainer) -> HostCopy:
+        """Back to the last committed state from this rank's host copy, reading nothing from storage;
+        a save in flight is dropped uncommitted."""
+        assert self.committed is not None, "restore() keeps the first host copy"
+        self.writer.abandon()
+        self._in_flight = None
+        files = self.committed.files
+        trainer.optimizer.zero_grad(set_to_none=True)
+        # Copies: load_state_dict keeps CPU tensors as given (and pops keys), so the steps that follow
+        # would change the host copy itself.
+        _apply(trainer, files["model.pt"], snapshot(files["optim.pt"]), snapshot(files["trainer.pt"]),
+               files[f"rng-rank{self.dist.rank}.pt"])
+        trainer.stop_requested = False
+        if self.committed.on_disk:
+            self.resumed_step = self.committed.step
+        return self.committed
 
     # --------------------------------------------------------------- saving
 
-    def _files(self, trainer: Trainer) -> dict[str, Any]:
-        files: dict[str, Any] = {f"rng-rank{self.dist.rank}.pt": rng_state()}
-        if self.dist.is_main:
-            files["model.pt"] = trainer.raw_model.state_dict()
-            files["optim.pt"] = trainer.optimizer.state_dict()
-            files["trainer.pt"] = {
+    def _state(self, trainer: Trainer, whole: bool = True) -> dict[str, Any]:
+        """The live state as a save names it (not yet copied); without `whole`, this rank's rng only."""
+        state: dict[str, Any] = {f"rng-rank{self.dist.rank}.pt": rng_state()}
+        if whole:
+            state["model.pt"] = trainer.raw_model.state_dict()
+            state["optim.pt"] = trainer.optimizer.state_dict()
+            state["trainer.pt"] = {
                 **trainer.state.as_dict(),
                 "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
             }
-        return snapshot(files, self._buffers)
+        return state
+
+    def _files(self, trainer: Trainer) -> dict[str, Any]:
+        """This rank's files of a save. With a host copy every rank snapshots the whole state, kept
+        in memory once the save commits; rank 0 alone writes model, optimizer and trainer state."""
+        taken = snapshot(self._state(trainer, self.dist.is_main or self.host_copy), self._buffers[self._slot])
+        if self.host_copy:
+            self._in_flight = HostCopy(trainer.state.step, taken, True)
+        rng = f"rng-rank{self.dist.rank}.pt"
+        return taken if self.dist.is_main else {rng: taken[rng]}
 
     def _commit(self) -> None:
         step = self.writer.step
@@ -205,8 +263,12 @@ class Resilience:
                     commit_error = str(exc)
             commit_error = self._from_main(commit_error)
             errors = [commit_error] if commit_error else []
+        self._in_flight, in_flight = None, self._in_flight
         if errors:
             raise CheckpointError(errors[0])
+        if in_flight is not None:  # the committed state is now the host copy; the older one's memory is free
+            self.committed = in_flight
+            self._slot ^= 1
         if self.dist.is_main:
             print(f"slurmkit: checkpoint step-{step} committed", flush=True)
 

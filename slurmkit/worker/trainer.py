@@ -138,10 +138,7 @@ class Trainer:
         self.device = torch.device(dist.device_str)
         self.raw_model = model.to(self.device)
         self.model: nn.Module = self.raw_model
-        if dist.world_size > 1:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.model = DistributedDataParallel(self.raw_model, device_ids=ids)
-        self.agreement = agreement.Agreement(self.model, dist.world_size)
+        self.wrap()
         self.optimizer, self.scheduler, self.loss_fn = optimizer, scheduler, loss_fn
         self.metrics = metrics or MetricsWriter(None, False)
         self.hooks = hooks or []
@@ -156,6 +153,19 @@ class Trainer:
         if len(self.loader) == 0:
             raise ValueError(f"dataset of {len(dataset)} (per rank {len(self.sampler)}) "  # type: ignore[arg-type]
                              f"is smaller than one micro-batch of {options.micro_batch}")
+
+    def wrap(self) -> None:
+        """DDP over the current process group, with the agreement riding on its gradients; called
+        again after a warm restart rebuilt the group (the old wrapper holds the old one)."""
+        if self.dist.world_size > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.model = DistributedDataParallel(self.raw_model, device_ids=ids)
+        self.agreement = agreement.Agreement(self.model, self.dist.world_size)
+
+    def unwrap(self) -> None:
+        """Drop the DDP wrapper, which holds the process group: a warm restart aborts the group next."""
+        self.model = self.raw_model
+        self.agreement = agreement.Agreement(self.raw_model, 1)
 
     @property
     def global_batch(self) -> int:

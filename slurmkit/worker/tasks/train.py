@@ -67,6 +67,26 @@ def _inject(step: int) -> Any:
     return hook
 
 
+def _transient(steps: list[int], dist: Dist, run_dir: str | None) -> Any:
+    """The last rank raises once at each step: a marker in the run folder (else this process's
+    memory) says it has fired, whatever restarts follow."""
+    fired: set[int] = set()
+
+    def hook(trainer: Trainer, record: dict[str, Any]) -> None:
+        step = trainer.state.step
+        if step not in steps or step in fired or dist.rank != dist.world_size - 1:
+            return
+        fired.add(step)
+        if run_dir:
+            marker = RunPaths(Path(run_dir)).injected_marker(step)
+            if marker.exists():
+                return
+            marker.touch()
+        raise InjectedError(f"injected transient error at step {step} on rank {dist.rank}")
+
+    return hook
+
+
 def _hold(step: int, life: lifecycle.Lifecycle) -> Any:
     def hook(trainer: Trainer, record: dict[str, Any]) -> None:
         res = life.resilience
@@ -96,6 +116,8 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
         trainer.hooks.append(startup.first_step_hook)
         if cfg.inject_error_at_step:
             trainer.hooks.append(_inject(cfg.inject_error_at_step))
+        if cfg.inject_transient_error_at_steps:
+            trainer.hooks.append(_transient(cfg.inject_transient_error_at_steps, dist, run_dir))
         if cfg.inject_hold_at_step:
             trainer.hooks.append(_hold(cfg.inject_hold_at_step, life))
         if dist.is_main:
@@ -105,7 +127,7 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
         sampler = _gpu_sampler(cfg, dist, run_dir)
         t0 = time.perf_counter()
         try:
-            summary = trainer.fit()
+            summary = life.fit(trainer)
             life.finish()
         finally:
             life.close()

@@ -1,0 +1,139 @@
+"""Warm restart: after an exception that every rank's process survives, training restarts inside
+the processes, with their imports, model code and data kept. Only the process group is rebuilt,
+and the last committed state comes back from each rank's host copy (Resilience.host_copy).
+
+The protocol runs over the store the group was built on (slurmkit.worker.dist.Group), which
+outlives it. For generation g:
+1. A rank that raised aborts its group (Group.abort: its sockets to the peers are shut). A peer
+   blocked in a gloo collective with it fails at once ("Connection closed by peer", measured:
+   1 ms), raises in turn and does the same, so the failure reaches every rank however their
+   collectives are chained.
+2. Each rank reports its error line under warm/g/rank<r> in the store.
+3. Rank 0 waits for every report (at most `report_wait_s`), decides with the requeue policy
+   (requeue.restart_warm: the deterministic-error rule, requeue.in_job, requeue.crash) and writes
+   warm/g/decision.
+4. On "restart" every rank builds generation g+1 on the same store, wraps the model in a new DDP
+   and restores from its host copy. Otherwise every rank re-raises its error: the srun step fails
+   and the batch shell restarts in the job with new processes (cold) or requeues.
+
+A rank whose process died never reports: srun's --kill-on-bad-exit ends the step meanwhile (the
+cold path). NCCL is left to the cold path too: its collectives do not fail when a peer closes its
+communicator, they wait for the timeout, and aborting them needs a monitor thread per rank.
+Single-rank runs have no group of their own: a new srun step restarts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slurmkit.common import outcomes
+from slurmkit.worker.dist import Dist
+from slurmkit.worker.trainer import Trainer
+
+RESTART = "restart"
+POLL_S = 0.02
+REPORT_FLOOR_S = 10.0
+DECISION_S = 30.0  # rank 0's policy call: a run.json lock on a shared filesystem
+
+
+@dataclass(frozen=True)
+class Report:
+    """One rank's side of a failure."""
+
+    rank: int
+    error: str
+    """The error's last exception line (outcomes.Outcome.error_line: what the batch shell would read)."""
+    peer_failed: bool
+    """A collective lost its peer: a consequence of another rank's failure."""
+
+
+def report_of(rank: int, error: BaseException) -> Report:
+    outcome = outcomes.Outcome(outcomes.ERROR, 1, error="".join(traceback.format_exception(error)))
+    return Report(rank, outcome.error_line, outcome.peer_failed)
+
+
+def cause_of(reports: list[Report]) -> tuple[str | None, str]:
+    """(signature, detail): the first rank that raised by itself, as the batch shell reads outcomes."""
+    own = next((r for r in reports if not r.peer_failed), None)
+    if own is None:
+        return None, f"a collective lost its peer on rank(s) {','.join(str(r.rank) for r in reports)}"
+    return own.error, f"rank {own.rank}: {own.error}"
+
+
+Decide = Callable[[list[Report]], str | None]
+"""Rank 0's policy on every rank's report: the line that says a warm restart happens, or None."""
+
+
+def _poll(check: Callable[[], bool], timeout_s: float, beat: Callable[[], None]) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        beat()  # waiting on peers here is not a hang
+        time.sleep(POLL_S)
+    return True
+
+
+def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: Callable[[], None]) -> bool:
+    """Steps 1-3 on this rank: True when every rank is to restart in the process."""
+    group = dist.group
+    assert group is not None
+    group.abort()
+    prefix = f"slurmkit/warm/{group.generation}/"
+    store = group.store
+    store.set(f"{prefix}rank{dist.rank}", json.dumps(dataclasses.asdict(mine)))
+    keys = [f"{prefix}rank{r}" for r in range(dist.world_size)]
+    if dist.is_main:
+        if _poll(lambda: bool(store.check(keys)), report_wait_s, beat):
+            reports = [Report(**json.loads(store.get(k))) for k in keys]
+            line = decide(reports)
+        else:
+            missing = [str(r) for r, k in enumerate(keys) if not store.check([k])]
+            line = None
+            print(f"slurmkit: no warm restart: rank(s) {','.join(missing)} did not report within "
+                  f"{report_wait_s:.0f} s", flush=True)
+        store.set(f"{prefix}decision", RESTART if line else "cold")
+        if line:
+            print(f"slurmkit: {line}", flush=True)
+        return line is not None
+    try:
+        if not _poll(lambda: bool(store.check([f"{prefix}decision"])), report_wait_s + DECISION_S, beat):
+            return False
+        return bool(store.get(f"{prefix}decision") == RESTART.encode())
+    except Exception:  # noqa: BLE001 - rank 0's store is gone (its process died): the cold path
+        return False
+
+
+def rebuild(trainer: Trainer) -> None:
+    """Step 4's group and DDP: the next generation over the same store."""
+    group = trainer.dist.group
+    assert group is not None
+    group.rebuild()
+    trainer.wrap()
+
+
+def report_wait_s(median_step_s: float) -> float:
+    """How long rank 0 waits for the others' reports: a peer busy computing reaches its next
+    collective within a step or so."""
+    return max(REPORT_FLOOR_S, 3 * median_step_s)
+
+
+def possible(dist: Dist) -> bool:
+    """A group of this process's own on gloo: the protocol can run (see the module's docstring)."""
+    return dist.group is not None and dist.backend == "gloo"
+
+
+def first_step_hook(failed_at: float, restored: Any) -> Callable[[Trainer, dict[str, Any]], None]:
+    """The first step back carries what the warm restart took (the report and benchmarks read it)."""
+    def hook(trainer: Trainer, record: dict[str, Any]) -> None:
+        record["warm_restart"] = {"failed_at": round(failed_at, 3), "resumed_step": restored,
+                                  "back_s": round(time.time() - failed_at, 3)}
+        trainer.hooks.remove(hook)
+
+    return hook
