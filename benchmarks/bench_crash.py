@@ -1,13 +1,18 @@
-"""Crash recovery on the dev cluster (2 nodes x 1 rank, gloo): an in-job restart against a requeue.
+"""Crash recovery on the dev cluster (2 nodes x 1 rank, gloo): warm and cold in-job restarts against a requeue.
 
-Two runs of the same training, in the same session: one with the profile's in-job restarts
-(`requeue.in_job: 2`), one with none (`requeue.in_job: 0`, every crash a requeue, as before). In
-each, every rank is SIGABRTed at a random step (`scancel --signal=ABRT JOB`, which signals the
-job's steps, not its batch shell; `--signal=KILL` would cancel the whole job), `--crashes`
-times. Recovery is the time from the kill to the end of the first step of the restarted ranks
-(its metrics record, which carries `startup`). The figure is the ratio requeue / in-job, and each
-path's recovery against the floor measured in the same run: two bare processes importing torch
-and torch._dynamo at once, as the two ranks do.
+Three runs of the same training, in the same session:
+- warm: the last rank raises at random steps (`config.inject_transient_error_at_steps`), its process
+  and its peer's live on, and both restart in the process from their host copies
+  (slurmkit.worker.warm). The fault time is rank 0's catch of the failure (`warm_restart.failed_at`
+  of the first step back, about 1 ms after the raise);
+- cold: every rank is SIGABRTed at a random step (`scancel --signal=ABRT JOB`, which signals the
+  job's steps, not its batch shell; `--signal=KILL` would cancel the whole job), and the batch
+  shell starts a new srun step (`requeue.in_job: 2`);
+- requeue: the same SIGABRTs with `requeue.in_job: 0`: every crash goes through Slurm's queue.
+`--crashes` faults a run. Recovery is the time from the fault to the end of the first step back
+(its metrics record: `warm_restart`, or `startup` for a new process). The figures are requeue /
+warm, requeue / cold, and each path against the floor measured in the same run: two bare
+processes importing torch and torch._dynamo at once, as the two ranks of a new step do.
 
 Usage: python benchmarks/bench_crash.py [--crashes 2] [--steps 400]
 """
@@ -54,17 +59,27 @@ def first_step_after(paths: RunPaths, t: float) -> float | None:
                 None)
 
 
-def one_run(tmp: Path, in_job: int, crashes: int, steps: int, rng: random.Random) -> dict[str, Any]:
-    profile = tmp / f"p{in_job}.yaml"
+def warm_backs(paths: RunPaths) -> list[float]:
+    """Fault to the end of the first step back, of each warm restart."""
+    return [float(r["time"]) - float(r["warm_restart"]["failed_at"])
+            for r in iter_records(paths.metrics) if "warm_restart" in r]
+
+
+def one_run(tmp: Path, path: str, crashes: int, steps: int, rng: random.Random) -> dict[str, Any]:
+    in_job = 0 if path == "requeue" else crashes
+    profile = tmp / f"{path}.yaml"
     profile.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(tmp / "runs"),
                                        "requeue": {"crash": crashes + 1, "in_job": in_job}}))
     sets = ["resources.nodes=2", "resources.tasks_per_node=1", f"config.steps={steps}", "config.checkpoint_every=20",
             "config.batch_size=8", "config.log_every=20"]
+    if path == "warm":
+        at = sorted(rng.sample(range(40, steps - 40, 40), crashes))
+        sets += [f"config.inject_transient_error_at_steps=[{','.join(str(s + rng.randint(1, 19)) for s in at)}]"]
     sub = jobs.submit(resolve("examples/train_gpt.yaml", str(profile), sets))
     assert sub.job_id
     paths = RunPaths(Path(sub.run_dir))
     recoveries: list[float] = []
-    for k in range(crashes):
+    for k in range(0 if path == "warm" else crashes):
         target = last_step(paths) + rng.randint(20, 60)
         while last_step(paths) < target:
             time.sleep(0.05)
@@ -75,12 +90,15 @@ def one_run(tmp: Path, in_job: int, crashes: int, steps: int, rng: random.Random
                 raise SystemExit(f"the run ended instead of restarting: {jobs.run_state(paths).state}")
             time.sleep(0.2)
         recoveries.append(back - killed)
-        print(f"in_job={in_job} crash {k + 1}: back after {back - killed:.1f} s", file=sys.stderr, flush=True)
+        print(f"{path} crash {k + 1}: back after {back - killed:.1f} s", file=sys.stderr, flush=True)
     state = jobs.wait(paths, timeout_s=600).state
     restarts = RunRecord(paths).read().get("restarts", [])
     assert state == "COMPLETED", state
     assert [r["cause"] for r in restarts] == ["crash"] * crashes, restarts
-    return {"recovery_s": [round(x, 2) for x in recoveries], "median_s": round(statistics.median(recoveries), 2),
+    if path == "warm":
+        recoveries = warm_backs(paths)
+        assert len(recoveries) == crashes and all(r.get("warm") for r in restarts), restarts
+    return {"recovery_s": [round(x, 3) for x in recoveries], "median_s": round(statistics.median(recoveries), 3),
             "in_job_restarts": sum(1 for r in restarts if r.get("in_job")),
             "incarnations": len(goodput.incarnations([sub.job_id]))}
 
@@ -94,13 +112,14 @@ def main() -> None:
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="bench-crash-"))
     floor = import_floor_s()
-    in_job = one_run(tmp, args.crashes, args.crashes, args.steps, rng)
-    requeue = one_run(tmp, 0, args.crashes, args.steps, rng)
+    runs = {path: one_run(tmp, path, args.crashes, args.steps, rng) for path in ("warm", "cold", "requeue")}
+    medians = {path: run["median_s"] for path, run in runs.items()}
     print(json.dumps({
-        "crashes": args.crashes, "import_floor_s": round(floor, 2),
-        "in_job": in_job, "requeue": requeue,
-        "requeue_over_in_job": round(requeue["median_s"] / in_job["median_s"], 2),
-        "in_job_over_floor": round(in_job["median_s"] / floor, 2),
+        "crashes": args.crashes, "import_floor_s": round(floor, 2), **runs,
+        "requeue_over_warm": round(medians["requeue"] / medians["warm"], 1),
+        "requeue_over_cold": round(medians["requeue"] / medians["cold"], 2),
+        "warm_over_floor": round(medians["warm"] / floor, 3),
+        "cold_over_floor": round(medians["cold"] / floor, 2),
     }, indent=1))
 
 
