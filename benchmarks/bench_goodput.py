@@ -1,21 +1,24 @@
 """Goodput under repeated preemption on the dev cluster (2 nodes x 1 rank, gloo, ~1 s steps).
 
-A preemption is injected after every ~60 s of RUNNING time, one of two ways (--mode):
+A fault is injected after every ~60 s of RUNNING time, one of three ways (--mode):
 - usr2: the signal Slurm sends before a limit, by hand (scancel --signal=USR2);
 - partition: real Slurm preemption, a plain 2-node `sbatch -p urgent --exclusive` job that needs
-  the run's nodes (the dev cluster's debug partition: PreemptMode=REQUEUE, GraceTime=20 s).
+  the run's nodes (the dev cluster's debug partition: PreemptMode=REQUEUE, GraceTime=20 s);
+- crash: the last rank raises at a step of every ~60 s (`config.inject_transient_error_at_steps`,
+  at `--step-s` seconds a step, as measured here), and the ranks restart warm, in their processes.
 Runtime goodput = productive step time / time the job was RUNNING (sacct, every incarnation);
 queue wait is reported apart. The baseline is the usual submitit + DDP pattern measured on the
 same cluster (shared/notes/preemption-facts.md): 0.81. Also reported: seconds from the signal to
 the job's exit (final save included), and from RUNNING again to the first step.
 
-Usage: python benchmarks/bench_goodput.py [--mode usr2|partition] [--steps 240] [--every 60] [--interval 20]
+Usage: python benchmarks/bench_goodput.py [--mode usr2|partition|crash] [--steps 240] [--every 60] [--interval 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import tempfile
@@ -34,17 +37,23 @@ BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a pre
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["usr2", "partition"], default="usr2")
+    parser.add_argument("--mode", choices=["usr2", "partition", "crash"], default="usr2")
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--every", type=float, default=60.0, help="seconds of RUNNING between preemptions")
     parser.add_argument("--interval", type=int, default=20, help="checkpoint_every (steps)")
+    parser.add_argument("--step-s", type=float, default=0.9, help="--mode crash: the step time the fault steps assume")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-goodput-"))
+    # Budgets for every fault of the run: what is measured is the cost of each, not the policy's end.
     (tmp / "p.yaml").write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(tmp / "runs"),
-                                                "resources": {"time": "00:30:00"}}))
+                                                "resources": {"time": "00:30:00"},
+                                                "requeue": {"preemption": 50, "crash": 50, "in_job": 50}}))
     sets = ["resources.nodes=2", "resources.tasks_per_node=1", f"config.steps={args.steps}",
             f"config.checkpoint_every={args.interval}", "config.d_model=512", "config.n_layer=3",
             "config.n_head=8", "config.seq_len=128", "config.batch_size=16", "config.log_every=20"]
+    if args.mode == "crash":
+        at = crash_steps(args.steps, args.every, args.step_s)
+        sets.append(f"config.inject_transient_error_at_steps=[{','.join(map(str, at))}]")
     sub = jobs.submit(resolve("examples/train_gpt.yaml", str(tmp / "p.yaml"), sets))
     paths = RunPaths(Path(sub.run_dir))
     assert sub.job_id
@@ -53,7 +62,7 @@ def main() -> None:
     while True:
         state = jobs.run_state(paths).state
         now = time.time()
-        if state == "RUNNING":
+        if state == "RUNNING" and args.mode != "crash":
             running_since = running_since or now
             if now - running_since >= args.every:
                 preempt(args.mode, sub.job_id)
@@ -76,7 +85,10 @@ def main() -> None:
     runtime_goodput = gp.productive_s / running if running else 0.0
     lost_steps = [r.get("lost_steps") for r in RunRecord(paths).read().get("restarts", [])]
     print(json.dumps({
-        "mode": args.mode, "lost_steps": lost_steps, "steps": args.steps, "preemptions": len(signals),
+        "mode": args.mode, "lost_steps": lost_steps, "steps": args.steps,
+        "faults": len(signals) if args.mode != "crash" else len(lost_steps),
+        "warm_restarts": sum(1 for r in RunRecord(paths).read().get("restarts", []) if r.get("warm")),
+        "checkpoint_every": args.interval,
         "incarnations": len(incs), "final": incs[-1].state,
         "running_s": round(running, 1), "productive_s": round(gp.productive_s, 1),
         "runtime_goodput": round(runtime_goodput, 3), "baseline_goodput": BASELINE_GOODPUT,
@@ -86,6 +98,13 @@ def main() -> None:
         "median_step_s": round(acc.typical, 3),
         "restart_phases_median_s": phase_medians(startups),
     }, indent=1))
+
+
+def crash_steps(steps: int, every_s: float, step_s: float) -> list[int]:
+    """A step of every ~`every_s` seconds at `step_s` a step, each at a random offset."""
+    per = max(2, round(every_s / step_s))
+    rng = random.Random(0)
+    return [k + rng.randint(-per // 10, per // 10) for k in range(per, steps - per // 2, per)]
 
 
 def preempt(mode: str, job_id: str) -> None:

@@ -4,9 +4,10 @@
 - productive: the step time of every step that counts (the last execution of each step);
 - lost, split into: queue wait (between incarnations: one ending -> the next running; the wait
   before the first start is not counted, the run had not begun), restart overhead (running ->
-  the first step of that incarnation), recomputed steps (steps run again after a restart), checkpoint
-  stalls (time a step waited on a save), and the rest (final save, exit, evaluation, teardown, and
-  in-job restarts: a new srun step inside an incarnation is not told apart from its steps yet).
+  the first step of that incarnation; and for an in-job restart, a new srun step or a warm restart
+  inside an incarnation, from the step before it to its first step), recomputed steps (steps run
+  again after a restart), checkpoint stalls (time a step waited on a save), and the rest (final
+  save, exit, evaluation, teardown).
 
 goodput = productive / wall. Incarnations come from one `sacct --duplicates` call for every job id.
 """
@@ -75,6 +76,9 @@ class Accountant:
         self.newest: dict[str, Any] | None = None
         self.oldest: dict[str, Any] | None = None
         self.useful = self.productive = self.stalls = 0.0
+        # An in-job restart's first record, until its older neighbour says when the failed step ended.
+        self._restarted: tuple[dict[str, Any], float, int] | None = None
+        self._in_job: list[tuple[float, dict[str, Any], float]] = []  # (gap, first record, its new part)
 
     def add(self, rec: dict[str, Any]) -> None:
         if "step" not in rec or "time" not in rec:
@@ -88,6 +92,14 @@ class Accountant:
         self.stalls += float(rec.get("ckpt_stall_s", 0.0))
         self._hist[_round(float(rec.get("step_s", 0.0)))] += n
         k = bisect.bisect_right(self._starts, float(rec["time"])) - 1 if self._started else 0
+        if self._restarted is not None:
+            first, first_new, first_k = self._restarted
+            self._restarted = None
+            if first_k == k:  # else it was its incarnation's first start, counted as such
+                self._in_job.append((max(0.0, float(first["time"]) - busy_s(first) - float(rec["time"])),
+                                     first, first_new))
+        if "startup" in rec or "warm_restart" in rec:  # the first step of a process, or of a warm restart
+            self._restarted = (rec, new, k)
         if k >= 0:  # a step that ended before the first incarnation started belongs to none
             seen = self._earliest.get(k)
             if seen is None or float(rec["time"]) <= float(seen[0]["time"]):
@@ -149,6 +161,16 @@ class Accountant:
             out.append(max(0.0, began - (inc.start or began)) + max(0.0, busy_s(rec) - typical))
         return out
 
+    def in_job_overheads(self) -> list[float]:
+        """For each in-job restart, oldest first: seconds from the end of the last step before it
+        until training is back at speed (its first step began, plus that step's excess)."""
+        typical = self.typical
+        return [gap + max(0.0, busy_s(rec) - typical) for gap, rec, _ in reversed(self._in_job)]
+
+    def _first_steps(self) -> list[tuple[dict[str, Any], float]]:
+        """The first record of every start, incarnation or in-job, with its new part."""
+        return [*(self._earliest[k] for k in sorted(self._earliest)), *((rec, new) for _, rec, new in self._in_job)]
+
     def result(self, now: float | None = None) -> Goodput:
         """Split the wall time of the run into productive and lost time."""
         now = now or time.time()
@@ -157,13 +179,13 @@ class Accountant:
             return Goodput(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
         wall = max(max((i.end or now) for i in started) - (started[0].start or 0.0), 1e-9)
         typical, useful, productive = self.typical, self.useful, self.productive
-        for rec, new in (self._earliest[k] for k in sorted(self._earliest)):
+        for rec, new in self._first_steps():
             if steps_of(rec) == 1:  # a first step's warm-up beyond a typical step is restart cost
                 excess = max(0.0, busy_s(rec) - typical)
                 useful, productive = useful - excess, productive - new * excess
         queue = sum(max(0.0, (b.start or 0.0) - (a.end or b.start or 0.0)) for a, b in zip(started, started[1:],
                                                                                              strict=False))
-        restart = sum(self.restart_overheads())
+        restart = sum(self.restart_overheads()) + sum(self.in_job_overheads())
         recomputed = useful - productive
         other = wall - productive - recomputed - self.stalls - queue - restart
         steps = sum(b - a + 1 for a, b in self._covered)

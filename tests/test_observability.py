@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -82,6 +83,22 @@ def test_goodput_counts_a_slow_first_step_after_a_restart_as_restart_overhead() 
     # began at 21 (1 s after running), +2 s slow
     assert goodput.of_records(steps, incs).restart_overheads() == [1.0 + 2.0]
     assert gp.productive_s == 4.0 and gp.restart_overhead_s == 3.0 and gp.recomputed_s == 0.0
+
+
+def test_goodput_counts_an_in_job_restart_from_the_step_before_it_as_restart_overhead() -> None:
+    # One incarnation; the ranks fail after step 4 (its record at 15), a new srun step's first step
+    # (a new process: `startup`) resumes at step 3, begins at 19 and takes 3 s; later a warm restart's
+    # first step (`warm_restart`) resumes at step 5 and begins 0.5 s after step 6 ended.
+    incs = [Incarnation("7", 0.0, 10.0, 40.0, "COMPLETED", "node1")]
+    rows: list[tuple[int, float, float, dict[str, Any]]] = [
+        (1, 12.0, 1.0, {"startup": {}}), (2, 13.0, 1.0, {}), (3, 14.0, 1.0, {}), (4, 15.0, 1.0, {}),
+        (3, 22.0, 3.0, {"startup": {}}), (4, 23.0, 1.0, {}), (5, 24.0, 1.0, {}), (6, 25.0, 1.0, {}),
+        (5, 26.5, 1.0, {"warm_restart": {}}), (6, 27.5, 1.0, {}), (7, 28.5, 1.0, {})]
+    steps = [{"step": s, "time": t, "step_s": d, **extra} for s, t, d, extra in rows]
+    acc = goodput.of_records(steps, incs)
+    assert acc.restart_overheads() == [] and acc.in_job_overheads() == [4.0 + 2.0, 0.5]
+    gp = acc.result()
+    assert gp.restart_overhead_s == 6.5 and gp.productive_s == 7.0 and gp.recomputed_s == 4.0
 
 
 def test_report_of_a_local_run_draws_a_png(tmp_path: Path, local_profile: Path) -> None:
