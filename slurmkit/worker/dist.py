@@ -81,7 +81,7 @@ def rank_env(denv: DistEnv) -> dict[str, str]:
 
 class Group:
     """The default process group over a store of its own, which outlives it: a warm restart
-    (slurmkit.worker.warm) destroys the group and builds the next generation on the same store
+    (slurmkit.worker.warm) aborts the group and builds the next generation on the same store
     (a new key prefix), with no new rendezvous port. Rank 0's process hosts the store."""
 
     def __init__(self, denv: DistEnv, backend: str, device: Any, timeout: dt.timedelta) -> None:
