@@ -173,7 +173,7 @@ def render(inp: RenderInput) -> str:
         "profile": resolved.profile,
         "r": resolved.resources,
         "alloc_nodes": resolved.alloc_nodes,
-        "step_tasks": resolved.num_tasks,
+        "shrinks": resolved.shrinks,
         "node_gpus": resolved.node_gpus,
         "files": inp.files,
         "array": inp.array,

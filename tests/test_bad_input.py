@@ -219,4 +219,9 @@ def test_spare_nodes_off_slurm_or_with_torchrun_or_a_negative_count_is_one_line(
     assert "spare_nodes with launcher torchrun" in out.stderr and "valid: 0, or launcher srun" in out.stderr
     out = refused(["render", str(spec), "-p", str(slurm), "--set", "resources.spare_nodes=-1"])
     assert "--set:resources.spare_nodes: Input should be greater than or equal to 0" in out.stderr
+    out = refused(["submit", str(spec), "-p", str(profile(tmp_path)), "--set", "resources.elastic=true"])
+    assert ":resources.elastic: elastic on the local executor" in out.stderr and "valid: false here" in out.stderr
+    out = refused(["render", str(spec), "-p", str(slurm), "--set", "resources.elastic=true",
+                   "--set", "launcher=torchrun"])
+    assert "elastic with launcher torchrun" in out.stderr
     assert nothing_under(tmp_path / "runs")

@@ -35,6 +35,7 @@ SETS = ["resources.nodes=2", "resources.tasks_per_node=1", f"config.steps={STEPS
 # A metrics record every 5 steps, for tests that signal a rank at a step: the signal lands where it
 # is aimed, not at the next record (one a second by default: near step 100, its save in flight).
 FINE_LOG = ("config.log_every=5", "config.log_min_interval_s=0")
+ELASTIC_RTOL, ELASTIC_ATOL = 1e-3, 1e-5  # measured: see docs/fault-tolerance.md, "Elastic runs"
 
 
 def start(profile: Path, *extra: str) -> tuple[RunPaths, str]:
@@ -110,7 +111,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert finish(paths) == "COMPLETED"
     result: dict[str, Any] = jobs.result(paths)
     assert result["restarts"] == 0 and executed_steps(paths.metrics) == list(range(1, STEPS + 1))
-    return result
+    return {**result, "checkpoints": paths.checkpoints}
 
 
 def test_preemption_signal_saves_at_the_step_resumes_and_reports_both_segments(
@@ -231,6 +232,33 @@ def test_a_node_set_down_with_a_spare_continues_on_the_spare_without_a_requeue(
     assert (entry["in_job"], entry["nodes_lost"], entry["exclude"]) == (1, ["node2"], [])
     assert incarnations(job) == ["COMPLETED"]  # no requeue: one incarnation in sacct
     assert step_nodes(job) == {f"{job}.0": "node[1-2]", f"{job}.1": "node[1,3]"}  # the spare took node2's rank
+
+
+def test_a_node_set_down_in_an_elastic_run_goes_on_with_the_node_left_and_the_same_global_batch(
+        cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    """No spare: with resources.elastic the job keeps node1 (--no-kill) and the ranks start again on
+    it alone, one rank taking the whole global batch of 8."""
+    import torch
+
+    paths, job = start(dev_profile, "resources.elastic=true", *FINE_LOG)
+    wait_step(paths, 75)
+    try:
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=DOWN", "Reason=fault-test"], check=True)
+        assert finish(paths) == "COMPLETED", jobs.failing_rank_tail(paths, job)
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False, capture_output=True)
+    result = jobs.result(paths)
+    assert (result["world_size"], result["global_batch"]) == (1, reference["global_batch"]) == (1, 8)
+    (entry,) = RunRecord(paths).read()["restarts"]
+    assert (entry["cause"], entry["in_job"], entry["nodes_lost"], entry["nodes"]) == ("node_failure", 1, ["node2"], 1)
+    assert incarnations(job) == ["COMPLETED"]  # no requeue
+    assert step_nodes(job) == {f"{job}.0": "node[1-2]", f"{job}.1": "node1"}
+    # The same samples each step, their gradients summed in another order: close, not bitwise.
+    assert len(executed_steps(paths.metrics)) - STEPS <= EVERY
+    final = torch.load(paths.checkpoints / f"step-{STEPS}" / "model.pt", weights_only=True)
+    ref = torch.load(Path(reference["checkpoints"]) / f"step-{STEPS}" / "model.pt", weights_only=True)
+    for name, tensor in ref.items():
+        torch.testing.assert_close(final[name], tensor, rtol=ELASTIC_RTOL, atol=ELASTIC_ATOL)
 
 
 def incarnations(job: str) -> list[str]:

@@ -63,9 +63,15 @@ def test_spare_nodes_allocate_more_and_each_step_runs_on_the_ranks_nodes(tmp_pat
     script = render_profile(GOLDEN / "spec.yaml", "devcluster", ["resources.nodes=2", "resources.spare_nodes=1",
                                                                 "resources.tasks_per_node=2"])
     assert "#SBATCH --nodes=3" in script and "#SBATCH --no-kill" in script
-    assert 'srun --unbuffered --kill-on-bad-exit=1' in script and "--ntasks=4" in script
+    assert 'srun --unbuffered --kill-on-bad-exit=1' in script and '--ntasks="$(( SLURMKIT_STEP_NODES * 2 ))"' in script
     assert 'export SLURMKIT_STEP_NODES=2' in script and '"--exclude=$SLURMKIT_EXCLUDE"' in script
+    assert "export SLURMKIT_MIN_NODES=2" in script  # a spare or a requeue: never fewer nodes
     check_shell(script, tmp_path)
+    elastic = render_profile(GOLDEN / "spec.yaml", "devcluster", ["resources.nodes=2", "resources.elastic=true"])
+    assert "#SBATCH --nodes=2" in elastic and "#SBATCH --no-kill" in elastic
+    assert "export SLURMKIT_MIN_NODES=1" in elastic and "next step takes the nodes left" in elastic
+    assert 'read -r SLURMKIT_STEP_NODES SLURMKIT_EXCLUDE <<< "$SLURMKIT_NEXT"' in elastic
+    check_shell(elastic, tmp_path)
     plain = render_profile(GOLDEN / "spec.yaml", "devcluster", ["resources.nodes=2"])
     assert "--no-kill" not in plain and "SLURMKIT_STEP_NODES" not in plain and "#SBATCH --nodes=2" in plain
 
@@ -135,7 +141,7 @@ def test_spec_env_is_exported_quoted(tmp_path: Path) -> None:
 RAW_ALLOWED = {"line", "key", "profile.signal", "profile.signal_delay_s", "c.runtime", "profile.run_mode",
                "ray_port", "sweep.base | int", "(spec.ray.object_store_mb or 0) | int", "node_gpus | int",
                '("0027" if profile.run_mode == "group" else "0077")', "r.tasks_per_node | int", "torchrun_port",
-               "r.spare_nodes | int", "r.nodes | int"}
+               "r.nodes | int"}
 
 
 def test_raw_is_used_only_where_the_docs_say() -> None:

@@ -141,7 +141,7 @@ def test_a_lost_node_restarts_in_the_job_only_while_a_spare_is_left(tmp_path: Pa
     assert requeue._newly_lost(paths, "7", spare) == ["node2"]
     decision = requeue.restart_in_job(paths, "7", "node_failure", 40, "lost node2", spare, ["node2"])
     assert decision is not None and decision.startswith(requeue.IN_JOB)
-    assert requeue.step_exclude(paths, "7") == ["node4"]  # the batch shell's srun --exclude
+    assert requeue.next_step(paths, "7") == (2, ["node4"])  # the batch shell's srun --nodes and --exclude
     assert requeue._newly_lost(paths, "7", spare) == []  # node2 is not lost a second time
     monkeypatch.setenv("SLURMKIT_ATTEMPT", "1")
     gone = Allocation(spare.started, ("node1", "node4"), ("node4",), 2)
@@ -208,3 +208,16 @@ def test_a_refused_warm_restart_leaves_the_failure_to_the_batch_shell(tmp_path: 
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     assert requeue.restart_warm(paths, "7", 75, "ValueError: x", "rank 1: ValueError: x", 50) is None
     assert "failures" not in RunRecord(paths).read() and "final" not in RunRecord(paths).read()
+
+
+def test_an_elastic_job_that_lost_a_node_goes_on_with_the_nodes_left(tmp_path: Path, monkeypatch: Any) -> None:
+    paths = _run(tmp_path, profile={"requeue": {"node_failure": 3, "in_job": 2}})
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
+    left = Allocation(("node1", "node2"), ("node1",), (), 2, least=1)  # elastic: a step may run on 1
+    assert (left.lost, left.fits, left.step_nodes) == (["node2"], True, 1)
+    assert not Allocation(("node1", "node2"), ("node1",), (), 2).fits  # not elastic: a requeue
+    decision = requeue.restart_in_job(paths, "7", "node_failure", 40, "lost node2", left, ["node2"])
+    assert decision is not None and decision.startswith(requeue.IN_JOB)
+    assert requeue.next_step(paths, "7") == (1, [])
+    assert not Allocation(("node1", "node2"), (), (), 1, least=1).fits  # nothing left

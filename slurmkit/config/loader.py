@@ -49,6 +49,11 @@ class Resolved:
         return self.resources.nodes + (self.resources.spare_nodes or 0)
 
     @property
+    def shrinks(self) -> bool:
+        """The job outlives the loss of a node (--no-kill): a spare, or elastic, takes over."""
+        return bool(self.resources.spare_nodes or self.resources.elastic)
+
+    @property
     def node_gpus(self) -> int:
         """GPUs each node gets, however resources ask for them: gpus_per_node, gpus_per_task x
         tasks_per_node, or a gpu gres. The health gate, container GPU flags, pre-flight and Ray use it."""
@@ -299,22 +304,23 @@ def resolve_layers(layers: list[Layer], profile: ClusterProfile, profile_name: s
     if run_spec.launcher == "torchrun" and profile.executor != "slurm":
         raise ConfigError(f"launcher torchrun on the {profile.executor} executor", where=f"{layers[0][0]}:launcher",
                           valid="valid: srun here (local ranks start as processes); torchrun on a Slurm profile")
-    if resources.spare_nodes:
-        _check_spares(run_spec, profile, layers[0][0])
+    for name in ("spare_nodes", "elastic"):
+        if getattr(resources, name):
+            _check_shrinkable(run_spec, profile, f"{layers[0][0]}:resources.{name}", name)
     return Resolved(spec=run_spec, profile=profile, profile_name=profile_name, resources=resources,
                     spec_source=layers[0][0])
 
 
-def _check_spares(spec: RunSpec, profile: ClusterProfile, source: str) -> None:
-    """Spare nodes replace a lost node of srun's ranks, inside a Slurm allocation."""
-    where = f"{source}:resources.spare_nodes"
+def _check_shrinkable(spec: RunSpec, profile: ClusterProfile, where: str, name: str) -> None:
+    """Spare nodes and elastic runs start srun's ranks again on the nodes a Slurm allocation still holds."""
+    off = "0" if name == "spare_nodes" else "false"
     if profile.executor != "slurm":
-        raise ConfigError(f"spare_nodes on the {profile.executor} executor", where=where,
-                          valid="valid: 0 here; spare nodes on a Slurm profile")
+        raise ConfigError(f"{name} on the {profile.executor} executor", where=where,
+                          valid=f"valid: {off} here; {name} on a Slurm profile")
     if spec.ray is not None or spec.launcher != "srun":
         what = "ray" if spec.ray is not None else f"launcher {spec.launcher}"
-        raise ConfigError(f"spare_nodes with {what}", where=where,
-                          valid="valid: 0, or launcher srun without ray (its ranks restart on a spare)")
+        raise ConfigError(f"{name} with {what}", where=where,
+                          valid=f"valid: {off}, or launcher srun without ray (its ranks restart on the nodes left)")
 
 
 def profile_name(profile: str | None) -> str:

@@ -18,6 +18,10 @@ class Resources(Strict):
     spare_nodes: int | None = Field(None, ge=0)
     """Extra nodes allocated and kept idle (sbatch --nodes=nodes+spare_nodes --no-kill): when a node of
     the ranks fails, training starts again inside the job on a spare instead of a requeue."""
+    elastic: bool | None = None
+    """When a node of the ranks fails and no spare is left, go on inside the job on the nodes it still
+    holds (sbatch --no-kill; a `task: train` run keeps its global batch, each rank taking a larger
+    share) instead of a requeue (docs/fault-tolerance.md)."""
     tasks_per_node: int | None = Field(None, ge=1)
     """Ranks per node (sbatch --ntasks-per-node); usually one per GPU."""
     gpus_per_node: int | None = Field(None, ge=0)
@@ -39,7 +43,7 @@ class Resources(Strict):
     """Wall-clock limit, e.g. 90 (minutes), 1:30:00 (unquoted is fine) or 2-00:00:00 (sbatch --time)."""
 
 
-DEFAULT_RESOURCES = Resources(nodes=1, spare_nodes=0, tasks_per_node=1, gpus_per_node=0, cpus_per_task=1,
+DEFAULT_RESOURCES = Resources(nodes=1, spare_nodes=0, elastic=False, tasks_per_node=1, gpus_per_node=0, cpus_per_task=1,
                               time="00:30:00")
 
 

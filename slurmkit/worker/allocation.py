@@ -1,8 +1,9 @@
 """The allocation a batch shell holds between two srun steps of the ranks: which of its nodes can
 take the next step.
 
-A job with spare nodes (resources.spare_nodes: sbatch --nodes=N+K --no-kill, srun -N N) keeps its
-allocation when a node fails. Slurm takes the failed node out of the job: scontrol's NodeList
+A job with spare nodes (resources.spare_nodes: sbatch --nodes=N+K --no-kill, srun -N N) or an
+elastic one (resources.elastic: --no-kill, the next step on the nodes left) keeps its allocation
+when a node fails. Slurm takes the failed node out of the job: scontrol's NodeList
 shrinks, while the batch shell's SLURM_JOB_NODELIST still names it, and the node itself may be
 back IDLE at once (ReturnToService=2). So a lost node is one the job no longer holds, not one
 sinfo calls down (measured on the dev cluster, 22.05).
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 
 from slurmkit.common.slurm_env import expand_hostlist
 
-STEP_NODES_ENV = "SLURMKIT_STEP_NODES"  # the batch shell's: nodes one step of the ranks runs on
+STEP_NODES_ENV = "SLURMKIT_STEP_NODES"  # the batch shell's: nodes the last step of the ranks ran on
+MIN_NODES_ENV = "SLURMKIT_MIN_NODES"  # the fewest a step may run on: 1 when elastic, else all of them
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,9 @@ class Allocation:
     unusable: tuple[str, ...]
     """Held nodes that cannot run a step (down, drained, not responding)."""
     needed: int
-    """Nodes one step of the ranks runs on."""
+    """Nodes the last step of the ranks ran on: the next takes as many where it can."""
+    least: int | None = None
+    """The fewest nodes the next step may run on (elastic: 1); None: `needed`."""
 
     @property
     def lost(self) -> list[str]:
@@ -40,16 +44,23 @@ class Allocation:
     @property
     def fits(self) -> bool:
         """Whether a new step of the ranks can start here."""
-        return len(self.healthy) >= self.needed
+        return len(self.healthy) >= (self.needed if self.least is None else self.least)
+
+    @property
+    def step_nodes(self) -> int:
+        """Nodes the next step runs on: as many as before, fewer only where elastic allows."""
+        return min(self.needed, len(self.healthy))
 
 
 def read(job_id: str) -> Allocation:
-    """Ask Slurm (SlurmError if it cannot say). A job without spares never shrinks (a lost node
-    ends it), so only its nodes' states are asked."""
+    """Ask Slurm (SlurmError if it cannot say). A job without spares or elastic never shrinks (a
+    lost node ends it), so only its nodes' states are asked."""
     from slurmkit.slurm import commands
 
     started = tuple(expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", "")))
+    shrinks = STEP_NODES_ENV in os.environ
     needed = int(os.environ.get(STEP_NODES_ENV) or len(started))
-    held = tuple(commands.job_nodes(job_id)) if needed < len(started) else started
+    held = tuple(commands.job_nodes(job_id)) if shrinks else started
     unusable = tuple(commands.unusable_nodes(",".join(held))) if held else ()
-    return Allocation(started, held, unusable, needed)
+    least = os.environ.get(MIN_NODES_ENV)
+    return Allocation(started, held, unusable, needed, int(least) if least else None)

@@ -1,6 +1,7 @@
 """Requeue policy by cause, shared by rank 0 (preemption, timeout) and the batch shell (hang, crash).
-A crash, a hang or a lost node (with spare nodes) is first restarted inside the allocation (a new
-srun step), within the profile's requeue.in_job per incarnation; then it goes through the queue.
+A crash, a hang or a lost node (with spare nodes, or elastic) is first restarted inside the
+allocation (a new srun step, or for an exception the processes survive a warm restart in them),
+within the profile's requeue.in_job per incarnation; then it goes through the queue.
 
 The cause is what is known for sure: the marker the requester wrote before asking Slurm to
 requeue, or else what Slurm reports for the previous incarnation (sacct: NODE_FAIL, PREEMPTED,
@@ -303,7 +304,8 @@ def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, d
                    alloc: Allocation | None, lost: list[str] | None = None) -> str | None:
     """The batch shell, after a crash, hang or lost node: record an in-job restart if this
     incarnation has one left (the profile's requeue.in_job), the cause's budget allows it and the
-    allocation still has the nodes a step needs (a spare in place of a lost one); what was decided,
+    allocation still has the nodes a step needs (a spare in place of a lost one, or elastic: the
+    nodes left, recorded as `nodes`); what was decided,
     or None to go through the queue instead. The entry names the held nodes the next step leaves
     out (`exclude`) and the nodes lost (`nodes_lost`).
 
@@ -320,7 +322,7 @@ def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, d
         record.setdefault("restarts", []).append(
             {"n": outcomes.restart_count(), "in_job": attempt + 1, "job_id": job_id, "cause": cause,
              "detail": detail, "time": _now(), "step": step, "resumed_step": None, "lost_steps": None,
-             "exclude": list(alloc.unusable), "nodes_lost": lost or []})
+             "exclude": list(alloc.unusable), "nodes_lost": lost or [], "nodes": alloc.step_nodes})
         left = budget(record, cause) - spent(record, cause)
     return f"{IN_JOB} (attempt {attempt + 1}): {cause} ({detail}); {left} {cause} restart(s) left"
 
@@ -385,10 +387,11 @@ def _allocation(job_id: str) -> Allocation | None:
         return None
 
 
-def step_exclude(paths: RunPaths, job_id: str) -> list[str]:
-    """The held nodes the next step of the ranks leaves out: its in-job restart entry's."""
-    entries = _in_job_entries(RunRecord(paths).read(), job_id)
-    return list(entries[-1].get("exclude", [])) if entries else []
+def next_step(paths: RunPaths, job_id: str) -> tuple[int | None, list[str]]:
+    """The nodes the next step of the ranks runs on (None: as many as before) and the held nodes it
+    leaves out: its in-job restart entry's (a warm one starts no step)."""
+    entries = [e for e in _in_job_entries(RunRecord(paths).read(), job_id) if not e.get("warm")]
+    return (entries[-1].get("nodes"), list(entries[-1].get("exclude", []))) if entries else (None, [])
 
 
 def _requested_here(paths: RunPaths, job_id: str) -> str | None:
@@ -472,7 +475,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if decision.startswith(IN_JOB):
         print(f"slurmkit: ranks failed (exit {args.exit_code}); {decision}", file=sys.stderr, flush=True)
-        print(",".join(step_exclude(paths, job_id)))  # the batch shell's srun --exclude
+        nodes, exclude = next_step(paths, job_id)
+        # The batch shell's srun --nodes and --exclude (spare nodes, elastic).
+        print(nodes or os.environ.get(allocation.STEP_NODES_ENV, ""), ",".join(exclude))
         return IN_JOB_EXIT
     if decision == COMPLETED:
         print(f"slurmkit: srun exit {args.exit_code}, but every rank had finished its work; the run is complete",
