@@ -35,7 +35,7 @@ def test_unknown_keyword_lists_what_is_valid(local_profile: Path) -> None:
         slurmkit.Executor(profile=str(local_profile), node=2)
     line = str(err.value)
     assert "unknown keyword argument 'node'" in line and "did you mean 'nodes'" in line
-    assert "valid: nodes, spare_nodes, tasks_per_node" in line and "partition" in line and "\n" not in line
+    assert "valid: nodes, spare_nodes, elastic, tasks_per_node" in line and "partition" in line and "\n" not in line
 
 
 @pytest.mark.parametrize(("kw", "where"), [

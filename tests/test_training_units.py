@@ -114,3 +114,22 @@ def test_torchrun_ranks_inside_an_srun_step_are_torchrun_ranks(monkeypatch: pyte
     assert (env.master_addr, env.master_port, env.launcher, env.job_id) == ("n1", 29500, "torchrun", "31")
     assert dist.rank_env(env) == {"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "RANK": "5", "WORLD_SIZE": "8",
                                   "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+
+
+def test_a_step_sees_the_same_samples_whatever_the_number_of_ranks_sharing_its_global_batch() -> None:
+    """What an elastic shrink relies on: the Trainer's sampler and loader (shuffled, drop_last) give
+    step i of an epoch the same block of the permutation for 2 ranks x 4 as for 1 rank x 8."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    data = TensorDataset(torch.arange(101))
+
+    def steps(world: int) -> list[set[int]]:
+        loaders = [DataLoader(data, batch_size=8 // world, drop_last=True, sampler=DistributedSampler(
+            data, num_replicas=world, rank=r, shuffle=True, seed=3, drop_last=True)) for r in range(world)]
+        for loader in loaders:
+            loader.sampler.set_epoch(2)  # type: ignore[attr-defined]
+        return [set().union(*(b[0].tolist() for b in batches)) for batches in zip(*loaders, strict=True)]
+
+    two, one = steps(2), steps(1)
+    assert len(two) == len(one) == 12 and two == one
