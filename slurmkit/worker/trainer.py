@@ -163,9 +163,9 @@ class Trainer:
         self.agreement = agreement.Agreement(self.model, self.dist.world_size)
 
     def unwrap(self) -> None:
-        """Drop the DDP wrapper, which holds the process group: a warm restart aborts the group next."""
+        """Drop the DDP wrapper, which holds the process group: a warm restart aborts the group next
+        (and wrap() makes the next wrapper and its agreement)."""
         self.model = self.raw_model
-        self.agreement = agreement.Agreement(self.raw_model, 1)
 
     @property
     def global_batch(self) -> int:
