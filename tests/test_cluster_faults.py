@@ -337,20 +337,23 @@ def test_corrupt_newest_checkpoint_falls_back(cluster: None, dev_profile: Path, 
 
 def test_an_error_on_one_rank_restarts_warm_in_the_same_processes_twice(
         cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
-    """The last rank raises at steps 75 and 120 (its processes live on): both ranks restart in the
-    process from their host copies (steps 50 and 100), with no new srun step and no requeue."""
+    """The last rank raises in the forward of steps 75 and 120 (its processes live on): both ranks
+    restart in the process from their live state at the start of the failed step (74 and 119: no
+    step lost, nothing read from storage), with no new srun step and no requeue."""
     paths, job = start(dev_profile, "config.inject_transient_error_at_steps=[75,120]", *FINE_LOG)
     result = check(paths, reference)
     assert result["restart_causes"] == ["crash", "crash"] and result["warm_restarts"] == 2
     restarts = RunRecord(paths).read()["restarts"]
     assert [(r["in_job"], r["warm"], r["step"], r["resumed_step"], r["lost_steps"]) for r in restarts] == [
-        (1, True, 75, 50, 25), (2, True, 120, 100, 20)]
+        (1, True, 74, 74, 0), (2, True, 119, 119, 0)]
+    assert all(r["live"] for r in restarts)
     assert "injected transient error at step 75 on rank 1" in restarts[0]["detail"]
     firsts = [r for r in iter_records(paths.metrics) if "warm_restart" in r]
-    assert [(r["step"], r["warm_restart"]["resumed_step"]) for r in firsts] == [(51, 50), (101, 100)]
+    assert [(r["step"], r["warm_restart"]["resumed_step"]) for r in firsts] == [(75, 74), (120, 119)]
+    assert executed_steps(paths.metrics) == list(range(1, STEPS + 1))  # none ran twice
     assert not [r for r in iter_records(paths.metrics) if "startup" in r][1:]  # one process start per rank
     log = "\n".join(jobs.logs(paths, rank=0))
-    assert "warm restart: back at step 100 from host memory (committed), group generation 2" in log
+    assert "warm restart: back at step 119 from the live state (no step lost), group generation 2" in log
     assert incarnations(job) == ["COMPLETED"]
     from slurmkit import report
 

@@ -118,3 +118,97 @@ def test_the_host_copy_is_the_committed_state_not_the_save_in_flight_nor_what_tr
 def _exp_avg(trainer: Trainer) -> torch.Tensor:
     state = trainer.optimizer.state_dict()["state"]
     return state[0]["exp_avg"].clone()
+
+
+def _net_with_buffers_and_rng() -> torch.nn.Module:
+    """Batch norm (its statistics change in the forward) and dropout (it draws from the RNG)."""
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.2),
+                               torch.nn.Linear(8, 1))
+
+
+def _live_trainer(dist: Dist, fail: dict[int, str]) -> Trainer:
+    """A trainer whose forward of step k raises where fail[k] is "forward"; "update" raises inside
+    the optimizer step instead (the parameters are half changed then)."""
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    net = _net_with_buffers_and_rng()
+    optimizer = torch.optim.AdamW(net.parameters(), lr=0.1)
+    trainer: Trainer
+
+    def loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        out = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+        if fail.get(trainer.state.step + 1) == "forward":
+            del fail[trainer.state.step + 1]
+            raise RuntimeError("transient, after the forward")
+        return out
+
+    trainer = Trainer(net, optimizer, data, loss, dist, TrainerOptions(steps=12, micro_batch=8, log_every=1000))
+    step = optimizer.step
+
+    def failing_step(*args: Any, **kwargs: Any) -> Any:
+        if fail.get(trainer.state.step + 1) == "update":
+            del fail[trainer.state.step + 1]
+            raise RuntimeError("transient, inside the update")
+        return step(*args, **kwargs)
+
+    optimizer.step = failing_step  # type: ignore[method-assign]
+    return trainer
+
+
+@pytest.mark.usefixtures("single_process")
+def test_a_failure_before_the_update_restarts_from_the_live_state_bitwise(tmp_path: Path) -> None:
+    dist = Dist(DistEnv(0, 1, 0, 1, "127.0.0.1", 0, "0", "single"), "gloo", "cpu")
+    reference = _live_trainer(dist, {})
+    reference.fit()
+    trainer = _live_trainer(dist, {5: "forward", 9: "forward"})
+    res = _resilience(dist, tmp_path, trainer)
+    restarts = []
+    while True:
+        try:
+            trainer.fit()
+            break
+        except RuntimeError:
+            live = res.live_step(trainer)
+            restarts.append(live)
+            assert live is not None and res.restore_live(trainer) == live
+    res.finish()
+    assert restarts == [4, 8] and trainer.state.step == 12
+    # The forward had moved the batch-norm statistics and the RNG on: both were put back.
+    assert params_sha256(trainer.raw_model) == params_sha256(reference.raw_model)
+
+
+def _resilience(dist: Dist, tmp_path: Path, trainer: Trainer) -> Resilience:
+    res = Resilience(dist, str(tmp_path / "ckpt"), every=0)
+    res.host_copy = True
+    res.restore(trainer)
+    res.attach(trainer)
+    return res
+
+
+@pytest.mark.usefixtures("single_process")
+@pytest.mark.parametrize("where", ["update", "hook"])
+def test_a_failure_inside_or_after_the_update_has_no_live_state_to_restart_from(tmp_path: Path, where: str) -> None:
+    dist = Dist(DistEnv(0, 1, 0, 1, "127.0.0.1", 0, "0", "single"), "gloo", "cpu")
+    trainer = _live_trainer(dist, {3: "update"} if where == "update" else {})
+    res = _resilience(dist, tmp_path, trainer)
+
+    def hook(t: Trainer, record: dict[str, Any]) -> None:
+        if t.state.step == 3:
+            raise RuntimeError("a hook after the update")
+
+    if where == "hook":
+        trainer.hooks.append(hook)
+    with pytest.raises(RuntimeError):
+        trainer.fit()
+    res.finish()
+    assert res.boundary is not None and res.boundary.step == 2
+    assert res.live_step(trainer) is None  # the host copy's path (restore_from_host) is left
+
+
+def test_the_ranks_restart_from_the_live_state_only_when_every_report_names_the_same_step() -> None:
+    def reports(*steps: int | None) -> list[warm.Report]:
+        return [warm.Report(r, "RuntimeError: x", r > 0, s) for r, s in enumerate(steps)]
+
+    assert warm.live_step(reports(74, 74)) == 74
+    assert warm.live_step(reports(74, None)) is None  # a rank failed past its update (a hook)
+    assert warm.live_step(reports(74, 75)) is None

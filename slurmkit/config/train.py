@@ -42,10 +42,12 @@ class TrainConfig(Strict):
     the process (the group rebuilt, the last committed state restored from a copy every rank keeps in
     host memory), within the profile's requeue.in_job and requeue.crash (docs/fault-tolerance.md)."""
     inject_error_at_step: int | None = Field(None, ge=1)
-    """Fault injection: raise an error at this step on every rank (to try the requeue policy)."""
+    """Fault injection: raise an error at this step on every rank, after its update (to try the
+    requeue policy)."""
     inject_transient_error_at_steps: list[PositiveInt] = Field(default_factory=list)
-    """Fault injection: the last rank raises an error once at each of these steps (a marker in the
-    run folder makes each fire once per run): a fault that a restart recovers from."""
+    """Fault injection: the last rank raises an error once in the forward of each of these steps,
+    before the step's update (a marker in the run folder makes each fire once per run): a fault that
+    a restart recovers from."""
     inject_kill_in_save_at_step: int | None = Field(None, ge=1)
     """Fault injection: rank 0 SIGKILLs itself mid-way through the checkpoint save of this step (after its first
     file), in an incarnation that did not resume; the step is left without a commit marker."""

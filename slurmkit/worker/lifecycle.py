@@ -93,37 +93,42 @@ class Lifecycle:
             try:
                 return trainer.fit()
             except Exception as exc:
-                failed_at = self._agree_warm(trainer, exc)
-                if failed_at is None:
+                failed_at = time.time()
+                decision = self._agree_warm(trainer, exc)
+                if not decision.restart:
                     raise
-            self._restart_warm(trainer, failed_at)
+            self._restart_warm(trainer, failed_at, decision)
 
-    def _agree_warm(self, trainer: Trainer, error: Exception) -> float | None:
-        """When the failure began, if every rank is to restart warm; None for the cold path."""
+    def _agree_warm(self, trainer: Trainer, error: Exception) -> warm.Decision:
+        """Whether every rank is to restart warm, and from what (else the cold path)."""
         res = self.resilience
         if not self.warm or res is None or res.committed is None or self.paths is None or self.job_id is None:
-            return None
-        failed_at, paths, job_id, copy = time.time(), self.paths, self.job_id, res.committed
+            return warm.Decision(False)
+        paths, job_id, copy = self.paths, self.job_id, res.committed
 
         def decide(reports: list[warm.Report]) -> str | None:
             signature, detail = warm.cause_of(reports)
-            return requeue.restart_warm(paths, job_id, trainer.state.step, signature, detail,
-                                        copy.step if copy.on_disk else None)
+            live = warm.live_step(reports)
+            resumed = live if live is not None else copy.step if copy.on_disk else None
+            return requeue.restart_warm(paths, job_id, trainer.state.step, signature, detail, resumed,
+                                        live is not None)
 
-        report = warm.report_of(self.dist.rank, error)
+        report = warm.report_of(self.dist.rank, error, res.live_step(trainer))
         trainer.unwrap()  # the wrapper's group is about to go
-        agreed = warm.agree(self.dist, report, decide, warm.report_wait_s(trainer.median_step_s()),
-                            res.watchdog.progress)
-        return failed_at if agreed else None
+        return warm.agree(self.dist, report, decide, warm.report_wait_s(trainer.median_step_s()),
+                          res.watchdog.progress)
 
-    def _restart_warm(self, trainer: Trainer, failed_at: float) -> None:
+    def _restart_warm(self, trainer: Trainer, failed_at: float, decision: warm.Decision) -> None:
         assert self.resilience is not None
-        copy = self.resilience.restore_from_host(trainer)
+        if decision.live_step is not None:
+            step, source = self.resilience.restore_live(trainer), "the live state (no step lost)"
+        else:
+            copy = self.resilience.restore_from_host(trainer)
+            step, source = copy.step, f"host memory ({'committed' if copy.on_disk else 'the initial state'})"
         warm.rebuild(trainer)
-        trainer.hooks.append(warm.first_step_hook(failed_at, copy.step))
+        trainer.hooks.append(warm.first_step_hook(failed_at, step))
         if self.dist.is_main:
-            print(f"slurmkit: warm restart: back at step {copy.step} from host memory "
-                  f"({'committed' if copy.on_disk else 'the initial state'}), group generation "
+            print(f"slurmkit: warm restart: back at step {step} from {source}, group generation "
                   f"{self.dist.group.generation if self.dist.group else 0}", flush=True)
 
     @property

@@ -350,12 +350,12 @@ def _repeated(record: dict[str, Any], signature: str | None, step: int | None) -
 
 
 def restart_warm(paths: RunPaths, job_id: str, step: int, signature: str | None, detail: str,
-                 resumed_step: int | None) -> str | None:
+                 resumed_step: int | None, live: bool = False) -> str | None:
     """Rank 0, after an exception that every rank's process survived: record a warm in-job restart
-    (in the process, from host memory; slurmkit.worker.warm) if the deterministic-error rule, the
-    in-job limit and the crash budget allow; what was decided, or None. On None the ranks re-raise
-    and the batch shell decides (after_failure), so a failure is noted only where it restarts here
-    or ends the run."""
+    (in the process, from memory, `live` where from the live state; slurmkit.worker.warm) if the
+    deterministic-error rule, the in-job limit and the crash budget allow; what was decided, or
+    None. On None the ranks re-raise and the batch shell decides (after_failure), so a failure is
+    noted only where it restarts here or ends the run."""
     with RunRecord(paths).editing() as record:
         if not (_in_job_left(record, job_id) and allowed(record, "crash")):
             return None
@@ -365,7 +365,7 @@ def restart_warm(paths: RunPaths, job_id: str, step: int, signature: str | None,
         record.setdefault("restarts", []).append(
             {"n": outcomes.restart_count(), "in_job": n_in_job, "warm": True, "job_id": job_id, "cause": "crash",
              "detail": detail, "time": _now(), "step": step, "resumed_step": resumed_step,
-             "lost_steps": step - (resumed_step or 0)})
+             "lost_steps": step - (resumed_step or 0), **({"live": True} if live else {})})
         left = budget(record, "crash") - spent(record, "crash")
     return f"{IN_JOB}, warm (in-job restart {n_in_job}): crash ({detail}) at step {step}; {left} crash restart(s) left"
 

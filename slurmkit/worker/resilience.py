@@ -69,15 +69,43 @@ class HostCopy:
     """A committed checkpoint holds the same (False: the initial state of a fresh start)."""
 
 
-def _apply(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any], meta: dict[str, Any],
-           rng: dict[str, Any] | None) -> None:
-    trainer.raw_model.load_state_dict(model)
-    trainer.optimizer.load_state_dict(optim)
+@dataclass
+class Boundary:
+    """A step's start, in what its parameters and optimizer do not hold: where a warm restart from
+    the live state resumes (Resilience.live_step)."""
+
+    step: int
+    meta: dict[str, Any]
+    """trainer.pt as a save writes it: the step count, the data position, the scheduler."""
+    rng: dict[str, Any]
+    buffers: dict[str, torch.Tensor]
+    """The model's buffers (a forward may change them: batch-norm statistics)."""
+
+
+def trainer_meta(trainer: Trainer) -> dict[str, Any]:
+    return {**trainer.state.as_dict(),
+            "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None}
+
+
+def _apply_meta(trainer: Trainer, meta: dict[str, Any], rng: dict[str, Any] | None) -> None:
     if trainer.scheduler is not None and meta.get("scheduler") is not None:
         trainer.scheduler.load_state_dict(meta["scheduler"])
     trainer.state.load(meta)
     if rng is not None:
         set_rng_state(rng)
+
+
+def _apply(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any], meta: dict[str, Any],
+           rng: dict[str, Any] | None) -> None:
+    trainer.raw_model.load_state_dict(model)
+    trainer.optimizer.load_state_dict(optim)
+    _apply_meta(trainer, meta, rng)
+
+
+def _drop_step(trainer: Trainer) -> None:
+    """What a failed step left behind: its gradients, a stop it asked for, a half-done update."""
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.stop_requested = trainer.updating = False
 
 
 class Resilience:
@@ -105,6 +133,8 @@ class Resilience:
         """Every rank keeps the last committed state in memory (set before restore: warm restarts)."""
         self.committed: HostCopy | None = None
         self._in_flight: HostCopy | None = None
+        self.boundary: Boundary | None = None
+        """The current step's start (with host_copy): what a restart from the live state needs."""
         self.resumed_step: int | None = None
         self.stopped_at: int | None = None
         self.stop_kind = Stop.NONE  # as agreed by all ranks
@@ -208,15 +238,41 @@ class Resilience:
         self.writer.abandon()
         self._in_flight = None
         files = self.committed.files
-        trainer.optimizer.zero_grad(set_to_none=True)
+        _drop_step(trainer)
         # Copies: load_state_dict keeps CPU tensors as given (and pops keys), so the steps that follow
         # would change the host copy itself.
         _apply(trainer, files["model.pt"], snapshot(files["optim.pt"]), snapshot(files["trainer.pt"]),
                files[f"rng-rank{self.dist.rank}.pt"])
-        trainer.stop_requested = False
         if self.committed.on_disk:
             self.resumed_step = self.committed.step
         return self.committed
+
+    def mark(self, trainer: Trainer) -> None:
+        """At a step's start: what a restart from the live state needs besides weights and optimizer
+        (a few KB, and the buffers: far less than a snapshot)."""
+        self.boundary = Boundary(trainer.state.step, snapshot(trainer_meta(trainer)), rng_state(),
+                                 {k: b.detach().clone() for k, b in trainer.raw_model.named_buffers()})
+
+    def live_step(self, trainer: Trainer) -> int | None:
+        """The step this rank's live state stands at, if it is that step's start: the failure came
+        before the step's update (in its data, forward, backward or gradient all-reduce). None after
+        or inside the update: the parameters are ahead of the boundary, or half changed."""
+        b = self.boundary
+        if b is None or trainer.updating or trainer.state.step != b.step:
+            return None
+        return b.step
+
+    def restore_live(self, trainer: Trainer) -> int:
+        """Back to the start of the failed step in place: the weights and optimizer are as they were
+        (no update ran), so only the boundary's state comes back. A save in flight stays: every rank
+        started it at the same step and none was committing (every rank had begun the next step)."""
+        b = self.boundary
+        assert b is not None and self.live_step(trainer) == b.step, "live_step() said the live state is a step's start"
+        _drop_step(trainer)
+        _apply_meta(trainer, snapshot(b.meta), b.rng)
+        for name, buf in trainer.raw_model.named_buffers():
+            buf.copy_(b.buffers[name])
+        return b.step
 
     # --------------------------------------------------------------- saving
 
@@ -226,10 +282,7 @@ class Resilience:
         if whole:
             state["model.pt"] = trainer.raw_model.state_dict()
             state["optim.pt"] = trainer.optimizer.state_dict()
-            state["trainer.pt"] = {
-                **trainer.state.as_dict(),
-                "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
-            }
+            state["trainer.pt"] = trainer_meta(trainer)
         return state
 
     def _files(self, trainer: Trainer) -> dict[str, Any]:
@@ -288,6 +341,8 @@ class Resilience:
         trainer.votes["stop"] = lambda: int(self.flag.kind)
         trainer.votes["writing"] = lambda: int(self.writer.pending and not self.writer.done)
         trainer.hooks.append(self.on_step_end)
+        if self.host_copy:
+            trainer.before_step.append(self.mark)
 
     def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         stall_before = self.stall_s

@@ -31,11 +31,12 @@ _NULL = contextlib.nullcontext()  # reusable: it holds no state
 
 
 def params_sha256(model: nn.Module) -> str:
-    """Digest of every parameter and buffer, by name: equal digests mean bitwise-equal weights."""
+    """Digest of every parameter and buffer (0-d ones too: batch norm counts), by name: equal digests
+    mean bitwise-equal weights."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -142,6 +143,11 @@ class Trainer:
         self.optimizer, self.scheduler, self.loss_fn = optimizer, scheduler, loss_fn
         self.metrics = metrics or MetricsWriter(None, False)
         self.hooks = hooks or []
+        self.before_step: list[Callable[[Trainer], None]] = []
+        """Called at the start of every step, before its first batch is drawn."""
+        self.updating = False
+        """Inside a step's update (optimizer, scheduler, step count): the live state is neither the
+        step's start nor its end."""
         self.votes: dict[str, Vote] = {}
         self.agreed: dict[str, int] = {}
         self.state = TrainState()
@@ -149,7 +155,10 @@ class Trainer:
         self._first_step_s: float | None = None
         self.sampler: DistributedSampler[Any] = DistributedSampler(
             dataset, num_replicas=dist.world_size, rank=dist.rank, shuffle=True, seed=options.seed, drop_last=True)
-        self.loader = DataLoader(dataset, batch_size=options.micro_batch, sampler=self.sampler, drop_last=True)
+        # A generator of its own: each new iterator (an epoch, a restart) draws its workers' seed from
+        # it, not from the global RNG that the model's dropout reads, so a restart changes no draw.
+        self.loader = DataLoader(dataset, batch_size=options.micro_batch, sampler=self.sampler, drop_last=True,
+                                 generator=torch.Generator().manual_seed(options.seed))
         if len(self.loader) == 0:
             raise ValueError(f"dataset of {len(dataset)} (per rank {len(self.sampler)}) "  # type: ignore[arg-type]
                              f"is smaller than one micro-batch of {options.micro_batch}")
@@ -217,6 +226,8 @@ class Trainer:
 
     def train_step(self, batches: Iterator[Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
+        for call in self.before_step:
+            call(self)
         if not self.raw_model.training:  # a hook evaluated; train() walks every module, so not every step
             self.model.train()
         accum = self.options.grad_accum
@@ -236,6 +247,7 @@ class Trainer:
                 if last:
                     self._offer(total)
                 loss.backward()
+        self.updating = True
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -244,6 +256,7 @@ class Trainer:
         step_s = time.perf_counter() - t0
         self.state.step += 1
         self.state.last_loss = loss_value
+        self.updating = False
         if self._first_step_s is None:
             self._first_step_s = step_s
         else:

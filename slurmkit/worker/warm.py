@@ -1,6 +1,8 @@
 """Warm restart: after an exception that every rank's process survives, training restarts inside
 the processes, with their imports, model code and data kept. Only the process group is rebuilt,
-and the last committed state comes back from each rank's host copy (Resilience.host_copy).
+and the state comes back from memory: where every rank failed before the same step's update, from
+the live state itself (only the step's start is put back: step count, data position, RNG; no
+step is lost), else from each rank's host copy of the last committed step (Resilience.host_copy).
 
 The protocol runs over the store the group was built on (slurmkit.worker.dist.Group), which
 outlives it. For generation g:
@@ -11,10 +13,11 @@ outlives it. For generation g:
 2. Each rank reports its error line under warm/g/rank<r> in the store.
 3. Rank 0 waits for every report (at most `report_wait_s`), decides with the requeue policy
    (requeue.restart_warm: the deterministic-error rule, requeue.in_job, requeue.crash) and writes
-   warm/g/decision.
-4. On "restart" every rank builds generation g+1 on the same store, wraps the model in a new DDP
-   and restores from its host copy. Otherwise every rank re-raises its error: the srun step fails
-   and the batch shell restarts in the job with new processes (cold) or requeues.
+   warm/g/decision, with the live step when every report names the same one (`live_step`).
+4. On a restart every rank builds generation g+1 on the same store, wraps the model in a new DDP
+   and restores from the live state or from its host copy, as decided. Otherwise every rank
+   re-raises its error: the srun step fails and the batch shell restarts in the job with new
+   processes (cold) or requeues.
 
 A rank whose process died never reports: srun's --kill-on-bad-exit ends the step meanwhile (the
 cold path). NCCL is left to the cold path too: its collectives do not fail when a peer closes its
@@ -36,7 +39,6 @@ from slurmkit.common import outcomes
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.trainer import Trainer
 
-RESTART = "restart"
 POLL_S = 0.02
 REPORT_FLOOR_S = 10.0
 DECISION_S = 30.0  # rank 0's policy call: a run.json lock on a shared filesystem
@@ -51,11 +53,27 @@ class Report:
     """The error's last exception line (outcomes.Outcome.error_line: what the batch shell would read)."""
     peer_failed: bool
     """A collective lost its peer: a consequence of another rank's failure."""
+    live_step: int | None = None
+    """This rank's live state is the start of this step (Resilience.live_step), else None."""
 
 
-def report_of(rank: int, error: BaseException) -> Report:
+@dataclass(frozen=True)
+class Decision:
+    restart: bool
+    live_step: int | None = None
+    """Restart from the live state at this step's start; None: from the host copy."""
+
+
+def report_of(rank: int, error: BaseException, live_step: int | None = None) -> Report:
     outcome = outcomes.Outcome(outcomes.ERROR, 1, error="".join(traceback.format_exception(error)))
-    return Report(rank, outcome.error_line, outcome.peer_failed)
+    return Report(rank, outcome.error_line, outcome.peer_failed, live_step)
+
+
+def live_step(reports: list[Report]) -> int | None:
+    """The step every rank's live state starts, if they all name the same one: the ranks can go on
+    from where they are. A rank past its update (a hook failed) or inside it makes it None."""
+    steps = {r.live_step for r in reports}
+    return steps.pop() if len(steps) == 1 else None
 
 
 def cause_of(reports: list[Report]) -> tuple[str | None, str]:
@@ -80,8 +98,8 @@ def _poll(check: Callable[[], bool], timeout_s: float, beat: Callable[[], None])
     return True
 
 
-def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: Callable[[], None]) -> bool:
-    """Steps 1-3 on this rank: True when every rank is to restart in the process."""
+def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: Callable[[], None]) -> Decision:
+    """Steps 1-3 on this rank: whether every rank is to restart in the process, and from what."""
     group = dist.group
     assert group is not None
     group.abort()
@@ -90,24 +108,25 @@ def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: 
     store.set(f"{prefix}rank{dist.rank}", json.dumps(dataclasses.asdict(mine)))
     keys = [f"{prefix}rank{r}" for r in range(dist.world_size)]
     if dist.is_main:
+        decision = Decision(False)
         if _poll(lambda: bool(store.check(keys)), report_wait_s, beat):
             reports = [Report(**json.loads(store.get(k))) for k in keys]
             line = decide(reports)
+            if line:
+                decision = Decision(True, live_step(reports))
+                print(f"slurmkit: {line}", flush=True)
         else:
             missing = [str(r) for r, k in enumerate(keys) if not store.check([k])]
-            line = None
             print(f"slurmkit: no warm restart: rank(s) {','.join(missing)} did not report within "
                   f"{report_wait_s:.0f} s", flush=True)
-        store.set(f"{prefix}decision", RESTART if line else "cold")
-        if line:
-            print(f"slurmkit: {line}", flush=True)
-        return line is not None
+        store.set(f"{prefix}decision", json.dumps(dataclasses.asdict(decision)))
+        return decision
     try:
         if not _poll(lambda: bool(store.check([f"{prefix}decision"])), report_wait_s + DECISION_S, beat):
-            return False
-        return bool(store.get(f"{prefix}decision") == RESTART.encode())
+            return Decision(False)
+        return Decision(**json.loads(store.get(f"{prefix}decision")))
     except Exception:  # noqa: BLE001 - rank 0's store is gone (its process died): the cold path
-        return False
+        return Decision(False)
 
 
 def rebuild(trainer: Trainer) -> None:

@@ -67,24 +67,25 @@ def _inject(step: int) -> Any:
     return hook
 
 
-def _transient(steps: list[int], dist: Dist, run_dir: str | None) -> Any:
-    """The last rank raises once at each step: a marker in the run folder (else this process's
-    memory) says it has fired, whatever restarts follow."""
+def _transient(trainer: Trainer, steps: list[int], dist: Dist, run_dir: str | None) -> None:
+    """The last rank raises once in the forward of each step, before the step's update (as a data or
+    device error would): a marker in the run folder (else this process's memory) says it has fired,
+    whatever restarts follow."""
     fired: set[int] = set()
+    loss_fn = trainer.loss_fn
 
-    def hook(trainer: Trainer, record: dict[str, Any]) -> None:
-        step = trainer.state.step
-        if step not in steps or step in fired or dist.rank != dist.world_size - 1:
-            return
-        fired.add(step)
-        if run_dir:
-            marker = RunPaths(Path(run_dir)).injected_marker(step)
-            if marker.exists():
-                return
-            marker.touch()
-        raise InjectedError(f"injected transient error at step {step} on rank {dist.rank}")
+    def failing(model: Any, batch: Any) -> Any:
+        step = trainer.state.step + 1  # the step being computed
+        if step in steps and step not in fired and dist.rank == dist.world_size - 1:
+            fired.add(step)
+            marker = RunPaths(Path(run_dir)).injected_marker(step) if run_dir else None
+            if marker is None or not marker.exists():
+                if marker is not None:
+                    marker.touch()
+                raise InjectedError(f"injected transient error at step {step} on rank {dist.rank}")
+        return loss_fn(model, batch)
 
-    return hook
+    trainer.loss_fn = failing
 
 
 def _hold(step: int, life: lifecycle.Lifecycle) -> Any:
@@ -117,7 +118,7 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
         if cfg.inject_error_at_step:
             trainer.hooks.append(_inject(cfg.inject_error_at_step))
         if cfg.inject_transient_error_at_steps:
-            trainer.hooks.append(_transient(cfg.inject_transient_error_at_steps, dist, run_dir))
+            _transient(trainer, cfg.inject_transient_error_at_steps, dist, run_dir)
         if cfg.inject_hold_at_step:
             trainer.hooks.append(_hold(cfg.inject_hold_at_step, life))
         if dist.is_main:
