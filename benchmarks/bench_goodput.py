@@ -7,7 +7,9 @@ A fault is injected after every ~60 s of RUNNING time, one of three ways (--mode
 - crash: the last rank raises at a step of every ~60 s (`config.inject_transient_error_at_steps`,
   at `--step-s` seconds a step, as measured here), and the ranks restart warm, in their processes.
 Runtime goodput = productive step time / time the job was RUNNING (sacct, every incarnation);
-queue wait is reported apart. The baseline is the usual submitit + DDP pattern measured on the
+queue wait is reported apart, and so is the goodput past what every run pays once however it
+fails (its first start and its last exit), which does not shrink with fewer faults, only with a
+longer run. The baseline is the usual submitit + DDP pattern measured on the
 same cluster (shared/notes/preemption-facts.md): 0.81. Also reported: seconds from the signal to
 the job's exit (final save included), and from RUNNING again to the first step.
 
@@ -28,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from slurmkit import goodput, jobs
+from slurmkit.common.metrics import busy_s
 from slurmkit.config.loader import resolve
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.slurm.parse import Incarnation
@@ -83,6 +86,7 @@ def main() -> None:
     # sacct's End is a whole second, which may read as just before a sub-second signal.
     exits = [max(0.0, min((i.end for i in incs if i.end and i.end >= int(s)), default=s) - s) for s in signals]
     runtime_goodput = gp.productive_s / running if running else 0.0
+    start_s, end_s = once_s(acc, incs)
     lost_steps = [r.get("lost_steps") for r in RunRecord(paths).read().get("restarts", [])]
     print(json.dumps({
         "mode": args.mode, "lost_steps": lost_steps, "steps": args.steps,
@@ -94,10 +98,23 @@ def main() -> None:
         "runtime_goodput": round(runtime_goodput, 3), "baseline_goodput": BASELINE_GOODPUT,
         "goodput_vs_baseline": round(runtime_goodput / BASELINE_GOODPUT, 3),
         "wall_goodput": round(gp.goodput, 3), "lost_s": gp.as_dict(),
+        "first_start_s": round(start_s, 1), "last_exit_s": round(end_s, 1),
+        "goodput_past_start_and_exit": round(gp.productive_s / (running - start_s - end_s), 3) if running else 0.0,
         "signal_to_exit_s": [round(x, 1) for x in exits], "restart_to_first_step_s": [round(x, 1) for x in restart],
         "median_step_s": round(acc.typical, 3),
         "restart_phases_median_s": phase_medians(startups),
     }, indent=1))
+
+
+def once_s(acc: goodput.Accountant, incs: list[Incarnation]) -> tuple[float, float]:
+    """What a run pays once whatever its faults, in "other": the first incarnation's start to its
+    first step, and the last step's end to the job's end (final save, exit)."""
+    firsts = acc.firsts()
+    if not firsts or acc.newest is None or not incs:
+        return 0.0, 0.0
+    inc, rec = firsts[0]
+    start = float(rec["time"]) - busy_s(rec) - (inc.start or 0.0)
+    return max(0.0, start), max(0.0, (incs[-1].end or 0.0) - float(acc.newest["time"]))
 
 
 def crash_steps(steps: int, every_s: float, step_s: float) -> list[int]:

@@ -40,8 +40,11 @@ def counting() -> Iterator[Counter[str]]:
 
 # A query that meets one of these (or its timeout) is asked again: slurmctld restarting, failing
 # over or too busy answers so for seconds. Commands that change state are never repeated here.
+# "Unexpected message received": a slurmctld thawed after SIGSTOP answered the first call after its
+# backlog so, and had acted on it (the in-job requeue went through).
 _TRANSIENT_RE = re.compile(r"unable to contact slurm controller|socket timed out|connection (refused|timed out)|"
-                           r"resource temporarily unavailable|transport endpoint|slurm_load_\w+ error", re.IGNORECASE)
+                           r"resource temporarily unavailable|transport endpoint|slurm_load_\w+ error|"
+                           r"unexpected message received", re.IGNORECASE)
 QUERY_ATTEMPTS = 3
 # Seconds before the second and third attempt: exponential from 1 s, jittered so that many
 # waiting clients do not come back to a restarted controller in the same second.

@@ -106,9 +106,8 @@ class Lifecycle:
             return warm.Decision(False)
         paths, job_id, copy = self.paths, self.job_id, res.committed
 
-        def decide(reports: list[warm.Report]) -> str | None:
+        def decide(reports: list[warm.Report], live: int | None) -> str | None:
             signature, detail = warm.cause_of(reports)
-            live = warm.live_step(reports)
             resumed = live if live is not None else copy.step if copy.on_disk else None
             return requeue.restart_warm(paths, job_id, trainer.state.step, signature, detail, resumed,
                                         live is not None)

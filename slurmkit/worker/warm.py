@@ -84,8 +84,9 @@ def cause_of(reports: list[Report]) -> tuple[str | None, str]:
     return own.error, f"rank {own.rank}: {own.error}"
 
 
-Decide = Callable[[list[Report]], str | None]
-"""Rank 0's policy on every rank's report: the line that says a warm restart happens, or None."""
+Decide = Callable[[list[Report], int | None], str | None]
+"""Rank 0's policy on every rank's report and their common live step: the line that says a warm
+restart happens, or None."""
 
 
 def _poll(check: Callable[[], bool], timeout_s: float, beat: Callable[[], None]) -> bool:
@@ -111,9 +112,10 @@ def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: 
         decision = Decision(False)
         if _poll(lambda: bool(store.check(keys)), report_wait_s, beat):
             reports = [Report(**json.loads(store.get(k))) for k in keys]
-            line = decide(reports)
+            live = live_step(reports)
+            line = decide(reports, live)
             if line:
-                decision = Decision(True, live_step(reports))
+                decision = Decision(True, live)
                 print(f"slurmkit: {line}", flush=True)
         else:
             missing = [str(r) for r, k in enumerate(keys) if not store.check([k])]
