@@ -1,27 +1,32 @@
-"""Crash recovery on the dev cluster (2 nodes x 1 rank, gloo): warm and cold in-job restarts against a requeue.
+"""Crash recovery on the dev cluster (2 nodes x 1 rank, gloo): warm and cold in-job restarts, and a
+hang, against a requeue.
 
-Three runs of the same training, in the same session:
+Runs of the same training, in the same session:
 - warm: the last rank raises at random steps (`config.inject_transient_error_at_steps`), its process
-  and its peer's live on, and both restart in the process from their host copies
-  (slurmkit.worker.warm). The fault time is rank 0's catch of the failure (`warm_restart.failed_at`
-  of the first step back, about 1 ms after the raise);
-- cold: every rank is SIGABRTed at a random step (`scancel --signal=ABRT JOB`, which signals the
-  job's steps, not its batch shell; `--signal=KILL` would cancel the whole job), and the batch
-  shell starts a new srun step (`requeue.in_job: 2`);
-- requeue: the same SIGABRTs with `requeue.in_job: 0`: every crash goes through Slurm's queue.
+  and its peer's live on, and both restart in the process (slurmkit.worker.warm). The fault time
+  is rank 0's catch of the failure (`warm_restart.failed_at` of the first step back, about 1 ms
+  after the raise);
+- cold: rank 1 is SIGKILLed at a random step; srun ends the step and the batch shell hands the
+  next attempt to the standby ranks (slurmkit.worker.standby, `requeue.in_job: 2`);
+- fresh: the same with `requeue.standby: false`: a new srun step of fresh interpreters;
+- hang: rank 1 is SIGSTOPped; rank 0's watchdog (`hang_timeout_s` 5) gives up, then as cold. Its
+  figure is from the watchdog's firing (the time in its hang marker) to the first step back;
+- requeue: the SIGKILLs with `requeue.in_job: 0`: every crash goes through Slurm's queue.
 `--crashes` faults a run. Recovery is the time from the fault to the end of the first step back
 (its metrics record: `warm_restart`, or `startup` for a new process). The figures are requeue /
-warm, requeue / cold, and each path against the floor measured in the same run: two bare
-processes importing torch and torch._dynamo at once, as the two ranks of a new step do.
+each path, and each path against the floor measured in the same run: two bare processes
+importing torch and torch._dynamo at once, as the two ranks of a new step do.
 
-Usage: python benchmarks/bench_crash.py [--crashes 2] [--steps 400]
+Usage: python benchmarks/bench_crash.py [--crashes 2] [--steps 400] [--paths warm,cold,...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,7 +40,11 @@ import yaml
 from slurmkit import goodput, jobs
 from slurmkit.common.metrics import iter_records
 from slurmkit.config.loader import resolve
+from slurmkit.devcluster import ranks
 from slurmkit.runs import RunPaths, RunRecord
+
+PATHS = ("warm", "cold", "fresh", "hang", "requeue")
+HANG_TIMEOUT_S = 5
 
 
 def import_floor_s() -> float:
@@ -68,10 +77,10 @@ def warm_backs(paths: RunPaths) -> list[float]:
 def one_run(tmp: Path, path: str, crashes: int, steps: int, rng: random.Random) -> dict[str, Any]:
     in_job = 0 if path == "requeue" else crashes
     profile = tmp / f"{path}.yaml"
-    profile.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(tmp / "runs"),
-                                       "requeue": {"crash": crashes + 1, "in_job": in_job}}))
+    profile.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(tmp / "runs"), "requeue": {
+        "crash": crashes + 1, "hang": crashes + 1, "in_job": in_job, "standby": path != "fresh"}}))
     sets = ["resources.nodes=2", "resources.tasks_per_node=1", f"config.steps={steps}", "config.checkpoint_every=20",
-            "config.batch_size=8", "config.log_every=20"]
+            "config.batch_size=8", "config.log_every=20", f"config.hang_timeout_s={HANG_TIMEOUT_S}"]
     if path == "warm":
         at = sorted(rng.sample(range(40, steps - 40, 40), crashes))
         sets += [f"config.inject_transient_error_at_steps=[{','.join(str(s + rng.randint(1, 19)) for s in at)}]"]
@@ -83,18 +92,21 @@ def one_run(tmp: Path, path: str, crashes: int, steps: int, rng: random.Random) 
         target = last_step(paths) + rng.randint(20, 60)
         while last_step(paths) < target:
             time.sleep(0.05)
+        pid = ranks.rank_pid(paths, 1)
         killed = time.time()
-        subprocess.run(["scancel", "--signal=ABRT", sub.job_id], check=True)
+        os.kill(pid, signal.SIGSTOP if path == "hang" else signal.SIGKILL)
         while (back := first_step_after(paths, killed)) is None:
             if not jobs.is_active(jobs.run_state(paths).state):
                 raise SystemExit(f"the run ended instead of restarting: {jobs.run_state(paths).state}")
             time.sleep(0.2)
+        if path == "hang":  # from the watchdog's firing (its marker, kept as the restart's detail)
+            killed = float(json.loads(RunRecord(paths).read()["restarts"][-1]["detail"])["time"])
         recoveries.append(back - killed)
         print(f"{path} crash {k + 1}: back after {back - killed:.1f} s", file=sys.stderr, flush=True)
     state = jobs.wait(paths, timeout_s=600).state
     restarts = RunRecord(paths).read().get("restarts", [])
     assert state == "COMPLETED", state
-    assert [r["cause"] for r in restarts] == ["crash"] * crashes, restarts
+    assert [r["cause"] for r in restarts] == ["hang" if path == "hang" else "crash"] * crashes, restarts
     if path == "warm":
         recoveries = warm_backs(paths)
         assert len(recoveries) == crashes and all(r.get("warm") for r in restarts), restarts
@@ -108,18 +120,18 @@ def main() -> None:
     parser.add_argument("--crashes", type=int, default=2)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--paths", default=",".join(PATHS), help="a comma-separated subset; requeue is the baseline")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="bench-crash-"))
     floor = import_floor_s()
-    runs = {path: one_run(tmp, path, args.crashes, args.steps, rng) for path in ("warm", "cold", "requeue")}
+    chosen = [p for p in PATHS if p in args.paths.split(",") or p == "requeue"]
+    runs = {path: one_run(tmp, path, args.crashes, args.steps, rng) for path in chosen}
     medians = {path: run["median_s"] for path, run in runs.items()}
     print(json.dumps({
-        "crashes": args.crashes, "import_floor_s": round(floor, 2), **runs,
-        "requeue_over_warm": round(medians["requeue"] / medians["warm"], 1),
-        "requeue_over_cold": round(medians["requeue"] / medians["cold"], 2),
-        "warm_over_floor": round(medians["warm"] / floor, 3),
-        "cold_over_floor": round(medians["cold"] / floor, 2),
+        "crashes": args.crashes, "import_floor_s": round(floor, 2), "hang_timeout_s": HANG_TIMEOUT_S, **runs,
+        **{f"requeue_over_{p}": round(medians["requeue"] / m, 2) for p, m in medians.items() if p != "requeue"},
+        **{f"{p}_over_floor": round(m / floor, 3) for p, m in medians.items()},
     }, indent=1))
 
 

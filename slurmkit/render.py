@@ -164,9 +164,23 @@ def torchrun_node(inp: RenderInput) -> str:
             f"-m slurmkit.worker.torchrun_rank {shell_quote(inp.job_folder)}")
 
 
+def standby_command(inp: RenderInput, container: dict[str, Any]) -> str | None:
+    """The standby ranks' command (slurmkit.worker.standby; the batch shell adds --attempt), where
+    the profile asks for them and the next in-job step is the same srun of submitit's worker."""
+    resolved = inp.resolved
+    policy = resolved.profile.requeue
+    if not (policy.standby and policy.in_job > 0 and inp.job_folder) or resolved.spec.ray \
+            or resolved.spec.launcher == "torchrun" or resolved.shrinks or container["srun"] or container["prefix"]:
+        return None
+    rank_py = inp.rank_python or inp.python
+    return f'{rank_py} -u -m slurmkit.worker.standby --run-dir "$SLURMKIT_RUN_DIR" {shell_quote(inp.job_folder)}'
+
+
 def render(inp: RenderInput) -> str:
     resolved = inp.resolved
     env = make_environment(resolved.profile.template_dir)
+    container = container_context(resolved, inp.run_dir)
+    standby = standby_command(inp, container)
     context = {
         "name": resolved.spec.name,
         "spec": resolved.spec,
@@ -184,7 +198,8 @@ def render(inp: RenderInput) -> str:
         "run_dir": inp.run_dir,
         "sweep": inp.sweep,
         "code_dir": inp.code_dir,
-        "container": container_context(resolved, inp.run_dir),
+        "container": container,
+        "standby": Shell(standby) if standby else None,
         "env": resolved.spec.env,
         "slurm": resolved.profile.executor == "slurm",
         "ray_port": ports.ray_port_shell(),

@@ -19,6 +19,7 @@ import pytest
 from slurmkit import jobs
 from slurmkit.common.metrics import iter_records
 from slurmkit.config.loader import resolve
+from slurmkit.devcluster import ranks
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker.checkpoint import CheckpointStore
 from tests.conftest import EXAMPLES, executed_steps, steady
@@ -67,18 +68,10 @@ def wait_step(paths: RunPaths, step: int) -> None:
 
 
 def rank_pid(paths: RunPaths, rank: int) -> int:
-    """The pid of one rank's Python process (all nodes share this machine's process table)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if "submitit.core._submit" in cmd and str(paths.job_folder) in cmd and f"SLURM_PROCID={rank}".encode() in env:
-            return int(proc.name)
-    raise AssertionError(f"rank {rank} process not found")
+    try:
+        return ranks.rank_pid(paths, rank)
+    except LookupError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 def signal_rank_at_step(paths: RunPaths, rank: int, step: int, sig: int) -> None:
@@ -290,6 +283,7 @@ def test_kill_9_of_one_rank_restarts_in_the_job_then_requeues_once_in_job_restar
     assert "in_job" not in second and second["n"] == 1
     assert incarnations(job) == ["REQUEUED", "COMPLETED"]
     assert "restarting in the job (attempt 1): crash" in "\n".join(jobs.logs(paths, rank=0))
+    assert_standby_took(paths, 1)  # and the second incarnation's own standby took nothing
     from slurmkit import report
 
     data = report.collect(paths)  # the timeline: the in-job restart is a mark on the first incarnation's bar
@@ -308,6 +302,14 @@ def test_sigstop_of_one_rank_is_a_hang_restarted_in_the_job(cluster: None, dev_p
     (restart,) = RunRecord(paths).read()["restarts"]
     assert json.loads(restart["detail"])["idle_s"] >= 6  # recorded to 0.1 s: 6.04 s is written 6.0
     assert restart["in_job"] == 1 and incarnations(job) == ["COMPLETED"]  # never through the queue
+    assert_standby_took(paths, 1)
+
+
+def assert_standby_took(paths: RunPaths, attempt: int) -> None:
+    """Each rank of the in-job attempt was a standby process, its imports paid before the failure."""
+    for rank in (0, 1):
+        log = "\n".join(jobs.logs(paths, rank=rank))
+        assert log.count(f"standby rank takes in-job attempt {attempt} (its imports took") == 1, rank
 
 
 def test_sigkill_during_a_checkpoint_write(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:

@@ -76,6 +76,34 @@ def test_spare_nodes_allocate_more_and_each_step_runs_on_the_ranks_nodes(tmp_pat
     assert "--no-kill" not in plain and "SLURMKIT_STEP_NODES" not in plain and "#SBATCH --nodes=2" in plain
 
 
+STANDBY = "-u -m slurmkit.worker.standby"
+
+
+@pytest.mark.parametrize(("spec", "sets", "standby"), [
+    ({}, [], True),
+    ({}, ["profile.requeue.in_job=0"], False),  # every restart is a requeue: nothing to stand by for
+    ({}, ["profile.requeue.standby=false"], False),
+    ({}, ["resources.nodes=2", "resources.spare_nodes=1"], False),  # the next step's nodes are decided then
+    ({}, ["resources.nodes=2", "resources.elastic=true"], False),
+    ({"launcher": "torchrun"}, [], False),  # torchrun's agent starts the ranks
+])
+def test_standby_ranks_stand_by_only_where_the_next_step_is_the_same_srun(
+        tmp_path: Path, spec: dict[str, str], sets: list[str], standby: bool) -> None:
+    script = render_profile(write_spec(tmp_path, name="s", command="python train.py", **spec), "devcluster", sets)
+    assert (STANDBY in script) == standby
+    check_shell(script, tmp_path)
+    if standby:  # beside the ranks' step, sharing its CPUs, for the attempt after it
+        assert (f'srun --overlap --unbuffered --kill-on-bad-exit=1 --output={FOLDER}/%j_%t_log.out '
+                f'--error={FOLDER}/%j_%t_log.err /opt/venv/bin/python {STANDBY} --run-dir "$SLURMKIT_RUN_DIR" '
+                f'{FOLDER} --attempt "$(( SLURMKIT_ATTEMPT + 1 ))" &') in script
+        assert '--exit-code "$SLURMKIT_RC" ${SLURMKIT_TAKEN:+--standby}' in script
+    for container in ("gpu-pyxis", "hpc-apptainer"):
+        assert STANDBY not in render_profile(GOLDEN / "spec.yaml", container)
+    from tests.test_ray_spec import write_ray_spec
+
+    assert STANDBY not in render_profile(write_ray_spec(tmp_path), "devcluster")
+
+
 def test_sweep_array_script_finds_each_task_folder(tmp_path: Path) -> None:
     array = ArraySpec("0-9%2", list(range(10)), 1001, "/shared/runs/my sweep")
     script = render_profile(GOLDEN / "spec.yaml", "devcluster", array=array, dependency="afterok:7:8")

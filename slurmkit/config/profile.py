@@ -65,6 +65,12 @@ class RequeueBudget(Strict):
     """Of the crash and hang restarts, how many per job incarnation run again inside the allocation
     (a new srun step, no trip through the queue); each also spends its cause's budget. 0: every
     restart is a requeue."""
+    standby: bool = True
+    """Keep a standby set of rank processes in the allocation, their imports paid (torch,
+    torch._dynamo), for the next in-job restart: a killed or hung rank restarts without fresh
+    interpreters (slurmkit.worker.standby). It costs one more Python process per rank, idle after
+    its imports. Used with in_job > 0, and not with spare nodes, elastic runs, containers, torchrun
+    or Ray (their next step differs, or is not slurmkit's own srun of submitit's worker)."""
 
 
 class Setup(Strict):

@@ -115,7 +115,7 @@ class Lifecycle:
         report = warm.report_of(self.dist.rank, error, res.live_step(trainer))
         trainer.unwrap()  # the wrapper's group is about to go
         return warm.agree(self.dist, report, decide, warm.report_wait_s(trainer.median_step_s()),
-                          res.watchdog.progress)
+                          res.watchdog.progress, lambda: res.flag.kind == Stop.TERMINATE)
 
     def _restart_warm(self, trainer: Trainer, failed_at: float, decision: warm.Decision) -> None:
         assert self.resilience is not None

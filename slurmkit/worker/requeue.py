@@ -456,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--exit-code", type=int, default=1)
     parser.add_argument("--health", action="store_true", help="the node health gate failed")
+    parser.add_argument("--standby", action="store_true", help="standby ranks wait: an in-job restart goes to them")
     args = parser.parse_args(argv)
     job_id = slurm_job_id()
     if not job_id:
@@ -475,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if decision.startswith(IN_JOB):
         print(f"slurmkit: ranks failed (exit {args.exit_code}); {decision}", file=sys.stderr, flush=True)
+        if args.standby:  # the standby ranks take the next attempt (slurmkit.worker.standby)
+            paths.standby_go(job_id, outcomes.restart_count(), outcomes.attempt() + 1).touch()
         nodes, exclude = next_step(paths, job_id)
         # The batch shell's srun --nodes and --exclude (spare nodes, elastic).
         print(nodes or os.environ.get(allocation.STEP_NODES_ENV, ""), ",".join(exclude))

@@ -35,6 +35,14 @@ def mark(phase: str) -> None:
     _MARKS[phase] = round(time.time() - _START, 3)
 
 
+def restart_clock() -> None:
+    """A standby process takes over a rank now (slurmkit.worker.standby): its phases count from
+    here, since its imports were paid while it waited."""
+    global _START
+    _START = time.time()
+    _MARKS.clear()
+
+
 def marks() -> dict[str, float]:
     """Seconds from the process start to the end of each phase marked so far, in order."""
     return dict(_MARKS)

@@ -89,18 +89,23 @@ Decide = Callable[[list[Report], int | None], str | None]
 restart happens, or None."""
 
 
-def _poll(check: Callable[[], bool], timeout_s: float, beat: Callable[[], None]) -> bool:
+def _poll(check: Callable[[], bool], timeout_s: float, beat: Callable[[], None], ending: Callable[[], bool]) -> bool:
     deadline = time.monotonic() + timeout_s
     while not check():
-        if time.monotonic() > deadline:
+        if ending() or time.monotonic() > deadline:
             return False
         beat()  # waiting on peers here is not a hang
         time.sleep(POLL_S)
     return True
 
 
-def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: Callable[[], None]) -> Decision:
-    """Steps 1-3 on this rank: whether every rank is to restart in the process, and from what."""
+def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: Callable[[], None],
+          ending: Callable[[], bool]) -> Decision:
+    """Steps 1-3 on this rank: whether every rank is to restart in the process, and from what.
+
+    `ending`: Slurm is ending this step (SIGTERM: srun's --kill-on-bad-exit after a rank died, or
+    scancel). The wait stops there, for the cold path: waiting on would only hold the step up
+    until SIGKILL, KillWait later (30 s by default)."""
     group = dist.group
     assert group is not None
     group.abort()
@@ -110,7 +115,7 @@ def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: 
     keys = [f"{prefix}rank{r}" for r in range(dist.world_size)]
     if dist.is_main:
         decision = Decision(False)
-        if _poll(lambda: bool(store.check(keys)), report_wait_s, beat):
+        if _poll(lambda: bool(store.check(keys)), report_wait_s, beat, ending):
             reports = [Report(**json.loads(store.get(k))) for k in keys]
             live = live_step(reports)
             line = decide(reports, live)
@@ -119,12 +124,13 @@ def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: 
                 print(f"slurmkit: {line}", flush=True)
         else:
             missing = [str(r) for r, k in enumerate(keys) if not store.check([k])]
-            print(f"slurmkit: no warm restart: rank(s) {','.join(missing)} did not report within "
-                  f"{report_wait_s:.0f} s", flush=True)
+            why = (f"SIGTERM, Slurm is ending the step (rank(s) {','.join(missing)} had not reported)" if ending()
+                   else f"rank(s) {','.join(missing)} did not report within {report_wait_s:.0f} s")
+            print(f"slurmkit: no warm restart: {why}", flush=True)
         store.set(f"{prefix}decision", json.dumps(dataclasses.asdict(decision)))
         return decision
     try:
-        if not _poll(lambda: bool(store.check([f"{prefix}decision"])), report_wait_s + DECISION_S, beat):
+        if not _poll(lambda: bool(store.check([f"{prefix}decision"])), report_wait_s + DECISION_S, beat, ending):
             return Decision(False)
         return Decision(**json.loads(store.get(f"{prefix}decision")))
     except Exception:  # noqa: BLE001 - rank 0's store is gone (its process died): the cold path

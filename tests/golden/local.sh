@@ -42,9 +42,29 @@ export SLURMKIT_SIGNAL=USR2
 # again in this allocation (an in-job restart, exit 75) rather than requeue the job; exit status 0
 # means every rank had finished its work before the failure (e.g. at exit).
 export SLURMKIT_ATTEMPT=0
+# Standby ranks (slurmkit.worker.standby): beside each step of the ranks, the next attempt's
+# processes start and pay for their imports, so an in-job restart needs no fresh interpreters.
+SLURMKIT_STANDBY_PID=""
+SLURMKIT_TAKEN=""
+slurmkit_standby_end() {
+  if [ -n "$SLURMKIT_STANDBY_PID" ]; then
+    kill "$SLURMKIT_STANDBY_PID" 2>/dev/null || true
+    wait "$SLURMKIT_STANDBY_PID" 2>/dev/null || true
+    SLURMKIT_STANDBY_PID=""
+  fi
+}
 while true; do
-  srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
-SLURMKIT_LAUNCH_PID=$!
+  if [ -n "$SLURMKIT_TAKEN" ]; then
+    # The standby step is the ranks now: the policy handed this attempt to it.
+    SLURMKIT_LAUNCH_PID=$SLURMKIT_STANDBY_PID
+    SLURMKIT_STANDBY_PID=""
+  else
+    slurmkit_standby_end
+    srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
+    SLURMKIT_LAUNCH_PID=$!
+  fi
+  srun --overlap --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m slurmkit.worker.standby --run-dir "$SLURMKIT_RUN_DIR" /shared/runs/golden-run/submitit --attempt "$(( SLURMKIT_ATTEMPT + 1 ))" &
+  SLURMKIT_STANDBY_PID=$!
 # wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
 while true; do
   wait "$SLURMKIT_LAUNCH_PID"
@@ -54,7 +74,11 @@ done
   if [ "$SLURMKIT_RC" -eq 0 ]; then
     break
   fi
-  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC" >/dev/null
+  SLURMKIT_TAKEN=""
+  if kill -0 "$SLURMKIT_STANDBY_PID" 2>/dev/null; then
+    SLURMKIT_TAKEN=1
+  fi
+  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC" ${SLURMKIT_TAKEN:+--standby} >/dev/null
   SLURMKIT_DECISION=$?
   if [ "$SLURMKIT_DECISION" -eq 0 ]; then
     SLURMKIT_RC=0
@@ -64,4 +88,6 @@ done
   fi
   SLURMKIT_ATTEMPT=$(( SLURMKIT_ATTEMPT + 1 ))
 done
+SLURMKIT_TAKEN=""
+slurmkit_standby_end
 exit "$SLURMKIT_RC"

@@ -1,0 +1,88 @@
+"""Standby ranks: a second set of rank processes, started in the allocation beside the running
+ranks, that has paid for its imports (torch, torch._dynamo, slurmkit's training code, submitit)
+before it is needed. An in-job restart (a killed or hung rank: the cold path) hands its attempt to
+them, so what that restart costs past the failure is the rendezvous and the restore, not fresh
+interpreters (`import torch` plus `torch._dynamo` is ~4 s on the dev cluster's machine).
+
+The batch shell (templates/partials/launch.sh.j2) starts them as their own srun step with the
+ranks' shape (`--overlap`: they share the ranks' CPUs) right after each step of the ranks starts.
+Each process:
+1. ignores the requeue signal, which Slurm delivers to every step's processes: it is not training;
+2. lowers its CPU priority while it imports, so the running ranks keep the CPUs;
+3. waits for its attempt's go file (RunPaths.standby_go), written by the batch shell once the
+   requeue policy chose an in-job restart;
+4. then takes back its priority where the system lets it, sets SLURMKIT_ATTEMPT, and runs
+   submitit's worker for the job folder in itself, exactly as a fresh rank would.
+When the job's last step of ranks ends, the batch shell ends the standby step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import signal
+import sys
+import time
+from pathlib import Path
+
+from slurmkit.common import outcomes
+from slurmkit.common.slurm_env import slurm_job_id
+from slurmkit.runs import RunPaths
+
+POLL_S = 0.01
+NICE = 10
+ENTRY = "submitit.core._submit"
+"""What every rank runs (slurm.executor.submitit_command)."""
+
+
+def _prepare() -> float:
+    """The imports a rank pays before its first step; seconds they took."""
+    t0 = time.time()
+    import submitit  # noqa: F401
+    import torch
+    import torch._dynamo  # noqa: F401 - the optimizer's constructor imports it: ~2 s of a cold start
+
+    import slurmkit.worker.entry  # noqa: F401
+    import slurmkit.worker.tasks.train  # noqa: F401
+
+    del torch
+    return time.time() - t0
+
+
+def _renice(priority: int) -> bool:
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, priority)
+        return True
+    except OSError:  # lowering the niceness again needs CAP_SYS_NICE (or RLIMIT_NICE)
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.standby")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--attempt", type=int, required=True, help="the in-job attempt these ranks take over")
+    parser.add_argument("folder", help="submitit's job folder")
+    args = parser.parse_args(argv)
+    stop_signal = getattr(signal, f"SIG{os.environ.get('SLURMKIT_SIGNAL', 'USR2')}")
+    signal.signal(stop_signal, signal.SIG_IGN)
+    priority = os.getpriority(os.PRIO_PROCESS, 0)
+    _renice(priority + NICE)
+    paid = _prepare()
+    go = RunPaths(Path(args.run_dir)).standby_go(slurm_job_id(), outcomes.restart_count(), args.attempt)
+    while not go.exists():
+        time.sleep(POLL_S)
+    renice = "" if _renice(priority) else f" (still at nice +{NICE}: no permission to lower it again)"
+    signal.signal(stop_signal, signal.SIG_DFL)
+    os.environ["SLURMKIT_ATTEMPT"] = str(args.attempt)
+    from slurmkit.worker import startup
+
+    startup.restart_clock()
+    print(f"slurmkit: standby rank takes in-job attempt {args.attempt} (its imports took {paid:.1f} s "
+          f"before){renice}", file=sys.stderr, flush=True)
+    sys.argv = [ENTRY, args.folder]
+    runpy.run_module(ENTRY, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
