@@ -20,8 +20,9 @@ outlives it. For generation g:
    processes (cold) or requeues.
 
 A rank whose process died never reports: srun's --kill-on-bad-exit ends the step meanwhile (the
-cold path). NCCL is left to the cold path too: its collectives do not fail when a peer closes its
-communicator, they wait for the timeout, and aborting them needs a monitor thread per rank.
+cold path), and its SIGTERM ends the others' wait. NCCL is left to the cold path too: its
+collectives do not fail when a peer closes its communicator, they wait for the timeout, and
+aborting them needs a monitor thread per rank.
 Single-rank runs have no group of their own: a new srun step restarts them.
 """
 
