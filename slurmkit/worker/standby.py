@@ -9,8 +9,8 @@ ranks' shape (`--overlap`: they share the ranks' CPUs) right after each step of 
 Each process:
 1. ignores the requeue signal, which Slurm delivers to every step's processes: it is not training;
 2. lowers its CPU priority while it imports, so the running ranks keep the CPUs;
-3. waits for its attempt's go file (RunPaths.standby_go), written by the batch shell once the
-   requeue policy chose an in-job restart;
+3. waits for its attempt's go file (RunPaths.standby_go), which the requeue policy (run by the
+   batch shell after the ranks' srun failed) writes when it chooses an in-job restart;
 4. then takes back its priority where the system lets it, sets SLURMKIT_ATTEMPT, and runs
    submitit's worker for the job folder in itself, exactly as a fresh rank would.
 When the job's last step of ranks ends, the batch shell ends the standby step.
@@ -40,13 +40,11 @@ def _prepare() -> float:
     """The imports a rank pays before its first step; seconds they took."""
     t0 = time.time()
     import submitit  # noqa: F401
-    import torch
-    import torch._dynamo  # noqa: F401 - the optimizer's constructor imports it: ~2 s of a cold start
+    import torch._dynamo  # noqa: F401 - torch, and what the optimizer's constructor imports: ~2 s more
 
     import slurmkit.worker.entry  # noqa: F401
     import slurmkit.worker.tasks.train  # noqa: F401
 
-    del torch
     return time.time() - t0
 
 
@@ -70,6 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     _renice(priority + NICE)
     paid = _prepare()
     go = RunPaths(Path(args.run_dir)).standby_go(slurm_job_id(), outcomes.restart_count(), args.attempt)
+    print(f"slurmkit: standby rank for in-job attempt {args.attempt} ready ({paid:.1f} s of imports)",
+          file=sys.stderr, flush=True)
     while not go.exists():
         time.sleep(POLL_S)
     renice = "" if _renice(priority) else f" (still at nice +{NICE}: no permission to lower it again)"
