@@ -129,7 +129,10 @@ def test_local_submit_result_failure_map_and_reattach(local_profile: Path, run_r
     assert "boom-4711" in err.value.log_tail and "ValueError" in err.value.log_tail
     # A Job is small and picklable; Job.from_id in a fresh process reattaches (run id or prefix).
     assert pickle.loads(pickle.dumps(job)) == job and len(pickle.dumps(job)) < 400
-    code = (f"import slurmkit; j = slurmkit.Job.from_id({job.run_id[:-2]!r}, profile={str(local_profile)!r}); "
+    # A prefix no other run shares: runs submitted in the same second differ only in a random suffix.
+    prefix = next(job.run_id[:n] for n in range(len(job.run_id) - 2, len(job.run_id) + 1)
+                  if not any(r.startswith(job.run_id[:n]) for r in (lam.run_id, bad.run_id)))
+    code = (f"import slurmkit; j = slurmkit.Job.from_id({prefix!r}, profile={str(local_profile)!r}); "
             "print(j.result())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "5"
