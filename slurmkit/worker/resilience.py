@@ -12,7 +12,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,18 @@ def _apply(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any], meta:
     _apply_meta(trainer, meta, rng)
 
 
+def _kept(tensors: Iterable[tuple[str, torch.Tensor]], memory: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies on the tensors' own device, into `memory` where it fits: no host sync, no allocation
+    each step (snapshot() copies to the host, for a save)."""
+    for name, t in tensors:
+        old = memory.get(name)
+        if old is not None and (old.shape, old.dtype, old.device) == (t.shape, t.dtype, t.device):
+            old.copy_(t.detach())
+        else:
+            memory[name] = t.detach().clone()
+    return memory
+
+
 def _drop_step(trainer: Trainer) -> None:
     """What a failed step left behind: its gradients, a stop it asked for, a half-done update."""
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -135,6 +147,7 @@ class Resilience:
         self._in_flight: HostCopy | None = None
         self.boundary: Boundary | None = None
         """The current step's start (with host_copy): what a restart from the live state needs."""
+        self._mark_memory: dict[str, torch.Tensor] = {}  # the boundary's buffers, the same memory each step
         self.resumed_step: int | None = None
         self.stopped_at: int | None = None
         self.stop_kind = Stop.NONE  # as agreed by all ranks
@@ -251,7 +264,7 @@ class Resilience:
         """At a step's start: what a restart from the live state needs besides weights and optimizer
         (a few KB, and the buffers: far less than a snapshot)."""
         self.boundary = Boundary(trainer.state.step, snapshot(trainer_meta(trainer)), rng_state(),
-                                 {k: b.detach().clone() for k, b in trainer.raw_model.named_buffers()})
+                                 _kept(trainer.raw_model.named_buffers(), self._mark_memory))
 
     def live_step(self, trainer: Trainer) -> int | None:
         """The step this rank's live state stands at, if it is that step's start: the failure came

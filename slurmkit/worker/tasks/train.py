@@ -74,14 +74,19 @@ def _transient(trainer: Trainer, steps: list[int], dist: Dist, run_dir: str | No
     fired: set[int] = set()
     loss_fn = trainer.loss_fn
 
+    def first_time(step: int) -> bool:
+        marker = RunPaths(Path(run_dir)).injected_marker(step) if run_dir else None
+        if marker is not None and marker.exists():
+            return False
+        if marker is not None:
+            marker.touch()
+        return True
+
     def failing(model: Any, batch: Any) -> Any:
         step = trainer.state.step + 1  # the step being computed
         if step in steps and step not in fired and dist.rank == dist.world_size - 1:
             fired.add(step)
-            marker = RunPaths(Path(run_dir)).injected_marker(step) if run_dir else None
-            if marker is None or not marker.exists():
-                if marker is not None:
-                    marker.touch()
+            if first_time(step):
                 raise InjectedError(f"injected transient error at step {step} on rank {dist.rank}")
         return loss_fn(model, batch)
 
