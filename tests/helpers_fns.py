@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import Any
 
 
 def add(a: int, b: int) -> dict[str, object]:
@@ -49,3 +50,37 @@ def sleep_unless_restarted() -> dict[str, int]:
     if not restarts:
         time.sleep(300)
     return {"restarts": restarts}
+
+
+class _Finalized:
+    """Writes `path` when the interpreter finalizes it (a module global collected at exit)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __del__(self, _open: Any = open) -> None:  # builtins may be gone by then
+        with _open(self.path, "w") as f:
+            f.write("finalized")
+
+
+def exits_like_a_rank(marks: str, how: str) -> str:
+    """For tests/test_rank_exit.py: leaves an atexit handler, a non-daemon thread still at work and
+    an object only the interpreter's finalization would collect, each writing its mark in `marks`;
+    then returns, raises or calls sys.exit(3) as `how` says."""
+    import atexit
+    import sys
+    import threading
+
+    atexit.register(lambda: open(os.path.join(marks, "atexit"), "w").close())
+
+    def late() -> None:
+        time.sleep(0.2)
+        open(os.path.join(marks, "thread"), "w").close()
+
+    threading.Thread(target=late).start()
+    sys.modules[__name__].__dict__["_finalized"] = _Finalized(os.path.join(marks, "finalized"))
+    if how == "raise":
+        raise ValueError("the rank's own error")
+    if how == "exit":
+        sys.exit(3)
+    return "done"

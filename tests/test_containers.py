@@ -60,7 +60,7 @@ def test_launcher_torchrun_renders_one_torchrun_a_node_that_passes_shellcheck(tm
     check_shell(script, tmp_path)
     launch = script[script.index("srun --unbuffered"):]
     assert '-n "$SLURM_JOB_NUM_NODES" --ntasks-per-node=1' in launch and "--nproc-per-node=2" in launch
-    assert "-m slurmkit.worker.torchrun_rank" in launch and "submitit.core._submit" not in launch
+    assert "-m slurmkit.worker.torchrun_rank" in launch and "-m slurmkit.worker.rank" not in launch
     if runtime == "pyxis":
         assert '"${SLURMKIT_SRUN_CONTAINER[@]}" bash -c' in launch
 
@@ -72,7 +72,7 @@ def test_pyxis_passes_its_options_to_srun_and_runs_the_container_python(tmp_path
     assert "--container-mounts=/data:/data:ro," in line and "--container-workdir=/workspace" in line
     assert "--container-env=HF_HOME,OMP_NUM_THREADS" in line
     launch = next(ln for ln in script.splitlines() if ln.lstrip().startswith("srun "))
-    assert '"${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -u -m submitit.core._submit' in launch
+    assert '"${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -u -m slurmkit.worker.rank' in launch
     # The batch shell's own helper stays on the host interpreter.
     assert "/usr/bin/python -m slurmkit.worker.requeue" not in script
 
@@ -125,7 +125,7 @@ def test_ray_head_workers_and_driver_start_inside_the_container(tmp_path: Path, 
     wrap = '"${SLURMKIT_SRUN_CONTAINER[@]}"' if runtime == "pyxis" else '"${SLURMKIT_RANK_PREFIX[@]}"'
     joined = script.replace("\\\n", " ")
     ray_start = next(ln for ln in joined.splitlines() if "ray.scripts.scripts start" in ln)
-    driver = next(ln for ln in joined.splitlines() if "submitit.core._submit" in ln and ln.startswith("srun "))
+    driver = next(ln for ln in joined.splitlines() if "slurmkit.worker.rank" in ln and ln.startswith("srun "))
     assert wrap in ray_start and wrap in driver
     python = CONTAINERS[runtime].get("python")
     if python:  # the container's interpreter starts Ray, not the host's

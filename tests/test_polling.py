@@ -75,7 +75,8 @@ def hiccup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     body = ('n=$(cat "$STATE/count" 2>/dev/null || echo 0); echo $((n + 1)) > "$STATE/count"\n'
             'if [ "$n" -lt "$FAILS" ]; then echo "${MESSAGE:-slurm_load_jobs error: Unable to contact slurm '
             'controller (connect failure)}" >&2; exit 1; fi\n')
-    stand_in(tmp_path, "squeue", body + 'echo "7|RUNNING|None|node1|0:05|7"\n')
+    stand_in(tmp_path, "squeue", body + 'case "$*" in *--format=%L*) echo "10:00";; '
+             '*) echo "7|RUNNING|None|node1|0:05|7";; esac\n')
     stand_in(tmp_path, "scancel", body)
     pending = 'if [ -n "${PENDING:-}" ]; then echo "Job is pending execution for job 7" >&2; exit 1; fi\n'
     stand_in(tmp_path, "scontrol", body + pending)
@@ -160,6 +161,15 @@ def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol
     with pytest.raises(SlurmError, match="pending execution") as failed:
         requeue.request(paths, "7", "preemption", 12, within_s=3)
     assert not isinstance(failed.value, commands.RequeueUncertain) and not paths.restart_request.exists()
+    # Rank 0, after the ranks stopped and saved, says either in one line rather than a traceback.
+    monkeypatch.setattr(requeue, "IN_JOB_RETRY_S", 3.0)
+    assert requeue.after_stop(paths, "7", 12, requeue_signal=True).startswith(
+        "stopped at step 12, saved; the requeue failed, so the job ends here: ")
+    monkeypatch.setenv("FAILS", "1000")
+    monkeypatch.delenv("PENDING")
+    line = requeue.after_stop(paths, "7", 12, requeue_signal=True)
+    assert line.startswith("stopped at step 12, saved; the requeue may or may not have gone through: ")
+    assert "\n" not in line
 
 
 def test_until_ended_stops_at_the_end_at_the_timeout_and_after_the_unknown_grace() -> None:

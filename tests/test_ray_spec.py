@@ -35,7 +35,7 @@ def test_ray_script_starts_head_and_workers_then_the_driver(tmp_path: Path) -> N
     assert "ray stop" not in script.replace("`ray stop`", "")
     assert "slurmkit.worker.requeue" not in script  # a Ray driver owns its own recovery
     # The driver runs through submitit on the first node, after Ray is up.
-    assert re.search(r'srun --overlap -N1 -n1 -w "\$\{SLURMKIT_RAY_HOSTS\[0\]\}" .* -m submitit.core._submit', script,
+    assert re.search(r'srun --overlap -N1 -n1 -w "\$\{SLURMKIT_RAY_HOSTS\[0\]\}" .* -m slurmkit.worker.rank', script,
                      re.DOTALL)
 
 

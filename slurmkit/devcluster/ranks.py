@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurmkit.runs import RunPaths
+from slurmkit.slurm.executor import RANK_MODULE
 
 
 def _environ(pid: Path) -> dict[str, str]:
@@ -27,7 +28,7 @@ def rank_pid(paths: RunPaths, rank: int) -> int:
             continue
         if env.get("SLURM_PROCID") != str(rank):
             continue
-        if "submitit.core._submit" in argv:
+        if RANK_MODULE in argv:
             return int(proc.name)
         if "slurmkit.worker.standby" in argv and "--attempt" in argv:
             attempt = int(argv[argv.index("--attempt") + 1])

@@ -84,9 +84,14 @@ def rank_python(resolved: Resolved) -> str:
     return shell_quote(c.python) if c is not None and c.python else python_command(resolved)
 
 
+RANK_MODULE = "slurmkit.worker.rank"
+"""Each rank's main module: submitit's worker, then an exit without Python's finalization."""
+
+
 def submitit_command(python: str, folder: Path) -> str:
-    """The command submitit runs on each rank (mirrors SlurmExecutor._submitit_command_str)."""
-    return " ".join([python, "-u -m submitit.core._submit", shell_quote(str(folder))])
+    """The command each rank runs: submitit's worker (`submitit.core._submit`, as submitit's own
+    SlurmExecutor._submitit_command_str) inside slurmkit.worker.rank."""
+    return " ".join([python, f"-u -m {RANK_MODULE}", shell_quote(str(folder))])
 
 
 def job_files(folder: Path, array: bool = False) -> JobFiles:
@@ -141,6 +146,10 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
 
     def _num_tasks(self) -> int:
         return self.resolved.num_tasks  # a Ray run has one submitit task (the driver) over N nodes
+
+    @property
+    def _submitit_command_str(self) -> str:
+        return submitit_command(self.python, Path(self.folder))
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         self.last_script = render_for(self.resolved, Path(self.folder), command, self._array, self.dependency)

@@ -65,11 +65,26 @@ def after_stop(paths: RunPaths, job_id: str, step: int | None, requeue_signal: b
     - Else the profile's signal is the time limit coming, or a preemption by hand
       (`scancel --signal`): requeued for its cause, within budget.
     - Else SIGTERM is scancel, `scontrol requeue` or the limit itself: Slurm decides, nothing is asked.
+
+    A requeue that Slurm refuses, or that its controller does not answer in time, is said in this
+    one line too (the ranks have saved), not in a traceback.
     """
     from slurmkit.errors import SlurmError
     from slurmkit.slurm import commands
 
     at = f" at step {step}" if step is not None else ""
+    try:
+        return _act_on_stop(paths, job_id, at, step, requeue_signal)
+    except commands.RequeueUncertain as exc:
+        return f"stopped{at}, saved; the requeue may or may not have gone through: {exc.one_line()}"
+    except SlurmError as exc:
+        return f"stopped{at}, saved; the requeue failed, so the job ends here: {exc.one_line()}"
+
+
+def _act_on_stop(paths: RunPaths, job_id: str, at: str, step: int | None, requeue_signal: bool) -> str:
+    from slurmkit.errors import SlurmError
+    from slurmkit.slurm import commands
+
     try:
         pre = commands.preemption(job_id)
     except SlurmError:

@@ -12,7 +12,8 @@ Each process:
 3. waits for its attempt's go file (RunPaths.standby_go), which the requeue policy (run by the
    batch shell after the ranks' srun failed) writes when it chooses an in-job restart;
 4. then takes back its priority where the system lets it, sets SLURMKIT_ATTEMPT, and runs
-   submitit's worker for the job folder in itself, exactly as a fresh rank would.
+   submitit's worker for the job folder in itself, exactly as a fresh rank would
+   (slurmkit.worker.rank, which ends the process as a rank's).
 When the job's last step of ranks ends, the batch shell ends the standby step.
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import signal
 import sys
 import time
@@ -32,8 +32,6 @@ from slurmkit.runs import RunPaths
 
 POLL_S = 0.01
 NICE = 10
-ENTRY = "submitit.core._submit"
-"""What every rank runs (slurm.executor.submitit_command)."""
 
 
 def _prepare() -> float:
@@ -80,8 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     startup.restart_clock()
     print(f"slurmkit: standby rank takes in-job attempt {args.attempt} (its imports took {paid:.1f} s "
           f"before){renice}", file=sys.stderr, flush=True)
-    sys.argv = [ENTRY, args.folder]
-    runpy.run_module(ENTRY, run_name="__main__", alter_sys=True)
+    from slurmkit.worker import rank
+
+    rank.run(args.folder)
 
 
 if __name__ == "__main__":

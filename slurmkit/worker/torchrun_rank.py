@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> None:
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(out, fd)
         os.close(out)
-    os.execv(sys.executable, [sys.executable, "-u", "-m", "submitit.core._submit", folder])
+    from slurmkit.worker import rank
+
+    os.execv(sys.executable, [sys.executable, "-u", "-m", rank.__name__, folder])
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ while true; do
     SLURMKIT_STANDBY_PID=""
   else
     slurmkit_standby_end
-    srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
+    srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m slurmkit.worker.rank /shared/runs/golden-run/submitit &
     SLURMKIT_LAUNCH_PID=$!
   fi
   srun --overlap --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m slurmkit.worker.standby --run-dir "$SLURMKIT_RUN_DIR" /shared/runs/golden-run/submitit --attempt "$(( SLURMKIT_ATTEMPT + 1 ))" &

@@ -65,7 +65,7 @@ fi
 # means every rank had finished its work before the failure (e.g. at exit).
 export SLURMKIT_ATTEMPT=0
 while true; do
-  srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err "${SLURMKIT_RANK_PREFIX[@]}" /opt/venv/bin/python -u -m submitit.core._submit /shared/runs/golden-run/submitit &
+  srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err "${SLURMKIT_RANK_PREFIX[@]}" /opt/venv/bin/python -u -m slurmkit.worker.rank /shared/runs/golden-run/submitit &
   SLURMKIT_LAUNCH_PID=$!
 # wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
 while true; do
