@@ -6,8 +6,10 @@ Runs of the same training, in the same session:
   and its peer's live on, and both restart in the process (slurmkit.worker.warm). The fault time
   is rank 0's catch of the failure (`warm_restart.failed_at` of the first step back, about 1 ms
   after the raise);
-- cold: rank 1 is SIGKILLed at a random step; srun ends the step and the batch shell hands the
-  next attempt to the standby ranks (slurmkit.worker.standby, `requeue.in_job: 2`);
+- cold: rank 1 is SIGKILLed at a random step, once the standby ranks for the next attempt have
+  paid their imports (their "ready" line; a second fault a few seconds after the first, while
+  they still import, waits for them); srun ends the step and the batch shell hands the next
+  attempt to them (slurmkit.worker.standby, `requeue.in_job: 2`);
 - fresh: the same with `requeue.standby: false`: a new srun step of fresh interpreters;
 - hang: rank 1 is SIGSTOPped; rank 0's watchdog (`hang_timeout_s` 5) gives up, then as cold. Its
   figure is from the watchdog's firing (the time in its hang marker) to the first step back;
@@ -74,6 +76,13 @@ def warm_backs(paths: RunPaths) -> list[float]:
             for r in iter_records(paths.metrics) if "warm_restart" in r]
 
 
+def standby_ready(paths: RunPaths, job_id: str, attempt: int) -> bool:
+    """Every rank's standby process for in-job attempt `attempt` has said it is ready."""
+    line = f"standby rank for in-job attempt {attempt} ready"
+    logs = [paths.rank_log(job_id, rank, "err") for rank in (0, 1)]
+    return all(log.exists() and line in log.read_text(errors="replace") for log in logs)
+
+
 def one_run(tmp: Path, path: str, crashes: int, steps: int, rng: random.Random) -> dict[str, Any]:
     in_job = 0 if path == "requeue" else crashes
     profile = tmp / f"{path}.yaml"
@@ -89,6 +98,9 @@ def one_run(tmp: Path, path: str, crashes: int, steps: int, rng: random.Random) 
     paths = RunPaths(Path(sub.run_dir))
     recoveries: list[float] = []
     for k in range(0 if path == "warm" else crashes):
+        if path in ("cold", "hang"):  # the standby ranks of this attempt have paid their imports
+            while not standby_ready(paths, sub.job_id, k + 1):
+                time.sleep(0.05)
         target = last_step(paths) + rng.randint(20, 60)
         while last_step(paths) < target:
             time.sleep(0.05)
