@@ -73,12 +73,16 @@ def call(argv: list[str], timeout: float = DEFAULT_TIMEOUT_S,
         raise SlurmTimeout(f"{argv[0]} did not answer within {timeout:.0f} s", valid="is slurmctld up?") from exc
 
 
+def _failed(what: str, proc: subprocess.CompletedProcess[str]) -> str:
+    """One line for a Slurm command that exited non-zero: what it was, and what it said."""
+    return f"{what} failed: {squash(proc.stderr or proc.stdout, None) or f'exit code {proc.returncode}'}"
+
+
 def _once(argv: list[str], timeout: float, check: bool) -> str:
     proc = call(argv, timeout)
     if check and proc.returncode != 0:
-        detail = squash(proc.stderr or proc.stdout, None) or f"exit code {proc.returncode}"
         transient = _TRANSIENT_RE.search(proc.stderr or "")
-        raise (TransientSlurmError if transient else SlurmError)(f"{' '.join(argv[:2])} failed: {detail}")
+        raise (TransientSlurmError if transient else SlurmError)(_failed(" ".join(argv[:2]), proc))
     return proc.stdout
 
 
@@ -243,8 +247,7 @@ def sbatch(script: str, options: list[str], env: dict[str, str], timeout: float 
     """Submit one batch script file; its job id. Never retried: a submit that timed out may have queued."""
     proc = call(["sbatch", "--parsable", *options, script], timeout, env)
     if proc.returncode != 0:
-        detail = squash(proc.stderr or proc.stdout, None) or f"exit code {proc.returncode}"
-        raise SlurmError(f"sbatch failed: {detail}")
+        raise SlurmError(_failed("sbatch", proc))
     return proc.stdout.strip().split(";")[0]
 
 
