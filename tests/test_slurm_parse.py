@@ -72,7 +72,8 @@ def test_sacct_a_no_kill_job_that_lost_a_node_is_one_incarnation() -> None:
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("1:00:00", 3600), ("59:30", 3570), ("2-03:04:05", 183845),
-                                               ("UNLIMITED", None), ("NOT_SET", None), ("INVALID", None), ("", None)])
+                                               ("UNLIMITED", None), ("NOT_SET", None), ("INVALID", None), ("", None),
+                                               ("7|RUNNING|None|node1|0:05|7", None), ("1:2:3:4", None)])
 def test_time_left(text: str, seconds: float | None) -> None:
     assert parse.time_left(text + "\n") == seconds
 

@@ -148,13 +148,17 @@ def _add_elapsed(a: str, b: str) -> str:
 
 
 def time_left(text: str) -> float | None:
-    """squeue --format=%L: seconds left, or None for UNLIMITED, NOT_SET, INVALID or no line."""
+    """squeue --format=%L: seconds left, or None for UNLIMITED, NOT_SET, INVALID, no line or a line
+    that is no duration (unknown: the caller reads the stop signal as a preemption)."""
     from slurmkit.config.fields import duration_s
 
     value = text.strip()
     if not value or value in ("UNLIMITED", "NOT_SET", "INVALID"):
         return None
-    return float(duration_s(value))
+    try:
+        return float(duration_s(value))
+    except (ValueError, KeyError):
+        return None
 
 
 def config(text: str) -> dict[str, str]:
