@@ -44,6 +44,7 @@ from slurmkit.common.metrics import iter_records
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
 from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.worker import standby
 
 PATHS = ("warm", "cold", "fresh", "hang", "requeue")
 HANG_TIMEOUT_S = 5
@@ -78,7 +79,7 @@ def warm_backs(paths: RunPaths) -> list[float]:
 
 def standby_ready(paths: RunPaths, job_id: str, attempt: int) -> bool:
     """Every rank's standby process for in-job attempt `attempt` has said it is ready."""
-    line = f"standby rank for in-job attempt {attempt} ready"
+    line = standby.ready_line(attempt)
     logs = [paths.rank_log(job_id, rank, "err") for rank in (0, 1)]
     return all(log.exists() and line in log.read_text(errors="replace") for log in logs)
 

@@ -46,6 +46,11 @@ def _prepare() -> float:
     return time.time() - t0
 
 
+def ready_line(attempt: int) -> str:
+    """What a standby rank says in its rank's log once its imports are paid (benchmarks wait on it)."""
+    return f"standby rank for in-job attempt {attempt} ready"
+
+
 def _renice(priority: int) -> bool:
     try:
         os.setpriority(os.PRIO_PROCESS, 0, priority)
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     _renice(priority + NICE)
     paid = _prepare()
     go = RunPaths(Path(args.run_dir)).standby_go(slurm_job_id(), outcomes.restart_count(), args.attempt)
-    print(f"slurmkit: standby rank for in-job attempt {args.attempt} ready ({paid:.1f} s of imports)",
+    print(f"slurmkit: {ready_line(args.attempt)} ({paid:.1f} s of imports)",
           file=sys.stderr, flush=True)
     while not go.exists():
         time.sleep(POLL_S)
