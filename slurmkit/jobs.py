@@ -112,7 +112,8 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
         warn_oversubscribed(resolved)
     run_mode = resolved.profile.run_mode
     with perms.umask(run_mode):
-        paths = RunPaths.create(resolved.profile.run_root, resolved.spec.name, run_mode)
+        paths = RunPaths.create(resolved.profile.run_root, resolved.spec.name, run_mode,
+                                resolved.profile.checkpoint_root)
         record = RunRecord(paths)
         with paths.or_nothing():  # nothing queued: no folder, no record that could claim a job
             record.create({
@@ -199,8 +200,9 @@ def outcome_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
     """What the ranks' outcome records say of an ended job: COMPLETED (every rank succeeded),
     FAILED (one recorded an error), else UNKNOWN. For a job neither squeue nor sacct knows (no
     accounting, or sacct failing), as for a local run."""
-    found = [paths.outcome(job_id, t) for t in range(num_tasks)]
-    if all(o is not None and o.ok for o in found):
+    # Only the records present are read (one listing): a record's num_tasks never costs a stat per rank.
+    found = [paths.outcome(job_id, t) for t in paths.outcome_ranks(job_id) if t < num_tasks]
+    if len(found) == num_tasks and all(o is not None and o.ok for o in found):
         return "COMPLETED"
     return "FAILED" if any(o is not None and not o.ok for o in found) else "UNKNOWN"
 

@@ -1,5 +1,5 @@
-"""Who may read and write a run: folder modes, the umask of everything a submit creates, and the
-ownership check that comes before anything is unpickled.
+"""Who may read and write a run: folder modes and the umask of everything a submit creates. Whether
+what slurmkit opens is the caller's own is slurmkit.common.trust's to say.
 
 A run folder is 0700 (private), or 0750 with setgid under a profile's `run_mode: group`, so a
 team shares one group and can read, never write. The folder's own mode is the one record of
@@ -15,8 +15,6 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-from slurmkit.errors import SlurmkitError
 
 PRIVATE, GROUP = "private", "group"
 FOLDER_MODE = {PRIVATE: 0o700, GROUP: 0o2750}
@@ -51,36 +49,3 @@ def umask(run_mode: str = PRIVATE) -> Iterator[None]:
         yield
     finally:
         os.umask(previous)
-
-
-def swappable_reason(folder: Path) -> str | None:
-    """Why another user could rename a run folder in `folder` away and put their own in its place
-    (the job would then unpickle their submitted.pkl as you); None when they cannot."""
-    mode = folder.stat().st_mode
-    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
-        who = "others" if mode & stat.S_IWOTH else "its group"
-        return f"the run root is writable by {who} without the sticky bit: anyone there could swap a run folder"
-    return None
-
-
-def untrusted_reason(path: Path) -> str | None:
-    """Why `path` could hold what another user wrote; None when only the caller (or root) could have."""
-    try:
-        st = path.stat()
-    except OSError as exc:
-        return f"cannot stat {path}: {exc.strerror}"
-    if st.st_uid not in (os.getuid(), 0):
-        return f"{path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{path} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'}"
-    return None
-
-
-def check_trusted(paths: list[Path], what: str) -> None:
-    """Refuse (one line) unless every path, symlinks followed, is the caller's and not writable by others."""
-    for path in paths:
-        reason = untrusted_reason(path)
-        if reason:
-            raise SlurmkitError(f"refusing to unpickle {what}: {reason}", where=str(path),
-                                valid="valid: a run folder you own that no one else can write; "
-                                      "its outcome (state, error, JSON value) is in outcomes/*.json")

@@ -11,6 +11,8 @@ import os
 import signal as signals
 from pathlib import Path
 
+from slurmkit.common import trust
+
 
 def pid_alive(pid: int | None) -> bool:
     """True for a running process; a zombie (finished, not yet reaped) counts as gone."""
@@ -56,4 +58,7 @@ def signal_process(pid: int | str | None, start: int | None, sig: int = signals.
         os.kill(int(str(pid)), sig)
     except ProcessLookupError:
         return False
+    except PermissionError as exc:  # recorded by the caller, yet another user's process now
+        raise trust.NotOwnError(f"process {pid} is not yours to signal", where=f"pid {pid}",
+                                valid="valid: a run of your own that is still running") from exc
     return True

@@ -157,8 +157,9 @@ def torchrun_node(inp: RenderInput) -> str:
     which passes the signal on and waits up to 30 s for its ranks."""
     assert inp.job_folder is not None and inp.resolved.resources.tasks_per_node is not None
     rank_py = inp.rank_python or inp.python
+    # PYTHONSAFEPATH: torchrun starts each rank as `python -u -m MODULE`; the rank drops it again.
     return (f"trap '' {inp.resolved.profile.signal}; "
-            f"exec {rank_py} -m torch.distributed.run --nnodes=\"$SLURM_JOB_NUM_NODES\" "
+            f"PYTHONSAFEPATH=1 exec {rank_py} -m torch.distributed.run --nnodes=\"$SLURM_JOB_NUM_NODES\" "
             f"--nproc-per-node={inp.resolved.resources.tasks_per_node:d} --rdzv-backend=c10d "
             '--rdzv-endpoint="$SLURMKIT_RDZV_ENDPOINT" --rdzv-id="$SLURM_JOB_ID.$SLURMKIT_ATTEMPT" --max-restarts=0 '
             f"-m slurmkit.worker.torchrun_rank {shell_quote(inp.job_folder)}")

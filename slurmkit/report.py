@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmkit import goodput
+from slurmkit import goodput, perms
+from slurmkit.common.atomic import atomic_write
 from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, steps_of
 from slurmkit.errors import SlurmkitError
 from slurmkit.runs import RunPaths, RunRecord
@@ -226,8 +227,7 @@ def write(paths: RunPaths, output: Path) -> ReportData:
     data = collect(paths)
     png = render_png(data)
     output.parent.mkdir(parents=True, exist_ok=True)
-    if output.suffix == ".png":
-        output.write_bytes(png)
-    else:
-        output.write_text(render_html(data, png))
+    # Written beside and renamed over: a symlink planted at the output's name is replaced, never followed.
+    atomic_write(output, png if output.suffix == ".png" else render_html(data, png).encode(),
+                 perms.file_mode(output.parent), durable=False)
     return data

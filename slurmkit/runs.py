@@ -26,13 +26,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurmkit import perms
-from slurmkit.common import outcomes
+from slurmkit.common import outcomes, trust
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.outcomes import Outcome
 from slurmkit.errors import ConfigError, RunNotFoundError, SlurmkitError, clip, did_you_mean, warn
 
 RUN_FILE = "run.json"
 CREATE_ATTEMPTS = 20
+MAX_RECORD_BYTES = 64 << 20  # a record holds a script and restarts: far below this; a larger file is not one
+MAX_TASKS = 1_000_000
+"""The most ranks a run record may claim (and tasks a sweep may have): status reads one outcome per rank."""
 
 
 _VAR_RE = re.compile(r"\$(\w+|\{[^}]*\})")
@@ -51,7 +54,7 @@ def expand_vars(value: str, field: str) -> str:
 
 def expand_root(run_root: str) -> Path:
     """The run root as an absolute path (~ and $VARS expanded on the login node)."""
-    root = Path(expand_vars(run_root, "run_root")).expanduser()
+    root = Path(os.path.expanduser(expand_vars(run_root, "run_root")))
     if not root.is_absolute():
         raise ConfigError("run_root is a relative path: it would depend on the folder slurmkit runs in",
                           where=f"profile:run_root={clip(run_root)}",
@@ -62,6 +65,19 @@ def expand_root(run_root: str) -> Path:
 def expand_checkpoint_root(checkpoint_root: str) -> str:
     """checkpoint_root with $VARS expanded (a path or an fsspec URL), without a trailing /."""
     return expand_vars(checkpoint_root, "checkpoint_root").rstrip("/")
+
+
+def check_checkpoint_root(checkpoint_root: str | None) -> None:
+    """A checkpoint_root on a filesystem path must not let another user swap a run's checkpoint
+    folder: the folders down to it (its nearest existing one) writable by others only with the
+    sticky bit. An object store's bucket policy is the store's to enforce (docs/security.md)."""
+    if not checkpoint_root or ("://" in checkpoint_root and not checkpoint_root.startswith("file://")):
+        return
+    path = Path(os.path.expanduser(expand_checkpoint_root(checkpoint_root).removeprefix("file://")))
+    existing = next((p for p in [path, *path.parents] if p.exists()), Path("/"))
+    if why := trust.chain_reason(existing):
+        raise ConfigError(why, where=f"profile:checkpoint_root={clip(checkpoint_root)}",
+                          valid="valid: a folder of your own, or a shared one with the sticky bit (as /tmp)")
 
 
 def new_run_id(name: str) -> str:
@@ -87,8 +103,11 @@ class RunPaths:
     run_dir: Path
 
     @classmethod
-    def create(cls, run_root: str, name: str, run_mode: str = perms.PRIVATE) -> RunPaths:
-        """A new, empty run folder (0700, or 0750+setgid for run_mode group); one clear error if it cannot be."""
+    def create(cls, run_root: str, name: str, run_mode: str = perms.PRIVATE,
+               checkpoint_root: str | None = None) -> RunPaths:
+        """A new, empty run folder (0700, or 0750+setgid for run_mode group); one clear error if it cannot be.
+        A local checkpoint_root others could swap a run's checkpoints in is refused here too."""
+        check_checkpoint_root(checkpoint_root)
         root = expand_root(run_root)
         where = f"profile:run_root={clip(run_root)}"
         try:
@@ -100,9 +119,9 @@ class RunPaths:
                               valid="valid: a writable folder on a filesystem shared with the compute nodes") from exc
         if not root.is_dir():
             raise ConfigError("the run root is not a folder", where=where, valid="valid: a writable folder")
-        if reason := perms.swappable_reason(root):
-            raise ConfigError(reason, where=where, valid="valid: a folder of your own, or a shared one with the "
-                                                         "sticky bit (chmod +t, as /tmp)")
+        if reason := trust.chain_reason(root):
+            raise ConfigError(reason, where=where, valid="valid: a folder of your own, in folders only you or root "
+                                                         "can write, or shared ones with the sticky bit (as /tmp)")
         for _ in range(CREATE_ATTEMPTS):  # a clash on the random id is rare; never spin forever
             paths = cls(root / new_run_id(name))
             try:
@@ -220,17 +239,26 @@ class RunPaths:
         """A rank's outcome as JSON (slurmkit.common.outcomes), written when the rank finishes."""
         return self.run_dir / "outcomes" / f"{job_id}_{rank}.json"
 
+    def outcome_ranks(self, job_id: str) -> list[int]:
+        """The ranks of job `job_id` that wrote an outcome record, in order."""
+        try:
+            names = os.listdir(self.run_dir / "outcomes")
+        except OSError:
+            return []
+        prefix = f"{job_id}_"
+        return sorted(int(n[len(prefix):-5]) for n in names
+                      if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit())
+
     def outcome(self, job_id: str, rank: int) -> Outcome | None:
         """A rank's outcome, or None when it wrote none (still running, requeued, killed)."""
         return outcomes.read(self.outcome_file(job_id, rank))
 
     def unpickle_result(self, job_id: str, rank: int) -> tuple[str, Any]:
-        """submitit's result pickle, only from a folder the caller owns and no one else can write."""
-        from submitit.core.utils import pickle_load
-
-        pickle = self.result_pickle(job_id, rank)
-        perms.check_trusted([self.run_dir, self.job_folder, pickle], "the result")
-        outcome, value = pickle_load(pickle)
+        """submitit's result pickle, only from a folder the caller owns and no one else can write,
+        checked on the open file (one open: nothing can be swapped in between)."""
+        # A sweep task's submitit/ is a link to the sweep's own: folder_reason follows it.
+        outcome, value = trust.load_pickle(self.result_pickle(job_id, rank), "the result",
+                                           (self.run_dir, self.job_folder))
         return str(outcome), value
 
     def rank_log(self, job_id: str, rank: int, stream: str = "out") -> Path:
@@ -259,7 +287,8 @@ class LockedJson:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path.parent / f".{self.path.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        # O_NOFOLLOW: a lock file planted as a symlink must not create or open a file elsewhere.
+        fd = os.open(self.path.parent / f".{self.path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "r+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -268,17 +297,24 @@ class LockedJson:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def read(self) -> dict[str, Any]:
+        """The record, read from a file of the caller's own (checked on the open file), of at most
+        MAX_RECORD_BYTES; a record of the wrong shape is a CorruptRecordError naming the field."""
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads(trust.read_own(self.path, MAX_RECORD_BYTES))
         except FileNotFoundError as exc:
             raise RunNotFoundError(self.missing_error, where=str(self.path.parent)) from exc
-        except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
-            raise CorruptRecordError(f"unreadable: {clip(str(exc))}", where=str(self.path),
+        except (OSError, ValueError, trust.NotOwnError) as exc:  # ValueError: not JSON, or not UTF-8
+            what = exc.what if isinstance(exc, trust.NotOwnError) else clip(str(exc))
+            raise CorruptRecordError(f"unreadable: {what}", where=str(self.path),
                                      valid="valid: a JSON object; move the file away to drop the record") from exc
         if not isinstance(data, dict) or not data:
             raise CorruptRecordError(f"holds {clip(data)}, not a record", where=str(self.path),
                                      valid="valid: a JSON object; move the file away to drop the record")
+        self.check_shape(data)
         return data
+
+    def check_shape(self, data: dict[str, Any]) -> None:
+        """Each field readers rely on has its type (none here; RunRecord has some)."""
 
     def _save(self, data: dict[str, Any]) -> None:
         text = json.dumps(data, indent=self.indent, sort_keys=self.sort_keys, default=str) + "\n"
@@ -321,6 +357,22 @@ class RunRecord(LockedJson):
         super().__init__(paths.record)
         self.paths = paths
 
+    def check_shape(self, data: dict[str, Any]) -> None:
+        """job_ids are Slurm job ids (or a local run's pids), num_tasks a count, restarts a list."""
+        def bad(field: str, valid: str) -> CorruptRecordError:
+            return CorruptRecordError(f"{field} is {clip(data[field])}", where=f"{self.path}:{field}",
+                                      valid=f"valid: {valid}; move the file away to drop the record")
+
+        ids = data.get("job_ids", [])
+        if not isinstance(ids, list) or not all(isinstance(j, str) and trust.JOB_ID_RE.match(j) for j in ids):
+            raise bad("job_ids", "a list of Slurm job ids such as \"123\" or \"123_4\"")
+        tasks = data.get("num_tasks", 1)
+        if type(tasks) is not int or not 1 <= tasks <= MAX_TASKS:
+            raise bad("num_tasks", f"a whole number from 1 to {MAX_TASKS}")
+        for field, kind in (("restarts", list), ("pid_starts", dict), ("preempted", dict), ("goodput", dict)):
+            if data.get(field) is not None and not isinstance(data[field], kind):
+                raise bad(field, f"a JSON {'list' if kind is list else 'object'}")
+
     def add_job_id(self, job_id: str, pid_start: int | None = None, **also: Any) -> dict[str, Any]:
         """Append a job id; a local run's is the controller's pid, kept with its start time (procs).
         `also`: more fields set in the same write."""
@@ -341,27 +393,55 @@ def folders_with(run_root: str, marker: str) -> tuple[list[Path], int]:
         return [], 0
     found: list[tuple[tuple[str, str], str]] = []
     foreign = 0
-    uid = os.getuid()
-    with os.scandir(root) as entries:  # strings, not Paths: 10,000 runs are listed on every `status`
-        for entry in entries:
-            try:
-                folder, record = entry.stat(follow_symlinks=False), os.lstat(os.path.join(entry.path, marker))
-            except OSError:
-                continue
-            if not stat.S_ISDIR(folder.st_mode) or not stat.S_ISREG(record.st_mode):
-                continue  # a symlinked folder or record could point anywhere
-            if folder.st_uid != uid or record.st_uid != uid:
-                foreign += 1
-                continue
-            found.append((_newest_first_key(entry.name, record.st_mtime_ns), entry.path))
+    try:
+        with os.scandir(root) as entries:  # strings, not Paths: 10,000 runs are listed on every `status`
+            for entry in entries:
+                try:
+                    folder, record = entry.stat(follow_symlinks=False), os.lstat(os.path.join(entry.path, marker))
+                except OSError:
+                    continue
+                if not stat.S_ISDIR(folder.st_mode) or not stat.S_ISREG(record.st_mode):
+                    continue  # a symlinked folder or record could point anywhere
+                if not _own(folder, record):
+                    foreign += 1
+                    continue
+                found.append((_newest_first_key(entry.name, record.st_mtime_ns), entry.path))
+    except OSError as exc:  # another user's private folder, a stale mount
+        raise ConfigError(f"cannot list the run root: {exc.strerror or exc}", where=f"profile:run_root={root}",
+                          valid="valid: a folder you can read; set run_root in your profile") from exc
     return [Path(d) for _, d in sorted(found, reverse=True)], foreign
 
 
+def _own(folder: os.stat_result, record: os.stat_result) -> bool:
+    """A run or sweep folder and its record that only the caller (or root) could have written."""
+    return folder.st_uid == os.getuid() and record.st_uid == os.getuid() and not (
+        (folder.st_mode | record.st_mode) & trust.WRITABLE_BY_OTHERS)
+
+
+def by_path(ident: str, marker: str, what: str) -> Path:
+    """The folder a path (one holding a `/`) names, held to the rules a listing applies (the folder
+    and its record the caller's, no symlink, writable by no one else), and no one else able to swap
+    it: every folder above it writable by others only with the sticky bit."""
+    given = Path(os.path.expanduser(ident))
+    folder = Path(os.path.realpath(given.parent)) / given.name
+    valid = f"valid: a {what} folder of your own, in folders no one else can swap it in"
+    try:
+        st, record = os.lstat(folder), os.lstat(folder / marker)
+    except OSError as exc:
+        raise RunNotFoundError(f"no {what} folder at {ident}: {exc.strerror}", where=str(folder),
+                               valid=f"valid: a folder holding {marker}") from exc
+    if not stat.S_ISDIR(st.st_mode) or not stat.S_ISREG(record.st_mode) or not _own(st, record):
+        why = trust.stat_reason(st, folder) or trust.stat_reason(record, folder / marker)
+        raise trust.NotOwnError(why or f"{folder} is not the caller's {what} folder", where=str(folder), valid=valid)
+    trust.check(trust.chain_reason(folder.parent), str(folder), valid)
+    return folder
+
+
 def find_folder(run_root: str, ident: str, marker: str, what: str) -> Path:
-    """A run or sweep folder by id, unique id prefix, or path."""
-    direct = Path(ident).expanduser()
-    if (direct / marker).is_file():
-        return direct.resolve()
+    """A run or sweep folder by id or unique id prefix, under run_root only; or by a path, which holds
+    a `/` (`./ID` for one in the working folder): an id is never looked up where it was typed."""
+    if "/" in ident:
+        return by_path(ident, marker, what)
     folders, _ = folders_with(run_root, marker)
     exact = [f for f in folders if f.name == ident]
     matches = exact or [f for f in folders if f.name.startswith(ident)]
@@ -374,7 +454,7 @@ def find_folder(run_root: str, ident: str, marker: str, what: str) -> Path:
     ids = [f.name for f in folders]
     raise RunNotFoundError(f"no {what} '{ident}'{did_you_mean(ident, ids)}", where=where,
                            valid=f"valid: a {what} id from `slurmkit {'list' if what == 'run' else 'sweep list'}`, "
-                                 f"a unique prefix, or its folder")
+                                 f"a unique prefix, or its folder's path (with a /)")
 
 
 def owned_folders(run_root: str, marker: str, what: str) -> list[Path]:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit import perms
 from slurmkit.errors import ConfigError
 
 GIT_TIMEOUT_S = 30
@@ -103,16 +105,41 @@ def take(dest: Path, source: Path, max_mb: int) -> Snapshot:
         raise ConfigError(f"code snapshot of {source} is {total / MB:.0f} MB in {len(sizes)} files, over "
                           f"snapshot_max_mb={max_mb}; largest: {largest}", where="profile:snapshot_max_mb",
                           valid="valid: raise snapshot_max_mb, git-ignore data files, or snapshot: false")
+    kind = perms.folder_kind(dest.parent)
+    _folder(dest, kind)
     for _, rel in sizes:
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source / rel, target, follow_symlinks=False)
+        _copy(source / rel, dest / rel, dest, kind)
     commit = dirty = None
     if in_git:
         commit = (_git(source, "rev-parse", "HEAD") or "").strip() or None
         status = _git(source, "status", "--porcelain", "--untracked-files=no")
         dirty = bool(status and status.strip())
     return Snapshot(str(source), commit, dirty, len(sizes), total)
+
+
+def _folder(path: Path, kind: str) -> None:
+    """A folder of the snapshot, with the run folder's mode (0700, or 2750 for run_mode group)."""
+    path.mkdir(mode=0o700)
+    os.chmod(path, perms.FOLDER_MODE[kind])
+
+
+def _copy(src: Path, target: Path, top: Path, kind: str) -> None:
+    """One file with the run folder's file mode (0600 or 0640), whatever the source's, keeping only
+    its execute bit: a group-writable source must not give a group member a file they can change
+    and that runs as the owner on every requeue. A symlink is copied as a link."""
+    for folder in reversed([p for p in target.parents if p != top and top in p.parents]):
+        if not folder.is_dir():
+            _folder(folder, kind)
+    if src.is_symlink():
+        os.symlink(os.readlink(src), target)
+        return
+    mode = perms.FILE_MODE[kind]
+    if src.stat().st_mode & stat.S_IXUSR:
+        mode |= (mode & 0o440) >> 2  # r becomes r-x, for the owner (and the group in a group folder)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+        shutil.copyfileobj(inp, out)
+    os.chmod(target, mode)  # the umask narrowed the open's mode; this is the mode meant
 
 
 def into(run_dir: Path, code_dir: Path, module_file: str | None, max_mb: int) -> dict[str, Any]:

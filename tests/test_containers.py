@@ -72,9 +72,9 @@ def test_pyxis_passes_its_options_to_srun_and_runs_the_container_python(tmp_path
     assert "--container-mounts=/data:/data:ro," in line and "--container-workdir=/workspace" in line
     assert "--container-env=HF_HOME,OMP_NUM_THREADS" in line
     launch = next(ln for ln in script.splitlines() if ln.lstrip().startswith("srun "))
-    assert '"${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -u -m slurmkit.worker.rank' in launch
+    assert '"${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -P -u -m slurmkit.worker.rank' in launch
     # The batch shell's own helper stays on the host interpreter.
-    assert "/usr/bin/python -m slurmkit.worker.requeue" not in script
+    assert "/usr/bin/python -P -m slurmkit.worker.requeue" not in script
 
 
 def test_apptainer_wraps_each_rank_with_nv_only_when_gpus_are_used(tmp_path: Path) -> None:
@@ -129,4 +129,4 @@ def test_ray_head_workers_and_driver_start_inside_the_container(tmp_path: Path, 
     assert wrap in ray_start and wrap in driver
     python = CONTAINERS[runtime].get("python")
     if python:  # the container's interpreter starts Ray, not the host's
-        assert f"{python} -m ray.scripts.scripts start" in ray_start
+        assert f"{python} -P -m ray.scripts.scripts start" in ray_start

@@ -94,7 +94,7 @@ def test_standby_ranks_stand_by_only_where_the_next_step_is_the_same_srun(
     check_shell(script, tmp_path)
     if standby:  # beside the ranks' step, sharing its CPUs, for the attempt after it
         assert (f'srun --overlap --unbuffered --kill-on-bad-exit=1 --output={FOLDER}/%j_%t_log.out '
-                f'--error={FOLDER}/%j_%t_log.err /opt/venv/bin/python {STANDBY} --run-dir "$SLURMKIT_RUN_DIR" '
+                f'--error={FOLDER}/%j_%t_log.err /opt/venv/bin/python -P {STANDBY} --run-dir "$SLURMKIT_RUN_DIR" '
                 f'{FOLDER} --attempt "$(( SLURMKIT_ATTEMPT + 1 ))" &') in script
         assert '--exit-code "$SLURMKIT_RC" ${SLURMKIT_TAKEN:+--standby}' in script
     for container in ("gpu-pyxis", "hpc-apptainer"):

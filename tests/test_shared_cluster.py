@@ -205,7 +205,7 @@ def _restarts(run_dir: str, first: int, count: int) -> None:
     os.environ["PATH"] = "/nonexistent"  # no sacct: a restart without a marker is recorded as "unknown"
     paths = RunPaths(Path(run_dir))
     for n in range(first, first + count):
-        requeue.record_restart(paths, f"job-{n}", n, None)
+        requeue.record_restart(paths, str(90000 + n), n, None)
 
 
 def _job_ids(run_dir: str, first: int, count: int) -> None:

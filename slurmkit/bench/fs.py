@@ -53,7 +53,10 @@ def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, A
     from slurmkit.worker.checkpoint import CheckpointError, CheckpointStore
 
     root = f"{uri.rstrip('/')}/.slurmkit-bench-{uuid.uuid4().hex[:8]}"
-    store = CheckpointStore(root)
+    try:
+        store = CheckpointStore(root)
+    except CheckpointError as exc:
+        raise SlurmkitError(f"cannot write or read there: {exc}", where=uri) from exc
     data = os.urandom(min(size, 64 * CHUNK)) * max(1, size // (64 * CHUNK))  # incompressible, cheap to make
     size = len(data)
     try:

@@ -129,6 +129,14 @@ def _home_path(value: str) -> str:
     return expanded
 
 
+def _tilde_resolves(value: str) -> str:
+    # Path.expanduser raises on ~nosuchuser; say so at validation, not as a traceback at submit.
+    if value.startswith("~") and os.path.expanduser(value).startswith("~"):
+        raise ValueError(f"{clip(value)} starts with ~ but names no home folder; "
+                         "valid: an absolute path, ~/... or ~user/... of a user that exists")
+    return value
+
+
 def _whole_number_as_text(value: Any) -> Any:
     """`time: 90` and `mem: 8000` are numbers in YAML and text to Slurm (minutes, megabytes)."""
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
@@ -138,6 +146,8 @@ SlurmTime = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidato
 SlurmMem = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidator(_slurm_mem)]
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_keys), AfterValidator(_env_names)]
 HomePath = Annotated[str, AfterValidator(_home_path)]
+TildePath = Annotated[str, AfterValidator(_tilde_resolves)]
+"""A path expanded where it is used (~ and $VARS), whose ~user names a user that exists."""
 """A path whose leading ~ is expanded on the login node (venv, python)."""
 _GRES_RE = re.compile(r"^[a-z][a-z0-9_-]*(?::[A-Za-z0-9_.-]+)?(?::\d+)?$")
 
@@ -161,6 +171,8 @@ def gres_gpus(gres: str | None) -> int:
 
 
 SbatchValue = Annotated[str, AfterValidator(sbatch_safe)]
+SbatchPath = Annotated[str, AfterValidator(sbatch_safe), AfterValidator(_tilde_resolves)]
+"""A path that reaches an #SBATCH line (run_root: the logs' folder), expanded where it is used."""
 Gres = Annotated[str, AfterValidator(_gres)]
 """Text that reaches an #SBATCH line (partition, account, run_root, ...)."""
 SbatchOptions = Annotated[list[str], AfterValidator(_sbatch_options)]

@@ -7,7 +7,18 @@ from typing import Literal
 from pydantic import Field
 
 from slurmkit.config.container import Container
-from slurmkit.config.fields import EnvMap, Gres, HomePath, SbatchOptions, SbatchValue, SlurmMem, SlurmTime, Strict
+from slurmkit.config.fields import (
+    EnvMap,
+    Gres,
+    HomePath,
+    SbatchOptions,
+    SbatchPath,
+    SbatchValue,
+    SlurmMem,
+    SlurmTime,
+    Strict,
+    TildePath,
+)
 
 
 class Resources(Strict):
@@ -127,7 +138,7 @@ class ClusterProfile(Strict):
     """The health gate also runs a short all-reduce across the job's nodes (imports torch: a few seconds)."""
     container: Container | None = None
     """Container the ranks run in; unset runs on the host."""
-    run_root: SbatchValue = "~/slurmkit-runs"
+    run_root: SbatchPath = "~/slurmkit-runs"
     """Folder that holds run folders; must be on a filesystem shared by login and compute nodes. Absolute,
     ~/... or $VAR/... (a variable must be set on the login node)."""
     run_mode: Literal["private", "group"] = "private"
@@ -145,5 +156,5 @@ class ClusterProfile(Strict):
     git the folder of the callable's module. So a requeue runs what was submitted, not what was edited since."""
     snapshot_max_mb: int = Field(100, ge=1)
     """The largest snapshot allowed, in MB; a larger one is refused at submit, naming its largest files."""
-    template_dir: str | None = None
+    template_dir: TildePath | None = None
     """Folder whose templates override the shipped ones, file by file or block by block."""

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from slurmkit.common import trust
 from slurmkit.common.slurm_env import base_id, expand_hostlist
 from slurmkit.errors import SlurmError, squash, warn
 from slurmkit.slurm import parse
@@ -102,6 +103,11 @@ def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, check: bool = Tr
     return str(retrying(_once, argv, timeout, check))
 
 
+def _ids(job_ids: list[str]) -> list[str]:
+    """Every id a Slurm job id (trust.job_id), before it reaches a command: never an option."""
+    return [trust.job_id(j, "job id") for j in job_ids]
+
+
 def squeue_all() -> dict[str, JobInfo]:
     """One squeue call for every job of this user, array tasks expanded."""
     argv = ["squeue", "--me", "--noheader", "--array", "--states=all", f"--format={parse.SQUEUE_FORMAT}"]
@@ -114,7 +120,7 @@ def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
     if not job_ids:
         return {}
     return parse.sacct(run(["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", "--jobs",
-                            ",".join(job_ids), f"--format={parse.SACCT_FORMAT}"], query=True))
+                            ",".join(_ids(job_ids)), f"--format={parse.SACCT_FORMAT}"], query=True))
 
 
 def sacct_or_warn(job_ids: list[str]) -> dict[str, JobInfo]:
@@ -160,7 +166,7 @@ def scancel(job_ids: list[str], signal: str | None = None) -> None:
     argv = ["scancel"]
     if signal:
         argv += ["--full", f"--signal={signal}"]
-    run(argv + job_ids)
+    run(argv + _ids(job_ids))
 
 
 class RequeueUncertain(SlurmError):
@@ -175,7 +181,7 @@ def requeue(job_id: str, within_s: float = 0.0) -> None:
 
     A try that timed out may still go through: slurmctld reads the request once it answers again
     (seen with slurmctld stopped by SIGSTOP). If no later try settles it, RequeueUncertain says so."""
-    argv = ["scontrol", "requeue", job_id]
+    argv = ["scontrol", "requeue", *_ids([job_id])]
     if within_s <= 0:
         run(argv)
         return
@@ -253,7 +259,7 @@ def sbatch(script: str, options: list[str], env: dict[str, str], timeout: float 
 
 def exclude_nodes(job_id: str, nodes: list[str]) -> None:
     """Keep a (pending, requeued) job off these nodes."""
-    run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"])
+    run(["scontrol", "update", f"JobId={_ids([job_id])[0]}", f"ExcNodeList={','.join(nodes)}"])
 
 
 def version() -> str:
@@ -272,8 +278,8 @@ def srun_help() -> str:
 def time_left_s(job_id: str) -> float | None:
     """Seconds before the job's time limit (squeue %L), None when unlimited or unknown. Asked once:
     it is asked at stop time, inside the grace period, where a retry's wait would eat the save."""
-    return parse.time_left(run(["squeue", "--noheader", "--jobs", job_id, "--format=%L"], timeout=IN_GRACE_TIMEOUT_S,
-                               check=False))
+    return parse.time_left(run(["squeue", "--noheader", "--jobs", *_ids([job_id]), "--format=%L"],
+                               timeout=IN_GRACE_TIMEOUT_S, check=False))
 
 
 def job_nodes(job_id: str) -> list[str]:
@@ -285,7 +291,8 @@ def job_nodes(job_id: str) -> list[str]:
 
 def _show_job(job_id: str, check: bool) -> dict[str, str]:
     """One job's fields from `scontrol --oneliner show job`, asked once within IN_GRACE_TIMEOUT_S."""
-    lines = run(["scontrol", "--oneliner", "show", "job", job_id], timeout=IN_GRACE_TIMEOUT_S, check=check).splitlines()
+    lines = run(["scontrol", "--oneliner", "show", "job", *_ids([job_id])], timeout=IN_GRACE_TIMEOUT_S,
+                check=check).splitlines()
     return parse.oneliner(lines[0]) if lines else {}
 
 

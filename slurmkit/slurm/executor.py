@@ -17,8 +17,12 @@ from typing import Any
 import submitit
 from submitit.core.utils import DelayedSubmission, JobPaths
 
+from slurmkit import perms
+from slurmkit.common import trust
+from slurmkit.common.atomic import atomic_write, atomic_write_text
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
+from slurmkit.errors import SlurmkitError
 from slurmkit.render import JobFiles, RenderInput, render, shell_quote
 from slurmkit.runs import RunPaths
 from slurmkit.slurm import commands
@@ -53,18 +57,20 @@ def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = 
     (never unpickled here) under the new id (submitit's worker waits up to 60 s for it).
     `partition` overrides the script's. Returns the new job id."""
     old = JobPaths(paths.job_folder, job_id=job_id).submitted_pickle
-    if not old.exists():
-        from slurmkit.errors import SlurmkitError
-
+    try:  # the copy is read from the open file of the caller's own pickle: never another user's
+        with os.fdopen(trust.open_own(old), "rb") as f:
+            call = f.read()
+    except FileNotFoundError:
         raise SlurmkitError(f"job {job_id}'s call is gone ({old})", where=paths.run_id,
-                            valid="submit the run again with `slurmkit submit`")
+                            valid="submit the run again with `slurmkit submit`") from None
     tag = uuid.uuid4().hex
     tmp_script, tmp_pickle = paths.job_folder / f".resubmit-{tag}.sh", paths.job_folder / f".{tag}.pkl"
     parent = set(_job_env_names(dict(os.environ)))
     env = {k: v for k, v in os.environ.items() if k not in parent}
+    mode = perms.file_mode(paths.run_dir)
     try:
-        tmp_script.write_text(script)
-        tmp_pickle.write_bytes(old.read_bytes())
+        atomic_write_text(tmp_script, script, mode, durable=False)
+        atomic_write(tmp_pickle, call, mode, durable=False)
         new = commands.sbatch(str(tmp_script), [f"--partition={partition}"] if partition else [], env, SBATCH_TIMEOUT_S)
         JobPaths(paths.job_folder, job_id=new).move_temporary_file(tmp_pickle, "submitted_pickle")
     finally:
@@ -73,15 +79,21 @@ def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = 
     return new
 
 
+SAFE_PATH = "-P"
+"""Every interpreter slurmkit starts runs with -P (Python 3.11+): it never imports from the working
+folder, where another user may have planted a `submitit.py` or `slurmkit/`. A user's own command
+keeps Python's usual rules (slurmkit.worker.rank drops PYTHONSAFEPATH before any user code runs)."""
+
+
 def python_command(resolved: Resolved) -> str:
-    """The interpreter on the host: the batch shell's helpers, and the ranks when there is no container."""
-    return shell_quote(resolved.profile.python or sys.executable)
+    """The interpreter on the host (and -P): the batch shell's helpers, and the ranks when there is no container."""
+    return f"{shell_quote(resolved.profile.python or sys.executable)} {SAFE_PATH}"
 
 
 def rank_python(resolved: Resolved) -> str:
-    """The interpreter that runs each rank: the container's, if it names one."""
+    """The interpreter that runs each rank (and -P): the container's, if it names one."""
     c = resolved.profile.container
-    return shell_quote(c.python) if c is not None and c.python else python_command(resolved)
+    return f"{shell_quote(c.python)} {SAFE_PATH}" if c is not None and c.python else python_command(resolved)
 
 
 RANK_MODULE = "slurmkit.worker.rank"
@@ -218,9 +230,25 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
         return jobs
 
 
+class SafeLocalExecutor(submitit.LocalExecutor):
+    """submitit's LocalExecutor, whose controller (`python -m submitit.local._local`) starts with
+    PYTHONSAFEPATH: it never imports from the working folder (its ranks get -P from `python`)."""
+
+    def _internal_process_submissions(self, delayed_submissions: list[DelayedSubmission]) -> list[submitit.Job[Any]]:
+        before = os.environ.get("PYTHONSAFEPATH")
+        os.environ["PYTHONSAFEPATH"] = "1"
+        try:
+            return super()._internal_process_submissions(delayed_submissions)
+        finally:
+            if before is None:
+                os.environ.pop("PYTHONSAFEPATH", None)
+            else:
+                os.environ["PYTHONSAFEPATH"] = before
+
+
 def local_executor(folder: Path, resolved: Resolved) -> Any:
-    """submitit's LocalExecutor: every rank a process on this machine."""
-    ex = submitit.LocalExecutor(folder, max_num_timeout=resolved.profile.requeue.timeout,
+    """submitit's LocalExecutor (SafeLocalExecutor): every rank a process on this machine."""
+    ex = SafeLocalExecutor(folder, max_num_timeout=resolved.profile.requeue.timeout,
                                 python=python_command(resolved))
     r = resolved.resources
     assert r.time is not None

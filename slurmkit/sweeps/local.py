@@ -29,7 +29,8 @@ def start(paths: SweepPaths, indices: list[int]) -> int:
                                    "runner_pid": None})
     log = open(paths.local_runner_log, "a")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        [sys.executable, "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir), "--array", str(number)],
+        [sys.executable, "-P", "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir),
+         "--array", str(number)],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
     with ArrayLog(paths).editing() as arrays:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common import trust
 from slurmkit.config.loader import Resolved
 from slurmkit.runs import LockedJson, RunPaths, RunRecord, find_folder, owned_folders
 
@@ -235,11 +236,8 @@ def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: dict[
 
 def load_call(paths: SweepPaths, index: int) -> tuple[Any, tuple[Any, ...]]:
     """On the node: a map_array's function and task `index`'s arguments (slurmkit.sweeps.mapped),
-    from the user's own private sweep folder, as submitit's own pickles are read."""
-    import pickle
-
-    with open(paths.function_pickle, "rb") as f:
-        fn, items = pickle.load(f)
+    from the user's own private sweep folder, checked on the open file as submitit's own pickles are."""
+    fn, items = trust.load_pickle(paths.function_pickle, "the sweep's function")
     return fn, tuple(items[index])
 
 

@@ -91,7 +91,7 @@ def _submit_arrays(paths: SweepPaths, groups: list[Resolved], arrays: list[dict[
 def create(plan: SweepPlan, tasks: SweepTasks) -> SweepPaths:
     """Write the manifest atomically, once; nothing is submitted yet."""
     prof = tasks.groups[0].profile
-    created = RunPaths.create(prof.run_root, f"{plan.name}-sweep", prof.run_mode)
+    created = RunPaths.create(prof.run_root, f"{plan.name}-sweep", prof.run_mode, prof.checkpoint_root)
     paths = SweepPaths(created.run_dir)
     with created.or_nothing():
         _write_manifest(paths, plan, tasks)

@@ -23,6 +23,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from slurmkit.common import trust
 from slurmkit.common.atomic import atomic_write
 
 MARKER = "COMMITTED.json"
@@ -72,6 +73,26 @@ class CheckpointStore:
         self.local = isinstance(self.fs, LocalFileSystem)
         self.required = required
         self._valid: set[int] = set()  # steps this process committed or verified: their files are final
+        if self.local:
+            self._claim()
+
+    def _claim(self) -> None:
+        """The checkpoint folder is the run's own: made here by a plain mkdir (0700, or 0750 under a
+        group run's umask), or, where it exists, the caller's, no symlink, writable by no one else;
+        and no folder above it lets another user swap it (trust.chain_reason). Else one line: a
+        folder someone else made first, with their `step-N` in it, is never resumed from."""
+        parent = os.path.dirname(self.root) or "/"
+        try:
+            os.makedirs(parent, exist_ok=True)
+            os.mkdir(self.root, 0o777)  # narrowed by the job's umask (0077 or 0027)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise CheckpointError(f"cannot create the checkpoint folder: {_explain(exc, self.root)}") from exc
+        why = trust.reason(self.root) or trust.chain_reason(parent)
+        if why:
+            raise CheckpointError(f"refusing the checkpoint folder {self.root}: {why}; valid: a folder of your own, "
+                                  "under a checkpoint_root only you (or root) can write, or one with the sticky bit")
 
     def step_dir(self, step: int) -> str:
         return f"{self.root}/step-{step}"

@@ -53,6 +53,8 @@ class Run:
         return value
 
     def _run(self) -> Any:
+        # slurmkit's own interpreters start with -P (or PYTHONSAFEPATH); the user's code keeps Python's rules.
+        os.environ.pop("PYTHONSAFEPATH", None)
         os.environ.update(self.env)
         os.environ["SLURMKIT_RUN_DIR"] = self.run_dir
         if self.code_dir:  # the batch shell has done this on Slurm; the local executor has not
@@ -100,8 +102,15 @@ def record_restart(run_dir: str) -> None:
 
 
 def call(target: str, kwargs: dict[str, Any]) -> Any:
+    """A spec's `callable: module:function`: the user's module is found as `python -m` would find it,
+    the working folder first, for that import only (slurmkit's own interpreter runs with -P)."""
     module_name, _, attr = target.partition(":")
-    obj: Any = importlib.import_module(module_name)
+    here = os.getcwd()
+    sys.path.insert(0, here)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    finally:
+        sys.path.remove(here)
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj(**kwargs)

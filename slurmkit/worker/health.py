@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from slurmkit.common.atomic import atomic_write_text
 from slurmkit.errors import squash
 from slurmkit.runs import RunPaths
 from slurmkit.worker.gpu import GpuState, query
@@ -84,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurmkit health: {node} ok ({len(gpus)} GPUs via {source}{extra})", flush=True)
         return 0
     path = RunPaths(Path(args.run_dir)).health_marker(node)
-    path.write_text(json.dumps({"node": node, "problems": found, "source": source,
-                                "gpus": [g.as_dict() for g in gpus]}) + "\n")
+    # 0666 narrowed by the job's umask; written beside and renamed, never through a planted symlink.
+    atomic_write_text(path, json.dumps({"node": node, "problems": found, "source": source,
+                                        "gpus": [g.as_dict() for g in gpus]}) + "\n", mode=0o666)
     print(f"slurmkit health: {node} FAILED: {'; '.join(found)}", file=sys.stderr, flush=True)
     return EXIT_UNHEALTHY
 

@@ -28,7 +28,12 @@ import os
 import runpy
 import sys
 import threading
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
+
+from submitit.core import utils as submitit_utils
+
+from slurmkit.common import trust
 
 ENTRY = "submitit.core._submit"
 
@@ -45,7 +50,13 @@ def exit_status(code: object) -> int:
 
 
 def run(folder: str) -> NoReturn:
-    """Run submitit's worker for the job folder in this process, then exit without finalization."""
+    """Run submitit's worker for the job folder in this process, then exit without finalization.
+
+    The job's pickle is loaded only from a file of the caller's own (trust.load_pickle, on the open
+    file). This interpreter was started with -P; PYTHONSAFEPATH, where a launcher set it for that,
+    is dropped so a user's own command started from here keeps Python's usual rules."""
+    os.environ.pop("PYTHONSAFEPATH", None)
+    submitit_utils.pickle_load = _own_pickle
     sys.argv = [ENTRY, folder]
     try:
         runpy.run_module(ENTRY, run_name="__main__", alter_sys=True)
@@ -56,6 +67,11 @@ def run(folder: str) -> NoReturn:
         sys.excepthook(*sys.exc_info())
         status = 1
     finish(status)
+
+
+def _own_pickle(filename: str | Path) -> Any:
+    """submitit's pickle_load, for the job's own pickles only: another user's is refused."""
+    return trust.load_pickle(filename, "the job")
 
 
 def finish(status: int) -> NoReturn:

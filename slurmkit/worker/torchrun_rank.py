@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         os.close(out)
     from slurmkit.worker import rank
 
-    os.execv(sys.executable, [sys.executable, "-u", "-m", rank.__name__, folder])
+    os.execv(sys.executable, [sys.executable, "-P", "-u", "-m", rank.__name__, folder])
 
 
 if __name__ == "__main__":

@@ -67,10 +67,10 @@ while true; do
     SLURMKIT_STANDBY_PID=""
   else
     slurmkit_standby_end
-    srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m slurmkit.worker.rank /shared/runs/golden-run/submitit &
+    srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -P -u -m slurmkit.worker.rank /shared/runs/golden-run/submitit &
     SLURMKIT_LAUNCH_PID=$!
   fi
-  srun --overlap --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -u -m slurmkit.worker.standby --run-dir "$SLURMKIT_RUN_DIR" /shared/runs/golden-run/submitit --attempt "$(( SLURMKIT_ATTEMPT + 1 ))" &
+  srun --overlap --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -P -u -m slurmkit.worker.standby --run-dir "$SLURMKIT_RUN_DIR" /shared/runs/golden-run/submitit --attempt "$(( SLURMKIT_ATTEMPT + 1 ))" &
   SLURMKIT_STANDBY_PID=$!
 # wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
 while true; do
@@ -85,7 +85,7 @@ done
   if kill -0 "$SLURMKIT_STANDBY_PID" 2>/dev/null; then
     SLURMKIT_TAKEN=1
   fi
-  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC" ${SLURMKIT_TAKEN:+--standby} >/dev/null
+  /opt/venv/bin/python -P -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC" ${SLURMKIT_TAKEN:+--standby} >/dev/null
   SLURMKIT_DECISION=$?
   if [ "$SLURMKIT_DECISION" -eq 0 ]; then
     SLURMKIT_RC=0

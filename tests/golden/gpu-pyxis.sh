@@ -60,9 +60,9 @@ trap slurmkit_forward_signal USR2
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
 # Health gate, one check per node before any rank starts: GPUs as requested, no uncorrectable ECC.
-if ! srun --ntasks-per-node=1 -n "$SLURM_JOB_NUM_NODES" -c 1 --kill-on-bad-exit=0 /opt/venv/bin/python -m slurmkit.worker.health --run-dir "$SLURMKIT_RUN_DIR" --gpus 8; then
+if ! srun --ntasks-per-node=1 -n "$SLURM_JOB_NUM_NODES" -c 1 --kill-on-bad-exit=0 /opt/venv/bin/python -P -m slurmkit.worker.health --run-dir "$SLURMKIT_RUN_DIR" --gpus 8; then
   # Requeued with the failing nodes excluded (cause node_failure), within the profile's budget.
-  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --health
+  /opt/venv/bin/python -P -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --health
   exit 1
 fi
 # Each pass is one srun step of the ranks. After a crash or hang the requeue policy may start them
@@ -70,7 +70,7 @@ fi
 # means every rank had finished its work before the failure (e.g. at exit).
 export SLURMKIT_ATTEMPT=0
 while true; do
-  srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err "${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -u -m slurmkit.worker.rank /shared/runs/golden-run/submitit &
+  srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err "${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -P -u -m slurmkit.worker.rank /shared/runs/golden-run/submitit &
   SLURMKIT_LAUNCH_PID=$!
 # wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
 while true; do
@@ -81,7 +81,7 @@ done
   if [ "$SLURMKIT_RC" -eq 0 ]; then
     break
   fi
-  /opt/venv/bin/python -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC" >/dev/null
+  /opt/venv/bin/python -P -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC" >/dev/null
   SLURMKIT_DECISION=$?
   if [ "$SLURMKIT_DECISION" -eq 0 ]; then
     SLURMKIT_RC=0

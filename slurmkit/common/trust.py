@@ -1,0 +1,150 @@
+"""Whether a file, folder or id is the caller's own: the one module every such check goes through.
+
+The threat (docs/security.md): another user with a shell on the login node and the compute nodes,
+who can read world-readable files, write shared folders, list processes and connect to ports. So
+what slurmkit acts on is checked when it is opened, on the open file (`fstat`, `O_NOFOLLOW`), never
+by a `stat` of the path before a second open, and a refusal is one line (`NotOwnError`):
+
+- a file or folder is trusted when it is the caller's (or root's), is no symlink, and no one else
+  can write it (`reason`);
+- a folder others could swap things in is trusted only when every folder from `/` down to it is
+  writable by others only with the sticky bit, and owned by the caller or root (`chain_reason`);
+- a pickle is loaded only from a file opened that way (`load_pickle`), never by path twice;
+- a Slurm job id is digits in the forms Slurm prints (`job_id`), so no id can reach a Slurm
+  command as an option.
+
+Torch-free and light: the login side, the batch shell's helpers and the ranks all import it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+from slurmkit.errors import SlurmkitError, clip
+
+JOB_ID_RE = re.compile(r"^\d+(_\d+)?$")
+"""A job id (`123`), or an array task's (`123_4`): what slurmkit records and passes to Slurm."""
+WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+
+
+class NotOwnError(SlurmkitError):
+    """A file, folder or id that is not the caller's own, or that another user could change."""
+
+
+def _me() -> tuple[int, ...]:
+    return (os.getuid(), 0)
+
+
+def stat_reason(st: os.stat_result, path: Path | str) -> str | None:
+    """Why what `st` describes could hold another user's writing; None when only the caller (or
+    root) could have written it."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symlink: it could point anywhere"
+    if st.st_uid not in _me():
+        return f"{path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    if st.st_mode & WRITABLE_BY_OTHERS:
+        return f"{path} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'}"
+    return None
+
+
+def reason(path: Path | str) -> str | None:
+    """stat_reason of `path` itself (a symlink is not followed); a path that cannot be read says why."""
+    try:
+        return stat_reason(os.lstat(path), path)
+    except OSError as exc:
+        return f"cannot stat {path}: {exc.strerror}"
+
+
+def folder_reason(path: Path | str) -> str | None:
+    """stat_reason of the folder `path` leads to (a symlink followed: one in the caller's own folder
+    was put there by the caller)."""
+    try:
+        return stat_reason(os.stat(path), path)
+    except OSError as exc:
+        return f"cannot stat {path}: {exc.strerror}"
+
+
+def swap_reason(st: os.stat_result, path: Path | str) -> str | None:
+    """Why another user could rename entries of the folder `st` describes away and put their own in
+    their place: writable by others without the sticky bit, or owned by someone else."""
+    if st.st_uid not in _me():
+        return f"{path} is owned by uid {st.st_uid}: its owner could swap what is in it"
+    if st.st_mode & WRITABLE_BY_OTHERS and not st.st_mode & stat.S_ISVTX:
+        who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+        return f"{path} is writable by {who} without the sticky bit: anyone there could swap what is in it"
+    return None
+
+
+def chain_reason(folder: Path | str) -> str | None:
+    """swap_reason of `folder` and of every folder above it (symlinks followed, as the kernel does
+    when it opens a path below); None when no other user can swap anything on the way."""
+    path = Path(os.path.realpath(folder))
+    for part in [path, *path.parents]:
+        try:
+            st = os.stat(part)
+        except OSError as exc:
+            return f"cannot stat {part}: {exc.strerror}"
+        if why := swap_reason(st, part):
+            return why
+    return None
+
+
+def check(why: str | None, where: str, valid: str) -> None:
+    """Refuse in one line when there is a reason to."""
+    if why:
+        raise NotOwnError(why, where=where, valid=valid)
+
+
+def open_own(path: Path | str, flags: int = os.O_RDONLY) -> int:
+    """Open `path` (not following a final symlink) and check the open file, not the path: a file
+    descriptor to a file only the caller or root could have written, else NotOwnError."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the final component is a symlink
+            raise NotOwnError(f"{path} is a symlink: it could point anywhere", where=str(path),
+                              valid="valid: a file of your own") from exc
+        raise
+    try:
+        check(stat_reason(os.fstat(fd), path), str(path), "valid: a file you own that no one else can write")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_own(path: Path | str, limit: int) -> bytes:
+    """The bytes of a file of the caller's own, at most `limit` of them (a larger one is refused)."""
+    with os.fdopen(open_own(path), "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise NotOwnError(f"{path} is over {limit} bytes", where=str(path), valid="valid: a smaller file")
+    return data
+
+
+def load_pickle(path: Path | str, what: str, folders: tuple[Path, ...] = ()) -> Any:
+    """Unpickle `path` only when the open file is the caller's (or root's) and no one else can write
+    it, nor the `folders` it lies in."""
+    try:
+        for folder in folders:
+            check(folder_reason(folder), str(folder), "")
+        fd = open_own(path)
+    except NotOwnError as exc:
+        raise NotOwnError(f"refusing to unpickle {what}: {exc.what}", where=str(path),
+                          valid="valid: a run folder you own that no one else can write; "
+                                "its outcome (state, error, JSON value) is in outcomes/*.json") from exc
+    with os.fdopen(fd, "rb") as f:
+        return pickle.load(f)  # noqa: S301 - the open file was checked above
+
+
+def job_id(value: object, where: str) -> str:
+    """A Slurm job id as slurmkit records it, else NotOwnError: it never reaches a command as an option."""
+    if isinstance(value, str) and JOB_ID_RE.match(value):
+        return value
+    raise NotOwnError(f"{clip(value)} is not a Slurm job id", where=where, valid="valid: 123 or 123_4")
