@@ -155,11 +155,12 @@ class Executor:
 def sweep(spec: str | Path | dict[str, Any], profile: str | None = None, grid: dict[str, list[Any]] | None = None,
           max_parallel: int | None = None, set: list[str] | None = None) -> SweepHandle:
     """Submit a sweep spec (a file, or a mapping with a `sweep:` section) as `slurmkit sweep` does."""
+    from slurmkit.config.loader import load_profile, profile_name
     from slurmkit.sweeps import spec as sweep_spec
     from slurmkit.sweeps.store import SweepPaths
     from slurmkit.sweeps.submit import submit
 
     plan = sweep_spec.load(spec if isinstance(spec, dict) else Path(spec), max_parallel=max_parallel,
-                           grid_values=grid)
+                           grid_values=grid, max_tasks=load_profile(profile_name(profile)).sweep_max_tasks)
     done = submit(plan, profile, set)
     return SweepHandle(SweepPaths(Path(done.sweep_dir)))

@@ -79,13 +79,14 @@ class Checkpoint:
         return [int(v) for v in t.tolist()]
 
     def _from_main(self, obj: Any) -> Any:
+        """Rank 0's JSON value (a step or None): nothing from a peer is unpickled."""
         import torch.distributed as tdist
+
+        from slurmkit.worker.dist import broadcast_json
 
         if self._world()[1] == 1:
             return obj
-        box = [obj]
-        tdist.broadcast_object_list(box, src=0)
-        return box[0]
+        return broadcast_json(obj, "cuda" if tdist.get_backend() == "nccl" else "cpu")
 
     # ------------------------------------------------------------------ restore / save
 

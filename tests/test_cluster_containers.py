@@ -58,7 +58,7 @@ def test_ranks_run_through_the_stand_in_runtime_with_mounts_and_gpu_flags(
         argv = (tmp_path / "argv" / f"{runtime}.{rank}.argv").read_text().splitlines()
         image = argv.index(container["image"])
         options, command = argv[:image], argv[image + 1:]
-        assert command[1:4] == ["-u", "-m", "slurmkit.worker.rank"]
+        assert command[1:5] == ["-P", "-u", "-m", "slurmkit.worker.rank"]
         if runtime == "docker":
             assert options[:5] == ["run", "--rm", "--network", "host", "--ipc"]
             pairs = set(zip(options, options[1:], strict=False))

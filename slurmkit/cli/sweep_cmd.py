@@ -61,12 +61,13 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a sweep: one job array per chunk of at most MaxArraySize tasks."""
+    from slurmkit.config.loader import load_profile, profile_name
     from slurmkit.sweeps import plan as plan_mod
     from slurmkit.sweeps import resolve as resolve_mod
     from slurmkit.sweeps import spec as spec_mod
     from slurmkit.sweeps import submit as sub
 
-    plan = spec_mod.load(spec, grid, max_parallel)
+    plan = spec_mod.load(spec, grid, max_parallel, max_tasks=load_profile(profile_name(profile)).sweep_max_tasks)
     if dry_run:
         info = plan_mod.preview(plan, resolve_mod.resolve_tasks(plan, profile, set_), max_array_size)
         if as_json:

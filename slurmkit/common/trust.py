@@ -22,6 +22,7 @@ import errno
 import os
 import pickle
 import re
+import secrets
 import stat
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,38 @@ def load_pickle(path: Path | str, what: str, folders: tuple[Path, ...] = ()) -> 
                                 "its outcome (state, error, JSON value) is in outcomes/*.json") from exc
     with os.fdopen(fd, "rb") as f:
         return pickle.load(f)  # noqa: S301 - the open file was checked above
+
+
+SECRET_FILE = "secret"
+SECRET_BYTES = 32
+
+
+def run_secret(folder: Path | str) -> bytes:
+    """The run's secret: 32 random bytes in `folder` (the run folder, 0600 whatever the run_mode), made
+    by whichever process asks first (written aside, then linked: never half a secret) and read by
+    every rank. Every port slurmkit listens on for a run wants it (slurmkit.worker.store, Ray's token)."""
+    folder = Path(folder)
+    check(folder_reason(folder), str(folder), "valid: a run folder of your own")
+    path = folder / SECRET_FILE
+    if not path.exists():
+        tmp = folder / f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, secrets.token_bytes(SECRET_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # fails if another rank was first: theirs is the secret
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    data = read_own(path, SECRET_BYTES)
+    if len(data) != SECRET_BYTES:
+        raise NotOwnError(f"{path} holds {len(data)} bytes, not a secret", where=str(path),
+                          valid="valid: remove it; the next start makes a new one")
+    return data
 
 
 def job_id(value: object, where: str) -> str:

@@ -20,6 +20,8 @@ from slurmkit.config.fields import (
     TildePath,
 )
 
+SWEEP_MAX_TASKS = 1_000_000
+
 
 class Resources(Strict):
     """What one job asks for. Every field may be left unset, and then the next layer decides."""
@@ -156,5 +158,8 @@ class ClusterProfile(Strict):
     git the folder of the callable's module. So a requeue runs what was submitted, not what was edited since."""
     snapshot_max_mb: int = Field(100, ge=1)
     """The largest snapshot allowed, in MB; a larger one is refused at submit, naming its largest files."""
+    sweep_max_tasks: int = Field(SWEEP_MAX_TASKS, ge=1)
+    """The most tasks one sweep may make; a larger grid x list x random is refused at submit, counted before a
+    task is made, so a typo of a few zeros cannot exhaust the login node's memory."""
     template_dir: TildePath | None = None
     """Folder whose templates override the shipped ones, file by file or block by block."""

@@ -6,7 +6,9 @@ binary file, a 5,000-deep nesting or an alias bomb is one ConfigError, never a t
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +61,25 @@ MAX_DEPTH = 40
 MAX_NODES = 200_000
 
 
+def read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit`, checked on the open file: /dev/zero, a FIFO (opened
+    without blocking), a folder or a file over the limit is one ConfigError, never a hang or a
+    MemoryError; a symlink loop is the OSError (ELOOP) open raises."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError("not a regular file", where=str(path), valid="valid: a YAML file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ConfigError(f"file is over {limit} bytes", where=str(path), valid="valid: a YAML profile or run spec")
+    return data
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """A YAML mapping from a UTF-8 file; anything else is one ConfigError naming the file."""
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ConfigError(f"file is {size} bytes, over {MAX_FILE_BYTES}", where=str(path),
-                              valid="valid: a YAML profile or run spec")
-        text = path.read_bytes().decode("utf-8")
+        text = read_regular(path, MAX_FILE_BYTES).decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read file: {exc.strerror}", where=str(path)) from exc
     except UnicodeDecodeError as exc:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from slurmkit.config.fields import Strict
 from slurmkit.config.loader import Layer, read_yaml
 from slurmkit.config.overrides import parse_set, set_path
+from slurmkit.config.profile import SWEEP_MAX_TASKS as DEFAULT_MAX_TASKS
 from slurmkit.config.runspec import RunSpec
 from slurmkit.errors import ConfigError, clip, did_you_mean
 
@@ -145,8 +146,19 @@ def _sample(rng: random.Random, kind: str, args: list[Any]) -> Any:
     return rng.uniform(lo, hi)
 
 
-def expand(section: SweepSection) -> list[dict[str, Any]]:
-    """Every task's flat overrides: grid x list x random."""
+def count(section: SweepSection) -> int:
+    """How many tasks the section makes, counted without making them."""
+    sizes = [math.prod(len(v) for v in section.grid.values()) if section.grid else 1,
+             len(section.configs) or 1, section.random.n if section.random else 1]
+    return math.prod(sizes)
+
+
+def expand(section: SweepSection, max_tasks: int = DEFAULT_MAX_TASKS, where: str = "<spec>") -> list[dict[str, Any]]:
+    """Every task's flat overrides: grid x list x random; counted first, and more than max_tasks
+    (the profile's sweep_max_tasks) is one ConfigError, before a task is made."""
+    if (n := count(section)) > max_tasks:
+        raise ConfigError(f"the sweep makes {n} tasks, over sweep_max_tasks={max_tasks}", where=f"{where}:{SWEEP_KEY}",
+                          valid="valid: fewer values or samples, or raise sweep_max_tasks in the profile")
     parts: list[list[dict[str, Any]]] = []
     if section.grid:
         keys = list(section.grid)
@@ -180,7 +192,7 @@ def parse_grid_option(item: str) -> tuple[str, list[Any]]:
 
 
 def load(path: Path | dict[str, Any], grid: list[str] | None = None, max_parallel: int | None = None,
-         grid_values: dict[str, list[Any]] | None = None) -> SweepPlan:
+         grid_values: dict[str, list[Any]] | None = None, max_tasks: int = DEFAULT_MAX_TASKS) -> SweepPlan:
     """Read a sweep spec (a file, or a mapping built in Python: slurmkit.sweep); --grid options and
     grid_values replace (or add) grid keys. Keys are checked here."""
     raw = copy.deepcopy(path) if isinstance(path, dict) else read_yaml(path)
@@ -212,4 +224,4 @@ def load(path: Path | dict[str, Any], grid: list[str] | None = None, max_paralle
         for key in entry:
             check_key(key, f"{source}:{SWEEP_KEY}.list[{i}]", task)
     name = str(raw.get("name") or (path.stem if isinstance(path, Path) else "sweep"))
-    return SweepPlan(source, name, [(source, raw)], section, expand(section))
+    return SweepPlan(source, name, [(source, raw)], section, expand(section, max_tasks, source))

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from slurmkit.common import ports
+from slurmkit.common import ports, trust
 from slurmkit.common.slurm_env import expand_hostlist
 
 PORT_BASE = ports.TRAINING[0]  # torchrun or a single process without a job id
@@ -84,12 +86,14 @@ class Group:
     (slurmkit.worker.warm) aborts the group and builds the next generation on the same store
     (a new key prefix), with no new rendezvous port. Rank 0's process hosts the store."""
 
-    def __init__(self, denv: DistEnv, backend: str, device: Any, timeout: dt.timedelta) -> None:
-        import torch.distributed as tdist
+    def __init__(self, denv: DistEnv, backend: str, device: Any, timeout: dt.timedelta,
+                 secret: bytes | None = None) -> None:
+        from slurmkit.worker.store import tcp_store
 
         self.denv, self.backend, self.device, self.timeout = denv, backend, device, timeout
-        self.store = tdist.TCPStore(denv.master_addr, denv.master_port, denv.world_size, denv.rank == 0,
-                                    timeout=timeout)
+        # Signed with the run's secret: another user who reaches the port cannot feed the ranks a value.
+        self.store = tcp_store(denv.master_addr, denv.master_port, denv.world_size, denv.rank == 0, timeout,
+                               secret if secret is not None else run_secret(denv))
         self.generation = 0
         self._pairs: set[tuple[int, str]] = set()
         """gloo's connections to the peers: (fd, the socket's inode as /proc names it)."""
@@ -131,6 +135,50 @@ class Group:
         self.abort()
         self.generation += 1
         self._init()
+
+
+def broadcast_json(value: Any, device: str = "cpu") -> Any:
+    """Rank 0's JSON-able `value` on every rank, sent as JSON bytes in tensors: unlike
+    broadcast_object_list, nothing received is unpickled."""
+    import torch
+    import torch.distributed as tdist
+
+    data = json.dumps(value).encode() if tdist.get_rank() == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    tdist.broadcast(size, 0)
+    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if data
+           else torch.empty(int(size.item()), dtype=torch.uint8, device=device))
+    tdist.broadcast(buf, 0)
+    return json.loads(bytes(buf.cpu().tolist()))
+
+
+def gather_json(value: Any, device: str = "cpu") -> list[Any]:
+    """Every rank's JSON-able `value`, in rank order, on every rank (JSON bytes: nothing unpickled)."""
+    import torch
+    import torch.distributed as tdist
+
+    data = json.dumps(value).encode()
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(tdist.get_world_size())]
+    tdist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=device))
+    longest = max(int(t.item()) for t in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    bufs = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in sizes]
+    tdist.all_gather(bufs, mine)
+    return [json.loads(bytes(b[:int(n.item())].cpu().tolist())) for b, n in zip(bufs, sizes, strict=True)]
+
+
+def run_secret(denv: DistEnv) -> bytes:
+    """The run's secret (trust.run_secret) from its run folder; a process group started outside a
+    slurmkit run keeps one per job id in ~/.slurmkit/secrets, private, on the shared home."""
+    folder = os.environ.get("SLURMKIT_RUN_DIR")
+    if not folder:
+        home = Path.home() / ".slurmkit" / "secrets"
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder = str(home / f"job-{denv.job_id}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+    return trust.run_secret(folder)
 
 
 def _socket_fds() -> dict[int, str]:

@@ -68,6 +68,7 @@ class Run:
         from slurmkit.worker.interrupt import requeue_on_signal
 
         record_restart(self.run_dir)
+        user_imports()
         with requeue_on_signal(self.run_dir):
             if self.spec.get("command") is not None:
                 return run_command(self.spec["command"])
@@ -101,16 +102,19 @@ def record_restart(run_dir: str) -> None:
         requeue.record_restart(RunPaths(Path(run_dir)), slurm_job_id(), count, None)
 
 
-def call(target: str, kwargs: dict[str, Any]) -> Any:
-    """A spec's `callable: module:function`: the user's module is found as `python -m` would find it,
-    the working folder first, for that import only (slurmkit's own interpreter runs with -P)."""
-    module_name, _, attr = target.partition(":")
+def user_imports() -> None:
+    """The user's code imports from its working folder (the submit folder, or the snapshot), as it
+    would under `python -m`; slurmkit's own imports are done by now (the interpreter ran with -P).
+    The folder goes last, so a name planted there never shadows an installed package."""
     here = os.getcwd()
-    sys.path.insert(0, here)
-    try:
-        obj: Any = importlib.import_module(module_name)
-    finally:
-        sys.path.remove(here)
+    if here not in sys.path:
+        sys.path.append(here)
+
+
+def call(target: str, kwargs: dict[str, Any]) -> Any:
+    """A spec's `callable: module:function`, imported by the user's rules (user_imports)."""
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj(**kwargs)

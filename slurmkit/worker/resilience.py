@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as tdist
 
 from slurmkit.errors import squash
 from slurmkit.worker.checkpoint import (
@@ -30,7 +29,7 @@ from slurmkit.worker.checkpoint import (
     Prefetch,
     snapshot,
 )
-from slurmkit.worker.dist import Dist
+from slurmkit.worker.dist import Dist, broadcast_json, gather_json
 from slurmkit.worker.preempt import Stop, StopFlag
 from slurmkit.worker.trainer import Trainer
 from slurmkit.worker.watchdog import Watchdog
@@ -169,18 +168,11 @@ class Resilience:
     # --------------------------------------------------------------- collectives
 
     def _gather(self, obj: Any) -> list[Any]:
-        if self.dist.world_size == 1:
-            return [obj]
-        out: list[Any] = [None] * self.dist.world_size
-        tdist.all_gather_object(out, obj)
-        return out
+        """Every rank's JSON value (a tuple comes back a list): nothing from a peer is unpickled."""
+        return [obj] if self.dist.world_size == 1 else gather_json(obj, self.dist.device_str)
 
     def _from_main(self, obj: Any) -> Any:
-        if self.dist.world_size == 1:
-            return obj
-        box = [obj]
-        tdist.broadcast_object_list(box, src=0)
-        return box[0]
+        return obj if self.dist.world_size == 1 else broadcast_json(obj, self.dist.device_str)
 
     # --------------------------------------------------------------- restore
 

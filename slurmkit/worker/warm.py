@@ -34,10 +34,11 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from slurmkit.common import outcomes
 from slurmkit.worker.dist import Dist
+from slurmkit.worker.store import ForgedValue
 from slurmkit.worker.trainer import Trainer
 
 POLL_S = 0.02
@@ -116,26 +117,64 @@ def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: 
     keys = [f"{prefix}rank{r}" for r in range(dist.world_size)]
     if dist.is_main:
         decision = Decision(False)
-        if _poll(lambda: bool(store.check(keys)), report_wait_s, beat, ending):
-            reports = [Report(**json.loads(store.get(k))) for k in keys]
+        # Only values signed with the run's secret count, and only well-formed ones (parse_report).
+        if _poll(lambda: all(_read(store, k, parse_report) is not None for k in keys), report_wait_s, beat, ending):
+            reports = [r for k in keys if (r := _read(store, k, parse_report)) is not None]
             live = live_step(reports)
             line = decide(reports, live)
             if line:
                 decision = Decision(True, live)
                 print(f"slurmkit: {line}", flush=True)
         else:
-            missing = [str(r) for r, k in enumerate(keys) if not store.check([k])]
+            missing = [str(r) for r, k in enumerate(keys) if _read(store, k, parse_report) is None]
             why = (f"SIGTERM, Slurm is ending the step (rank(s) {','.join(missing)} had not reported)" if ending()
                    else f"rank(s) {','.join(missing)} did not report within {report_wait_s:.0f} s")
             print(f"slurmkit: no warm restart: {why}", flush=True)
         store.set(f"{prefix}decision", json.dumps(dataclasses.asdict(decision)))
         return decision
+    key = f"{prefix}decision"
     try:
-        if not _poll(lambda: bool(store.check([f"{prefix}decision"])), report_wait_s + DECISION_S, beat, ending):
+        if not _poll(lambda: _read(store, key, parse_decision) is not None, report_wait_s + DECISION_S, beat, ending):
             return Decision(False)
-        return Decision(**json.loads(store.get(f"{prefix}decision")))
+        return _read(store, key, parse_decision) or Decision(False)
     except Exception:  # noqa: BLE001 - rank 0's store is gone (its process died): the cold path
         return Decision(False)
+
+
+MAX_VALUE_BYTES = 64 << 10
+T = TypeVar("T")
+
+
+def _read(store: Any, key: str, parse: Callable[[Any], T]) -> T | None:
+    """The value at `key` when it is there, signed with the run's secret (SignedStore) and well
+    formed; else None, as if absent: another user's value never decides anything, nor crashes."""
+    try:
+        if not store.check([key]):
+            return None
+        raw = store.get(key)
+        if len(raw) > MAX_VALUE_BYTES:
+            return None
+        return parse(json.loads(raw))
+    except (ForgedValue, ValueError, TypeError, KeyError):
+        return None
+
+
+def parse_report(data: Any) -> Report:
+    """A Report from its JSON, every field of its type; ValueError otherwise."""
+    if not (isinstance(data, dict) and type(data.get("rank")) is int and isinstance(data.get("error"), str)
+            and isinstance(data.get("peer_failed"), bool) and _step(data.get("live_step"))):
+        raise ValueError("not a report")
+    return Report(data["rank"], data["error"], data["peer_failed"], data.get("live_step"))
+
+
+def parse_decision(data: Any) -> Decision:
+    if not (isinstance(data, dict) and isinstance(data.get("restart"), bool) and _step(data.get("live_step"))):
+        raise ValueError("not a decision")
+    return Decision(data["restart"], data.get("live_step"))
+
+
+def _step(value: Any) -> bool:
+    return value is None or (type(value) is int and value >= 0)
 
 
 def rebuild(trainer: Trainer) -> None:
