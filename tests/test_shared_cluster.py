@@ -182,8 +182,12 @@ def test_checkpoints_written_under_the_run_umask_are_not_world_readable(tmp_path
 
 def test_a_reused_pid_is_neither_running_nor_signalled(tmp_path: Path, run_root: Path) -> None:
     # The controller the record names has ended; its pid now belongs to an unrelated process.
-    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # It says when its interpreter is up: SIGINT during start-up can be lost in an import lock
+    # (seen once under load: KeyboardInterrupt ignored in _get_module_lock, and the wait timed out).
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                                 stdout=subprocess.PIPE, text=True)
     try:
+        assert unrelated.stdout is not None and unrelated.stdout.readline() == "ready\n"
         start = procs.start_time(unrelated.pid)
         assert start is not None
         paths = RunPaths.create(str(run_root), "reused")

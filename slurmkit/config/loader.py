@@ -109,7 +109,7 @@ def find_profile(name_or_path: str) -> Path:
 
 def profile_layers(name_or_path: str) -> list[Layer]:
     """The profile and its `extends` ancestors as layers, ancestors first."""
-    path = find_profile(name_or_path).resolve()
+    path = Path(os.path.realpath(find_profile(name_or_path)))  # a symlink loop: read_yaml says so
     chain: list[Path] = []
     layers: list[Layer] = []
     while True:
@@ -140,7 +140,7 @@ def _parent_path(parent: Any, child: Path) -> Path:
     if (os.sep in parent or parent.endswith((".yaml", ".yml"))) and not Path(parent).expanduser().is_absolute():
         parent = str(child.parent / parent)
     try:
-        return find_profile(parent).resolve()
+        return Path(os.path.realpath(find_profile(parent)))
     except ConfigError as exc:
         raise ConfigError(exc.what, where=where, valid=exc.valid) from None
 

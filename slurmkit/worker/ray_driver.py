@@ -1,5 +1,10 @@
 """The driver of a `ray:` run, called by submitit on the first node once the batch shell has started Ray.
 
+Ray runs with token authentication (RAY_AUTH_MODE=token): the head, the workers and the driver
+read the run's Ray token from RAY_AUTH_TOKEN_PATH, a private file of the run folder derived from
+the run's secret (`python -P -m slurmkit.worker.ray_driver token DIR` writes it and prints its
+path, for the batch shell). A client without it is refused by every Ray service of the job.
+
 The batch shell (templates/partials/ray.sh.j2) exports RAY_ADDRESS, SLURMKIT_RAY_NODES (how many
 Ray nodes to expect) and SLURMKIT_RAY_TAG (a custom resource every node of this job carries). We
 wait until exactly those nodes are alive, so a worker that joined another job's cluster (a port
@@ -8,11 +13,17 @@ clash) is an error rather than a silent merge, then run the driver script as __m
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import runpy
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+from slurmkit.common import trust
+from slurmkit.common.atomic import atomic_write_text
 
 POLL_S = 0.5
 
@@ -47,6 +58,17 @@ def wait_for_nodes(address: str, tag: str, expected: int, timeout_s: float) -> l
         ray.shutdown()
 
 
+TOKEN_FILE = "ray-token"
+
+
+def token_file(run_dir: str) -> Path:
+    """The run's Ray token, written once (0600, atomically) from the run's secret; its path."""
+    path = Path(run_dir) / TOKEN_FILE
+    token = hmac.new(trust.run_secret(run_dir), b"ray-auth-token", hashlib.sha256).hexdigest()
+    atomic_write_text(path, token, mode=0o600)
+    return path
+
+
 def run(spec: dict[str, Any]) -> Any:
     """Wait for the whole Ray cluster, then run the driver script; its module-level `result` is returned.
 
@@ -64,3 +86,9 @@ def run(spec: dict[str, Any]) -> Any:
     finally:
         sys.argv = saved
     return namespace.get("result")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "token":
+        sys.exit("usage: python -P -m slurmkit.worker.ray_driver token RUN_DIR")
+    print(token_file(sys.argv[2]))

@@ -1,0 +1,77 @@
+"""Safe on a shared cluster, on the real dev cluster: the batch shell's helpers and the ranks never
+import from the submit folder (python -P), while the user's own code still does; Ray in a job
+refuses a client without the run's token."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurmkit import jobs
+from slurmkit.runs import RunPaths, RunRecord
+from tests.conftest import ROOT, steady, write_spec
+
+pytestmark = pytest.mark.cluster
+
+SLURMKIT = str(ROOT / ".venv" / "bin" / "slurmkit")
+
+
+def _submit(spec: Path, profile: Path, cwd: Path, wait: bool = True) -> dict[str, object]:
+    proc = subprocess.run([SLURMKIT, "submit", spec.name, "-p", str(profile), "--json", *(["--wait"] if wait else [])],
+                          cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert proc.stdout, proc.stderr
+    out: dict[str, object] = json.loads(proc.stdout)
+    return out
+
+
+def test_nothing_slurmkit_starts_on_the_nodes_imports_from_the_submit_folder(cluster: None, tmp_path: Path,
+                                                                              dev_profile: Path) -> None:
+    submit_dir, marker = tmp_path / "shared", tmp_path / "PWNED"
+    submit_dir.mkdir()
+    for name in ("submitit.py", "slurmkit.py", "torch.py", "cloudpickle.py", "tenacity.py"):
+        (submit_dir / name).write_text(f"open({str(marker)!r}, 'a').write({name!r} + ' ')\n")
+    (submit_dir / "mymod.py").write_text("def f(a):\n    return a + 1\n")
+    ok = write_spec(submit_dir, filename="ok.yaml", name="ok", callable="mymod:f", kwargs={"a": 41})
+    out = _submit(ok, dev_profile, submit_dir)
+    assert (out["state"], out["result"]) == ("COMPLETED", 42), out  # the user's own module still imports
+    # A failing command: the batch shell's requeue policy (python -m slurmkit.worker.requeue) runs too.
+    failing = write_spec(submit_dir, filename="fail.yaml", name="fail", command="exit 3")
+    paths = RunPaths(Path(str(_submit(failing, dev_profile, submit_dir, wait=False)["run_dir"])))
+    assert jobs.wait(paths, poller=steady(0.5), timeout_s=300).state == "FAILED"
+    assert str(RunRecord(paths).read()["final"]).startswith("deterministic error")  # the policy ran, and ended it
+    assert not marker.exists(), marker.read_text()
+
+
+RAY_AUTH_DRIVER = """
+import os, subprocess, sys
+import ray
+
+ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+with_token = ray.get(ray.remote(lambda: 41).remote()) + 1
+ray.shutdown()
+probe = "import os, ray; ray.init(address=os.environ['RAY_ADDRESS'], log_to_driver=False); print('CONNECTED')"
+runs = {}
+for name, env in (("wrong_token", {"RAY_AUTH_TOKEN": "0" * 64}), ("right_token", {})):
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True,
+                             text=True, timeout=90)
+        runs[name] = "CONNECTED" in out.stdout
+    except subprocess.TimeoutExpired:
+        runs[name] = False
+result = {"with_token": with_token, **runs, "mode": os.environ.get("RAY_AUTH_MODE")}
+"""
+
+
+def test_ray_in_a_job_refuses_a_client_without_the_runs_token(cluster: None, tmp_path: Path,
+                                                               dev_profile: Path) -> None:
+    (tmp_path / "auth_driver.py").write_text(RAY_AUTH_DRIVER)
+    spec = write_spec(tmp_path, name="ray-auth", ray={"driver": "auth_driver.py", "start_timeout_s": 120},
+                      resources={"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1, "time": "00:10:00"})
+    out = _submit(spec, dev_profile, tmp_path)
+    assert out["state"] == "COMPLETED", out
+    assert out["result"] == {"with_token": 42, "wrong_token": False, "right_token": True, "mode": "token"}
+    token = Path(str(out["run_dir"])) / "ray-token"
+    assert token.stat().st_mode & 0o077 == 0  # the token file is the owner's alone
