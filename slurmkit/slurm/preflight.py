@@ -32,7 +32,7 @@ def check_ray_importable(resolved: Resolved) -> None:
         return  # only on the compute nodes: nothing to ask here
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('ray') is None)"
     try:
-        missing = subprocess.run([python, "-c", probe], capture_output=True,
+        missing = subprocess.run([python, "-P", "-c", probe], capture_output=True,
                                  timeout=PYTHON_PROBE_TIMEOUT_S).returncode != 0
     except (OSError, subprocess.TimeoutExpired):
         return
