@@ -15,9 +15,9 @@ from typing import Any
 from slurmkit import perms, procs
 from slurmkit.config.loader import Resolved
 from slurmkit.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash, warn
-from slurmkit.lookup import find
+from slurmkit.lookup import find, list_runs, read_records
 from slurmkit.polling import Poller
-from slurmkit.runs import RunPaths, RunRecord, expand_root, list_runs, read_records
+from slurmkit.runs import RunPaths, RunRecord, expand_root
 from slurmkit.slurm import commands
 
 LOG_TAIL_LINES = 20

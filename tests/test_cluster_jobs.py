@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 
 from slurmkit import jobs
 from slurmkit.cli.app import app
+from slurmkit.lookup import list_runs
 from slurmkit.procs import pid_alive
-from slurmkit.runs import RunPaths, RunRecord, list_runs
+from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, steady, write_spec
 from tests.test_cluster_faults import wait_until

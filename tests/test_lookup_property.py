@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from slurmkit import runs
+from slurmkit import lookup
 from slurmkit.cli.app import app
 from slurmkit.sweeps import store
 
@@ -64,14 +64,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def found(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Every folder a lookup hands to a command."""
     seen: list[Path] = []
-    real = runs.find_folder
+    real = lookup.find_folder
 
     def spy(*args: Any) -> Path:
         folder = real(*args)
         seen.append(folder)
         return folder
 
-    monkeypatch.setattr(runs, "find_folder", spy)
+    monkeypatch.setattr(lookup, "find_folder", spy)
     monkeypatch.setattr(store, "find_folder", spy)
     return seen
 

@@ -110,3 +110,15 @@ def test_the_run_secret_is_private_made_once_and_the_same_for_every_reader(tmp_p
     assert len(first) == trust.SECRET_BYTES and trust.run_secret(run_dir) == first
     assert stat.S_IMODE((run_dir / trust.SECRET_FILE).stat().st_mode) == 0o600
     assert [p.name for p in run_dir.iterdir()] == [trust.SECRET_FILE]  # no temp file left
+
+
+def test_a_host_name_that_resolves_to_loopback_on_its_own_node_listens_everywhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmkit.worker import store
+
+    names = {"node1": "127.0.1.1", "node2": "10.0.0.12"}  # node1's own /etc/hosts maps it to loopback
+    real = socket.gethostbyname
+    monkeypatch.setattr(store.socket, "gethostbyname", lambda name: names.get(name) or real(name))
+    assert store.bind_address("node1") == ""  # node2 must reach it: every interface, the signatures guard
+    assert store.bind_address("node2") == "10.0.0.12"
+    assert store.bind_address("127.0.0.1") == "127.0.0.1" and store.bind_address("localhost") == "127.0.0.1"

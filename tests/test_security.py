@@ -24,7 +24,8 @@ from slurmkit import jobs, lookup, procs
 from slurmkit.cli.app import app
 from slurmkit.common import trust
 from slurmkit.errors import ConfigError, SlurmkitError
-from slurmkit.runs import CorruptRecordError, RunPaths, find_run
+from slurmkit.lookup import find_run
+from slurmkit.runs import CorruptRecordError, RunPaths
 from slurmkit.snapshot import take
 from slurmkit.sweeps.store import find_sweep
 from slurmkit.worker.checkpoint import CheckpointError, CheckpointStore

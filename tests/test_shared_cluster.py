@@ -23,7 +23,8 @@ from slurmkit import jobs, perms, procs
 from slurmkit.cli.app import app
 from slurmkit.common import outcomes
 from slurmkit.errors import SlurmkitError
-from slurmkit.runs import RunPaths, RunRecord, list_runs
+from slurmkit.lookup import list_runs
+from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker import requeue
 from tests.conftest import write_spec
 

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from slurmkit.common import trust
+
 _BLOCK = 1 << 16
 
 
@@ -149,7 +151,8 @@ class MetricsWriter:
         self._file: TextIO | None = None
         if enabled and path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the writer
+            # Lives as long as the writer; never through a symlink planted at its name.
+            self._file = os.fdopen(trust.open_append(path), "a", buffering=1)
 
     @property
     def enabled(self) -> bool:

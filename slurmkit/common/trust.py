@@ -29,7 +29,7 @@ from typing import Any
 
 from slurmkit.errors import SlurmkitError, clip
 
-JOB_ID_RE = re.compile(r"^\d+(_\d+)?$")
+JOB_ID_RE = re.compile(r"^(\d+)(?:_(\d+))?$")
 """A job id (`123`), or an array task's (`123_4`): what slurmkit records and passes to Slurm."""
 WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
@@ -118,6 +118,17 @@ def open_own(path: Path | str, flags: int = os.O_RDONLY) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def open_append(path: Path | str, mode: int = 0o666) -> int:
+    """A file of a run folder opened to append (made if missing, `mode` narrowed by the umask), never
+    through a symlink planted at its name."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def touch(path: Path | str) -> None:
+    """A marker file of a run folder, made (or left) in place, never through a symlink."""
+    os.close(open_append(path, 0o600))
 
 
 def read_own(path: Path | str, limit: int) -> bytes:

@@ -7,12 +7,14 @@ at most max_parallel at a time, so `slurmkit sweep` returns at once as it does o
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common import trust
 from slurmkit.procs import start_time
 from slurmkit.runs import RunRecord
 from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, manifest_tasks, materialize_task
@@ -27,7 +29,7 @@ def start(paths: SweepPaths, indices: list[int]) -> int:
         number = len(arrays["arrays"])
         arrays["arrays"].append({"kind": "local", "indices": indices, "base": 0, "job_id": None, "jobs": {},
                                    "runner_pid": None})
-    log = open(paths.local_runner_log, "a")  # noqa: SIM115 - handed to the child
+    log = os.fdopen(trust.open_append(paths.local_runner_log, 0o600), "a")  # handed to the child
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir),
          "--array", str(number)],

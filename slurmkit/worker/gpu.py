@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common import trust
+
 SMI_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "power.draw", "temperature.gpu",
               "ecc.errors.uncorrected.volatile.total")
 SMI_TIMEOUT_S = 10.0
@@ -132,7 +134,7 @@ class GpuSampler:
 
     def _loop(self) -> None:
         host = os.uname().nodename
-        with open(self.path, "a", buffering=1) as f:
+        with os.fdopen(trust.open_append(self.path), "a", buffering=1) as f:
             while not self._stop.is_set():
                 gpus, source = query()
                 f.write(json.dumps({"time": round(time.time(), 3), "kind": "gpu", "host": host, "source": source,

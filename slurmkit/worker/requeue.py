@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import outcomes
+from slurmkit.common import outcomes, trust
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     if decision.startswith(IN_JOB):
         print(f"slurmkit: ranks failed (exit {args.exit_code}); {decision}", file=sys.stderr, flush=True)
         if args.standby:  # the standby ranks take the next attempt (slurmkit.worker.standby)
-            paths.standby_go(job_id, outcomes.restart_count(), outcomes.attempt() + 1).touch()
+            trust.touch(paths.standby_go(job_id, outcomes.restart_count(), outcomes.attempt() + 1))
         nodes, exclude = next_step(paths, job_id)
         # The batch shell's srun --nodes and --exclude (spare nodes, elastic).
         print(nodes or os.environ.get(allocation.STEP_NODES_ENV, ""), ",".join(exclude))

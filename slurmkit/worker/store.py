@@ -7,7 +7,8 @@ key and value under the run's secret (slurmkit.common.trust.run_secret), and a v
 used only when its tag checks out (`get` raises ForgedValue; `valid` says whether it would).
 Another user on the node who knows the port can still delete or overwrite keys, which makes the
 protocol fail safe (the cold path), but cannot make a rank act on a value of theirs. Values are
-signed, not hidden. Rank 0's store listens only on the address the ranks use (MASTER_ADDR).
+signed, not hidden. Rank 0's store listens only on the address the ranks use (MASTER_ADDR;
+bind_address says when it cannot).
 """
 
 from __future__ import annotations
@@ -78,6 +79,15 @@ class SignedStore(tdist.Store):
         self.inner.set_timeout(timeout)
 
 
+def bind_address(addr: str) -> str:
+    """The address rank 0 listens on: MASTER_ADDR's. Where a host name resolves to loopback on its
+    own host (Debian's 127.0.1.1 line in /etc/hosts) while it names a node others reach, binding
+    there would shut the other nodes out: then every interface, and the signatures alone guard."""
+    ip = socket.gethostbyname(addr)
+    named_loopback = ip.startswith("127.") and addr not in ("localhost",) and not addr.startswith("127.")
+    return "" if named_loopback else ip
+
+
 def tcp_store(addr: str, port: int, world_size: int, is_main: bool, timeout: dt.timedelta,
               secret: bytes) -> SignedStore:
     """The run's store: rank 0 listens on `addr` only (not every interface), the others connect."""
@@ -85,7 +95,7 @@ def tcp_store(addr: str, port: int, world_size: int, is_main: bool, timeout: dt.
     if is_main:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((socket.gethostbyname(addr), port))
+        sock.bind((bind_address(addr), port))
         sock.listen(1024)
         listen_fd = sock.detach()  # the store owns it from here
     inner = tdist.TCPStore(addr, port, world_size, is_main, timeout=timeout, master_listen_fd=listen_fd)

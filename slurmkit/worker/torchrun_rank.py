@@ -21,6 +21,8 @@ import os
 import signal
 import sys
 
+from slurmkit.common import trust
+
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     env = submitit.JobEnvironment()
     paths = JobPaths(folder, job_id=str(env.job_id), task_id=env.global_rank)
     for fd, path in ((1, paths.stdout), (2, paths.stderr)):
-        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        out = trust.open_append(path, 0o600)
         os.dup2(out, fd)
         os.close(out)
     from slurmkit.worker import rank

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from slurmkit.common import trust
 from slurmkit.common.metrics import MetricsWriter
 from slurmkit.config.train import TrainConfig
 from slurmkit.runs import RunPaths
@@ -79,7 +80,7 @@ def _transient(trainer: Trainer, steps: list[int], dist: Dist, run_dir: str | No
         if marker is not None and marker.exists():
             return False
         if marker is not None:
-            marker.touch()
+            trust.touch(marker)
         return True
 
     def failing(model: Any, batch: Any) -> Any:
