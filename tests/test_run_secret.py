@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import socket
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,17 @@ def test_a_value_not_written_with_the_secret_is_never_read() -> None:
     assert warm._read(store, "slurmkit/warm/1/decision", warm.parse_decision) is None  # ...not replay it elsewhere
     store.set(key, json.dumps({"restart": "yes"}))  # signed but malformed: not a decision
     assert warm._read(store, key, warm.parse_decision) is None
+
+
+def test_a_rendezvous_value_planted_ahead_is_waited_past_not_read() -> None:
+    port = _free_port()
+    store = tcp_store("127.0.0.1", port, 1, True, TIMEOUT, SECRET)
+    foreign = _foreign(port)
+    key = "slurmkit/gen1/0/rank_1"  # a key of the next generation's gloo rendezvous, planted ahead
+    foreign.set(key, "10.9.9.9:1234")
+    writer = tcp_store("127.0.0.1", port, 1, False, TIMEOUT, SECRET)  # the rank that owns the key, later
+    threading.Timer(0.5, lambda: writer.set(key, "127.0.0.1:5555")).start()
+    assert store.get(key) == b"127.0.0.1:5555"
 
 
 def test_the_store_listens_only_on_the_ranks_address() -> None:

@@ -11,7 +11,9 @@ by a `stat` of the path before a second open, and a refusal is one line (`NotOwn
   writable by others only with the sticky bit, and owned by the caller or root (`chain_reason`);
 - a pickle is loaded only from a file opened that way (`load_pickle`), never by path twice;
 - a Slurm job id is digits in the forms Slurm prints (`job_id`), so no id can reach a Slurm
-  command as an option.
+  command as an option;
+- the run's secret (`run_secret`) signs what the ranks exchange through their store and derives
+  Ray's token (slurmkit.worker.store, slurmkit.worker.ray_driver).
 
 Torch-free and light: the login side, the batch shell's helpers and the ranks all import it.
 """
@@ -162,7 +164,7 @@ SECRET_BYTES = 32
 def run_secret(folder: Path | str) -> bytes:
     """The run's secret: 32 random bytes in `folder` (the run folder, 0600 whatever the run_mode), made
     by whichever process asks first (written aside, then linked: never half a secret) and read by
-    every rank. Every port slurmkit listens on for a run wants it (slurmkit.worker.store, Ray's token)."""
+    every rank: the ranks' store signs with it (slurmkit.worker.store), Ray's token comes from it."""
     folder = Path(folder)
     check(folder_reason(folder), str(folder), "valid: a run folder of your own")
     path = folder / SECRET_FILE

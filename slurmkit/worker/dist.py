@@ -254,8 +254,14 @@ def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
     owns_group = denv.world_size > 1 and not tdist.is_initialized()
     group: Group | None = None
     if owns_group and denv.launcher == "torchrun":
-        tdist.init_process_group(backend, rank=denv.rank, world_size=denv.world_size,
-                                 timeout=dt.timedelta(seconds=timeout),
+        from slurmkit.worker.store import tcp_store
+
+        # The agent's store (torchrun's, at MASTER_ADDR:MASTER_PORT), with the group's values signed
+        # with the run's secret as on srun: torchrun's own rendezvous keys stay torchrun's.
+        store = tcp_store(denv.master_addr, denv.master_port, denv.world_size, False,
+                          dt.timedelta(seconds=timeout), run_secret(denv))
+        tdist.init_process_group(backend, store=tdist.PrefixStore(f"slurmkit/torchrun/{denv.job_id}/", store),
+                                 rank=denv.rank, world_size=denv.world_size, timeout=dt.timedelta(seconds=timeout),
                                  device_id=device if backend == "nccl" else None)
     elif owns_group:
         group = Group(denv, backend, device, dt.timedelta(seconds=timeout))

@@ -4,7 +4,7 @@ torch's TCPStore takes any client that reaches its port, and any client may list
 delete keys. So every value slurmkit or torch.distributed (gloo's rendezvous, the warm-restart
 protocol, the health gate's all-reduce) writes through this store carries an HMAC-SHA256 of its
 key and value under the run's secret (slurmkit.common.trust.run_secret), and a value read is
-used only when its tag checks out (`get` raises ForgedValue; `valid` says whether it would).
+used only when its tag checks out (`get` waits past a forged value, `peek` never waits).
 Another user on the node who knows the port can still delete or overwrite keys, which makes the
 protocol fail safe (the cold path), but cannot make a rank act on a value of theirs. Values are
 signed, not hidden. Rank 0's store listens only on the address the ranks use (MASTER_ADDR;
@@ -17,11 +17,13 @@ import datetime as dt
 import hashlib
 import hmac
 import socket
+import time
 from typing import Any
 
 import torch.distributed as tdist
 
 TAG_BYTES = 32
+FORGED_POLL_S = 0.05
 
 
 class ForgedValue(RuntimeError):
@@ -31,9 +33,9 @@ class ForgedValue(RuntimeError):
 class SignedStore(tdist.Store):
     """A torch.distributed Store over another whose values are signed and checked."""
 
-    def __init__(self, inner: tdist.Store, secret: bytes) -> None:
+    def __init__(self, inner: tdist.TCPStore, secret: bytes, timeout: dt.timedelta) -> None:
         super().__init__()
-        self.inner, self._secret = inner, secret
+        self.inner, self._secret, self._timeout_s = inner, secret, timeout.total_seconds()
 
     def _tag(self, key: str, value: bytes) -> bytes:
         return hmac.new(self._secret, key.encode() + b"\0" + value, hashlib.sha256).digest()
@@ -42,19 +44,24 @@ class SignedStore(tdist.Store):
         data = value.encode() if isinstance(value, str) else bytes(value)
         self.inner.set(key, self._tag(key, data) + data)  # type: ignore[arg-type]  # pybind takes bytes too
 
-    def get(self, key: str) -> bytes:
-        raw = bytes(self.inner.get(key))
+    def _verified(self, key: str, raw: bytes) -> bytes | None:
         tag, value = raw[:TAG_BYTES], raw[TAG_BYTES:]
-        if len(tag) != TAG_BYTES or not hmac.compare_digest(tag, self._tag(key, value)):
-            raise ForgedValue(f"store key {key!r} holds a value not written with the run's secret")
+        return value if len(tag) == TAG_BYTES and hmac.compare_digest(tag, self._tag(key, value)) else None
+
+    def get(self, key: str) -> bytes:
+        """The value at `key` once it is one written with the run's secret: a forged value planted
+        ahead (a rendezvous key of the next generation) is waited past, as a missing one is, until
+        the writer's own replaces it or the store's timeout ends (ForgedValue)."""
+        deadline = time.monotonic() + self._timeout_s
+        while (value := self._verified(key, bytes(self.inner.get(key)))) is None:
+            if time.monotonic() > deadline:
+                raise ForgedValue(f"store key {key!r} holds a value not written with the run's secret")
+            time.sleep(FORGED_POLL_S)
         return value
 
-    def valid(self, key: str) -> bool:
-        """The key holds a value written with the run's secret."""
-        try:
-            return bool(self.inner.check([key])) and self.get(key) is not None
-        except (ForgedValue, RuntimeError):
-            return False
+    def peek(self, key: str) -> bytes | None:
+        """The value at `key` now, if there is one written with the run's secret; never waits."""
+        return self._verified(key, bytes(self.inner.get(key))) if self.inner.check([key]) else None
 
     # Counters and waits carry no value to sign; they pass through.
     def add(self, key: str, amount: int) -> int:
@@ -76,6 +83,7 @@ class SignedStore(tdist.Store):
         return int(self.inner.num_keys())
 
     def set_timeout(self, timeout: dt.timedelta) -> None:
+        self._timeout_s = timeout.total_seconds()
         self.inner.set_timeout(timeout)
 
 
@@ -99,4 +107,4 @@ def tcp_store(addr: str, port: int, world_size: int, is_main: bool, timeout: dt.
         sock.listen(1024)
         listen_fd = sock.detach()  # the store owns it from here
     inner = tdist.TCPStore(addr, port, world_size, is_main, timeout=timeout, master_listen_fd=listen_fd)
-    return SignedStore(inner, secret)
+    return SignedStore(inner, secret, timeout)

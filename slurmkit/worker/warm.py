@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from slurmkit.common import outcomes
 from slurmkit.worker.dist import Dist
-from slurmkit.worker.store import ForgedValue
+from slurmkit.worker.store import SignedStore
 from slurmkit.worker.trainer import Trainer
 
 POLL_S = 0.02
@@ -145,17 +145,15 @@ MAX_VALUE_BYTES = 64 << 10
 T = TypeVar("T")
 
 
-def _read(store: Any, key: str, parse: Callable[[Any], T]) -> T | None:
+def _read(store: SignedStore, key: str, parse: Callable[[Any], T]) -> T | None:
     """The value at `key` when it is there, signed with the run's secret (SignedStore) and well
     formed; else None, as if absent: another user's value never decides anything, nor crashes."""
     try:
-        if not store.check([key]):
-            return None
-        raw = store.get(key)
-        if len(raw) > MAX_VALUE_BYTES:
+        raw = store.peek(key)
+        if raw is None or len(raw) > MAX_VALUE_BYTES:
             return None
         return parse(json.loads(raw))
-    except (ForgedValue, ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError):
         return None
 
 
