@@ -146,9 +146,9 @@ SlurmTime = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidato
 SlurmMem = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidator(_slurm_mem)]
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_keys), AfterValidator(_env_names)]
 HomePath = Annotated[str, AfterValidator(_home_path)]
+"""A path whose leading ~ is expanded on the login node (venv, python)."""
 TildePath = Annotated[str, AfterValidator(_tilde_resolves)]
 """A path expanded where it is used (~ and $VARS), whose ~user names a user that exists."""
-"""A path whose leading ~ is expanded on the login node (venv, python)."""
 _GRES_RE = re.compile(r"^[a-z][a-z0-9_-]*(?::[A-Za-z0-9_.-]+)?(?::\d+)?$")
 
 

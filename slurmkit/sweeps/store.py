@@ -24,7 +24,7 @@ from typing import Any
 
 from slurmkit.common import trust
 from slurmkit.config.loader import Resolved
-from slurmkit.lookup import find_folder, owned_folders
+from slurmkit.folders import find_folder, owned_folders
 from slurmkit.runs import LockedJson, RunPaths, RunRecord
 
 MANIFEST = "sweep.json"

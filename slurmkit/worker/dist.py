@@ -256,9 +256,11 @@ def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
     if owns_group and denv.launcher == "torchrun":
         from slurmkit.worker.store import tcp_store
 
-        # The agent's store (torchrun's, at MASTER_ADDR:MASTER_PORT), with the group's values signed
-        # with the run's secret as on srun: torchrun's own rendezvous keys stay torchrun's.
-        store = tcp_store(denv.master_addr, denv.master_port, denv.world_size, False,
+        # torchrun's agent hosts the store at MASTER_ADDR:MASTER_PORT (else rank 0 does, as env://
+        # would); the group's values are signed with the run's secret as on srun, while torchrun's
+        # own rendezvous keys stay torchrun's.
+        hosts = denv.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        store = tcp_store(denv.master_addr, denv.master_port, denv.world_size, hosts,
                           dt.timedelta(seconds=timeout), run_secret(denv))
         tdist.init_process_group(backend, store=tdist.PrefixStore(f"slurmkit/torchrun/{denv.job_id}/", store),
                                  rank=denv.rank, world_size=denv.world_size, timeout=dt.timedelta(seconds=timeout),
