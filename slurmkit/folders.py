@@ -47,7 +47,7 @@ def folders_with(run_root: str, marker: str) -> tuple[list[Path], int]:
                     continue
                 if not stat.S_ISDIR(folder.st_mode) or not stat.S_ISREG(record.st_mode):
                     continue  # a symlinked folder or record could point anywhere
-                if not _own(folder, record):
+                if not trust.own_entry(folder, record):
                     foreign += 1
                     continue
                 found.append((_newest_first_key(entry.name, record.st_mtime_ns), entry.path))
@@ -55,12 +55,6 @@ def folders_with(run_root: str, marker: str) -> tuple[list[Path], int]:
         raise ConfigError(f"cannot list the run root: {exc.strerror or exc}", where=f"profile:run_root={root}",
                           valid="valid: a folder you can read; set run_root in your profile") from exc
     return [Path(d) for _, d in sorted(found, reverse=True)], foreign
-
-
-def _own(folder: os.stat_result, record: os.stat_result) -> bool:
-    """A run or sweep folder and its record that only the caller (or root) could have written."""
-    return folder.st_uid == os.getuid() and record.st_uid == os.getuid() and not (
-        (folder.st_mode | record.st_mode) & trust.WRITABLE_BY_OTHERS)
 
 
 def by_path(ident: str, marker: str, what: str) -> Path:
@@ -75,7 +69,7 @@ def by_path(ident: str, marker: str, what: str) -> Path:
     except OSError as exc:
         raise RunNotFoundError(f"no {what} folder at {ident}: {exc.strerror}", where=str(folder),
                                valid=f"valid: a folder holding {marker}") from exc
-    if not stat.S_ISDIR(st.st_mode) or not stat.S_ISREG(record.st_mode) or not _own(st, record):
+    if not stat.S_ISDIR(st.st_mode) or not stat.S_ISREG(record.st_mode) or not trust.own_entry(st, record):
         why = trust.stat_reason(st, folder) or trust.stat_reason(record, folder / marker)
         raise trust.NotOwnError(why or f"{folder} is not the caller's {what} folder", where=str(folder), valid=valid)
     trust.check(trust.chain_reason(folder.parent), str(folder), valid)

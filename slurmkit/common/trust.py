@@ -56,6 +56,13 @@ def stat_reason(st: os.stat_result, path: Path | str) -> str | None:
     return None
 
 
+def own_entry(folder: os.stat_result, record: os.stat_result) -> bool:
+    """A run or sweep folder and its record are the caller's own (root's are not: a listing shows the
+    caller's runs), and neither is writable by anyone else."""
+    return folder.st_uid == record.st_uid == os.getuid() and not (
+        (folder.st_mode | record.st_mode) & WRITABLE_BY_OTHERS)
+
+
 def reason(path: Path | str) -> str | None:
     """stat_reason of `path` itself (a symlink is not followed); a path that cannot be read says why."""
     try:
