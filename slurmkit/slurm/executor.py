@@ -232,7 +232,13 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
 
 class SafeLocalExecutor(submitit.LocalExecutor):
     """submitit's LocalExecutor, whose controller (`python -m submitit.local._local`) starts with
-    PYTHONSAFEPATH: it never imports from the working folder (its ranks get -P from `python`)."""
+    PYTHONSAFEPATH: it never imports from the working folder. Its ranks are slurmkit.worker.rank
+    (with -P from `python`), which loads the job's pickle only from a file of the caller's own, as
+    on Slurm."""
+
+    @property
+    def _submitit_command_str(self) -> str:
+        return submitit_command(self.python, self.folder)
 
     def _internal_process_submissions(self, delayed_submissions: list[DelayedSubmission]) -> list[submitit.Job[Any]]:
         before = os.environ.get("PYTHONSAFEPATH")
