@@ -243,7 +243,7 @@ class RunPaths:
     def unpickle_result(self, job_id: str, rank: int) -> tuple[str, Any]:
         """submitit's result pickle, only from a folder the caller owns and no one else can write,
         checked on the open file (one open: nothing can be swapped in between)."""
-        # A sweep task's submitit/ is a link to the sweep's own: folder_reason follows it.
+        # A sweep task's submitit/ is a link to the sweep's own: load_pickle follows links to the folders.
         outcome, value = trust.load_pickle(self.result_pickle(job_id, rank), "the result",
                                            (self.run_dir, self.job_folder))
         return str(outcome), value

@@ -63,19 +63,11 @@ def own_entry(folder: os.stat_result, record: os.stat_result) -> bool:
         (folder.st_mode | record.st_mode) & WRITABLE_BY_OTHERS)
 
 
-def reason(path: Path | str) -> str | None:
-    """stat_reason of `path` itself (a symlink is not followed); a path that cannot be read says why."""
+def reason(path: Path | str, follow: bool = False) -> str | None:
+    """stat_reason of `path` itself, or with follow of what it leads to (a symlink in the caller's own
+    folder was put there by the caller); a path that cannot be read says why."""
     try:
-        return stat_reason(os.lstat(path), path)
-    except OSError as exc:
-        return f"cannot stat {path}: {exc.strerror}"
-
-
-def folder_reason(path: Path | str) -> str | None:
-    """stat_reason of the folder `path` leads to (a symlink followed: one in the caller's own folder
-    was put there by the caller)."""
-    try:
-        return stat_reason(os.stat(path), path)
+        return stat_reason(os.stat(path) if follow else os.lstat(path), path)
     except OSError as exc:
         return f"cannot stat {path}: {exc.strerror}"
 
@@ -154,7 +146,7 @@ def load_pickle(path: Path | str, what: str, folders: tuple[Path, ...] = ()) -> 
     it, nor the `folders` it lies in."""
     try:
         for folder in folders:
-            check(folder_reason(folder), str(folder), "")
+            check(reason(folder, follow=True), str(folder), "")
         fd = open_own(path)
     except NotOwnError as exc:
         raise NotOwnError(f"refusing to unpickle {what}: {exc.what}", where=str(path),
@@ -173,7 +165,7 @@ def run_secret(folder: Path | str) -> bytes:
     by whichever process asks first (written aside, then linked: never half a secret) and read by
     every rank: the ranks' store signs with it (slurmkit.worker.store), Ray's token comes from it."""
     folder = Path(folder)
-    check(folder_reason(folder), str(folder), "valid: a run folder of your own")
+    check(reason(folder, follow=True), str(folder), "valid: a run folder of your own")
     path = folder / SECRET_FILE
     if not path.exists():
         tmp = folder / f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}"

@@ -62,7 +62,8 @@ TOKEN_FILE = "ray-token"
 
 
 def token_file(run_dir: str) -> Path:
-    """The run's Ray token, written once (0600, atomically) from the run's secret; its path."""
+    """The run's Ray token, derived from the run's secret and written (0600, atomically; the same
+    token on every incarnation) beside it; its path."""
     path = Path(run_dir) / TOKEN_FILE
     token = hmac.new(trust.run_secret(run_dir), b"ray-auth-token", hashlib.sha256).hexdigest()
     atomic_write_text(path, token, mode=0o600)

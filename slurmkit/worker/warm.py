@@ -118,31 +118,42 @@ def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: 
     if dist.is_main:
         decision = Decision(False)
         # Only values signed with the run's secret count, and only well-formed ones (parse_report).
-        if _poll(lambda: all(_read(store, k, parse_report) is not None for k in keys), report_wait_s, beat, ending):
-            reports = [r for k in keys if (r := _read(store, k, parse_report)) is not None]
+        got: dict[str, Report] = {}
+        if _poll(lambda: _collect(store, keys, parse_report, got), report_wait_s, beat, ending):
+            reports = [got[k] for k in keys]
             live = live_step(reports)
             line = decide(reports, live)
             if line:
                 decision = Decision(True, live)
                 print(f"slurmkit: {line}", flush=True)
         else:
-            missing = [str(r) for r, k in enumerate(keys) if _read(store, k, parse_report) is None]
+            missing = [str(r) for r, k in enumerate(keys) if k not in got]
             why = (f"SIGTERM, Slurm is ending the step (rank(s) {','.join(missing)} had not reported)" if ending()
                    else f"rank(s) {','.join(missing)} did not report within {report_wait_s:.0f} s")
             print(f"slurmkit: no warm restart: {why}", flush=True)
         store.set(f"{prefix}decision", json.dumps(dataclasses.asdict(decision)))
         return decision
     key = f"{prefix}decision"
+    decided: dict[str, Decision] = {}
     try:
-        if not _poll(lambda: _read(store, key, parse_decision) is not None, report_wait_s + DECISION_S, beat, ending):
+        if not _poll(lambda: _collect(store, [key], parse_decision, decided), report_wait_s + DECISION_S, beat, ending):
             return Decision(False)
-        return _read(store, key, parse_decision) or Decision(False)
+        return decided[key]
     except Exception:  # noqa: BLE001 - rank 0's store is gone (its process died): the cold path
         return Decision(False)
 
 
 MAX_VALUE_BYTES = 64 << 10
 T = TypeVar("T")
+
+
+def _collect(store: SignedStore, keys: list[str], parse: Callable[[Any], T], found: dict[str, T]) -> bool:
+    """Read the keys not yet in `found` into it (_read); True once every key is there. A value, once
+    read, is kept: only the keys still missing are asked for at each poll."""
+    for key in keys:
+        if key not in found and (value := _read(store, key, parse)) is not None:
+            found[key] = value
+    return len(found) == len(keys)
 
 
 def _read(store: SignedStore, key: str, parse: Callable[[Any], T]) -> T | None:
