@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 
 from slurmkit.common import ports
+from slurmkit.common.plan import Health, Plan, Shrink
 from slurmkit.config.loader import Resolved
 from slurmkit.errors import RenderError, clip
 from slurmkit.resources import shipped_dir
@@ -165,23 +166,41 @@ def torchrun_node(inp: RenderInput) -> str:
             f"-m slurmkit.worker.torchrun_rank {shell_quote(inp.job_folder)}")
 
 
-def standby_command(inp: RenderInput, container: dict[str, Any]) -> str | None:
-    """The standby ranks' command (slurmkit.worker.standby; the batch shell adds --attempt), where
-    the profile asks for them and the next in-job step is the same srun of submitit's worker."""
+def standby_command(inp: RenderInput, container: dict[str, Any]) -> list[str] | None:
+    """The standby ranks' argv (slurmkit.worker.standby; the supervisor adds --run-dir and --attempt),
+    where the profile asks for them and the next in-job step is the same srun of submitit's worker."""
     resolved = inp.resolved
     policy = resolved.profile.requeue
     if not (policy.standby and policy.in_job > 0 and inp.job_folder) or resolved.spec.ray \
             or resolved.spec.launcher == "torchrun" or resolved.shrinks or container["srun"] or container["prefix"]:
         return None
-    rank_py = inp.rank_python or inp.python
-    return f'{rank_py} -u -m slurmkit.worker.standby --run-dir "$SLURMKIT_RUN_DIR" {shell_quote(inp.job_folder)}'
+    return [*shlex.split(inp.rank_python or inp.python), "-u", "-m", "slurmkit.worker.standby", inp.job_folder]
+
+
+def supervisor_plan(inp: RenderInput, container: dict[str, Any]) -> Plan:
+    """What the job's supervisor runs (slurmkit.common.plan): rendered into the script as JSON."""
+    resolved = inp.resolved
+    prof, r = resolved.profile, resolved.resources
+    assert r.tasks_per_node is not None and r.nodes is not None
+    torchrun = resolved.spec.launcher == "torchrun"
+    gate = prof.health_gate == "always" or (prof.health_gate == "gpu" and bool(resolved.node_gpus))
+    return Plan(
+        signal=prof.signal, launcher="torchrun" if torchrun else "srun",
+        command=["bash", "-c", torchrun_node(inp)] if torchrun else shlex.split(inp.command),
+        stdout=inp.files.rank_stdout, stderr=inp.files.rank_stderr, tasks_per_node=r.tasks_per_node,
+        in_job=prof.requeue.in_job,
+        budgets=prof.requeue.model_dump(include={"preemption", "timeout", "node_failure", "hang", "crash"}),
+        standby=standby_command(inp, container),
+        shrink=Shrink(nodes=r.nodes, least=1 if r.elastic else r.nodes) if resolved.shrinks else None,
+        health=Health(python=shlex.split(inp.python), gpus=resolved.node_gpus,
+                      allreduce=prof.health_allreduce) if gate else None)
 
 
 def render(inp: RenderInput) -> str:
     resolved = inp.resolved
     env = make_environment(resolved.profile.template_dir)
     container = container_context(resolved, inp.run_dir)
-    standby = standby_command(inp, container)
+    plan = None if resolved.spec.ray else supervisor_plan(inp, container)
     context = {
         "name": resolved.spec.name,
         "spec": resolved.spec,
@@ -200,12 +219,11 @@ def render(inp: RenderInput) -> str:
         "sweep": inp.sweep,
         "code_dir": inp.code_dir,
         "container": container,
-        "standby": Shell(standby) if standby else None,
+        "plan_json": plan.model_dump_json(exclude_defaults=True) if plan else None,
+        "plan_lines": plan.describe() if plan else [],
         "env": resolved.spec.env,
         "slurm": resolved.profile.executor == "slurm",
         "ray_port": ports.ray_port_shell(),
-        "torchrun_node": torchrun_node(inp) if resolved.spec.launcher == "torchrun" else None,
-        "torchrun_port": ports.training_port_shell(),
     }
     try:
         return env.get_template(ENTRY_TEMPLATE).render(context)

@@ -189,6 +189,11 @@ class RunPaths:
         (killed after GraceTime) the next incarnation still knows how far the last one got."""
         return self.run_dir / "stopping.json"
 
+    @property
+    def supervisor_events(self) -> Path:
+        """The job's supervisor's states and decisions, one JSON line each (slurmkit.worker.supervisor)."""
+        return self.run_dir / "supervisor.jsonl"
+
     def hang_marker(self, rank: int) -> Path:
         return self.run_dir / f"hang-rank{rank}.json"
 

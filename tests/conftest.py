@@ -24,6 +24,15 @@ def executed_steps(metrics: Path) -> list[int]:
     return [s for r in iter_records(metrics) if "step" in r for s in range(r["step"] - steps_of(r) + 1, r["step"] + 1)]
 
 
+def supervisor_events(run_dir: Path, event: str) -> list[dict[str, Any]]:
+    """The job's supervisor's records of one kind (state, launch, signal, decision), in order."""
+    import json
+
+    path = run_dir / "supervisor.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, lines) if e["event"] == event]
+
+
 def steady(poll_s: float) -> Any:
     """A fixed poll for tests' waits: they end on events, and slurmkit's backing off (meant for
     slurmctld's sake over long waits) would only add seconds to every cluster test."""

@@ -22,7 +22,7 @@ from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
 from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker.checkpoint import CheckpointStore
-from tests.conftest import EXAMPLES, executed_steps, steady
+from tests.conftest import EXAMPLES, executed_steps, steady, supervisor_events
 
 pytestmark = pytest.mark.cluster
 EVERY = 50
@@ -282,7 +282,8 @@ def test_kill_9_of_one_rank_restarts_in_the_job_then_requeues_once_in_job_restar
     assert (first["in_job"], first["n"], first["resumed_step"]) == (1, 0, 50)
     assert "in_job" not in second and second["n"] == 1
     assert incarnations(job) == ["REQUEUED", "COMPLETED"]
-    assert "restarting in the job (attempt 1): crash" in "\n".join(jobs.logs(paths, rank=0))
+    decided = [(d["action"], d["cause"]) for d in supervisor_events(paths.run_dir, "decision")]
+    assert decided == [("restart_in_job", "crash"), ("requeue", "crash")]
     assert_standby_took(paths, 1)  # and the second incarnation's own standby took nothing
     from slurmkit import report
 
@@ -460,7 +461,7 @@ def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
     with pytest.raises(JobFailedError, match="PreemptMode=CANCEL") as err:
         jobs.result(paths)
     assert f"slurmkit resubmit {paths.run_id}" in err.value.one_line()
-    assert "caught SIGUSR2, forwarding to ranks" in "\n".join(jobs.logs(paths, rank=0))
+    assert "SIGUSR2" in [e["signal"] for e in supervisor_events(paths.run_dir, "signal")]  # passed to the ranks
     stopped = RunRecord(paths).read()["preempted"]["step"]
     runner = CliRunner()
     out = runner.invoke(app, ["resubmit", paths.run_id, "-p", str(profile), "--partition", layout.PARTITION,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from slurmkit import jobs
-from slurmkit.runs import RunPaths, RunRecord
-from tests.conftest import ROOT, steady, write_spec
+from slurmkit.runs import RunPaths
+from tests.conftest import ROOT, steady, supervisor_events, write_spec
 
 pytestmark = pytest.mark.cluster
 
@@ -37,11 +37,12 @@ def test_nothing_slurmkit_starts_on_the_nodes_imports_from_the_submit_folder(clu
     ok = write_spec(submit_dir, filename="ok.yaml", name="ok", callable="mymod:f", kwargs={"a": 41})
     out = _submit(ok, dev_profile, submit_dir)
     assert (out["state"], out["result"]) == ("COMPLETED", 42), out  # the user's own module still imports
-    # A failing command: the batch shell's requeue policy (python -m slurmkit.worker.requeue) runs too.
+    # A failing command: the supervisor and its restart policy run too.
     failing = write_spec(submit_dir, filename="fail.yaml", name="fail", command="exit 3")
     paths = RunPaths(Path(str(_submit(failing, dev_profile, submit_dir, wait=False)["run_dir"])))
     assert jobs.wait(paths, poller=steady(0.5), timeout_s=300).state == "FAILED"
-    assert str(RunRecord(paths).read()["final"]).startswith("deterministic error")  # the policy ran, and ended it
+    decided = supervisor_events(paths.run_dir, "decision")  # the policy ran, and ended it
+    assert [(d["action"], d["why"]) for d in decided][-1] == ("end", "deterministic")
     assert not marker.exists(), marker.read_text()
 
 

@@ -13,7 +13,7 @@ from slurmkit.cli.app import app
 from slurmkit.config.loader import resolve
 from slurmkit.jobs import dry_run
 from tests.conftest import EXAMPLES
-from tests.test_render import check_shell
+from tests.test_render import check_shell, step_argv, supervisor_call
 
 runner = CliRunner()
 
@@ -58,11 +58,15 @@ def test_launcher_torchrun_renders_one_torchrun_a_node_that_passes_shellcheck(tm
     else:
         script = script_for(tmp_path, CONTAINERS[runtime], *sets)
     check_shell(script, tmp_path)
-    launch = script[script.index("srun --unbuffered"):]
-    assert '-n "$SLURM_JOB_NUM_NODES" --ntasks-per-node=1' in launch and "--nproc-per-node=2" in launch
-    assert "-m slurmkit.worker.torchrun_rank" in launch and "-m slurmkit.worker.rank" not in launch
-    if runtime == "pyxis":
-        assert '"${SLURMKIT_SRUN_CONTAINER[@]}" bash -c' in launch
+    plan, container = supervisor_call(script)
+    assert plan.launcher == "torchrun" and plan.standby is None
+    argv = step_argv(script)
+    assert {"--ntasks-per-node=1", "--ntasks=1"} <= set(argv)  # SLURM_JOB_NUM_NODES unset here: 1
+    node = argv[-1]  # each node's `bash -c` line
+    assert argv[-3:-1] == ["bash", "-c"] and "--nproc-per-node=2" in node
+    assert "-m slurmkit.worker.torchrun_rank" in node and "-m slurmkit.worker.rank" not in node
+    if runtime == "pyxis":  # srun's container options come right before the node's command
+        assert argv[-3 - len(container.srun_options):-3] == container.srun_options != []
 
 
 def test_pyxis_passes_its_options_to_srun_and_runs_the_container_python(tmp_path: Path) -> None:
@@ -71,19 +75,25 @@ def test_pyxis_passes_its_options_to_srun_and_runs_the_container_python(tmp_path
     assert "--container-image='nvcr.io#nvidia/pytorch:24.05-py3'" in line
     assert "--container-mounts=/data:/data:ro," in line and "--container-workdir=/workspace" in line
     assert "--container-env=HF_HOME,OMP_NUM_THREADS" in line
-    launch = next(ln for ln in script.splitlines() if ln.lstrip().startswith("srun "))
-    assert '"${SLURMKIT_SRUN_CONTAINER[@]}" /usr/bin/python -P -u -m slurmkit.worker.rank' in launch
-    # The batch shell's own helper stays on the host interpreter.
-    assert "/usr/bin/python -P -m slurmkit.worker.requeue" not in script
+    argv = step_argv(script)
+    image = argv.index("--container-image=nvcr.io#nvidia/pytorch:24.05-py3")
+    assert argv[image + 4:image + 9] == ["/usr/bin/python", "-P", "-u", "-m", "slurmkit.worker.rank"]
+    # The supervisor itself stays on the host interpreter.
+    assert "/usr/bin/python -P -m slurmkit.worker.supervisor" not in script
 
 
 def test_apptainer_wraps_each_rank_with_nv_only_when_gpus_are_used(tmp_path: Path) -> None:
     no_gpu = {**CONTAINERS["apptainer"], "gpus": None}
     assert "--nv" not in script_for(tmp_path, no_gpu)
-    prefix = next(ln for ln in script_for(tmp_path, no_gpu, "resources.gpus_per_node=1").splitlines()
-                  if ln.startswith("SLURMKIT_RANK_PREFIX=("))
-    assert prefix.startswith("SLURMKIT_RANK_PREFIX=(apptainer exec --nv --bind /data:/data:ro,")
-    assert "--pwd /work --env 'HF_HOME=/data/hf cache' /images/torch.sif)" in prefix
+    _, container = supervisor_call(script_for(tmp_path, no_gpu, "resources.gpus_per_node=1"))
+    prefix = container.rank_prefix
+    assert prefix[:4] == ["apptainer", "exec", "--nv", "--bind"] and prefix[4].startswith("/data:/data:ro,")
+    assert prefix[5:] == ["--pwd", "/work", "--env", "HF_HOME=/data/hf cache", "/images/torch.sif"]
+    plan, container = supervisor_call(script_for(tmp_path, no_gpu))
+    assert "--nv" not in container.rank_prefix
+    # Each rank's command runs under the prefix: it ends the srun argv.
+    argv = step_argv(script_for(tmp_path, no_gpu))
+    assert argv[-len(plan.command) - len(container.rank_prefix):] == [*container.rank_prefix, *plan.command]
 
 
 def test_docker_runs_one_container_per_rank_with_host_network_and_gpus(tmp_path: Path) -> None:

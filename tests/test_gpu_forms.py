@@ -14,7 +14,7 @@ from slurmkit.config.loader import resolve
 from slurmkit.errors import ConfigError
 from slurmkit.jobs import dry_run
 from tests.conftest import EXAMPLES
-from tests.test_render import check_shell
+from tests.test_render import check_shell, supervisor_call
 
 
 def script(tmp_path: Path, spec_resources: dict[str, Any], **profile: Any) -> tuple[int, str]:
@@ -42,8 +42,8 @@ def test_each_gpu_form_renders_and_counts(tmp_path: Path, resources: dict[str, A
         assert f"#SBATCH {line}" in text
     assert node_gpus == gpus
     # The health gate runs (and checks the count) for a GPU job, whichever form asked.
-    gate = [ln for ln in text.splitlines() if "slurmkit.worker.health" in ln and ln.startswith("if ")]
-    assert (gate and f"--gpus {gpus}" in gate[0]) if gpus else not gate
+    health = supervisor_call(text)[0].health
+    assert (health is not None and health.gpus == gpus) if gpus else health is None
     if "cpus_per_gpu" in resources:  # Slurm takes one of them: the profile's gives way to the spec's
         assert "--cpus-per-task" not in text and "#SBATCH --mem=" not in text
 

@@ -142,7 +142,8 @@ def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol
     import json
 
     from slurmkit.runs import RunPaths, RunRecord
-    from slurmkit.worker import requeue
+    from slurmkit.worker.ft import requeue
+    from slurmkit.worker.ft.decision import Action
 
     monkeypatch.setenv("FAILS", "1000")
     with commands.counting() as calls, pytest.raises(commands.RequeueUncertain, match="may still go through"):
@@ -163,13 +164,13 @@ def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol
     assert not isinstance(failed.value, commands.RequeueUncertain) and not paths.restart_request.exists()
     # Rank 0, after the ranks stopped and saved, says either in one line rather than a traceback.
     monkeypatch.setattr(requeue, "IN_JOB_RETRY_S", 3.0)
-    assert requeue.after_stop(paths, "7", 12, requeue_signal=True).startswith(
-        "stopped at step 12, saved; the requeue failed, so the job ends here: ")
+    failed_decision = requeue.after_stop(paths, "7", 12, requeue_signal=True)
+    assert (failed_decision.action, failed_decision.why, failed_decision.step) == (Action.END, "slurm_failed", 12)
     monkeypatch.setenv("FAILS", "1000")
     monkeypatch.delenv("PENDING")
-    line = requeue.after_stop(paths, "7", 12, requeue_signal=True)
-    assert line.startswith("stopped at step 12, saved; the requeue may or may not have gone through: ")
-    assert "\n" not in line
+    uncertain = requeue.after_stop(paths, "7", 12, requeue_signal=True)
+    assert (uncertain.action, uncertain.why, uncertain.step) == (Action.REQUEUE, "uncertain", 12)
+    assert "\n" not in uncertain.message  # one line in the rank's log
 
 
 def test_until_ended_stops_at_the_end_at_the_timeout_and_after_the_unknown_grace() -> None:

@@ -29,7 +29,7 @@ value_strategy = st.one_of(st.sampled_from(HOSTILE), printable)
 
 def _setup_part(script: str) -> str:
     """The script up to the launch; it only exports and loads, so it is safe to execute."""
-    return script.split("# Slurm signals the batch shell", 1)[0]
+    return script.split("# launch:", 1)[0]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

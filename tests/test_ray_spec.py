@@ -33,7 +33,7 @@ def test_ray_script_starts_head_and_workers_then_the_driver(tmp_path: Path) -> N
     assert 'slurmkit_ray_start "$node" --address="$RAY_ADDRESS"' in script
     assert "--num-cpus=\"${SLURM_CPUS_PER_TASK:-1}\" --num-gpus=0" in script
     assert "ray stop" not in script.replace("`ray stop`", "")
-    assert "slurmkit.worker.requeue" not in script  # a Ray driver owns its own recovery
+    assert "slurmkit.worker.supervisor" not in script  # a Ray driver owns its own recovery
     # The driver runs through submitit on the first node, after Ray is up.
     assert re.search(r'srun --overlap -N1 -n1 -w "\$\{SLURMKIT_RAY_HOSTS\[0\]\}" .* -m slurmkit.worker.rank', script,
                      re.DOTALL)

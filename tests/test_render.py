@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from slurmkit.common.plan import Plan
 from slurmkit.config.loader import resolve
 from slurmkit.errors import RenderError
+from slurmkit.slurm import steps
 from slurmkit.slurm.executor import ArraySpec, rank_python, render_for, submitit_command
+from slurmkit.slurm.steps import Container
+from slurmkit.worker import supervisor
 from tests.conftest import ROOT, write_spec
 from tests.test_profiles import SHIPPED
 
@@ -27,6 +31,25 @@ def render_profile(spec: Path, profile: str, sets: list[str] | None = None, arra
     # A fixed interpreter, so the goldens do not depend on where the venv lives.
     res = resolve(spec, profile, ["profile.python=/opt/venv/bin/python", *(sets or [])])
     return render_for(res, FOLDER, submitit_command(rank_python(res), FOLDER), array, dependency)
+
+
+def supervisor_call(script: str) -> tuple[Plan, Container]:
+    """The plan and container parts as the batch shell hands them to the supervisor: the script from
+    its container lines on, run by bash with the exec line printing its argv instead."""
+    start = script.find("# container:")
+    tail = script[start if start >= 0 else script.index("# launch:"):]
+    tail = re.sub(r"^exec .* -m slurmkit\.worker\.supervisor ", lambda _: "printf '%s\\0' ", tail, flags=re.M)
+    out = subprocess.run(["bash", "-c", tail], capture_output=True, check=True,
+                         env={**os.environ, "SLURMKIT_RUN_DIR": "/run"}).stdout
+    run_dir, plan, container = supervisor.parse(out.decode().split("\0")[:-1])
+    assert run_dir == Path("/run")
+    return plan, container
+
+
+def step_argv(script: str, nodes: int | None = None, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The srun argv of the ranks' first step under this script (slurm.steps, as the supervisor builds it)."""
+    plan, container = supervisor_call(script)
+    return steps.ranks(plan, container, nodes, exclude)
 
 
 def check_shell(script: str, tmp_path: Path) -> None:
@@ -54,7 +77,7 @@ def test_header_carries_resources_signal_and_submitit_log_layout(tmp_path: Path)
     assert "#SBATCH --gpus-per-node=8" in script
     assert "#SBATCH --signal=B:USR2@300" in script
     assert f"#SBATCH --output={FOLDER}/%j_0_log.out" in script
-    assert f"--output={FOLDER}/%j_%t_log.out" in script
+    assert f"--output={FOLDER}/%j_%t_log.out" in step_argv(script)
     assert "export NCCL_IB_HCA=mlx5_0,mlx5_1" in script
     assert "#SBATCH --exclusive" in script
 
@@ -63,20 +86,22 @@ def test_spare_nodes_allocate_more_and_each_step_runs_on_the_ranks_nodes(tmp_pat
     script = render_profile(GOLDEN / "spec.yaml", "devcluster", ["resources.nodes=2", "resources.spare_nodes=1",
                                                                 "resources.tasks_per_node=2"])
     assert "#SBATCH --nodes=3" in script and "#SBATCH --no-kill" in script
-    assert 'srun --unbuffered --kill-on-bad-exit=1' in script and '--ntasks="$(( SLURMKIT_STEP_NODES * 2 ))"' in script
-    assert 'export SLURMKIT_STEP_NODES=2' in script and '"--exclude=$SLURMKIT_EXCLUDE"' in script
-    assert "export SLURMKIT_MIN_NODES=2" in script  # a spare or a requeue: never fewer nodes
     check_shell(script, tmp_path)
+    plan, _ = supervisor_call(script)
+    assert plan.shrink is not None and (plan.shrink.nodes, plan.shrink.least) == (2, 2)  # never fewer nodes
+    argv = step_argv(script, 2, ("node4",))
+    assert argv[:3] == ["srun", "--unbuffered", "--kill-on-bad-exit=1"]
+    assert {"--nodes=2", "--ntasks=4", "--exclude=node4"} <= set(argv)
     elastic = render_profile(GOLDEN / "spec.yaml", "devcluster", ["resources.nodes=2", "resources.elastic=true"])
     assert "#SBATCH --nodes=2" in elastic and "#SBATCH --no-kill" in elastic
-    assert "export SLURMKIT_MIN_NODES=1" in elastic and "next step takes the nodes left" in elastic
-    assert 'read -r SLURMKIT_STEP_NODES SLURMKIT_EXCLUDE <<< "$SLURMKIT_NEXT"' in elastic
     check_shell(elastic, tmp_path)
+    plan, _ = supervisor_call(elastic)
+    assert plan.shrink is not None and (plan.shrink.nodes, plan.shrink.least) == (2, 1)
+    assert {"--nodes=1", "--ntasks=1"} <= set(step_argv(elastic, 1)) and not any(
+        a.startswith("--exclude") for a in step_argv(elastic, 1))
     plain = render_profile(GOLDEN / "spec.yaml", "devcluster", ["resources.nodes=2"])
-    assert "--no-kill" not in plain and "SLURMKIT_STEP_NODES" not in plain and "#SBATCH --nodes=2" in plain
-
-
-STANDBY = "-u -m slurmkit.worker.standby"
+    assert "--no-kill" not in plain and "#SBATCH --nodes=2" in plain and supervisor_call(plain)[0].shrink is None
+    assert not any(a.startswith("--nodes") for a in step_argv(plain))
 
 
 @pytest.mark.parametrize(("spec", "sets", "standby"), [
@@ -90,18 +115,20 @@ STANDBY = "-u -m slurmkit.worker.standby"
 def test_standby_ranks_stand_by_only_where_the_next_step_is_the_same_srun(
         tmp_path: Path, spec: dict[str, str], sets: list[str], standby: bool) -> None:
     script = render_profile(write_spec(tmp_path, name="s", command="python train.py", **spec), "devcluster", sets)
-    assert (STANDBY in script) == standby
     check_shell(script, tmp_path)
+    plan, _ = supervisor_call(script)
+    assert (plan.standby is not None) == standby
     if standby:  # beside the ranks' step, sharing its CPUs, for the attempt after it
-        assert (f'srun --overlap --unbuffered --kill-on-bad-exit=1 --output={FOLDER}/%j_%t_log.out '
-                f'--error={FOLDER}/%j_%t_log.err /opt/venv/bin/python -P {STANDBY} --run-dir "$SLURMKIT_RUN_DIR" '
-                f'{FOLDER} --attempt "$(( SLURMKIT_ATTEMPT + 1 ))" &') in script
-        assert '--exit-code "$SLURMKIT_RC" ${SLURMKIT_TAKEN:+--standby}' in script
+        assert steps.standby(plan, "/run", 1) == [
+            "srun", "--overlap", "--unbuffered", "--kill-on-bad-exit=1", f"--output={FOLDER}/%j_%t_log.out",
+            f"--error={FOLDER}/%j_%t_log.err", "/opt/venv/bin/python", "-P", "-u", "-m", "slurmkit.worker.standby",
+            str(FOLDER), "--run-dir", "/run", "--attempt", "1"]
     for container in ("gpu-pyxis", "hpc-apptainer"):
-        assert STANDBY not in render_profile(GOLDEN / "spec.yaml", container)
+        assert supervisor_call(render_profile(GOLDEN / "spec.yaml", container))[0].standby is None
     from tests.test_ray_spec import write_ray_spec
 
-    assert STANDBY not in render_profile(write_ray_spec(tmp_path), "devcluster")
+    ray = render_profile(write_ray_spec(tmp_path), "devcluster")  # Ray's own driver: no supervisor, no standby
+    assert "slurmkit.worker.supervisor" not in ray and "slurmkit.worker.standby" not in ray
 
 
 def test_sweep_array_script_finds_each_task_folder(tmp_path: Path) -> None:
@@ -109,7 +136,7 @@ def test_sweep_array_script_finds_each_task_folder(tmp_path: Path) -> None:
     script = render_profile(GOLDEN / "spec.yaml", "devcluster", array=array, dependency="afterok:7:8")
     assert "#SBATCH --array=0-9%2" in script
     assert "#SBATCH --dependency=afterok:7:8" in script
-    assert f"--output={FOLDER}/%A_%a_%t_log.out" in script
+    assert f"--output={FOLDER}/%A_%a_%t_log.out" in step_argv(script)
     # The sweep folder is quoted; the task index is base + the array task id.
     assert "--sweep-dir '/shared/runs/my sweep' --index \"$(( 1001 + SLURM_ARRAY_TASK_ID ))\"" in script
     assert '--run-dir "$SLURMKIT_RUN_DIR"' in script
@@ -168,8 +195,7 @@ def test_spec_env_is_exported_quoted(tmp_path: Path) -> None:
 # validated as identifiers or fixed choices, integers, and slurmkit's own shell.
 RAW_ALLOWED = {"line", "key", "profile.signal", "profile.signal_delay_s", "c.runtime", "profile.run_mode",
                "ray_port", "sweep.base | int", "(spec.ray.object_store_mb or 0) | int", "node_gpus | int",
-               '("0027" if profile.run_mode == "group" else "0077")', "r.tasks_per_node | int", "torchrun_port",
-               "r.nodes | int"}
+               '("0027" if profile.run_mode == "group" else "0077")'}
 
 
 def test_raw_is_used_only_where_the_docs_say() -> None:

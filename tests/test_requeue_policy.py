@@ -8,8 +8,9 @@ from typing import Any
 
 from slurmkit.common import outcomes
 from slurmkit.runs import RunPaths, RunRecord
-from slurmkit.worker import requeue
 from slurmkit.worker.allocation import Allocation
+from slurmkit.worker.ft import policy, restarts
+from slurmkit.worker.ft.decision import Action
 
 
 def _run(tmp_path: Path, **record: object) -> RunPaths:
@@ -31,8 +32,7 @@ def _results(paths: RunPaths, *found: tuple[str, object]) -> None:
 def test_every_rank_succeeded_means_completed(tmp_path: Path) -> None:
     paths = _run(tmp_path)
     _results(paths, ("success", 1), ("success", 2))
-    assert requeue.after_failure(paths, "7", 134) == requeue.COMPLETED
-    assert requeue.main(["--run-dir", str(paths.run_dir), "--exit-code", "134"]) == 2  # not inside a job
+    assert policy.after_failure(paths, "7", 134, None).action is Action.COMPLETE
 
 
 def test_same_error_at_the_same_step_twice_is_final(tmp_path: Path) -> None:
@@ -40,8 +40,8 @@ def test_same_error_at_the_same_step_twice_is_final(tmp_path: Path) -> None:
     paths = _run(tmp_path, failures=[{"error": "ValueError: bad batch", "step": 30}])
     paths.metrics.write_text(json.dumps({"step": 30}) + "\n")
     _results(paths, ("error", trace), ("error", trace))
-    decision = requeue.after_failure(paths, "7", 1)
-    assert decision.startswith("not requeued: the same error at step 30 twice")
+    decision = policy.after_failure(paths, "7", 1, None)
+    assert (decision.action, decision.why, decision.step) == (Action.END, "deterministic", 30)
     assert "deterministic error at step 30" in RunRecord(paths).read()["final"]
 
 
@@ -51,49 +51,50 @@ def test_a_failed_srun_after_rank_0_asked_for_a_requeue_keeps_its_cause(tmp_path
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     marker = {"cause": "preemption", "job_id": "7", "restart_count": 2}
     paths.restart_request.write_text(json.dumps(marker) + "\n")
-    assert "asked for a requeue (preemption)" in requeue.after_failure(paths, "7", 140)
+    decision = policy.after_failure(paths, "7", 140, None)
+    assert (decision.action, decision.cause, decision.why) == (Action.REQUEUE, "preemption", "asked")
     assert json.loads(paths.restart_request.read_text()) == marker
     assert "failures" not in RunRecord(paths).read()
     # A marker an earlier incarnation left (its next start died before reading it) does not count.
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
-    assert requeue._requested_here(paths, "7") is None
+    assert restarts.requested_here(paths, "7") is None
 
 
 def test_a_restart_reads_only_the_marker_its_previous_incarnation_left(tmp_path: Path) -> None:
     paths = _run(tmp_path)
     paths.restart_request.write_text(json.dumps({"cause": "timeout", "job_id": "7", "restart_count": 1}) + "\n")
-    assert requeue._restart_cause(paths, "7", 2) == ("timeout", "")
+    assert restarts.restart_cause(paths, "7", 2) == ("timeout", "")
     # Left by an uncertain requeue of incarnation 0 that never went through, or by another job.
-    assert requeue._marker(paths, "7", 0) is None and requeue._marker(paths, "8", 1) is None
+    assert restarts.marker(paths, "7", 0) is None and restarts.marker(paths, "8", 1) is None
 
 
 def test_budgets_are_per_cause(tmp_path: Path) -> None:
     record = {"profile": {"requeue": {"preemption": 2, "crash": 1}},
               "restarts": [{"cause": "preemption"}, {"cause": "crash"}]}
-    assert requeue.allowed(record, "preemption")
-    assert not requeue.allowed(record, "crash")
-    assert requeue.allowed(record, "requeue")  # an external requeue spends the preemption budget
-    assert requeue.budget(record, "unknown") == 2
-    assert not requeue.allowed({**record, "final": "done"}, "preemption")
+    assert restarts.allowed(record, "preemption")
+    assert not restarts.allowed(record, "crash")
+    assert restarts.allowed(record, "requeue")  # an external requeue spends the preemption budget
+    assert restarts.budget(record, "unknown") == 2
+    assert not restarts.allowed({**record, "final": "done"}, "preemption")
 
 
 def test_lost_steps_count_the_stop_step_a_killed_save_never_logged(tmp_path: Path) -> None:
     paths = _run(tmp_path)
-    assert requeue.lost_steps(paths, None) is None  # no step ran
+    assert restarts.lost_steps(paths, None) is None  # no step ran
     paths.metrics.write_text(json.dumps({"step": 100}) + "\n")
-    assert requeue.lost_steps(paths, 100) == 0  # the stop's save made it
+    assert restarts.lost_steps(paths, 100) == 0  # the stop's save made it
     paths.stop_marker.write_text(json.dumps({"step": 112}) + "\n")
-    assert requeue.lost_steps(paths, 100) == 12  # killed in the save of step 112: 101..112 run again
-    assert requeue.lost_steps(paths, None) == 112  # no checkpoint: everything
+    assert restarts.lost_steps(paths, 100) == 12  # killed in the save of step 112: 101..112 run again
+    assert restarts.lost_steps(paths, None) == 112  # no checkpoint: everything
 
 
 def test_a_resubmitted_job_learns_the_step_it_resumed_from_once(tmp_path: Path) -> None:
     paths = _run(tmp_path, restarts=[{"n": 0, "job_id": "8", "cause": "resubmit", "resumed_step": None}])
     paths.stop_marker.write_text(json.dumps({"step": 61}) + "\n")
-    requeue.note_resumed(paths, "8", 0, 0, 61)
+    restarts.note_resumed(paths, "8", 0, 0, 61)
     (entry,) = RunRecord(paths).read()["restarts"]
     assert (entry["resumed_step"], entry["lost_steps"]) == (61, 0) and not paths.stop_marker.exists()
-    assert requeue.note_resumed(paths, "9", 0, 0, 5) is None  # another job's start changes nothing
+    assert restarts.note_resumed(paths, "9", 0, 0, 5) is None  # another job's start changes nothing
     assert RunRecord(paths).read()["restarts"] == [entry]
 
 
@@ -125,9 +126,9 @@ def test_in_job_restarts_stop_at_the_profiles_limit_per_incarnation(tmp_path: Pa
     warm = {"n": 0, "in_job": 1, "warm": True, "job_id": "7", "cause": "crash"}
     RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 1}}, restarts=[warm])
     whole = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
-    assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
+    assert policy.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
     RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 0}}, restarts=[])
-    assert requeue.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
+    assert policy.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
     assert RunRecord(paths).read()["restarts"] == []
 
 
@@ -138,16 +139,17 @@ def test_a_lost_node_restarts_in_the_job_only_while_a_spare_is_left(tmp_path: Pa
     # node2 left the job; node3, the spare, is held and healthy; node4 is held but drained.
     spare = Allocation(("node1", "node2", "node3", "node4"), ("node1", "node3", "node4"), ("node4",), 2)
     assert (spare.lost, spare.healthy, spare.fits) == (["node2"], ["node1", "node3"], True)
-    assert requeue._newly_lost(paths, "7", spare) == ["node2"]
-    decision = requeue.restart_in_job(paths, "7", "node_failure", 40, "lost node2", spare, ["node2"])
-    assert decision is not None and decision.startswith(requeue.IN_JOB)
-    assert requeue.next_step(paths, "7") == (2, ["node4"])  # the batch shell's srun --nodes and --exclude
-    assert requeue._newly_lost(paths, "7", spare) == []  # node2 is not lost a second time
+    assert policy._newly_lost(paths, "7", spare) == ["node2"]
+    decision = policy.restart_in_job(paths, "7", "node_failure", 40, "lost node2", spare, ["node2"])
+    assert decision is not None and decision.action is Action.RESTART_IN_JOB
+    assert (decision.nodes, decision.exclude) == (2, ("node4",))  # the supervisor's srun --nodes and --exclude
+    assert RunRecord(paths).read()["restarts"][-1]["exclude"] == ["node4"]
+    assert policy._newly_lost(paths, "7", spare) == []  # node2 is not lost a second time
     monkeypatch.setenv("SLURMKIT_ATTEMPT", "1")
     gone = Allocation(spare.started, ("node1", "node4"), ("node4",), 2)
-    assert not gone.fits and requeue._newly_lost(paths, "7", gone) == ["node3"]
-    assert requeue.restart_in_job(paths, "7", "node_failure", 60, "lost node3", gone, ["node3"]) is None
-    assert requeue.restart_in_job(paths, "7", "crash", 60, "?", None) is None  # Slurm could not say
+    assert not gone.fits and policy._newly_lost(paths, "7", gone) == ["node3"]
+    assert policy.restart_in_job(paths, "7", "node_failure", 60, "lost node3", gone, ["node3"]) is None
+    assert policy.restart_in_job(paths, "7", "crash", 60, "?", None) is None  # Slurm could not say
 
 
 def test_an_in_job_restart_is_its_own_entry_beside_the_incarnations(tmp_path: Path) -> None:
@@ -155,7 +157,7 @@ def test_an_in_job_restart_is_its_own_entry_beside_the_incarnations(tmp_path: Pa
                {"n": 1, "in_job": 1, "job_id": "7", "cause": "crash", "resumed_step": None}]
     paths = _run(tmp_path, restarts=entries)
     paths.metrics.write_text(json.dumps({"step": 57}) + "\n")
-    entry = requeue.note_resumed(paths, "7", 1, 1, 50)
+    entry = restarts.note_resumed(paths, "7", 1, 1, 50)
     assert entry is not None and (entry["cause"], entry["resumed_step"], entry["lost_steps"]) == ("crash", 50, 7)
     assert RunRecord(paths).read()["restarts"][0] == entries[0]  # the incarnation's own entry is untouched
 
@@ -169,34 +171,29 @@ def test_a_rank_that_lost_its_peer_is_no_deterministic_error(tmp_path: Path) -> 
             "  torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py(31): <lambda>\n")
     paths = _run(tmp_path)
     _results(paths, ("error", peer))
-    found = requeue._outcomes(paths, "7", 2)
+    found = policy.this_attempt(paths, "7", 2)
     assert found[0] is not None and found[0].peer_failed and found[0].error_line.startswith("RuntimeError: Got")
-    assert requeue._error_signature(found) is None
+    assert policy.error_signature(found) is None
     own = "Traceback (most recent call last):\nValueError: bad batch\n\nAt:\n  loader.py(3): next\n"
     _results(paths, ("error", own), ("error", peer))
-    assert requeue._error_signature(requeue._outcomes(paths, "7", 2)) == "ValueError: bad batch"
+    assert policy.error_signature(policy.this_attempt(paths, "7", 2)) == "ValueError: bad batch"
 
-
-def test_the_batch_shell_restarts_in_the_job_on_the_exit_status_main_returns() -> None:
-    """The loop in templates/partials/launch.sh.j2 spells IN_JOB_EXIT as a literal."""
-    from tests.conftest import ROOT
-
-    loop = (ROOT / "templates" / "partials" / "launch.sh.j2").read_text()
-    assert f'if [ "$SLURMKIT_DECISION" -ne {requeue.IN_JOB_EXIT} ]; then' in loop
 
 
 def test_a_warm_restart_spends_both_budgets_and_the_same_error_twice_ends_the_run(
         tmp_path: Path, monkeypatch: Any) -> None:
     paths = _run(tmp_path, profile={"requeue": {"crash": 2, "in_job": 2}})
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    line = requeue.restart_warm(paths, "7", 75, "ValueError: once", "rank 1: ValueError: once", 50)
-    assert line is not None and line.startswith(requeue.IN_JOB) and "1 crash restart(s) left" in line
+    decision = policy.restart_warm(paths, "7", 75, "ValueError: once", "rank 1: ValueError: once", 50)
+    assert decision is not None
+    assert (decision.action, decision.cause, decision.step) == (Action.RESTART_WARM, "crash", 75)
+    assert restarts.left(RunRecord(paths).read(), "crash") == 1
     (entry,) = RunRecord(paths).read()["restarts"]
     assert (entry["in_job"], entry["warm"], entry["resumed_step"], entry["lost_steps"]) == (1, True, 50, 25)
     # The srun step that the warm restart kept is still the incarnation's own: its start finds no entry.
-    assert requeue.note_resumed(paths, "7", 0, 1, 50) is None
+    assert restarts.note_resumed(paths, "7", 0, 1, 50) is None
     # The same error at the same step again: deterministic, the run ends; no entry, no budget spent.
-    assert requeue.restart_warm(paths, "7", 75, "ValueError: once", "rank 1", 50) is None
+    assert policy.restart_warm(paths, "7", 75, "ValueError: once", "rank 1", 50) is None
     record = RunRecord(paths).read()
     assert len(record["restarts"]) == 1 and "deterministic error at step 75" in record["final"]
 
@@ -206,7 +203,7 @@ def test_a_refused_warm_restart_leaves_the_failure_to_the_batch_shell(tmp_path: 
     the ranks re-raise) is its first, not a 'same error twice'."""
     paths = _run(tmp_path, profile={"requeue": {"crash": 2, "in_job": 0}})
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    assert requeue.restart_warm(paths, "7", 75, "ValueError: x", "rank 1: ValueError: x", 50) is None
+    assert policy.restart_warm(paths, "7", 75, "ValueError: x", "rank 1: ValueError: x", 50) is None
     assert "failures" not in RunRecord(paths).read() and "final" not in RunRecord(paths).read()
 
 
@@ -217,7 +214,7 @@ def test_an_elastic_job_that_lost_a_node_goes_on_with_the_nodes_left(tmp_path: P
     left = Allocation(("node1", "node2"), ("node1",), (), 2, least=1)  # elastic: a step may run on 1
     assert (left.lost, left.fits, left.step_nodes) == (["node2"], True, 1)
     assert not Allocation(("node1", "node2"), ("node1",), (), 2).fits  # not elastic: a requeue
-    decision = requeue.restart_in_job(paths, "7", "node_failure", 40, "lost node2", left, ["node2"])
-    assert decision is not None and decision.startswith(requeue.IN_JOB)
-    assert requeue.next_step(paths, "7") == (1, [])
+    decision = policy.restart_in_job(paths, "7", "node_failure", 40, "lost node2", left, ["node2"])
+    assert decision is not None and decision.action is Action.RESTART_IN_JOB
+    assert (decision.nodes, decision.exclude) == (1, ())
     assert not Allocation(("node1", "node2"), (), (), 1, least=1).fits  # nothing left

@@ -21,6 +21,7 @@ import torch.distributed as tdist
 from slurmkit.common import trust
 from slurmkit.worker import warm
 from slurmkit.worker.dist import Dist, DistEnv, Group
+from slurmkit.worker.ft.decision import Action, Decision
 from slurmkit.worker.store import tcp_store
 
 TIMEOUT = dt.timedelta(seconds=60)
@@ -46,16 +47,16 @@ def test_a_value_not_written_with_the_secret_is_never_read() -> None:
     foreign = _foreign(port)
     key = "slurmkit/warm/0/decision"
     foreign.set(key, json.dumps(FORGED["decision"]))
-    assert warm._read(store, key, warm.parse_decision) is None
+    assert warm._read(store, key, warm.parse_verdict) is None
     foreign.set(key, b"\xff" * 40)  # garbage, as long as a tag: neither a crash nor a value
-    assert warm._read(store, key, warm.parse_decision) is None
+    assert warm._read(store, key, warm.parse_verdict) is None
     store.set(key, json.dumps({"restart": False, "live_step": None}))
-    assert warm._read(store, key, warm.parse_decision) == warm.Decision(False, None)
+    assert warm._read(store, key, warm.parse_verdict) == warm.Verdict(False, None)
     assert key in foreign.list_keys()  # it can see and copy what the ranks wrote...
     foreign.set("slurmkit/warm/1/decision", foreign.get(key))
-    assert warm._read(store, "slurmkit/warm/1/decision", warm.parse_decision) is None  # ...not replay it elsewhere
+    assert warm._read(store, "slurmkit/warm/1/decision", warm.parse_verdict) is None  # ...not replay it elsewhere
     store.set(key, json.dumps({"restart": "yes"}))  # signed but malformed: not a decision
-    assert warm._read(store, key, warm.parse_decision) is None
+    assert warm._read(store, key, warm.parse_verdict) is None
 
 
 def test_a_rendezvous_value_planted_ahead_is_waited_past_not_read() -> None:
@@ -86,7 +87,8 @@ def _rank(rank: int, port: int, restart: bool, out: Any) -> None:
     group.store.inner.wait(["planted"])  # the foreign client has planted its values
     dist = Dist(denv, "gloo", "cpu", group)
     mine = warm.Report(rank, "RuntimeError: boom", peer_failed=rank == 1, live_step=7)
-    decision = warm.agree(dist, mine, lambda reports, live: "restart" if restart else None, 10.0,
+    yes = Decision(Action.RESTART_WARM, "crash", 7)
+    decision = warm.agree(dist, mine, lambda reports, live: yes if restart else None, 10.0,
                           lambda: None, lambda: False)
     group.store.set(f"read{rank}", "1")
     if rank == 0:  # rank 0's process hosts the store: it stays until rank 1 has read the decision

@@ -25,7 +25,8 @@ from slurmkit.common import outcomes
 from slurmkit.errors import SlurmkitError
 from slurmkit.lookup import list_runs
 from slurmkit.runs import RunPaths, RunRecord
-from slurmkit.worker import requeue
+from slurmkit.worker.ft import policy, restarts
+from slurmkit.worker.ft.decision import Action
 from tests.conftest import write_spec
 
 OTHER_UID = 65534  # nobody
@@ -70,8 +71,9 @@ def test_requeue_policy_reads_outcomes_not_pickles(tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     folder = plant(tmp_path, "run", marker)
     RunRecord(RunPaths(folder)).update(profile={"requeue": {"crash": 0}})
-    decision = requeue.after_failure(RunPaths(folder), "424242", 1)
-    assert decision == "not requeued: crash budget spent"  # no outcome record: a crash, not "completed"
+    decision = policy.after_failure(RunPaths(folder), "424242", 1, None)
+    # No outcome record: a crash, not "completed"; its budget is 0.
+    assert (decision.action, decision.cause, decision.why) == (Action.END, "crash", "budget")
     assert not marker.exists()
 
 
@@ -210,7 +212,7 @@ def _restarts(run_dir: str, first: int, count: int) -> None:
     os.environ["PATH"] = "/nonexistent"  # no sacct: a restart without a marker is recorded as "unknown"
     paths = RunPaths(Path(run_dir))
     for n in range(first, first + count):
-        requeue.record_restart(paths, str(90000 + n), n, None)
+        restarts.record_restart(paths, str(90000 + n), n, None)
 
 
 def _job_ids(run_dir: str, first: int, count: int) -> None:

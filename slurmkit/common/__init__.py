@@ -6,5 +6,6 @@ and facts read from the Slurm environment. Torch-free; imports nothing from work
 - metrics:    the metrics JSONL format, its writer and its readers
 - slurm_env:  this job's id as submitit names files, and hostlist expansion without scontrol
 - ports:      every port slurmkit picks for a job, from one table whose ranges never collide
+- plan:       the supervisor's plan: how the job's ranks are launched (render writes, the supervisor reads)
 - trust:      whether a file, folder, pickle or job id is the caller's own; the run's secret
 """

@@ -76,10 +76,13 @@ def restart_count() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
+ATTEMPT_ENV = "SLURMKIT_ATTEMPT"
+
+
 def attempt() -> int:
     """Which srun step of this incarnation the ranks are (0, then 1.. after in-job restarts); the
-    batch shell exports it."""
-    return int(os.environ.get("SLURMKIT_ATTEMPT", "0") or 0)
+    job's supervisor sets it (in its own environment, which each step inherits)."""
+    return int(os.environ.get(ATTEMPT_ENV, "0") or 0)
 
 
 def record(path: Path, state: str, *, value: Any = None, error: str = "") -> None:

@@ -38,12 +38,6 @@ def health_port(job_id: str) -> int:
     return base + _number(job_id) % span
 
 
-def training_port_shell(job_id_var: str = "SLURM_JOB_ID") -> str:
-    """training_port as a bash arithmetic expression (torchrun's rendezvous port, in the batch shell)."""
-    base, span = TRAINING
-    return f"$(( {base} + {job_id_var} % {span} ))"
-
-
 def ray_port_shell(job_id_var: str = "SLURM_JOB_ID") -> str:
     """The Ray head's port as a bash arithmetic expression over the job id variable."""
     base, blocks, size = RAY

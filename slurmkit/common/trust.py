@@ -15,7 +15,7 @@ by a `stat` of the path before a second open, and a refusal is one line (`NotOwn
 - the run's secret (`run_secret`) signs what the ranks exchange through their store and derives
   Ray's token (slurmkit.worker.store, slurmkit.worker.ray_driver).
 
-Torch-free and light: the login side, the batch shell's helpers and the ranks all import it.
+Torch-free and light: the login side, the supervisor and the ranks all import it.
 """
 
 from __future__ import annotations

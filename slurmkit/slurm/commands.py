@@ -174,7 +174,7 @@ class RequeueUncertain(SlurmError):
 
 
 def requeue(job_id: str, within_s: float = 0.0) -> None:
-    """Ask Slurm to requeue a job. From inside the job (the batch shell, rank 0) a controller hiccup
+    """Ask Slurm to requeue a job. From inside the job (the supervisor, rank 0) a controller hiccup
     is retried for `within_s`, the grace the job has left: a job that ends before its requeue went
     through does not come back. A retry that finds the job already requeued ("pending execution")
     means an earlier try went through.
@@ -284,7 +284,7 @@ def time_left_s(job_id: str) -> float | None:
 
 def job_nodes(job_id: str) -> list[str]:
     """The nodes a running job holds now (scontrol's NodeList): a --no-kill job that lost a node
-    holds fewer than its SLURM_JOB_NODELIST. Asked once, by the batch shell between two steps."""
+    holds fewer than its SLURM_JOB_NODELIST. Asked once, by the supervisor between two steps."""
     nodes = _show_job(job_id, check=True).get("NodeList", "")
     return expand_hostlist(nodes) if nodes and nodes != "(null)" else []
 
@@ -298,7 +298,7 @@ def _show_job(job_id: str, check: bool) -> dict[str, str]:
 
 def unusable_nodes(nodelist: str) -> list[str]:
     """The nodes of `nodelist` that cannot run a new step now (slurm.parse.unusable_nodes). Asked
-    once, by the batch shell between two steps: a controller that does not answer is an error."""
+    once, by the supervisor between two steps: a controller that does not answer is an error."""
     return parse.unusable_nodes(run(["sinfo", "--noheader", "--Node", "--nodes", nodelist, "--format=%N %t"],
                                     timeout=IN_GRACE_TIMEOUT_S))
 

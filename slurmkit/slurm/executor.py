@@ -86,7 +86,8 @@ keeps Python's usual rules (slurmkit.worker.rank drops PYTHONSAFEPATH before any
 
 
 def python_command(resolved: Resolved) -> str:
-    """The interpreter on the host (and -P): the batch shell's helpers, and the ranks when there is no container."""
+    """The interpreter on the host (and -P): the supervisor and the batch shell's helpers, and the
+    ranks when there is no container."""
     return f"{shell_quote(resolved.profile.python or sys.executable)} {SAFE_PATH}"
 
 

@@ -1,10 +1,10 @@
-"""The allocation a batch shell holds between two srun steps of the ranks: which of its nodes can
+"""The allocation the job's supervisor holds between two srun steps of the ranks: which of its nodes can
 take the next step.
 
 A job with spare nodes (resources.spare_nodes: sbatch --nodes=N+K --no-kill, srun -N N) or an
 elastic one (resources.elastic: --no-kill, the next step on the nodes left) keeps its allocation
 when a node fails. Slurm takes the failed node out of the job: scontrol's NodeList
-shrinks, while the batch shell's SLURM_JOB_NODELIST still names it, and the node itself may be
+shrinks, while the job's SLURM_JOB_NODELIST still names it, and the node itself may be
 back IDLE at once (ReturnToService=2). So a lost node is one the job no longer holds, not one
 sinfo calls down (measured on the dev cluster, 22.05).
 """
@@ -15,9 +15,7 @@ import os
 from dataclasses import dataclass
 
 from slurmkit.common.slurm_env import expand_hostlist
-
-STEP_NODES_ENV = "SLURMKIT_STEP_NODES"  # the batch shell's: nodes the last step of the ranks ran on
-MIN_NODES_ENV = "SLURMKIT_MIN_NODES"  # the fewest a step may run on: 1 when elastic, else all of them
+from slurmkit.slurm import commands
 
 
 @dataclass(frozen=True)
@@ -52,15 +50,11 @@ class Allocation:
         return min(self.needed, len(self.healthy))
 
 
-def read(job_id: str) -> Allocation:
-    """Ask Slurm (SlurmError if it cannot say). A job without spares or elastic never shrinks (a
-    lost node ends it), so only its nodes' states are asked."""
-    from slurmkit.slurm import commands
-
+def read(job_id: str, step_nodes: int | None, least: int | None) -> Allocation:
+    """Ask Slurm (SlurmError if it cannot say). `step_nodes`: the nodes the last step of the ranks
+    ran on, for a job that shrinks (spare nodes, elastic); None for one that never does (a lost
+    node ends it), where only its nodes' states are asked. `least`: the fewest a step may run on."""
     started = tuple(expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", "")))
-    shrinks = STEP_NODES_ENV in os.environ
-    needed = int(os.environ.get(STEP_NODES_ENV) or len(started))
-    held = tuple(commands.job_nodes(job_id)) if shrinks else started
+    held = tuple(commands.job_nodes(job_id)) if step_nodes is not None else started
     unusable = tuple(commands.unusable_nodes(",".join(held))) if held else ()
-    least = os.environ.get(MIN_NODES_ENV)
-    return Allocation(started, held, unusable, needed, int(least) if least else None)
+    return Allocation(started, held, unusable, step_nodes or len(started), least)

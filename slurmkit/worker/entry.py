@@ -97,9 +97,9 @@ def record_restart(run_dir: str) -> None:
     if count and os.environ.get("SLURM_PROCID", "0") == "0" and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
         from slurmkit.common.slurm_env import slurm_job_id
         from slurmkit.runs import RunPaths
-        from slurmkit.worker import requeue
+        from slurmkit.worker.ft import restarts
 
-        requeue.record_restart(RunPaths(Path(run_dir)), slurm_job_id(), count, None)
+        restarts.record_restart(RunPaths(Path(run_dir)), slurm_job_id(), count, None)
 
 
 def user_imports() -> None:

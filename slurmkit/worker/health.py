@@ -5,7 +5,7 @@
 A node fails when it shows a different number of GPUs than the job asked for, a GPU with
 uncorrectable ECC errors, or (with --allreduce, the profile's health_allreduce) when a short
 all-reduce across the nodes fails or sums wrong. Its reasons go to health-<node>.json in the run folder, the gate exits
-non-zero, and the batch shell requeues the job (cause node_failure) with that node excluded.
+non-zero, and the supervisor requeues the job (cause node_failure) with that node excluded.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ user's callable or a Ray driver has no step to wait for, so here the handler rai
 thread, as SIGINT's KeyboardInterrupt does. On the profile's signal (preemption or the time limit)
 rank 0 requeues the job within the profile's budget and the work starts again in the next
 allocation; on SIGTERM the run stops, and is requeued only where Slurm is preempting it
-(slurmkit.worker.requeue.after_stop). These handlers replace submitit's:
+(slurmkit.worker.ft.requeue.after_stop). These handlers replace submitit's:
 its USR2 handler guesses "timed out" from wall-clock time and then fails a non-checkpointable run.
 """
 
@@ -35,17 +35,17 @@ def _raising_handler(requeue: bool) -> Any:
 
 
 def after(run_dir: str, requeue_asked: bool, step: int | None = None) -> str:
-    """Rank 0 acts on the stop (slurmkit.worker.requeue.after_stop); says what happened."""
+    """Rank 0 acts on the stop (slurmkit.worker.ft.requeue.after_stop); says what happened."""
     from slurmkit.common.slurm_env import slurm_job_id
     from slurmkit.runs import RunPaths
-    from slurmkit.worker import requeue
+    from slurmkit.worker.ft import requeue
 
     at = f" at step {step}" if step is not None else ""
     if os.environ.get("SLURM_PROCID", "0") != "0":
         return f"stopped{at}; rank 0 acts on the stop"
     if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
         return f"stopped{at}; not under Slurm: no requeue"
-    return requeue.after_stop(RunPaths(Path(run_dir)), slurm_job_id(), step, requeue_asked)
+    return requeue.after_stop(RunPaths(Path(run_dir)), slurm_job_id(), step, requeue_asked).message
 
 
 @contextmanager

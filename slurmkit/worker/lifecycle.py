@@ -15,9 +15,11 @@ from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
 from slurmkit.runs import RunPaths, RunRecord
-from slurmkit.worker import requeue, warm
+from slurmkit.worker import warm
 from slurmkit.worker.checkpoint import TRAINER_FILES, CheckpointStore, Prefetch
 from slurmkit.worker.dist import Dist
+from slurmkit.worker.ft import policy, requeue, restarts
+from slurmkit.worker.ft.decision import Decision
 from slurmkit.worker.preempt import Stop
 from slurmkit.worker.resilience import Resilience
 from slurmkit.worker.trainer import Trainer
@@ -74,9 +76,9 @@ class Lifecycle:
             return
         count, attempt = outcomes.restart_count(), outcomes.attempt()
         if count and not attempt:
-            self.restart = requeue.record_restart(self.paths, self.job_id, count, resumed)
-        else:  # recorded before it ran: an in-job restart (the batch shell) or a resubmit (the login node)
-            self.restart = requeue.note_resumed(self.paths, self.job_id, count, attempt, resumed)
+            self.restart = restarts.record_restart(self.paths, self.job_id, count, resumed)
+        else:  # recorded before it ran: an in-job restart (the supervisor) or a resubmit (the login node)
+            self.restart = restarts.note_resumed(self.paths, self.job_id, count, attempt, resumed)
         if self.restart is None:
             return
         what = f"in-job restart {attempt}" if attempt else f"restart {count}"
@@ -88,7 +90,7 @@ class Lifecycle:
 
     def fit(self, trainer: Trainer) -> dict[str, Any]:
         """trainer.fit(), restarted in the process after an exception while the policy allows (a
-        warm restart); otherwise the exception goes on, and the batch shell takes over (cold)."""
+        warm restart); otherwise the exception goes on, and the supervisor takes over (cold)."""
         while True:
             try:
                 return trainer.fit()
@@ -99,17 +101,17 @@ class Lifecycle:
                     raise
             self._restart_warm(trainer, failed_at, decision)
 
-    def _agree_warm(self, trainer: Trainer, error: Exception) -> warm.Decision:
+    def _agree_warm(self, trainer: Trainer, error: Exception) -> warm.Verdict:
         """Whether every rank is to restart warm, and from what (else the cold path)."""
         res = self.resilience
         if not self.warm or res is None or res.committed is None or self.paths is None or self.job_id is None:
-            return warm.Decision(False)
+            return warm.Verdict(False)
         paths, job_id, copy = self.paths, self.job_id, res.committed
 
-        def decide(reports: list[warm.Report], live: int | None) -> str | None:
+        def decide(reports: list[warm.Report], live: int | None) -> Decision | None:
             signature, detail = warm.cause_of(reports)
             resumed = live if live is not None else copy.step if copy.on_disk else None
-            return requeue.restart_warm(paths, job_id, trainer.state.step, signature, detail, resumed,
+            return policy.restart_warm(paths, job_id, trainer.state.step, signature, detail, resumed,
                                         live is not None)
 
         report = warm.report_of(self.dist.rank, error, res.live_step(trainer))
@@ -117,7 +119,7 @@ class Lifecycle:
         return warm.agree(self.dist, report, decide, warm.report_wait_s(trainer.median_step_s()),
                           res.watchdog.progress, lambda: res.flag.kind == Stop.TERMINATE)
 
-    def _restart_warm(self, trainer: Trainer, failed_at: float, decision: warm.Decision) -> None:
+    def _restart_warm(self, trainer: Trainer, failed_at: float, decision: warm.Verdict) -> None:
         assert self.resilience is not None
         if decision.live_step is not None:
             step, source = self.resilience.restore_live(trainer), "the live state (no step lost)"
@@ -149,9 +151,9 @@ class Lifecycle:
         assert self.resilience is not None
         if self.dist.is_main:
             if self.job_id and self.paths:
-                what = requeue.after_stop(self.paths, self.job_id, step,
-                                          self.resilience.stop_kind == Stop.REQUEUE)
-                print(f"slurmkit: {what}", flush=True)
+                decision = requeue.after_stop(self.paths, self.job_id, step,
+                                              self.resilience.stop_kind == Stop.REQUEUE)
+                print(f"slurmkit: {decision.message}", flush=True)
             else:
                 print(f"slurmkit: stopped at step {step}; checkpoint committed (not under Slurm: no requeue)",
                       flush=True)

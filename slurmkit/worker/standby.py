@@ -4,17 +4,17 @@ before it is needed. An in-job restart (a killed or hung rank: the cold path) ha
 them, so what that restart costs past the failure is the rendezvous and the restore, not fresh
 interpreters (`import torch` plus `torch._dynamo` is ~4 s on the dev cluster's machine).
 
-The batch shell (templates/partials/launch.sh.j2) starts them as their own srun step with the
+The job's supervisor (slurmkit.worker.supervisor) starts them as their own srun step with the
 ranks' shape (`--overlap`: they share the ranks' CPUs) right after each step of the ranks starts.
 Each process:
 1. ignores the requeue signal, which Slurm delivers to every step's processes: it is not training;
 2. lowers its CPU priority while it imports, so the running ranks keep the CPUs;
 3. waits for its attempt's go file (RunPaths.standby_go), which the requeue policy (run by the
-   batch shell after the ranks' srun failed) writes when it chooses an in-job restart;
+   supervisor after the ranks' srun failed) writes when it chooses an in-job restart;
 4. then takes back its priority where the system lets it, sets SLURMKIT_ATTEMPT, and runs
    submitit's worker for the job folder in itself, exactly as a fresh rank would
    (slurmkit.worker.rank, which ends the process as a rank's).
-When the job's last step of ranks ends, the batch shell ends the standby step.
+When the job's last step of ranks ends, the supervisor ends the standby step.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         time.sleep(POLL_S)
     renice = "" if _renice(priority) else f" (still at nice +{NICE}: no permission to lower it again)"
     signal.signal(stop_signal, signal.SIG_DFL)
-    os.environ["SLURMKIT_ATTEMPT"] = str(args.attempt)
+    os.environ[outcomes.ATTEMPT_ENV] = str(args.attempt)
     from slurmkit.worker import startup
 
     startup.restart_clock()

@@ -12,11 +12,11 @@ outlives it. For generation g:
    collectives are chained.
 2. Each rank reports its error line under warm/g/rank<r> in the store.
 3. Rank 0 waits for every report (at most `report_wait_s`), decides with the requeue policy
-   (requeue.restart_warm: the deterministic-error rule, requeue.in_job, requeue.crash) and writes
+   (ft.policy.restart_warm: the deterministic-error rule, requeue.in_job, requeue.crash) and writes
    warm/g/decision, with the live step when every report names the same one (`live_step`).
 4. On a restart every rank builds generation g+1 on the same store, wraps the model in a new DDP
    and restores from the live state or from its host copy, as decided. Otherwise every rank
-   re-raises its error: the srun step fails and the batch shell restarts in the job with new
+   re-raises its error: the srun step fails and the supervisor restarts in the job with new
    processes (cold) or requeues.
 
 A rank whose process died never reports: srun's --kill-on-bad-exit ends the step meanwhile (the
@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 from slurmkit.common import outcomes
 from slurmkit.worker.dist import Dist
+from slurmkit.worker.ft.decision import Decision
 from slurmkit.worker.store import SignedStore
 from slurmkit.worker.trainer import Trainer
 
@@ -52,7 +53,7 @@ class Report:
 
     rank: int
     error: str
-    """The error's last exception line (outcomes.Outcome.error_line: what the batch shell would read)."""
+    """The error's last exception line (outcomes.Outcome.error_line: what the supervisor's policy would read)."""
     peer_failed: bool
     """A collective lost its peer: a consequence of another rank's failure."""
     live_step: int | None = None
@@ -60,7 +61,7 @@ class Report:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Verdict:
     restart: bool
     live_step: int | None = None
     """Restart from the live state at this step's start; None: from the host copy."""
@@ -79,16 +80,16 @@ def live_step(reports: list[Report]) -> int | None:
 
 
 def cause_of(reports: list[Report]) -> tuple[str | None, str]:
-    """(signature, detail): the first rank that raised by itself, as the batch shell reads outcomes."""
+    """(signature, detail): the first rank that raised by itself, as the supervisor reads outcomes."""
     own = next((r for r in reports if not r.peer_failed), None)
     if own is None:
         return None, f"a collective lost its peer on rank(s) {','.join(str(r.rank) for r in reports)}"
     return own.error, f"rank {own.rank}: {own.error}"
 
 
-Decide = Callable[[list[Report], int | None], str | None]
-"""Rank 0's policy on every rank's report and their common live step: the line that says a warm
-restart happens, or None."""
+Decide = Callable[[list[Report], int | None], Decision | None]
+"""Rank 0's policy on every rank's report and their common live step: the Decision that a warm
+restart happens (ft.policy.restart_warm), or None."""
 
 
 def _poll(check: Callable[[], bool], timeout_s: float, beat: Callable[[], None], ending: Callable[[], bool]) -> bool:
@@ -102,7 +103,7 @@ def _poll(check: Callable[[], bool], timeout_s: float, beat: Callable[[], None],
 
 
 def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: Callable[[], None],
-          ending: Callable[[], bool]) -> Decision:
+          ending: Callable[[], bool]) -> Verdict:
     """Steps 1-3 on this rank: whether every rank is to restart in the process, and from what.
 
     `ending`: Slurm is ending this step (SIGTERM: srun's --kill-on-bad-exit after a rank died, or
@@ -116,16 +117,16 @@ def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: 
     store.set(f"{prefix}rank{dist.rank}", json.dumps(dataclasses.asdict(mine)))
     keys = [f"{prefix}rank{r}" for r in range(dist.world_size)]
     if dist.is_main:
-        decision = Decision(False)
+        decision = Verdict(False)
         # Only values signed with the run's secret count, and only well-formed ones (parse_report).
         got: dict[str, Report] = {}
         if _poll(lambda: _collect(store, keys, parse_report, got), report_wait_s, beat, ending):
             reports = [got[k] for k in keys]
             live = live_step(reports)
-            line = decide(reports, live)
-            if line:
-                decision = Decision(True, live)
-                print(f"slurmkit: {line}", flush=True)
+            decided = decide(reports, live)
+            if decided is not None:
+                decision = Verdict(True, live)
+                print(f"slurmkit: {decided.message}", flush=True)
         else:
             missing = [str(r) for r, k in enumerate(keys) if k not in got]
             why = (f"SIGTERM, Slurm is ending the step (rank(s) {','.join(missing)} had not reported)" if ending()
@@ -134,13 +135,13 @@ def agree(dist: Dist, mine: Report, decide: Decide, report_wait_s: float, beat: 
         store.set(f"{prefix}decision", json.dumps(dataclasses.asdict(decision)))
         return decision
     key = f"{prefix}decision"
-    decided: dict[str, Decision] = {}
+    verdicts: dict[str, Verdict] = {}
     try:
-        if not _poll(lambda: _collect(store, [key], parse_decision, decided), report_wait_s + DECISION_S, beat, ending):
-            return Decision(False)
-        return decided[key]
+        if not _poll(lambda: _collect(store, [key], parse_verdict, verdicts), report_wait_s + DECISION_S, beat, ending):
+            return Verdict(False)
+        return verdicts[key]
     except Exception:  # noqa: BLE001 - rank 0's store is gone (its process died): the cold path
-        return Decision(False)
+        return Verdict(False)
 
 
 MAX_VALUE_BYTES = 64 << 10
@@ -176,10 +177,10 @@ def parse_report(data: Any) -> Report:
     return Report(data["rank"], data["error"], data["peer_failed"], data.get("live_step"))
 
 
-def parse_decision(data: Any) -> Decision:
+def parse_verdict(data: Any) -> Verdict:
     if not (isinstance(data, dict) and isinstance(data.get("restart"), bool) and _step(data.get("live_step"))):
         raise ValueError("not a decision")
-    return Decision(data["restart"], data.get("live_step"))
+    return Verdict(data["restart"], data.get("live_step"))
 
 
 def _step(value: Any) -> bool:

@@ -2,7 +2,7 @@
 
 On firing it dumps every thread's stack (faulthandler) to the rank's log, leaves a marker in
 the run folder naming the cause, and exits the process with HANG_EXIT_CODE. srun's
---kill-on-bad-exit then stops the other ranks, and the batch shell asks for a requeue.
+--kill-on-bad-exit then stops the other ranks, and the supervisor asks the restart policy what next.
 """
 
 from __future__ import annotations

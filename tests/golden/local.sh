@@ -22,72 +22,12 @@ SLURMKIT_RUN_DIR=/shared/runs/golden-run
 
 
 
-# Slurm signals the batch shell (USR2, 120 s before the limit, or on
-# preemption). The trap forwards it to the ranks and the shell keeps waiting, so the ranks can
-# agree on a step, save and requeue before the job ends.
-SLURMKIT_LAUNCH_PID=""
-# shellcheck disable=SC2329  # invoked by the trap below
-slurmkit_forward_signal() {
-  echo "slurmkit: caught SIGUSR2, forwarding to ranks" >&2
-  if [ -n "$SLURMKIT_LAUNCH_PID" ]; then
-    kill -USR2 "$SLURMKIT_LAUNCH_PID" 2>/dev/null || true
-  fi
-}
-trap slurmkit_forward_signal USR2
-
-# launch: one rank per task; one rank exiting non-zero (a crash, the hang watchdog) stops them all.
+# launch: the job's supervisor (slurmkit.worker.supervisor) runs the ranks from here on, one srun
+# step per attempt, and asks the restart policy what comes next after a failure. Its plan:
+#   launcher: srun, 2 rank(s) per node
+#   each attempt: one srun step of the ranks; beside it a standby step that takes the next attempt
+#   after a failure the restart policy decides: 2 in-job restart(s) per incarnation; requeue budgets: crash 3, hang 3, node_failure 3, preemption 20, timeout 5
+#   SIGUSR2 is passed to the ranks' step; the supervisor exits with the step's status
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
-# Each pass is one srun step of the ranks. After a crash or hang the requeue policy may start them
-# again in this allocation (an in-job restart, exit 75) rather than requeue the job; exit status 0
-# means every rank had finished its work before the failure (e.g. at exit).
-export SLURMKIT_ATTEMPT=0
-# Standby ranks (slurmkit.worker.standby): beside each step of the ranks, the next attempt's
-# processes start and pay for their imports, so an in-job restart needs no fresh interpreters.
-SLURMKIT_STANDBY_PID=""
-SLURMKIT_TAKEN=""
-slurmkit_standby_end() {
-  if [ -n "$SLURMKIT_STANDBY_PID" ]; then
-    kill "$SLURMKIT_STANDBY_PID" 2>/dev/null || true
-    wait "$SLURMKIT_STANDBY_PID" 2>/dev/null || true
-    SLURMKIT_STANDBY_PID=""
-  fi
-}
-while true; do
-  if [ -n "$SLURMKIT_TAKEN" ]; then
-    # The standby step is the ranks now: the policy handed this attempt to it.
-    SLURMKIT_LAUNCH_PID=$SLURMKIT_STANDBY_PID
-    SLURMKIT_STANDBY_PID=""
-  else
-    slurmkit_standby_end
-    srun --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -P -u -m slurmkit.worker.rank /shared/runs/golden-run/submitit &
-    SLURMKIT_LAUNCH_PID=$!
-  fi
-  srun --overlap --unbuffered --kill-on-bad-exit=1 --output=/shared/runs/golden-run/submitit/%j_%t_log.out --error=/shared/runs/golden-run/submitit/%j_%t_log.err /opt/venv/bin/python -P -u -m slurmkit.worker.standby --run-dir "$SLURMKIT_RUN_DIR" /shared/runs/golden-run/submitit --attempt "$(( SLURMKIT_ATTEMPT + 1 ))" &
-  SLURMKIT_STANDBY_PID=$!
-# wait returns early (status > 128) when the trap runs; keep waiting until srun itself exits.
-while true; do
-  wait "$SLURMKIT_LAUNCH_PID"
-  SLURMKIT_RC=$?
-  kill -0 "$SLURMKIT_LAUNCH_PID" 2>/dev/null || break
-done
-  if [ "$SLURMKIT_RC" -eq 0 ]; then
-    break
-  fi
-  SLURMKIT_TAKEN=""
-  if kill -0 "$SLURMKIT_STANDBY_PID" 2>/dev/null; then
-    SLURMKIT_TAKEN=1
-  fi
-  /opt/venv/bin/python -P -m slurmkit.worker.requeue --run-dir "$SLURMKIT_RUN_DIR" --exit-code "$SLURMKIT_RC" ${SLURMKIT_TAKEN:+--standby} >/dev/null
-  SLURMKIT_DECISION=$?
-  if [ "$SLURMKIT_DECISION" -eq 0 ]; then
-    SLURMKIT_RC=0
-  fi
-  if [ "$SLURMKIT_DECISION" -ne 75 ]; then
-    break
-  fi
-  SLURMKIT_ATTEMPT=$(( SLURMKIT_ATTEMPT + 1 ))
-done
-SLURMKIT_TAKEN=""
-slurmkit_standby_end
-exit "$SLURMKIT_RC"
+exec /opt/venv/bin/python -P -m slurmkit.worker.supervisor --run-dir "$SLURMKIT_RUN_DIR" --plan '{"signal":"USR2","launcher":"srun","command":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.rank","/shared/runs/golden-run/submitit"],"stdout":"/shared/runs/golden-run/submitit/%j_%t_log.out","stderr":"/shared/runs/golden-run/submitit/%j_%t_log.err","tasks_per_node":2,"in_job":2,"budgets":{"preemption":20,"timeout":5,"node_failure":3,"hang":3,"crash":3},"standby":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.standby","/shared/runs/golden-run/submitit"]}'

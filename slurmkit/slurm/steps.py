@@ -1,0 +1,67 @@
+"""The srun steps of a job, as the supervisor (slurmkit.worker.supervisor) starts them on the batch
+host: the ranks, the standby ranks beside them, torchrun per node, the health gate.
+
+These are the job's own work, so they have no timeout of their own: the job's time limit bounds
+them, and the supervisor passes Slurm's signal on to them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+
+from slurmkit.common.plan import Plan
+from slurmkit.slurm.commands import CALLS
+
+
+@dataclass(frozen=True)
+class Container:
+    """The container parts the batch shell built (templates/partials/container/*): srun options
+    (pyxis), or a prefix each rank's command runs under (apptainer, docker)."""
+
+    srun_options: list[str] = field(default_factory=list)
+    rank_prefix: list[str] = field(default_factory=list)
+
+
+def _logs(plan: Plan, torchrun: bool = False) -> list[str]:
+    out, err = plan.stdout, plan.stderr
+    if torchrun:  # torchrun's own output: one file per node; each rank logs where submitit logs that rank
+        out, err = out.replace("%t", "node%n_torchrun"), err.replace("%t", "node%n_torchrun")
+    return [f"--output={out}", f"--error={err}"]
+
+
+def ranks(plan: Plan, container: Container, nodes: int | None = None, exclude: tuple[str, ...] = ()) -> list[str]:
+    """One step of the ranks; `nodes` (a job that shrinks) the nodes it runs on, minus `exclude`."""
+    argv = ["srun", "--unbuffered", "--kill-on-bad-exit=1", *_logs(plan, plan.launcher == "torchrun")]
+    if plan.launcher == "torchrun":
+        per_task = int(os.environ.get("SLURM_CPUS_PER_TASK") or 1)
+        argv += [f"--ntasks={os.environ.get('SLURM_JOB_NUM_NODES', '1')}", "--ntasks-per-node=1",
+                 f"--cpus-per-task={per_task * plan.tasks_per_node}"]
+    elif nodes is not None:
+        argv += [f"--nodes={nodes}", f"--ntasks={nodes * plan.tasks_per_node}"]
+        if exclude:
+            argv.append(f"--exclude={','.join(exclude)}")
+    return [*argv, *container.srun_options, *container.rank_prefix, *plan.command]
+
+
+def standby(plan: Plan, run_dir: str, attempt: int) -> list[str]:
+    """The standby ranks for in-job attempt `attempt`, beside the running step (--overlap: they share its CPUs)."""
+    assert plan.standby is not None
+    return ["srun", "--overlap", "--unbuffered", "--kill-on-bad-exit=1", *_logs(plan), *plan.standby,
+            "--run-dir", run_dir, "--attempt", str(attempt)]
+
+
+def health(plan: Plan, run_dir: str) -> list[str]:
+    """The health gate: one check per node, each on one CPU; a failing node does not kill the others."""
+    assert plan.health is not None
+    h = plan.health
+    return ["srun", "--ntasks-per-node=1", f"--ntasks={os.environ.get('SLURM_JOB_NUM_NODES', '1')}",
+            "--cpus-per-task=1", "--kill-on-bad-exit=0", *h.python, "-m", "slurmkit.worker.health",
+            "--run-dir", run_dir, "--gpus", str(h.gpus), *(["--allreduce"] if h.allreduce else [])]
+
+
+def start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a step; the caller waits for it (and passes signals on)."""
+    CALLS[argv[0]] += 1
+    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)

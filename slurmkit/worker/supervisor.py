@@ -1,0 +1,239 @@
+"""The job's supervisor: on the batch host, torch-free, the last line of the batch script
+(`exec python -P -m slurmkit.worker.supervisor ...`). It runs the ranks for the whole incarnation:
+
+    HEALTH_GATE -> LAUNCH -> RUNNING -> DECIDING -> LAUNCH (restart in the job) | DONE
+
+- HEALTH_GATE (where the profile asks): one check per node; a failing node requeues the job
+  without it (policy.after_health_gate) and the supervisor exits 1.
+- LAUNCH: one srun step of the ranks (slurm.steps), or the standby step taking over; beside it the
+  standby step for the next attempt, where the profile has standby ranks.
+- RUNNING: wait for the step. Slurm's batch signal (the profile's, --signal=B:SIG) comes to this
+  process; its handler only sets a flag, and the loop passes the signal on to the ranks' step.
+- DECIDING: the step exited non-zero; the restart policy (worker.ft.policy.after_failure) answers
+  with a Decision. RESTART_IN_JOB starts the next attempt (on the Decision's nodes, for a job that
+  shrinks); COMPLETE exits 0; REQUEUE and END exit with the step's status.
+
+Every transition is one JSON line in the run folder's supervisor.jsonl (RunPaths.supervisor_events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from slurmkit.common import outcomes, ports, trust
+from slurmkit.common.plan import Plan
+from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
+from slurmkit.runs import RunPaths
+from slurmkit.slurm import steps
+from slurmkit.slurm.steps import Container
+from slurmkit.worker.ft import policy
+from slurmkit.worker.ft.decision import Action, Decision
+
+
+class State(enum.StrEnum):
+    HEALTH_GATE = "health_gate"
+    LAUNCH = "launch"
+    RUNNING = "running"
+    DECIDING = "deciding"
+    DONE = "done"
+
+
+def exit_status(returncode: int) -> int:
+    """A step's status as a shell reports it: 128 + N for a step killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Supervisor:
+    def __init__(self, plan: Plan, paths: RunPaths, job_id: str, container: Container) -> None:
+        self.plan, self.paths, self.job_id, self.container = plan, paths, job_id, container
+        self.state = State.LAUNCH
+        self.attempt = 0
+        os.environ[outcomes.ATTEMPT_ENV] = "0"
+        self.nodes = plan.shrink.nodes if plan.shrink else None
+        self.exclude: tuple[str, ...] = ()
+        self._signals: list[int] = []
+        self._standby: subprocess.Popen[bytes] | None = None
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> int:
+        self._install_signal()
+        if self.plan.health is not None and not self._health_gate():
+            return 1
+        taken: subprocess.Popen[bytes] | None = None
+        try:
+            while True:
+                self._enter(State.LAUNCH)
+                ranks = taken if taken is not None else self._launch()
+                self._start_standby()
+                self._enter(State.RUNNING)
+                rc = self._wait(ranks)
+                if rc == 0:
+                    break
+                self._enter(State.DECIDING, exit_code=rc)
+                taken = self._standby if self._standby is not None and self._standby.poll() is None else None
+                decision = self._decide(rc)
+                if decision.action is Action.COMPLETE:
+                    rc = 0
+                if decision.action is not Action.RESTART_IN_JOB:
+                    break
+                self._next_attempt(decision, taken)
+        finally:
+            self._end_standby()
+        self._enter(State.DONE, exit_code=rc)
+        return rc
+
+    def _decide(self, rc: int) -> Decision:
+        alloc = policy.read_allocation(self.job_id, self.nodes, self.plan.shrink.least if self.plan.shrink else None)
+        decision = policy.after_failure(self.paths, self.job_id, rc, alloc)
+        self._event("decision", action=decision.action.value, cause=decision.cause, step=decision.step,
+                    nodes=decision.nodes, exclude=list(decision.exclude), why=decision.why)
+        _say(f"ranks failed (exit {rc}); {decision.message}")
+        return decision
+
+    def _next_attempt(self, decision: Decision, taken: subprocess.Popen[bytes] | None) -> None:
+        self.attempt += 1
+        os.environ[outcomes.ATTEMPT_ENV] = str(self.attempt)  # the policy's outcomes.attempt(), and the step's
+        if taken is not None:  # the standby ranks take this attempt (slurmkit.worker.standby)
+            trust.touch(self.paths.standby_go(self.job_id, outcomes.restart_count(), self.attempt))
+            self._standby = None
+        else:
+            self._end_standby()
+        if self.plan.shrink is not None:
+            self.nodes, self.exclude = decision.nodes or self.nodes, decision.exclude
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.plan.launcher == "torchrun":
+            first = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))[:1] or ["localhost"]
+            # The job's own id (an array task's), as the ranks' MASTER_PORT is picked.
+            env["SLURMKIT_RDZV_ENDPOINT"] = f"{first[0]}:{ports.training_port(os.environ['SLURM_JOB_ID'])}"
+        return env
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        argv = steps.ranks(self.plan, self.container, self.nodes, self.exclude)
+        self._event("launch", nodes=self.nodes, exclude=list(self.exclude))
+        return steps.start(argv, self._env())
+
+    def _start_standby(self) -> None:
+        if self.plan.standby is not None:
+            argv = steps.standby(self.plan, str(self.paths.run_dir), self.attempt + 1)
+            self._standby = steps.start(argv, self._env())
+
+    def _end_standby(self) -> None:
+        if self._standby is not None:
+            self._standby.terminate()
+            self._standby.wait()
+            self._standby = None
+
+    def _health_gate(self) -> bool:
+        self._enter(State.HEALTH_GATE)
+        rc = self._wait(steps.start(steps.health(self.plan, str(self.paths.run_dir))))
+        if rc == 0:
+            return True
+        decision = policy.after_health_gate(self.paths, self.job_id)
+        self._event("decision", action=decision.action.value, cause=decision.cause, exclude=list(decision.exclude),
+                    why=decision.why)
+        _say(decision.message)
+        return False
+
+    # -- waiting, and Slurm's signal --------------------------------------------------------------
+    def _install_signal(self) -> None:
+        read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wakeup = read
+        signal.set_wakeup_fd(write)
+        signal.signal(getattr(signal, f"SIG{self.plan.signal}"), lambda signum, _frame: self._signals.append(signum))
+
+    def _wait(self, proc: subprocess.Popen[bytes]) -> int:
+        """The step's exit status; Slurm's signal, meanwhile, goes on to the step (srun passes it to
+        every task) and the wait goes on until srun itself exits."""
+        try:
+            pidfd: int | None = os.pidfd_open(proc.pid)
+        except OSError:  # a kernel before 5.3: poll instead
+            pidfd = None
+        try:
+            while proc.poll() is None:
+                ready = [self._wakeup] + ([pidfd] if pidfd is not None else [])
+                select.select(ready, [], [], 1.0 if pidfd is not None else 0.05)
+                self._drain()
+                while self._signals:
+                    signum = self._signals.pop(0)
+                    _say(f"caught {signal.Signals(signum).name}, forwarding to ranks")
+                    self._event("signal", signal=signal.Signals(signum).name)
+                    proc.send_signal(signum)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+        return exit_status(proc.returncode)
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._wakeup, 64):
+                pass
+        except BlockingIOError:
+            pass
+
+    # -- the record -----------------------------------------------------------------------------
+    def _enter(self, state: State, **fields: Any) -> None:
+        self.state = state
+        self._event("state", state=state.value, **fields)
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        line = {"time": round(time.time(), 3), "event": kind, "job_id": self.job_id,
+                "restart_count": outcomes.restart_count(), "attempt": self.attempt, **fields}
+        fd = trust.open_append(self.paths.supervisor_events, 0o600)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def _say(line: str) -> None:
+    print(f"slurmkit: {line}", file=sys.stderr, flush=True)
+
+
+def container_parts(tail: list[str]) -> Container:
+    """The batch shell's container arrays, passed after `--` as NAME COUNT ITEM... groups (an item
+    may itself look like an option, or be `--`)."""
+    parts: dict[str, list[str]] = {"srun-options": [], "rank-prefix": []}
+    i = 0
+    while i < len(tail):
+        name, count = tail[i], int(tail[i + 1])
+        if name not in parts:
+            raise ValueError(f"unknown container part {name!r}")
+        parts[name] = tail[i + 2:i + 2 + count]
+        i += 2 + count
+    return Container(parts["srun-options"], parts["rank-prefix"])
+
+
+def parse(argv: list[str]) -> tuple[Path, Plan, Container]:
+    """The run folder, the plan and the container parts, from the batch script's exec line."""
+    head, tail = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.supervisor")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--plan", required=True, help="the plan as JSON (slurmkit.common.plan.Plan)")
+    parsed = parser.parse_args(head)
+    return Path(parsed.run_dir), Plan.model_validate_json(parsed.plan), container_parts(tail)
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_dir, plan, container = parse(sys.argv[1:] if argv is None else argv)
+    job_id = slurm_job_id()
+    if not job_id:
+        _say("the supervisor runs inside a Slurm job only")
+        return 2
+    return Supervisor(plan, RunPaths(run_dir), job_id, container).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The job's supervisor without Slurm: its command line, its wait and its passing on of Slurm's
+signal. Its restarts run on the dev cluster (test_cluster_faults, test_standby's cluster half)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmkit.common.plan import Plan
+from slurmkit.runs import RunPaths
+from slurmkit.slurm import steps
+from slurmkit.slurm.steps import Container
+from slurmkit.worker import supervisor
+from tests.conftest import supervisor_events
+
+PLAN = Plan(signal="USR2", launcher="srun", command=["python", "-P", "-u", "-m", "slurmkit.worker.rank", "/f"],
+            stdout="/f/%j_%t_log.out", stderr="/f/%j_%t_log.err", tasks_per_node=2, in_job=1,
+            budgets={"crash": 1})
+
+
+def test_container_arrays_pass_whole_even_when_an_item_looks_like_an_option() -> None:
+    tail = ["srun-options", "2", "--container-image=x", "--", "rank-prefix", "3", "apptainer", "exec", "-- odd"]
+    assert supervisor.container_parts(tail) == Container(["--container-image=x", "--"], ["apptainer", "exec", "-- odd"])
+    run_dir, plan, container = supervisor.parse(["--run-dir", "/r", "--plan", PLAN.model_dump_json(), "--", *tail])
+    assert (run_dir, plan, container.rank_prefix) == (Path("/r"), PLAN, ["apptainer", "exec", "-- odd"])
+    with pytest.raises(ValueError, match="unknown container part"):
+        supervisor.container_parts(["nvidia", "0"])
+
+
+def test_a_step_killed_by_a_signal_exits_as_a_shell_says_it() -> None:
+    assert [supervisor.exit_status(c) for c in (0, 1, -9, -15)] == [0, 1, 137, 143]
+
+
+def test_outside_a_job_the_supervisor_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert supervisor.main(["--run-dir", "/r", "--plan", PLAN.model_dump_json()]) == 2
+
+
+def test_the_ranks_step_of_a_shrinking_job_runs_on_the_decided_nodes() -> None:
+    argv = steps.ranks(PLAN, Container(), 3, ("node2", "node5"))
+    assert argv[:3] == ["srun", "--unbuffered", "--kill-on-bad-exit=1"] and argv[-len(PLAN.command):] == PLAN.command
+    assert {"--nodes=3", "--ntasks=6", "--exclude=node2,node5"} <= set(argv)
+    assert not any(a.startswith(("--nodes", "--exclude")) for a in steps.ranks(PLAN, Container()))
+
+
+WAITER = """
+import subprocess, sys
+from pathlib import Path
+from slurmkit.common.plan import Plan
+from slurmkit.runs import RunPaths
+from slurmkit.slurm.steps import Container
+from slurmkit.worker.supervisor import Supervisor
+
+plan = Plan.model_validate_json(sys.argv[2])
+sup = Supervisor(plan, RunPaths(Path(sys.argv[1])), "77", Container())
+sup._install_signal()
+child = subprocess.Popen([sys.executable, "-c", sys.argv[3]])
+print("ready", flush=True)
+sys.exit(sup._wait(child))
+"""
+
+# Stands in for a ranks' step (a plain process, not srun): says when its handler is in, and exits 7 on USR2.
+STEP = """
+import signal, sys, time
+signal.signal(signal.SIGUSR2, lambda *_: sys.exit(7))
+open(sys.argv[0] if False else "{ready}", "w").close()
+time.sleep(120)
+"""
+
+
+def test_slurms_signal_reaches_the_step_and_the_wait_goes_on_until_it_exits(tmp_path: Path) -> None:
+    """The signal handler only sets a flag; the loop passes the signal on and returns the step's status."""
+    paths = RunPaths(tmp_path / "run")
+    paths.run_dir.mkdir()
+    ready = tmp_path / "step-ready"
+    proc = subprocess.Popen([sys.executable, "-P", "-c", WAITER, str(paths.run_dir), PLAN.model_dump_json(),
+                             STEP.replace("{ready}", str(ready))], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "SLURM_RESTART_COUNT": "0"})
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    while not ready.exists():  # the step's own handler is in
+        assert proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR2)
+    assert proc.wait(timeout=60) == 7
+    (forwarded,) = supervisor_events(paths.run_dir, "signal")
+    assert (forwarded["signal"], forwarded["job_id"], forwarded["attempt"]) == ("SIGUSR2", "77", 0)
+    assert json.loads(paths.supervisor_events.read_text().splitlines()[0])["event"] == "signal"
