@@ -40,10 +40,11 @@ from typing import Any
 import yaml
 
 from slurmkit import goodput, jobs
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records
+from slurmkit.common.record import RunRecord
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
-from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker import standby
 
 PATHS = ("warm", "cold", "fresh", "hang", "requeue")

@@ -30,9 +30,10 @@ from pathlib import Path
 import yaml
 
 from slurmkit import goodput, jobs
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s
+from slurmkit.common.record import RunRecord
 from slurmkit.config.loader import resolve
-from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.slurm.parse import Incarnation
 
 BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a preemption every 60 s

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 BARE = "import json, sys\nfor line in open(sys.argv[1], 'rb'):\n    json.loads(line)\n"
-REPORT = ("import sys; from pathlib import Path; from slurmkit import report; from slurmkit.runs import RunPaths\n"
+REPORT = ("import sys; from pathlib import Path; from slurmkit import report\n"
+          "from slurmkit.common.layout import RunPaths\n"
           "report.write(RunPaths(Path(sys.argv[1])), Path(sys.argv[1]) / 'report.png')\n")
 HWM = "\nprint(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])\n"
 GOODPUT = ("import sys; from pathlib import Path; from slurmkit import goodput\n"
@@ -36,7 +37,7 @@ def checkpoint_sizes(steps: int, folder: Path) -> dict[str, Any]:
     import torch
 
     from slurmkit.config.train import TrainConfig
-    from slurmkit.worker.checkpoint import CheckpointStore, to_bytes
+    from slurmkit.worker.ckptstore import CheckpointStore, to_bytes
     from slurmkit.worker.dist import distributed
     from slurmkit.worker.lifecycle import Lifecycle
     from slurmkit.worker.trainer import Trainer, TrainerOptions, TrainState

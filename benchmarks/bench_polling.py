@@ -93,7 +93,8 @@ def main() -> None:
     os.environ["PATH"] = f"{stubs}{os.pathsep}{os.environ['PATH']}"
 
     from slurmkit import jobs
-    from slurmkit.runs import RunPaths, RunRecord
+    from slurmkit.common.layout import RunPaths
+    from slurmkit.common.record import RunRecord
     from slurmkit.sweeps import results, spec
     from slurmkit.sweeps import submit as sub
     from slurmkit.sweeps.resolve import resolve_tasks

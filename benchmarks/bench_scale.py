@@ -126,7 +126,8 @@ def status(sweep_dir: str) -> dict[str, Any]:
 def runs_status(tmp: Path, job_ids: list[str]) -> dict[str, Any]:
     """10,000 runs, each holding one of the sweep's (pending) array task ids."""
     from slurmkit import jobs
-    from slurmkit.runs import RunPaths, RunRecord
+    from slurmkit.common.layout import RunPaths
+    from slurmkit.common.record import RunRecord
 
     root = tmp / "many-runs"
     for i in range(RUNS):

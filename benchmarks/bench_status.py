@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from slurmkit import jobs
-from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunRecord
 from slurmkit.slurm import commands
 
 N = 1000

@@ -4,7 +4,7 @@ The public Python API, imported on first use so that `import slurmkit` (and the 
 light and never imports torch:
 
     slurmkit.Executor, slurmkit.Job, slurmkit.as_completed, slurmkit.sweep, slurmkit.Checkpoint,
-    slurmkit.distributed, slurmkit.SlurmkitError (and the other errors of slurmkit.errors)
+    slurmkit.distributed, slurmkit.SlurmkitError (and the other errors of slurmkit.common.errors)
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Executor": "slurmkit.api", "sweep": "slurmkit.api",
     "Job": "slurmkit.handles", "as_completed": "slurmkit.handles", "SweepHandle": "slurmkit.handles",
-    "Checkpoint": "slurmkit.checkpoint",
-    "SlurmkitError": "slurmkit.errors", "ConfigError": "slurmkit.errors", "JobFailedError": "slurmkit.errors",
-    "SlurmError": "slurmkit.errors", "PreflightError": "slurmkit.errors", "RunNotFoundError": "slurmkit.errors",
+    "Checkpoint": "slurmkit.worker.checkpoint",
+    **{name: "slurmkit.common.errors" for name in ("SlurmkitError", "ConfigError", "JobFailedError", "SlurmError",
+                                                    "PreflightError", "RunNotFoundError")},
 }
 __all__ = [*_EXPORTS, "distributed", "checkpoint"]
 
@@ -28,5 +28,5 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     if name in ("distributed", "checkpoint"):
-        return importlib.import_module(f"slurmkit.{name}")
+        return importlib.import_module(f"slurmkit.worker.{name}")  # they run in the job
     raise AttributeError(f"module 'slurmkit' has no attribute {name!r}")

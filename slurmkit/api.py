@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit import jobs
+from slurmkit.common.errors import ConfigError, did_you_mean, squash
 from slurmkit.config.loader import Layer, Resolved, profile_layers, profile_name, resolve_layers, validate_layers
 from slurmkit.config.overrides import split_sets
 from slurmkit.config.profile import ClusterProfile, Resources
-from slurmkit.errors import ConfigError, did_you_mean, squash
 from slurmkit.handles import Job, SweepHandle
 
 SOURCE = "Executor"

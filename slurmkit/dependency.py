@@ -6,10 +6,10 @@ Serves plain runs (`slurmkit submit --after`) and sweeps (`slurmkit sweep --afte
 
 from __future__ import annotations
 
+from slurmkit.common.errors import PreflightError, RunNotFoundError, clip
+from slurmkit.common.record import RunRecord
 from slurmkit.common.trust import JOB_ID_RE
-from slurmkit.errors import PreflightError, RunNotFoundError, clip
 from slurmkit.lookup import find
-from slurmkit.runs import RunRecord
 from slurmkit.slurm import commands
 from slurmkit.sweeps.store import Manifest, find_sweep, latest_job_ids
 

@@ -14,8 +14,8 @@ import shutil
 import subprocess
 from dataclasses import asdict, dataclass
 
+from slurmkit.common.errors import squash
 from slurmkit.config.loader import Resolved
-from slurmkit.errors import squash
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 PROBE_TIMEOUT_S = 90
@@ -35,7 +35,7 @@ class Check:
 
 
 def _slurm(resolved: Resolved) -> list[Check]:
-    from slurmkit.errors import SlurmkitError
+    from slurmkit.common.errors import SlurmkitError
     from slurmkit.slurm import commands, preflight
 
     if shutil.which("scontrol") is None:
@@ -63,7 +63,7 @@ ACCOUNTING_DEGRADED = ("without it, finished jobs are judged by their run folder
 
 def _accounting() -> Check:
     """slurmdbd behind sacct: its absence degrades some answers, never a command."""
-    from slurmkit.errors import SlurmError
+    from slurmkit.common.errors import SlurmError
     from slurmkit.slurm import commands
 
     try:
@@ -94,7 +94,7 @@ RUNTIME_TOOLS = {"apptainer": ["apptainer", "singularity"], "docker": ["docker"]
 
 def _compute_node(resolved: Resolved) -> Check:
     """A one-task job: the profile's interpreter imports slurmkit and submitit there, and sees the runtime."""
-    from slurmkit.errors import SlurmError
+    from slurmkit.common.errors import SlurmError
     from slurmkit.slurm import commands
     from slurmkit.slurm.executor import python_command
 
@@ -140,7 +140,7 @@ def _pyxis() -> Check:
 
 def _writable(label: str, uri: str) -> Check:
     from slurmkit.bench import fs as fs_bench
-    from slurmkit.errors import SlurmkitError
+    from slurmkit.common.errors import SlurmkitError
 
     try:
         result = fs_bench.run(uri, FS_PROBE_BYTES)
@@ -172,7 +172,8 @@ def _nccl(resolved: Resolved) -> Check:
 
 
 def run(resolved: Resolved) -> list[Check]:
-    from slurmkit.runs import expand_checkpoint_root, expand_root
+    from slurmkit.common.layout import expand_checkpoint_root
+    from slurmkit.runs import expand_root
 
     checks: list[Check] = []
     if resolved.profile.executor == "slurm":

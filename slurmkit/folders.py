@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 from slurmkit.common import trust
-from slurmkit.errors import ConfigError, RunNotFoundError, did_you_mean, warn
+from slurmkit.common.errors import ConfigError, RunNotFoundError, did_you_mean, warn
 from slurmkit.runs import expand_root
 
 _ID_STAMP_RE = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")

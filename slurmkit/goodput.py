@@ -227,7 +227,7 @@ def account(steps: list[dict[str, Any]], incs: list[Incarnation], now: float | N
 
 
 def of_run(run_dir: Path, job_ids: list[str]) -> tuple[Goodput, list[Incarnation]]:
-    from slurmkit.runs import RunPaths
+    from slurmkit.common.layout import RunPaths
 
     incs = incarnations(job_ids)
     return of_file(RunPaths(run_dir).metrics, incs).result(), incs

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit import jobs
-from slurmkit.errors import JobFailedError
+from slurmkit.common.errors import JobFailedError
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunRecord
 from slurmkit.polling import Poller
-from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.sweeps.store import SweepPaths
 
 

@@ -12,12 +12,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmkit import perms, procs
+from slurmkit import procs, runs
+from slurmkit.common import perms
+from slurmkit.common.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash, warn
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunRecord
 from slurmkit.config.loader import Resolved
-from slurmkit.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash, warn
 from slurmkit.lookup import find, list_runs, read_records
 from slurmkit.polling import Poller
-from slurmkit.runs import RunPaths, RunRecord, expand_root
+from slurmkit.runs import expand_root
 from slurmkit.slurm import commands
 
 LOG_TAIL_LINES = 20
@@ -112,10 +115,10 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
         warn_oversubscribed(resolved)
     run_mode = resolved.profile.run_mode
     with perms.umask(run_mode):
-        paths = RunPaths.create(resolved.profile.run_root, resolved.spec.name, run_mode,
+        paths = runs.create(resolved.profile.run_root, resolved.spec.name, run_mode,
                                 resolved.profile.checkpoint_root)
         record = RunRecord(paths)
-        with paths.or_nothing():  # nothing queued: no folder, no record that could claim a job
+        with runs.or_nothing(paths):  # nothing queued: no folder, no record that could claim a job
             record.create({
                 "run_id": paths.run_id, "name": resolved.spec.name, "run_dir": str(paths.run_dir),
                 "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": resolved.profile.executor,
@@ -140,7 +143,7 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
         script = getattr(executor, "last_script", None) or ""
         record.add_job_id(job_id, pid_start=None if slurm else procs.start_time(int(job_id)), script=script)
         if script:
-            paths.write_script(script)
+            runs.write_script(paths, script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
 
 
@@ -336,7 +339,7 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
         record.setdefault("restarts", []).append(
             {"n": 0, "job_id": job_id, "cause": "resubmit", "time": dt.datetime.now().isoformat(timespec="seconds"),
              "detail": f"slurmkit resubmit{on} after job {st.job_id} ended {st.state}", "resumed_step": None})
-    paths.write_script(script)
+    runs.write_script(paths, script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
 
 

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from slurmkit.common import trust
-from slurmkit.errors import RunNotFoundError, warn
+from slurmkit.common.errors import RunNotFoundError, warn
+from slurmkit.common.layout import RUN_FILE, RunPaths
+from slurmkit.common.record import CorruptRecordError, RunRecord
 from slurmkit.folders import find_folder, owned_folders
-from slurmkit.runs import RUN_FILE, CorruptRecordError, RunPaths, RunRecord
 
 
 def find(run_root: str, ident: str) -> RunPaths:

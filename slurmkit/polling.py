@@ -73,7 +73,7 @@ class Poller:
                 if timeout_s is not None and self.elapsed() > timeout_s:
                     raise
                 if not outage:
-                    from slurmkit.errors import warn
+                    from slurmkit.common.errors import warn
 
                     warn(f"{exc}; still waiting, asking again every {self.interval():.0f} s or more")
                 outage = True

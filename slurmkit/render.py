@@ -15,9 +15,9 @@ from typing import Any
 import jinja2
 
 from slurmkit.common import ports
+from slurmkit.common.errors import RenderError, clip
 from slurmkit.common.plan import Health, Plan, Shrink
 from slurmkit.config.loader import Resolved
-from slurmkit.errors import RenderError, clip
 from slurmkit.resources import shipped_dir
 
 ENTRY_TEMPLATE = "sbatch.sh.j2"

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmkit import perms
-from slurmkit.errors import ConfigError
+from slurmkit.common import perms
+from slurmkit.common.errors import ConfigError
 
 GIT_TIMEOUT_S = 30
 MB = 1 << 20

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from slurmkit.worker.checkpoint import MARKER, TRAINER_FILES, AsyncWriter, CheckpointError, CheckpointStore, snapshot
+from slurmkit.worker.ckptstore import MARKER, TRAINER_FILES, AsyncWriter, CheckpointError, CheckpointStore, snapshot
 
 
 def _uris(tmp_path: Path) -> list[str]:
@@ -131,7 +131,7 @@ def test_snapshot_is_a_copy() -> None:
 
 KILLER = """
 import sys, torch
-from slurmkit.worker.checkpoint import AsyncWriter, CheckpointStore
+from slurmkit.worker.ckptstore import AsyncWriter, CheckpointStore
 store = CheckpointStore(sys.argv[1])
 step = int(sys.argv[2])
 w = AsyncWriter(store)

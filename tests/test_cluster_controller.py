@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from slurmkit import jobs
-from slurmkit.runs import RunRecord
+from slurmkit.common.record import RunRecord
 from tests.conftest import executed_steps
 from tests.test_cluster_faults import STEPS, finish, start, wait_step, wait_until
 

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 from slurmkit import jobs
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records
+from slurmkit.common.record import RunRecord
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
-from slurmkit.runs import RunPaths, RunRecord
-from slurmkit.worker.checkpoint import CheckpointStore
+from slurmkit.worker.ckptstore import CheckpointStore
 from tests.conftest import EXAMPLES, executed_steps, steady, supervisor_events
 
 pytestmark = pytest.mark.cluster
@@ -448,8 +449,8 @@ def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
     from typer.testing import CliRunner
 
     from slurmkit.cli.app import app
+    from slurmkit.common.errors import JobFailedError
     from slurmkit.devcluster import layout
-    from slurmkit.errors import JobFailedError
 
     profile = tmp_path / "scavenger.yaml"
     profile.write_text(f"extends: devcluster\nrun_root: {run_root}\npartition: {layout.CANCEL_PARTITION}\n")

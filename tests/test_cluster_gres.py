@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from slurmkit import jobs
+from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
-from slurmkit.runs import RunPaths
 from slurmkit.slurm import preflight
 from tests.test_cluster_faults import finish
 

@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 
 from slurmkit import jobs
 from slurmkit.cli.app import app
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunRecord
 from slurmkit.lookup import list_runs
 from slurmkit.procs import pid_alive
-from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, steady, write_spec
 from tests.test_cluster_faults import wait_until
@@ -199,8 +200,8 @@ def test_preflight_refusals(cluster: None, tmp_path: Path, dev_profile: Path, ru
 
 
 def test_preflight_refuses_array_over_max_array_size(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    from slurmkit.common.errors import PreflightError
     from slurmkit.config.loader import resolve
-    from slurmkit.errors import PreflightError
     from slurmkit.slurm import preflight
 
     res = resolve(write_spec(tmp_path, name="arr", command="true"), str(dev_profile))

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from slurmkit import jobs
 from slurmkit.cli.app import app
-from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunRecord
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, steady, write_spec
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 import slurmkit
-from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunRecord
 from slurmkit.sweeps.store import ArrayLog, list_sweeps
 from tests.test_cluster_faults import wait_until
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from slurmkit import jobs
 from slurmkit.cli.app import app
-from slurmkit.runs import RunPaths
+from slurmkit.common.layout import RunPaths
 from slurmkit.slurm import commands
 from tests.conftest import EXAMPLES, steady
 from tests.test_cluster_faults import wait_until

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurmkit import jobs
-from slurmkit.runs import RunPaths
+from slurmkit.common.layout import RunPaths
 from tests.conftest import ROOT, steady, supervisor_events, write_spec
 
 pytestmark = pytest.mark.cluster

@@ -80,7 +80,7 @@ def test_grid_of_six_is_one_array_throttled_to_two_then_a_job_runs_after_it(
     assert all(r["returncode"] == 0 for r in table)
 
     from slurmkit import jobs
-    from slurmkit.runs import RunPaths
+    from slurmkit.common.layout import RunPaths
 
     final = jobs.wait(RunPaths(Path(after["run_dir"])), poller=steady(0.5), timeout_s=120)
     assert final.state == "COMPLETED"

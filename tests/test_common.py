@@ -131,8 +131,47 @@ def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -
                                                              "slurmkit.runs", "torch"))}, rel
 
 
+JOB_SIDE_ALLOWED = ("slurmkit.worker", "slurmkit.common", "slurmkit.config", "slurmkit.slurm")
+CLIENT_MAY_IMPORT = {
+    # The callable submitit pickles is built on the client: the first of the three meeting points.
+    ("jobs.py", "slurmkit.worker.entry"), ("sweeps/task.py", "slurmkit.worker.entry"),
+    # `slurmkit bench` measures the job side's own code: the all-reduce runs as a job, `bench fs`
+    # writes through the checkpoint store.
+    ("bench/allreduce.py", "slurmkit.worker.dist"), ("bench/fs.py", "slurmkit.worker.ckptstore"),
+}
+
+
+def _all_slurmkit_imports(path: Path) -> set[str]:
+    """slurmkit modules `path` imports, at the top or inside functions (`from slurmkit import x` as slurmkit.x)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("slurmkit"):
+            found |= {f"slurmkit.{a.name}" for a in node.names} if node.module == "slurmkit" else {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("slurmkit")}
+    return found
+
+
+def test_the_job_side_and_the_client_meet_only_where_the_design_says() -> None:
+    """worker/ imports only worker/, common/, config/ and the Slurm client, lazily or not; the client
+    imports the job side only at the meeting points listed in CLIENT_MAY_IMPORT."""
+    job_side, client = [], []
+    for path in _modules(PACKAGE):
+        rel = _relative(path)
+        for module in sorted(_all_slurmkit_imports(path)):
+            if rel.startswith("worker/") and not module.startswith(JOB_SIDE_ALLOWED):
+                job_side.append(f"{rel}: {module}")
+            if not rel.startswith("worker/") and rel != "__init__.py" and module.startswith("slurmkit.worker") \
+                    and (rel, module) not in CLIENT_MAY_IMPORT:
+                client.append(f"{rel}: {module}")
+    assert (job_side, client) == ([], [])
+    # The check sees what it looks for.
+    assert "slurmkit.worker.ft" in _all_slurmkit_imports(PACKAGE / "worker/supervisor.py")
+    assert "slurmkit.worker.entry" in _all_slurmkit_imports(PACKAGE / "jobs.py")
+
+
 def test_slurm_call_counts_are_bounded_and_scoped() -> None:
-    from slurmkit.errors import SlurmError
+    from slurmkit.common.errors import SlurmError
     from slurmkit.slurm import commands
 
     with commands.counting() as calls:

@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from slurmkit import perms
 from slurmkit.cli.app import app
+from slurmkit.common import perms
 from slurmkit.config.fields import SBATCH_FORBIDDEN
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.reference import BEGIN, END, SECTIONS, reference

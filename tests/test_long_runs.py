@@ -13,7 +13,7 @@ from slurmkit import goodput
 from slurmkit.common.metrics import Interval, iter_records, iter_records_reversed, last_record, read_records
 from slurmkit.config.train import TrainConfig
 from slurmkit.slurm.parse import Incarnation
-from slurmkit.worker.checkpoint import CheckpointStore, from_bytes
+from slurmkit.worker.ckptstore import CheckpointStore, from_bytes
 from slurmkit.worker.dist import distributed
 from slurmkit.worker.tasks.train import build
 from slurmkit.worker.tasks.train import run as train

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from slurmkit.errors import SlurmError
+from slurmkit.common.errors import SlurmError
 from slurmkit.polling import Poller
 from slurmkit.slurm import commands
 
@@ -141,7 +141,8 @@ def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol
     the marker with the restart's cause must outlive the failed call (it once came back `requeue`)."""
     import json
 
-    from slurmkit.runs import RunPaths, RunRecord
+    from slurmkit.common.layout import RunPaths
+    from slurmkit.common.record import RunRecord
     from slurmkit.worker.ft import requeue
     from slurmkit.worker.ft.decision import Action
 
@@ -238,7 +239,8 @@ def test_a_failing_sacct_is_a_warning_and_the_run_folder_decides_stand_in_sacct(
     """No accounting (or sacct failing): status goes on from squeue and what the ranks recorded."""
     from slurmkit import jobs
     from slurmkit.common import outcomes as oc
-    from slurmkit.runs import RunPaths, RunRecord
+    from slurmkit.common.layout import RunPaths
+    from slurmkit.common.record import RunRecord
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -264,8 +266,9 @@ def test_a_preempted_run_ends_and_says_how_to_resume_stand_in_squeue(
     """Slurm's PREEMPTED (the grace ran out) is an end, as is a COMPLETED job whose rank 0 marked
     it preempted under PreemptMode=CANCEL; either way `result` names `slurmkit resubmit`."""
     from slurmkit import jobs
-    from slurmkit.errors import JobFailedError
-    from slurmkit.runs import RunPaths, RunRecord
+    from slurmkit.common.errors import JobFailedError
+    from slurmkit.common.layout import RunPaths
+    from slurmkit.common.record import RunRecord
 
     state = "COMPLETED" if marked else "PREEMPTED"
     stand_in(tmp_path, "squeue", f'echo "77|{state}|None|node1|0:05|0"\n')

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import slurmkit
-from slurmkit.errors import ConfigError
+from slurmkit.common.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,7 +160,7 @@ def test_checkpoint_stops_at_the_step_of_the_signal_and_resumes_there(
         tmp_path: Path, own_signals: None, single_process: None) -> None:
     import torch
 
-    from slurmkit.checkpoint import AgreedStop, Checkpoint
+    from slurmkit.worker.checkpoint import AgreedStop, Checkpoint
 
     uri = f"file://{tmp_path}/ckpt"
 
@@ -216,7 +216,7 @@ def test_local_map_array_with_a_snapshot_records_it_in_every_task(local_profile:
     ex = slurmkit.Executor(profile=str(local_profile), tasks_per_node=1, snapshot=True)
     handles = ex.map_array(add, [1, 2], [3, 4])
     assert [j.result(timeout=300) for j in handles] == [4, 6]
-    from slurmkit.runs import RunRecord
+    from slurmkit.common.record import RunRecord
 
     for job in handles:
         snap = RunRecord(job.paths).read()["snapshot"]
@@ -225,7 +225,7 @@ def test_local_map_array_with_a_snapshot_records_it_in_every_task(local_profile:
 
 
 def test_only_slurmkit_checkpoint_annotations_get_one() -> None:
-    from slurmkit.checkpoint import wants_checkpoint
+    from slurmkit.worker.checkpoint import wants_checkpoint
 
     class OwnCheckpoint:
         pass
@@ -247,6 +247,6 @@ def shadowed(ckpt: Checkpoint) -> None: ...
 
 
 def test_a_users_own_checkpoint_class_is_not_taken_for_slurmkits() -> None:
-    from slurmkit.checkpoint import wants_checkpoint
+    from slurmkit.worker.checkpoint import wants_checkpoint
 
     assert wants_checkpoint(shadowed) is None

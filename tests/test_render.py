@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from slurmkit.common.errors import RenderError
 from slurmkit.common.plan import Plan
 from slurmkit.config.loader import resolve
-from slurmkit.errors import RenderError
 from slurmkit.slurm import steps
 from slurmkit.slurm.executor import ArraySpec, rank_python, render_for, submitit_command
 from slurmkit.slurm.steps import Container

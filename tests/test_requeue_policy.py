@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import outcomes
-from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunRecord
 from slurmkit.worker.allocation import Allocation
 from slurmkit.worker.ft import policy, restarts
 from slurmkit.worker.ft.decision import Action
@@ -111,7 +112,7 @@ def test_resubmit_refuses_a_local_run_in_one_line(tmp_path: Path) -> None:
     import pytest
 
     from slurmkit import jobs
-    from slurmkit.errors import SlurmkitError
+    from slurmkit.common.errors import SlurmkitError
 
     with pytest.raises(SlurmkitError, match="only a run on a Slurm profile can be resubmitted"):
         jobs.resubmit(_run(tmp_path, executor="local"))

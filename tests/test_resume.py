@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker.checkpoint import CheckpointStore, Entry, to_bytes
+from slurmkit.worker.ckptstore import CheckpointStore, Entry, to_bytes
 from slurmkit.worker.dist import distributed
 from slurmkit.worker.lifecycle import Lifecycle
 from slurmkit.worker.tasks.train import InjectedError, build

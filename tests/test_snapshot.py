@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurmkit import snapshot
-from slurmkit.errors import ConfigError
+from slurmkit.common.errors import ConfigError
 
 
 def git(repo: Path, *args: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from submitit.core.utils import DelayedSubmission, pickle_load
 
-from slurmkit.runs import RunPaths
+from slurmkit.common.layout import RunPaths
 
 
 def _nice(pid: int) -> int:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.plan import Plan
-from slurmkit.runs import RunPaths
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
 from slurmkit.worker import supervisor
@@ -55,7 +55,7 @@ WAITER = """
 import subprocess, sys
 from pathlib import Path
 from slurmkit.common.plan import Plan
-from slurmkit.runs import RunPaths
+from slurmkit.common.layout import RunPaths
 from slurmkit.slurm.steps import Container
 from slurmkit.worker.supervisor import Supervisor
 

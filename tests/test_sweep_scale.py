@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from slurmkit.errors import ConfigError
+from slurmkit.common.errors import ConfigError
 from slurmkit.sweeps import plan as plan_mod
 from slurmkit.sweeps import resolve, spec, store
 from slurmkit.sweeps import submit as sub

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from slurmkit import jobs
+from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
-from slurmkit.runs import RunPaths
 from slurmkit.worker.tasks.train import run as train
 from tests.conftest import EXAMPLES, steady
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from slurmkit.common.errors import ConfigError, RunNotFoundError
 from slurmkit.config.loader import resolve
-from slurmkit.errors import ConfigError, RunNotFoundError
 from slurmkit.jobs import dry_run
 from tests.conftest import write_spec
 
@@ -68,7 +68,8 @@ def test_what_slurmkit_writes_as_yaml_reads_back_unchanged(text: str) -> None:
 
 
 def test_an_unset_variable_in_run_root_is_an_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmkit.runs import expand_checkpoint_root, expand_root
+    from slurmkit.common.layout import expand_checkpoint_root
+    from slurmkit.runs import expand_root
 
     monkeypatch.delenv("SLURMKIT_NO_SUCH_VAR", raising=False)
     monkeypatch.setenv("SLURMKIT_SCRATCH", str(tmp_path))
@@ -99,8 +100,9 @@ def test_submit_with_an_unset_variable_creates_nothing(tmp_path: Path, monkeypat
 
 
 def test_a_raw_job_id_names_a_run_or_a_sweep_task(tmp_path: Path) -> None:
+    from slurmkit.common.layout import RunPaths
+    from slurmkit.common.record import RunRecord
     from slurmkit.lookup import find
-    from slurmkit.runs import RunPaths, RunRecord
     from slurmkit.sweeps.store import ArrayLog, SweepPaths
 
     root = tmp_path / "runs"

@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any
 
-from slurmkit.errors import SlurmkitError
+from slurmkit.common.errors import SlurmkitError
 
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?$", re.IGNORECASE)
 CHUNK = 1 << 20
@@ -50,7 +50,7 @@ def _dd(folder: str, size: int) -> tuple[float, float]:
 
 
 def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, Any]:
-    from slurmkit.worker.checkpoint import CheckpointError, CheckpointStore
+    from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
 
     root = f"{uri.rstrip('/')}/.slurmkit-bench-{uuid.uuid4().hex[:8]}"
     try:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from slurmkit.errors import SlurmkitError
+from slurmkit.common.errors import SlurmkitError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -54,7 +54,7 @@ def submit(
 def _announce(sub: Submitted, wait: bool, as_json: bool) -> None:
     """Print a submitted run; with wait, follow it to its end and print its result."""
     from slurmkit import jobs
-    from slurmkit.runs import RunPaths
+    from slurmkit.common.layout import RunPaths
 
     if as_json and not wait:
         print_json({"run_id": sub.run_id, "job_id": sub.job_id, "run_dir": sub.run_dir})

@@ -160,7 +160,7 @@ def resubmit(
     as_json: JsonOpt = False,
 ) -> None:
     """Run again, in one new array under the same sweep, only the tasks that did not succeed."""
-    from slurmkit.errors import SlurmkitError
+    from slurmkit.common.errors import SlurmkitError
     from slurmkit.sweeps import results, store
     from slurmkit.sweeps import submit as sub
     from slurmkit.sweeps.plan import compress

@@ -2,7 +2,7 @@
 
 `status`, `list`, `sweep status/results` and the requeue policy read only these records, never
 submitit's result pickles: a pickle found in a shared folder can run code as whoever loads it,
-JSON cannot. `result` alone unpickles, and only from a folder the caller owns (slurmkit.perms).
+JSON cannot. `result` alone unpickles, and only from a folder the caller owns (slurmkit.common.perms).
 
 One record per (job id, rank): outcomes/<job_id>_<rank>.json in the run folder, holding
     {"state": "success" | "error", "returncode": 0 | 1, "error": text, "value": JSON or null,

@@ -29,7 +29,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from slurmkit.errors import SlurmkitError, clip
+from slurmkit.common.errors import SlurmkitError, clip
 
 JOB_ID_RE = re.compile(r"^(\d+)(?:_(\d+))?$")
 """A job id (`123`), or an array task's (`123_4`): what slurmkit records and passes to Slurm."""

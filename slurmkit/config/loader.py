@@ -12,12 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from slurmkit.common.errors import ConfigError, clip, cut, did_you_mean
 from slurmkit.config.fields import gres_gpus
 from slurmkit.config.overrides import deep_merge, split_sets
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.yamlio import read_yaml
-from slurmkit.errors import ConfigError, clip, cut, did_you_mean
 from slurmkit.resources import shipped_dir
 
 DEFAULT_PROFILE = "local"

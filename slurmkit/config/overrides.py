@@ -6,8 +6,8 @@ import copy
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
+from slurmkit.common.errors import ConfigError, clip
 from slurmkit.config.yamlio import YamlSyntaxError, load_text
-from slurmkit.errors import ConfigError, clip
 
 PROFILE_PREFIX = "profile."
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from slurmkit.errors import ConfigError
+from slurmkit.common.errors import ConfigError
 
 
 class UserLoader(yaml.SafeLoader):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurmkit.runs import RunPaths
+from slurmkit.common.layout import RunPaths
 from slurmkit.slurm.executor import RANK_MODULE
 
 

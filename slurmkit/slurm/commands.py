@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from slurmkit.common import trust
+from slurmkit.common.errors import SlurmError, squash, warn
 from slurmkit.common.slurm_env import base_id, expand_hostlist
-from slurmkit.errors import SlurmError, squash, warn
 from slurmkit.slurm import parse
 
 # What Slurm prints is read in slurm/parse.py; callers know ACTIVE_STATES as commands.ACTIVE_STATES.

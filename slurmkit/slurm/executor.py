@@ -17,14 +17,13 @@ from typing import Any
 import submitit
 from submitit.core.utils import DelayedSubmission, JobPaths
 
-from slurmkit import perms
-from slurmkit.common import trust
+from slurmkit.common import perms, trust
 from slurmkit.common.atomic import atomic_write, atomic_write_text
+from slurmkit.common.errors import SlurmkitError
+from slurmkit.common.layout import RunPaths
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
-from slurmkit.errors import SlurmkitError
 from slurmkit.render import JobFiles, RenderInput, render, shell_quote
-from slurmkit.runs import RunPaths
 from slurmkit.slurm import commands
 
 SBATCH_TIMEOUT_S = 60

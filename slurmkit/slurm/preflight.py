@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 
+from slurmkit.common.errors import PreflightError
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
-from slurmkit.errors import PreflightError
 from slurmkit.slurm import commands
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import trust
+from slurmkit.common.record import RunRecord
 from slurmkit.procs import start_time
-from slurmkit.runs import RunRecord
 from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, manifest_tasks, materialize_task
 from slurmkit.sweeps.task import SweepTask
 

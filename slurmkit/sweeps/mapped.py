@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurmkit import perms
+from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write
 from slurmkit.config.loader import Resolved
 from slurmkit.sweeps.resolve import SweepTasks

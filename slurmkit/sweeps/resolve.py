@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from slurmkit.common.errors import ConfigError
 from slurmkit.config.loader import Layer, Resolved, load_profile, profile_name, resolve_layers
 from slurmkit.config.overrides import split_sets
-from slurmkit.errors import ConfigError
 from slurmkit.sweeps.spec import SweepPlan, nested
 
 if TYPE_CHECKING:

@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.errors import SlurmkitError, did_you_mean
 from slurmkit.common.metrics import last_record
-from slurmkit.errors import SlurmkitError, did_you_mean
+from slurmkit.common.record import RunRecord
 from slurmkit.polling import Poller
 from slurmkit.procs import same_process
-from slurmkit.runs import RunRecord
 from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, latest_job_ids, newest_arrays, task_entry
 
 NOT_SUBMITTED = "NOT_SUBMITTED"

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import trust
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import LockedJson, RunRecord
 from slurmkit.config.loader import Resolved
 from slurmkit.folders import find_folder, owned_folders
-from slurmkit.runs import LockedJson, RunPaths, RunRecord
 
 MANIFEST = "sweep.json"
 ARRAYS = "arrays.json"

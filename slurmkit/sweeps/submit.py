@@ -12,12 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from slurmkit import perms
+from slurmkit import runs
+from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.errors import PreflightError, SlurmError, SlurmkitError, squash
+from slurmkit.common.layout import RunPaths, expand_checkpoint_root
 from slurmkit.config.loader import Resolved, load_profile, profile_name
 from slurmkit.config.overrides import split_sets
-from slurmkit.errors import PreflightError, SlurmError, SlurmkitError, squash
-from slurmkit.runs import RunPaths, expand_checkpoint_root
 from slurmkit.sweeps.plan import compress, plan_arrays
 from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
 from slurmkit.sweeps.spec import SweepPlan
@@ -91,9 +92,9 @@ def _submit_arrays(paths: SweepPaths, groups: list[Resolved], arrays: list[dict[
 def create(plan: SweepPlan, tasks: SweepTasks) -> SweepPaths:
     """Write the manifest atomically, once; nothing is submitted yet."""
     prof = tasks.groups[0].profile
-    created = RunPaths.create(prof.run_root, f"{plan.name}-sweep", prof.run_mode, prof.checkpoint_root)
+    created = runs.create(prof.run_root, f"{plan.name}-sweep", prof.run_mode, prof.checkpoint_root)
     paths = SweepPaths(created.run_dir)
-    with created.or_nothing():
+    with runs.or_nothing(created):
         _write_manifest(paths, plan, tasks)
     return paths
 
@@ -157,7 +158,7 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
         for group in tasks.groups:
             preflight.check(group)
     paths = create(plan, tasks)
-    with RunPaths(paths.sweep_dir).or_nothing():
+    with runs.or_nothing(RunPaths(paths.sweep_dir)):
         if prepare is not None:
             prepare(paths)
         from slurmkit.jobs import take_snapshot

@@ -35,7 +35,7 @@ class SweepTask:
     index: int | None = None
 
     def __call__(self) -> Any:
-        from slurmkit.runs import RunPaths
+        from slurmkit.common.layout import RunPaths
         from slurmkit.worker.entry import Run
 
         index = self.index if self.index is not None else self.base + int(os.environ["SLURM_ARRAY_TASK_ID"])

@@ -85,7 +85,7 @@ def _outcome_file(run_dir: str) -> Path:
     """This rank's outcome record, named as submitit names its result (job id, global rank)."""
     import submitit
 
-    from slurmkit.runs import RunPaths
+    from slurmkit.common.layout import RunPaths
 
     env = submitit.JobEnvironment()
     return RunPaths(Path(run_dir)).outcome_file(str(env.job_id), env.global_rank)
@@ -95,8 +95,8 @@ def record_restart(run_dir: str) -> None:
     """On a requeued incarnation, rank 0 appends the restart and its cause to run.json."""
     count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if count and os.environ.get("SLURM_PROCID", "0") == "0" and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        from slurmkit.common.layout import RunPaths
         from slurmkit.common.slurm_env import slurm_job_id
-        from slurmkit.runs import RunPaths
         from slurmkit.worker.ft import restarts
 
         restarts.record_restart(RunPaths(Path(run_dir)), slurm_job_id(), count, None)
@@ -124,7 +124,7 @@ def call_function(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     """A function from slurmkit.Executor. A parameter annotated slurmkit.Checkpoint gets the run's
     Checkpoint; a process group it brought up (slurmkit.distributed) is left together once it
     returns (or stops at an agreed step), and torn down however it ends."""
-    from slurmkit import checkpoint
+    from slurmkit.worker import checkpoint
 
     name = checkpoint.wants_checkpoint(fn)
     ckpt = checkpoint.default() if name else None
@@ -139,7 +139,7 @@ def call_function(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
 
 
 def _leave_group(together: bool) -> None:
-    dist = sys.modules.get("slurmkit.distributed")
+    dist = sys.modules.get("slurmkit.worker.distributed")
     if dist is None:
         return
     if together:

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.errors import squash
-from slurmkit.runs import RunPaths
+from slurmkit.common.errors import squash
+from slurmkit.common.layout import RunPaths
 from slurmkit.worker.gpu import GpuState, query
 
 EXIT_UNHEALTHY = 3

@@ -36,8 +36,8 @@ def _raising_handler(requeue: bool) -> Any:
 
 def after(run_dir: str, requeue_asked: bool, step: int | None = None) -> str:
     """Rank 0 acts on the stop (slurmkit.worker.ft.requeue.after_stop); says what happened."""
+    from slurmkit.common.layout import RunPaths
     from slurmkit.common.slurm_env import slurm_job_id
-    from slurmkit.runs import RunPaths
     from slurmkit.worker.ft import requeue
 
     at = f" at step {step}" if step is not None else ""
@@ -53,7 +53,7 @@ def requeue_on_signal(run_dir: str) -> Iterator[None]:
     """Under Slurm: the stop signals interrupt the body; then requeue and exit without a result.
     A function with a slurmkit.Checkpoint replaces these handlers by its flag, and stops at the
     step its ranks agree on (AgreedStop), its state saved; that is requeued the same way."""
-    from slurmkit.checkpoint import AgreedStop
+    from slurmkit.worker.checkpoint import AgreedStop
 
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
         from slurmkit.worker.preempt import install_handlers

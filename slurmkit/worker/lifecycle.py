@@ -12,11 +12,12 @@ import torch.distributed as tdist
 
 from slurmkit.common import outcomes
 from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunRecord
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
-from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.worker import warm
-from slurmkit.worker.checkpoint import TRAINER_FILES, CheckpointStore, Prefetch
+from slurmkit.worker.ckptstore import TRAINER_FILES, CheckpointStore, Prefetch
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.ft import policy, requeue, restarts
 from slurmkit.worker.ft.decision import Decision

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from slurmkit.errors import squash
-from slurmkit.worker.checkpoint import (
+from slurmkit.common.errors import squash
+from slurmkit.worker.ckptstore import (
     TRAINER_FILES,
     AsyncWriter,
     CheckpointError,

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from slurmkit.common import outcomes
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import slurm_job_id
-from slurmkit.runs import RunPaths
 
 POLL_S = 0.01
 NICE = 10

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import outcomes, ports, trust
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.plan import Plan
 from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
-from slurmkit.runs import RunPaths
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
 from slurmkit.worker.ft import policy

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 
 from slurmkit.common import outcomes
+from slurmkit.common.errors import SlurmError
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.outcomes import Outcome
-from slurmkit.errors import SlurmError
-from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.common.record import RunRecord
 from slurmkit.worker import allocation
 from slurmkit.worker.allocation import Allocation
 from slurmkit.worker.ft import requeue, restarts

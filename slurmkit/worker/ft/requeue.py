@@ -12,9 +12,10 @@ import signal
 
 from slurmkit.common import outcomes
 from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.errors import SlurmError
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunRecord
 from slurmkit.common.slurm_env import expand_hostlist
-from slurmkit.errors import SlurmError
-from slurmkit.runs import RunPaths, RunRecord
 from slurmkit.slurm import commands
 from slurmkit.worker.ft import restarts
 from slurmkit.worker.ft.decision import Action, Decision

@@ -14,8 +14,9 @@ import json
 from typing import Any
 
 from slurmkit.common import outcomes
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import last_record
-from slurmkit.runs import RunPaths, RunRecord
+from slurmkit.common.record import RunRecord
 
 SLURM_STATE_CAUSE = {"NODE_FAIL": "node_failure", "PREEMPTED": "preemption", "TIMEOUT": "timeout",
                      "REQUEUED": "requeue", "REQUEUE_HOLD": "requeue", "FAILED": "crash"}

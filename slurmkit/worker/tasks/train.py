@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from slurmkit.common import trust
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import MetricsWriter
 from slurmkit.config.train import TrainConfig
-from slurmkit.runs import RunPaths
 from slurmkit.worker import lifecycle, startup
 from slurmkit.worker.dist import Dist, distributed
 from slurmkit.worker.metrics import peak_flops

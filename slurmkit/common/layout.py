@@ -1,0 +1,171 @@
+"""The run folder's layout: every path of one run (RunPaths), the single authority on them.
+
+Both sides use it: the client creates and reads run folders (slurmkit.runs), the job's
+supervisor and ranks write into them. docs/design.md has who owns each file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmkit.common import outcomes, trust
+from slurmkit.common.errors import ConfigError, clip
+from slurmkit.common.outcomes import Outcome
+
+RUN_FILE = "run.json"
+_VAR_RE = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
+def expand_vars(value: str, field: str) -> str:
+    """$VARS of the login node's environment expanded; one left unset is an error naming it. A
+    literal `$USER` folder (what os.path.expandvars leaves) is never what the user meant."""
+    expanded = os.path.expandvars(value)
+    unset = _VAR_RE.search(expanded)
+    if unset:
+        raise ConfigError(f"{unset.group(0)} is not set in this environment", where=f"profile:{field}={clip(value)}",
+                          valid="valid: set it before running slurmkit, or write the path out")
+    return expanded
+
+
+def expand_checkpoint_root(checkpoint_root: str) -> str:
+    """checkpoint_root with $VARS expanded (a path or an fsspec URL), without a trailing /."""
+    return expand_vars(checkpoint_root, "checkpoint_root").rstrip("/")
+
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every path of one run."""
+
+    run_dir: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def record(self) -> Path:
+        return self.run_dir / RUN_FILE
+
+    @property
+    def script(self) -> Path:
+        return self.run_dir / "sbatch.sh"
+
+    @property
+    def job_folder(self) -> Path:
+        """submitit's folder: pickles, results and per-rank logs."""
+        return self.run_dir / "submitit"
+
+    @property
+    def metrics(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    def gpu_metrics(self, host: str) -> Path:
+        """GPU samples of one node (each node's first rank writes its own file)."""
+        return self.run_dir / f"metrics-gpu-{host}.jsonl"
+
+    @property
+    def code_dir(self) -> Path:
+        """The code snapshot every incarnation runs from (profile or spec `snapshot: true`)."""
+        return self.run_dir / "code"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def checkpoint_uri(self, checkpoint_root: str | None, key: str | None = None) -> str:
+        """Where this run's checkpoints go: <checkpoint_root>/<key or run_id>, or the run folder's checkpoints/."""
+        if checkpoint_root:
+            return f"{expand_checkpoint_root(checkpoint_root)}/{key or self.run_id}"
+        return str(self.checkpoints)
+
+    @property
+    def restart_request(self) -> Path:
+        """Why the running job asked to be requeued; read and removed by the next incarnation."""
+        return self.run_dir / "restart-request.json"
+
+    @property
+    def stop_marker(self) -> Path:
+        """The step the ranks agreed to stop at, written before its save: if the save never ends
+        (killed after GraceTime) the next incarnation still knows how far the last one got."""
+        return self.run_dir / "stopping.json"
+
+    @property
+    def supervisor_events(self) -> Path:
+        """The job's supervisor's states and decisions, one JSON line each (slurmkit.worker.supervisor)."""
+        return self.run_dir / "supervisor.jsonl"
+
+    def hang_marker(self, rank: int) -> Path:
+        return self.run_dir / f"hang-rank{rank}.json"
+
+    def hang_markers(self) -> list[Path]:
+        """Every rank's hang marker present, by rank."""
+        return sorted(self.run_dir.glob("hang-rank*.json"))
+
+    def standby_go(self, job_id: str, restart_count: int, attempt: int) -> Path:
+        """The requeue policy hands in-job attempt `attempt` of incarnation `restart_count` of the job
+        to its standby ranks (slurmkit.worker.standby): a later incarnation, or a resubmitted job,
+        has standby ranks of its own."""
+        return self.run_dir / f"standby-go-{job_id}.{restart_count}.{attempt}"
+
+    def injected_marker(self, step: int) -> Path:
+        """A one-shot fault injected at `step` has fired (config.inject_transient_error_at_steps)."""
+        return self.run_dir / f"injected-step{step}"
+
+    def health_marker(self, node: str) -> Path:
+        """Why `node` failed the health gate (written by the gate, read by the requeue)."""
+        return self.run_dir / f"health-{node}.json"
+
+    def health_markers(self) -> list[Path]:
+        return sorted(self.run_dir.glob("health-*.json"))
+
+    @property
+    def report(self) -> Path:
+        """Where `slurmkit report` draws the run unless told otherwise."""
+        return self.run_dir / "report.png"
+
+    def result_pickle(self, job_id: str, rank: int) -> Path:
+        """submitit's per-rank result: ("success", value) or ("error", traceback). Read only by `result`."""
+        return self.job_folder / f"{job_id}_{rank}_result.pkl"
+
+    def outcome_file(self, job_id: str, rank: int) -> Path:
+        """A rank's outcome as JSON (slurmkit.common.outcomes), written when the rank finishes."""
+        return self.run_dir / "outcomes" / f"{job_id}_{rank}.json"
+
+    def outcome_ranks(self, job_id: str) -> list[int]:
+        """The ranks of job `job_id` that wrote an outcome record, in order."""
+        try:
+            names = os.listdir(self.run_dir / "outcomes")
+        except OSError:
+            return []
+        prefix = f"{job_id}_"
+        return sorted(int(n[len(prefix):-5]) for n in names
+                      if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit())
+
+    def outcome(self, job_id: str, rank: int) -> Outcome | None:
+        """A rank's outcome, or None when it wrote none (still running, requeued, killed)."""
+        return outcomes.read(self.outcome_file(job_id, rank))
+
+    def unpickle_result(self, job_id: str, rank: int) -> tuple[str, Any]:
+        """submitit's result pickle, only from a folder the caller owns and no one else can write,
+        checked on the open file (one open: nothing can be swapped in between)."""
+        # A sweep task's submitit/ is a link to the sweep's own: load_pickle follows links to the folders.
+        outcome, value = trust.load_pickle(self.result_pickle(job_id, rank), "the result",
+                                           (self.run_dir, self.job_folder))
+        return str(outcome), value
+
+    def rank_log(self, job_id: str, rank: int, stream: str = "out") -> Path:
+        """submitit's per-rank log name (its JobPaths layout: JOBID_RANK_log.out)."""
+        return self.job_folder / f"{job_id}_{rank}_log.{stream}"
+
+    def rank_logs(self, job_id: str) -> dict[int, Path]:
+        found: dict[int, Path] = {}
+        for f in self.job_folder.glob(f"{job_id}_*_log.out"):
+            rank = f.name[len(job_id) + 1 :].split("_", 1)[0]
+            if rank.isdigit():
+                found[int(rank)] = f
+        return dict(sorted(found.items()))
