@@ -123,7 +123,7 @@ def one_run(tmp: Path, path: str, crashes: int, steps: int, rng: random.Random) 
     assert [r["cause"] for r in restarts] == ["hang" if path == "hang" else "crash"] * crashes, restarts
     if path == "warm":
         recoveries = warm_backs(paths)
-        assert len(recoveries) == crashes and all(r.get("warm") for r in restarts), restarts
+        assert len(recoveries) == crashes and all(r.get("kind") == "warm" for r in restarts), restarts
     return {"recovery_s": [round(x, 3) for x in recoveries], "median_s": round(statistics.median(recoveries), 3),
             "in_job_restarts": sum(1 for r in restarts if r.get("in_job")),
             "incarnations": len(goodput.incarnations([sub.job_id]))}

@@ -92,7 +92,7 @@ def main() -> None:
     print(json.dumps({
         "mode": args.mode, "lost_steps": lost_steps, "steps": args.steps,
         "faults": len(signals) if args.mode != "crash" else len(lost_steps),
-        "warm_restarts": sum(1 for r in RunRecord(paths).read().get("restarts", []) if r.get("warm")),
+        "warm_restarts": sum(1 for r in RunRecord(paths).read().get("restarts", []) if r.get("kind") == "warm"),
         "checkpoint_every": args.interval,
         "incarnations": len(incs), "final": incs[-1].state,
         "running_s": round(running, 1), "productive_s": round(gp.productive_s, 1),

@@ -224,10 +224,3 @@ def startup_spans(inc: Incarnation, marks: dict[str, float]) -> dict[str, float]
 def account(steps: list[dict[str, Any]], incs: list[Incarnation], now: float | None = None) -> Goodput:
     """Split the wall time of a run into productive and lost time (records oldest first)."""
     return of_records(steps, incs).result(now)
-
-
-def of_run(run_dir: Path, job_ids: list[str]) -> tuple[Goodput, list[Incarnation]]:
-    from slurmkit.common.layout import RunPaths
-
-    incs = incarnations(job_ids)
-    return of_file(RunPaths(run_dir).metrics, incs).result(), incs

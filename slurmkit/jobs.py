@@ -16,7 +16,7 @@ from slurmkit import procs, runs
 from slurmkit.common import perms
 from slurmkit.common.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash, warn
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.config.loader import Resolved
 from slurmkit.lookup import find, list_runs, read_records
 from slurmkit.polling import Poller
@@ -181,10 +181,6 @@ class RunStatus:
         return asdict(self)
 
 
-LEGACY_ENDED = "ENDED"
-"""A local run from before outcome records: it ended; how is only in its pickles, which `result` reads."""
-
-
 def local_state(paths: RunPaths, record: dict[str, Any]) -> str:
     """A local run's state from its controller (pid and start time) and its ranks' outcome records."""
     job_ids = record.get("job_ids") or []
@@ -192,11 +188,7 @@ def local_state(paths: RunPaths, record: dict[str, Any]) -> str:
     if procs.same_process(job_id, (record.get("pid_starts") or {}).get(job_id)):
         return "RUNNING"
     by_outcomes = outcome_state(paths, job_id, int(record.get("num_tasks", 1)))
-    if by_outcomes == "COMPLETED":
-        return by_outcomes
-    if not paths.outcome_file(job_id, 0).parent.exists() and paths.result_pickle(job_id, 0).exists():
-        return LEGACY_ENDED
-    return "FAILED"
+    return "COMPLETED" if by_outcomes == "COMPLETED" else "FAILED"
 
 
 def outcome_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
@@ -336,9 +328,9 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
     with RunRecord(paths).editing() as record:
         for key in ("final", "preempted", "cancelled"):
             record.pop(key, None)
-        record.setdefault("restarts", []).append(
-            {"n": 0, "job_id": job_id, "cause": "resubmit", "time": dt.datetime.now().isoformat(timespec="seconds"),
-             "detail": f"slurmkit resubmit{on} after job {st.job_id} ended {st.state}", "resumed_step": None})
+        record.setdefault("restarts", []).append(RestartEntry(
+            kind="resubmit", n=0, job_id=job_id, cause="resubmit", time=dt.datetime.now().isoformat(timespec="seconds"),
+            detail=f"slurmkit resubmit{on} after job {st.job_id} ended {st.state}").record())
     runs.write_script(paths, script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
 

@@ -99,7 +99,7 @@ def collect(paths: RunPaths) -> ReportData:
     restarts = record.get("restarts", [])
     # Of the restarts in run.json, the k-th that was not in-job ended incarnation k (and started k + 1).
     causes = [r.get("cause", "") for r in restarts if not r.get("in_job")]
-    in_job = [(t, r.get("cause", "") + (", warm" if r.get("warm") else "")) for r in restarts
+    in_job = [(t, r.get("cause", "") + (", warm" if r.get("kind") == "warm" else "")) for r in restarts
               if r.get("in_job") and (t := _epoch(r.get("time"))) is not None]
     startups = {id(inc): goodput.startup_spans(inc, rec["startup"]) for inc, rec in acc.firsts() if "startup" in rec}
     segments = []

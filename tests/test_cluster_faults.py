@@ -348,8 +348,8 @@ def test_an_error_on_one_rank_restarts_warm_in_the_same_processes_twice(
     result = check(paths, reference)
     assert result["restart_causes"] == ["crash", "crash"] and result["warm_restarts"] == 2
     restarts = RunRecord(paths).read()["restarts"]
-    assert [(r["in_job"], r["warm"], r["step"], r["resumed_step"], r["lost_steps"]) for r in restarts] == [
-        (1, True, 74, 74, 0), (2, True, 119, 119, 0)]
+    assert [(r["in_job"], r["kind"], r["step"], r["resumed_step"], r["lost_steps"]) for r in restarts] == [
+        (1, "warm", 74, 74, 0), (2, "warm", 119, 119, 0)]
     assert all(r["live"] for r in restarts)
     assert "injected transient error at step 75 on rank 1" in restarts[0]["detail"]
     firsts = [r for r in iter_records(paths.metrics) if "warm_restart" in r]
@@ -370,7 +370,7 @@ def test_deterministic_error_is_not_requeued_twice(cluster: None, dev_profile: P
     assert finish(paths) == "FAILED"
     record = RunRecord(paths).read()
     # The second try is a warm restart in the same processes; the third would fail the same way.
-    assert [(r["cause"], r.get("in_job"), r.get("warm")) for r in record["restarts"]] == [("crash", 1, True)]
+    assert [(r["cause"], r.get("in_job"), r["kind"]) for r in record["restarts"]] == [("crash", 1, "warm")]
     assert "deterministic error at step 60" in record["final"]
     failed = jobs.failing_rank_tail(paths, record["job_ids"][-1])[1]
     assert "injected error at step 60" in failed

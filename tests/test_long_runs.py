@@ -18,7 +18,7 @@ from slurmkit.worker.dist import distributed
 from slurmkit.worker.tasks.train import build
 from slurmkit.worker.tasks.train import run as train
 from tests.conftest import executed_steps
-from tests.test_resume import BASE, incarnation, replace_file
+from tests.test_resume import BASE
 
 pytestmark = pytest.mark.usefixtures("single_process")
 
@@ -31,21 +31,6 @@ def test_trainer_state_does_not_grow_with_the_step_count(tmp_path: Path) -> None
     assert abs(size[300] - size[200]) <= 16, size
     meta = from_bytes((tmp_path / "checkpoints" / "step-300" / "trainer.pt").read_bytes())
     assert "history" not in meta and len(meta["step_times"]) == 100 and meta["step"] == 300
-
-
-def test_resume_from_an_old_checkpoint_with_the_full_history(tmp_path: Path) -> None:
-    full = train(BASE, str(tmp_path / "full"))
-    run_dir = tmp_path / "old"
-    assert incarnation(BASE, run_dir, stop_at=20) is None
-    meta = from_bytes((run_dir / "checkpoints" / "step-20" / "trainer.pt").read_bytes())
-    # trainer.pt as slurmkit wrote it before: every step's record, no window.
-    old = {k: meta[k] for k in ("step", "epoch", "batch_in_epoch", "scheduler")}
-    old["history"] = [{"step": s, "loss": 2.0 - s / 100, "step_s": 0.01 * s} for s in range(1, 21)]
-    replace_file(CheckpointStore(str(run_dir / "checkpoints")), 20, "trainer.pt", old)
-    resumed = incarnation(BASE, run_dir)
-    assert resumed is not None and resumed["resumed_from_step"] == 20 and resumed["steps"] == 40
-    assert resumed["params_sha256"] == full["params_sha256"]
-    assert executed_steps(run_dir / "metrics.jsonl") == list(range(1, 41))
 
 
 def test_log_every_100_gives_the_same_steps_losses_and_goodput_as_every_step(tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ def test_in_job_restarts_stop_at_the_profiles_limit_per_incarnation(tmp_path: Pa
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
     # The one in-job restart of this incarnation went to a warm restart: a cold one is refused.
-    warm = {"n": 0, "in_job": 1, "warm": True, "job_id": "7", "cause": "crash"}
+    warm = {"n": 0, "in_job": 1, "kind": "warm", "job_id": "7", "cause": "crash"}
     RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 1}}, restarts=[warm])
     whole = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
     assert policy.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
@@ -190,7 +190,7 @@ def test_a_warm_restart_spends_both_budgets_and_the_same_error_twice_ends_the_ru
     assert (decision.action, decision.cause, decision.step) == (Action.RESTART_WARM, "crash", 75)
     assert restarts.left(RunRecord(paths).read(), "crash") == 1
     (entry,) = RunRecord(paths).read()["restarts"]
-    assert (entry["in_job"], entry["warm"], entry["resumed_step"], entry["lost_steps"]) == (1, True, 50, 25)
+    assert (entry["in_job"], entry["kind"], entry["resumed_step"], entry["lost_steps"]) == (1, "warm", 50, 25)
     # The srun step that the warm restart kept is still the incarnation's own: its start finds no entry.
     assert restarts.note_resumed(paths, "7", 0, 1, 50) is None
     # The same error at the same step again: deterministic, the run ends; no entry, no budget spent.
@@ -219,3 +219,21 @@ def test_an_elastic_job_that_lost_a_node_goes_on_with_the_nodes_left(tmp_path: P
     assert decision is not None and decision.action is Action.RESTART_IN_JOB
     assert (decision.nodes, decision.exclude) == (1, ())
     assert not Allocation(("node1", "node2"), (), (), 1, least=1).fits  # nothing left
+
+
+def test_every_writer_of_a_restart_entry_writes_a_restart_entry(tmp_path: Path, monkeypatch: Any) -> None:
+    """The requeue's, the in-job restart's and the warm restart's entries all read back as RestartEntry."""
+    from slurmkit.common.record import RestartEntry
+
+    paths = _run(tmp_path, profile={"requeue": {"crash": 3, "preemption": 2, "in_job": 2}})
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
+    paths.restart_request.write_text(json.dumps({"cause": "preemption", "job_id": "7", "restart_count": 0}) + "\n")
+    restarts.record_restart(paths, "7", 1, 40)
+    whole = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
+    assert policy.restart_in_job(paths, "7", "crash", 50, "rank 1 died", whole) is not None
+    assert policy.restart_warm(paths, "7", 60, "ValueError: x", "rank 1: ValueError: x", 59, live=True) is not None
+    entries = [RestartEntry.model_validate(e) for e in RunRecord(paths).read()["restarts"]]
+    assert [(e.kind, e.cause, e.n, e.in_job) for e in entries] == [
+        ("requeue", "preemption", 1, None), ("in_job", "crash", 1, 1), ("warm", "crash", 1, 2)]
+    assert (entries[1].nodes, entries[2].live, entries[2].lost_steps) == (2, True, 1)

@@ -268,20 +268,6 @@ def test_pid_start_time_is_the_process_own(tmp_path: Path) -> None:
     assert procs.start_time(proc.pid) is None and not procs.same_process(proc.pid, first)
 
 
-def test_a_run_folder_from_before_outcome_records_still_reads(tmp_path: Path, run_root: Path) -> None:
-    """Old local runs have only submitit's pickle: status says ENDED (no unpickling), result reads it."""
-    folder = run_root / "old-run"
-    (folder / "submitit").mkdir(parents=True)
-    os.chmod(folder, 0o700)
-    (folder / "run.json").write_text(json.dumps({"run_id": "old-run", "executor": "local", "num_tasks": 1,
-                                                 "job_ids": ["99"], "run_dir": str(folder)}))
-    with open(folder / "submitit" / "99_0_result.pkl", "wb") as f:
-        pickle.dump(("success", {"answer": 42}), f)
-    (row,) = jobs.status(str(run_root))
-    assert row.state == jobs.LEGACY_ENDED
-    assert jobs.result(RunPaths(folder)) == {"answer": 42}
-
-
 def test_a_run_root_others_could_swap_folders_in_is_refused(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, name="x", command="true")
     root = tmp_path / "shared"

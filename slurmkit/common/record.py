@@ -1,4 +1,5 @@
-"""JSON records read and written under a file lock: run.json (RunRecord) and its kin.
+"""JSON records read and written under a file lock: run.json (RunRecord) and its kin, and the
+typed entry of run.json's restarts (RestartEntry).
 
 The one writer of run.json: every change goes through RunRecord's update or editing, under its lock.
 """
@@ -11,7 +12,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from slurmkit.common import perms, trust
 from slurmkit.common.atomic import atomic_write_text
@@ -20,6 +23,44 @@ from slurmkit.common.layout import RunPaths
 
 MAX_RECORD_BYTES = 64 << 20  # a record holds a script and restarts: far below this; a larger file is not one
 MAX_TASKS = 1_000_000
+
+
+class RestartEntry(BaseModel):
+    """One entry of run.json's `restarts`: what started an incarnation or an in-job step, why, and
+    what it cost. Every writer builds one of these; `record()` is its form in run.json."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["requeue", "in_job", "warm", "resubmit"]
+    """requeue: Slurm requeued the job (incarnation `n`); in_job: a new srun step in the allocation;
+    warm: the ranks restarted in their processes; resubmit: `slurmkit resubmit` (a new job id)."""
+    n: int
+    """The incarnation (SLURM_RESTART_COUNT) it started, or happened in."""
+    job_id: str
+    cause: str
+    """crash, hang, node_failure, preemption, timeout, requeue, unknown, resubmit."""
+    detail: str = ""
+    time: str
+    in_job: int | None = None
+    """in_job, warm: which in-job restart of the incarnation (1, 2, ...)."""
+    step: int | None = None
+    """in_job, warm: the step the failure happened at."""
+    resumed_step: int | None = None
+    """The step the ranks resumed from (learned by rank 0 at its start)."""
+    lost_steps: int | None = None
+    """Steps run again: those past the checkpoint resumed from."""
+    exclude: list[str] | None = None
+    """in_job: held nodes the next step leaves out."""
+    nodes_lost: list[str] | None = None
+    """in_job: nodes the job lost since its last in-job restart."""
+    nodes: int | None = None
+    """in_job: the node count of the next step."""
+    live: bool | None = None
+    """warm: restored from the live state (no step lost), not the host copy."""
+
+    def record(self) -> dict[str, Any]:
+        """The entry as run.json holds it: unset fields left out, `resumed_step` always present."""
+        return {**self.model_dump(exclude_none=True), "resumed_step": self.resumed_step}
 
 
 class LockedJson:

@@ -236,14 +236,6 @@ def validate_runspec(layers: list[Layer]) -> RunSpec:
     return run_spec
 
 
-def load_runspec(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | None = None) -> RunSpec:
-    """A run spec from a YAML file, or from a mapping built in Python."""
-    layers = spec_layers(spec)
-    if overrides:
-        layers.append(("--set", overrides))
-    return validate_runspec(layers)
-
-
 def merge_resources(*layers: Resources) -> Resources:
     """Field by field, the last layer that sets a field wins."""
     merged: dict[str, Any] = {}

@@ -172,5 +172,5 @@ class Lifecycle:
             restarts = RunRecord(self.paths).read().get("restarts", [])
             out.update(restarts=len(restarts), restart_causes=[r["cause"] for r in restarts],
                        in_job_restarts=sum(1 for r in restarts if r.get("in_job")),
-                       warm_restarts=sum(1 for r in restarts if r.get("warm")))
+                       warm_restarts=sum(1 for r in restarts if r.get("kind") == "warm"))
         return out

@@ -74,15 +74,10 @@ class TrainState:
                 "step_times": list(self.step_times), "last_loss": self.last_loss}
 
     def load(self, meta: dict[str, Any]) -> None:
-        """From a checkpoint's trainer.pt; one written with the full `history` still loads."""
+        """From a checkpoint's trainer.pt (as_dict's form)."""
         self.step, self.epoch, self.batch_in_epoch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
-        history = meta.get("history")
-        if history is not None:
-            times, loss = [h["step_s"] for h in history], history[-1]["loss"] if history else None
-        else:
-            times, loss = meta.get("step_times", []), meta.get("last_loss")
-        self.step_times = deque(times[-STEP_WINDOW:], maxlen=STEP_WINDOW)
-        self.last_loss = loss
+        self.step_times = deque(meta.get("step_times", [])[-STEP_WINDOW:], maxlen=STEP_WINDOW)
+        self.last_loss = meta.get("last_loss")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from slurmkit.common import outcomes
 from slurmkit.common.errors import SlurmError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.outcomes import Outcome
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.worker import allocation
 from slurmkit.worker.allocation import Allocation
 from slurmkit.worker.ft import requeue, restarts
@@ -76,10 +76,10 @@ def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, d
     with RunRecord(paths).editing() as record:
         if not (restarts.in_job_left(record, job_id) and restarts.allowed(record, cause)):
             return None
-        record.setdefault("restarts", []).append(
-            {"n": outcomes.restart_count(), "in_job": attempt + 1, "job_id": job_id, "cause": cause,
-             "detail": detail, "time": restarts.now(), "step": step, "resumed_step": None, "lost_steps": None,
-             "exclude": list(alloc.unusable), "nodes_lost": lost or [], "nodes": alloc.step_nodes})
+        record.setdefault("restarts", []).append(RestartEntry(
+            kind="in_job", n=outcomes.restart_count(), in_job=attempt + 1, job_id=job_id, cause=cause, detail=detail,
+            time=restarts.now(), step=step, exclude=list(alloc.unusable), nodes_lost=lost or [],
+            nodes=alloc.step_nodes).record())
         left = restarts.left(record, cause)
     return Decision(Action.RESTART_IN_JOB, cause, step, nodes=alloc.step_nodes, exclude=alloc.unusable,
                     message=f"restarting in the job (attempt {attempt + 1}): {cause} ({detail}); "
@@ -99,10 +99,10 @@ def restart_warm(paths: RunPaths, job_id: str, step: int, signature: str | None,
         if _repeated(record, signature, step):
             return None
         n_in_job = len(restarts.in_job_entries(record, job_id)) + 1
-        record.setdefault("restarts", []).append(
-            {"n": outcomes.restart_count(), "in_job": n_in_job, "warm": True, "job_id": job_id, "cause": "crash",
-             "detail": detail, "time": restarts.now(), "step": step, "resumed_step": resumed_step,
-             "lost_steps": step - (resumed_step or 0), **({"live": True} if live else {})})
+        record.setdefault("restarts", []).append(RestartEntry(
+            kind="warm", n=outcomes.restart_count(), in_job=n_in_job, job_id=job_id, cause="crash", detail=detail,
+            time=restarts.now(), step=step, resumed_step=resumed_step, lost_steps=step - (resumed_step or 0),
+            live=live or None).record())
         left = restarts.left(record, "crash")
     return Decision(Action.RESTART_WARM, "crash", step, message=(
         f"restarting in the job, warm (in-job restart {n_in_job}): crash ({detail}) at step {step}; "

@@ -16,7 +16,7 @@ from typing import Any
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import last_record
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RestartEntry, RunRecord
 
 SLURM_STATE_CAUSE = {"NODE_FAIL": "node_failure", "PREEMPTED": "preemption", "TIMEOUT": "timeout",
                      "REQUEUED": "requeue", "REQUEUE_HOLD": "requeue", "FAILED": "crash"}
@@ -101,7 +101,7 @@ def _recorded(record: dict[str, Any], job_id: str, restart_count: int, attempt: 
     """The restart entry that started incarnation `restart_count`'s srun step `attempt` (0: the
     incarnation itself, by a requeue or a resubmit; 1..: an in-job restart)."""
     done = [r for r in record.get("restarts", []) if r.get("job_id") == job_id and r.get("n") == restart_count
-            and r.get("in_job", 0) == attempt and not r.get("warm")]
+            and r.get("in_job", 0) == attempt and r.get("kind") != "warm"]
     return done[0] if done else None
 
 
@@ -115,8 +115,8 @@ def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_ste
     with RunRecord(paths).editing() as record:
         entry = _recorded(record, job_id, restart_count)
         if entry is None:
-            entry = {"n": restart_count, "job_id": job_id, "cause": cause, "detail": detail, "time": now(),
-                     "resumed_step": resumed_step, "lost_steps": lost}
+            entry = RestartEntry(kind="requeue", n=restart_count, job_id=job_id, cause=cause, detail=detail, time=now(),
+                                 resumed_step=resumed_step, lost_steps=lost).record()
             record.setdefault("restarts", []).append(entry)
             if spent(record, cause) > budget(record, cause):
                 record["final"] = f"{cause} budget of {budget(record, cause)} spent"
