@@ -38,7 +38,9 @@ def waiting_submit(tmp_path: Path, profile: Path, command: str) -> subprocess.Po
 
 
 def running(run_root: Path, name: str) -> bool:
-    runs = [p for p in run_root.iterdir() if p.name.startswith(name)] if run_root.exists() else []
+    # A folder whose run.json is not written yet is no run yet (submit creates the folder first).
+    runs = [p for p in run_root.iterdir() if p.name.startswith(name) and (p / "run.json").exists()] \
+        if run_root.exists() else []
     return bool(runs) and jobs.run_state(jobs.find(str(run_root), runs[0].name)).state == "RUNNING"
 
 
