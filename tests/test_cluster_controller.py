@@ -38,10 +38,20 @@ def waiting_submit(tmp_path: Path, profile: Path, command: str) -> subprocess.Po
 
 
 def running(run_root: Path, name: str) -> bool:
+    """The run is RUNNING and its supervisor's steps (the ranks', the standby's) exist: stopping the
+    controller while srun still creates a step is another test (it left the step's slurmstepd unable
+    to reach the controller again, and the job running to its time limit)."""
     # A folder whose run.json is not written yet is no run yet (submit creates the folder first).
     runs = [p for p in run_root.iterdir() if p.name.startswith(name) and (p / "run.json").exists()] \
         if run_root.exists() else []
-    return bool(runs) and jobs.run_state(jobs.find(str(run_root), runs[0].name)).state == "RUNNING"
+    if not runs:
+        return False
+    state = jobs.run_state(jobs.find(str(run_root), runs[0].name))
+    if state.state != "RUNNING":
+        return False
+    found = subprocess.run(["squeue", "-h", "--steps", "-j", state.job_id, "-o", "%i"], capture_output=True,
+                           text=True, timeout=30).stdout.split()
+    return {f"{state.job_id}.0", f"{state.job_id}.1"} <= set(found)
 
 
 def ended(proc: subprocess.Popen[str]) -> tuple[int, dict[str, object], str]:
