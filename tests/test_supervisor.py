@@ -93,3 +93,15 @@ def test_slurms_signal_reaches_the_step_and_the_wait_goes_on_until_it_exits(tmp_
     (forwarded,) = supervisor_events(paths.run_dir, "signal")
     assert (forwarded["signal"], forwarded["job_id"], forwarded["attempt"]) == ("SIGUSR2", "77", 0)
     assert json.loads(paths.supervisor_events.read_text().splitlines()[0])["event"] == "signal"
+
+
+def test_a_record_the_policy_cannot_read_ends_the_job_with_a_decision_not_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)  # no nodes to ask Slurm about
+    paths = RunPaths(tmp_path / "run")
+    paths.run_dir.mkdir()
+    paths.record.write_text("[]\n")  # not a record
+    decision = supervisor.Supervisor(PLAN, paths, "77", Container())._decide(1)
+    assert (decision.action.value, decision.why) == ("end", "unreadable")
+    (recorded,) = supervisor_events(paths.run_dir, "decision")
+    assert (recorded["action"], recorded["why"]) == ("end", "unreadable")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import outcomes, ports, trust
+from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.plan import Plan
 from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
@@ -94,7 +95,10 @@ class Supervisor:
 
     def _decide(self, rc: int) -> Decision:
         alloc = policy.read_allocation(self.job_id, self.nodes, self.plan.shrink.least if self.plan.shrink else None)
-        decision = policy.after_failure(self.paths, self.job_id, rc, alloc)
+        try:
+            decision = policy.after_failure(self.paths, self.job_id, rc, alloc)
+        except SlurmkitError as exc:  # a run.json gone or corrupt: one line in the log, not a traceback
+            decision = Decision(Action.END, why="unreadable", message=f"the restart policy failed: {exc.one_line()}")
         self._event("decision", action=decision.action.value, cause=decision.cause, step=decision.step,
                     nodes=decision.nodes, exclude=list(decision.exclude), why=decision.why)
         _say(f"ranks failed (exit {rc}); {decision.message}")

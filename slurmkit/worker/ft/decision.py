@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 Why = Literal["budget", "deterministic", "slurm_failed", "uncertain", "asked", "cancel_mode", "slurm_decides",
-              "no_job"]
+              "unreadable"]
 """Why a run ended or was left as it is (END, REQUEUE): budget: the cause's budget is spent;
 deterministic: the same error at the same step twice; slurm_failed: Slurm refused the requeue;
 uncertain: the requeue may or may not have gone through; asked: rank 0 had already asked for it;
 cancel_mode: preempted under PreemptMode=CANCEL (resume by `slurmkit resubmit`); slurm_decides:
-SIGTERM, Slurm ends or requeues the job itself; no_job: not under Slurm."""
+SIGTERM, Slurm ends or requeues the job itself; unreadable: the run's record could not be read
+(the supervisor ends the job rather than guess)."""
 
 
 class Action(enum.StrEnum):
