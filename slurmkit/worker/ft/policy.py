@@ -55,7 +55,7 @@ def after_failure(paths: RunPaths, job_id: str, exit_code: int, alloc: Allocatio
     in_job = restart_in_job(paths, job_id, cause, step, detail, alloc, lost)
     if in_job is not None:
         return in_job
-    return requeue.ask(paths, job_id, cause, step, f"ranks failed (exit {exit_code}): {detail}", bad_nodes=lost)
+    return requeue.ask(paths, job_id, cause, step, detail, bad_nodes=lost)
 
 
 def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, detail: str,

@@ -58,7 +58,7 @@ def after_stop(paths: RunPaths, job_id: str, step: int | None, requeue_signal: b
             restarts.mark_preempted(paths, job_id, step, detail)
             return Decision(Action.END, "preemption", step, why="cancel_mode", message=(
                 f"{detail}; {at}. It does not come back by itself: resume it with `slurmkit resubmit {paths.run_id}`"))
-        return ask(paths, job_id, "preemption", step, f"{detail}; {at}", within_s=pre.left_s)
+        return ask(paths, job_id, "preemption", step, detail, within_s=pre.left_s, said=f"{detail}; {at}")
     if not requeue_signal:
         return Decision(Action.END, None, step, why="slurm_decides",
                         message=f"SIGTERM: {at}; Slurm ends or requeues the job itself")
@@ -69,26 +69,28 @@ def after_stop(paths: RunPaths, job_id: str, step: int | None, requeue_signal: b
     delay = int((RunRecord(paths).read().get("profile") or {}).get("signal_delay_s", 0))
     cause, detail = cause_of_signal(left_s, delay)
     # Time left unknown (squeue did not answer): the controller may be back within a usual retry span.
-    return ask(paths, job_id, cause, step, f"{at} ({cause}: {detail})",
-               within_s=IN_JOB_RETRY_S if left_s is None else left_s)
+    return ask(paths, job_id, cause, step, detail, within_s=IN_JOB_RETRY_S if left_s is None else left_s,
+               said=f"{at} ({cause}: {detail})")
 
 
 def ask(paths: RunPaths, job_id: str, cause: str, step: int | None, detail: str,
-        bad_nodes: list[str] | None = None, within_s: float = IN_JOB_RETRY_S) -> Decision:
+        bad_nodes: list[str] | None = None, within_s: float = IN_JOB_RETRY_S, said: str = "") -> Decision:
     """request(), as a Decision: REQUEUE, or END where the budget is spent or Slurm refused; a
-    requeue that may or may not have gone through is REQUEUE, why `uncertain`."""
+    requeue that may or may not have gone through is REQUEUE, why `uncertain`. `detail` goes into
+    the marker (the next restart's detail); `said` (default: detail) begins the message."""
+    said = said or detail
     try:
         ok = request(paths, job_id, cause, step, detail, bad_nodes, within_s)
     except commands.RequeueUncertain as exc:
         return Decision(Action.REQUEUE, cause, step, why="uncertain",
-                        message=f"{detail}; saved; the requeue may or may not have gone through: {exc.one_line()}")
+                        message=f"{said}; saved; the requeue may or may not have gone through: {exc.one_line()}")
     except SlurmError as exc:
         return Decision(Action.END, cause, step, why="slurm_failed",
-                        message=f"{detail}; saved; the requeue failed, so the job ends here: {exc.one_line()}")
+                        message=f"{said}; saved; the requeue failed, so the job ends here: {exc.one_line()}")
     if not ok:
-        return Decision(Action.END, cause, step, why="budget", message=f"{detail}; {cause} budget spent, not requeued")
+        return Decision(Action.END, cause, step, why="budget", message=f"{said}; {cause} budget spent, not requeued")
     return Decision(Action.REQUEUE, cause, step, exclude=tuple(bad_nodes or ()),
-                    message=f"{detail}; requeued ({cause}): the run starts again")
+                    message=f"{said}; requeued ({cause}): the run starts again")
 
 
 def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, detail: str = "",
