@@ -11,6 +11,7 @@ run.json with its cause (restarts).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from slurmkit.common import outcomes
 from slurmkit.common.errors import SlurmError
@@ -135,11 +136,10 @@ def error_signature(found: list[Outcome | None]) -> str | None:
     return next((o.error_line for o in found if o is not None and not o.ok and not o.peer_failed), None)
 
 
-def _repeated(record: dict[str, object], signature: str | None, step: int | None) -> bool:
+def _repeated(record: dict[str, Any], signature: str | None, step: int | None) -> bool:
     """The same error at the same step seen before: deterministic, so the run ends (record["final"]);
     else the failure is noted for next time."""
     failures = record.setdefault("failures", [])
-    assert isinstance(failures, list)
     if signature and any(f.get("error") == signature and f.get("step") == step for f in failures):
         record["final"] = f"deterministic error at step {step}: {signature}"
         return True

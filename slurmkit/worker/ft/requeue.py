@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from typing import Any
 
 from slurmkit.common import outcomes
 from slurmkit.common.atomic import atomic_write_text
@@ -130,7 +131,7 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
     return True
 
 
-def _exclude(job_id: str, nodes: list[str], record: dict[str, object]) -> str:
+def _exclude(job_id: str, nodes: list[str], record: dict[str, Any]) -> str:
     """Keep the requeued job off `nodes`, if the partition has enough others; says what was done.
 
     Safe without a race: the requeued job stays COMPLETING (so cannot start) until this process,
@@ -138,9 +139,7 @@ def _exclude(job_id: str, nodes: list[str], record: dict[str, object]) -> str:
     """
     if not nodes:
         return ""
-    profile = record.get("profile") or {}
-    assert isinstance(profile, dict)
-    profile_exclude = expand_hostlist(profile.get("exclude") or "")
+    profile_exclude = expand_hostlist((record.get("profile") or {}).get("exclude") or "")
     partition = os.environ.get("SLURM_JOB_PARTITION", "")
     needed = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
     try:
