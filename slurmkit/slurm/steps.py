@@ -61,7 +61,7 @@ def health(plan: Plan, run_dir: str) -> list[str]:
             "--run-dir", run_dir, "--gpus", str(h.gpus), *(["--allreduce"] if h.allreduce else [])]
 
 
-def start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a step; the caller waits for it (and passes signals on)."""
+def start(argv: list[str]) -> subprocess.Popen[bytes]:
+    """Start a step with the caller's environment; the caller waits for it (and passes signals on)."""
     CALLS[argv[0]] += 1
-    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL)

@@ -64,6 +64,9 @@ class Supervisor:
         self.exclude: tuple[str, ...] = ()
         self._signals: list[int] = []
         self._standby: subprocess.Popen[bytes] | None = None
+        if plan.launcher == "torchrun":  # c10d on the first node; the job's own id, as MASTER_PORT is picked
+            first = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))[:1] or ["localhost"]
+            os.environ["SLURMKIT_RDZV_ENDPOINT"] = f"{first[0]}:{ports.training_port(os.environ['SLURM_JOB_ID'])}"
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -99,9 +102,13 @@ class Supervisor:
             decision = policy.after_failure(self.paths, self.job_id, rc, alloc)
         except SlurmkitError as exc:  # a run.json gone or corrupt: one line in the log, not a traceback
             decision = Decision(Action.END, why="unreadable", message=f"the restart policy failed: {exc.one_line()}")
+        return self._decided(decision, f"ranks failed (exit {rc}); ")
+
+    def _decided(self, decision: Decision, said: str = "") -> Decision:
+        """The decision in supervisor.jsonl and, for people, in the job's log."""
         self._event("decision", action=decision.action.value, cause=decision.cause, step=decision.step,
                     nodes=decision.nodes, exclude=list(decision.exclude), why=decision.why)
-        _say(f"ranks failed (exit {rc}); {decision.message}")
+        _say(said + decision.message)
         return decision
 
     def _next_attempt(self, decision: Decision, taken: subprocess.Popen[bytes] | None) -> None:
@@ -116,23 +123,15 @@ class Supervisor:
             self.nodes, self.exclude = decision.nodes or self.nodes, decision.exclude
 
     # -- steps ----------------------------------------------------------------------------------
-    def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.plan.launcher == "torchrun":
-            first = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))[:1] or ["localhost"]
-            # The job's own id (an array task's), as the ranks' MASTER_PORT is picked.
-            env["SLURMKIT_RDZV_ENDPOINT"] = f"{first[0]}:{ports.training_port(os.environ['SLURM_JOB_ID'])}"
-        return env
-
     def _launch(self) -> subprocess.Popen[bytes]:
         argv = steps.ranks(self.plan, self.container, self.nodes, self.exclude)
         self._event("launch", nodes=self.nodes, exclude=list(self.exclude))
-        return steps.start(argv, self._env())
+        return steps.start(argv)
 
     def _start_standby(self) -> None:
         if self.plan.standby is not None:
             argv = steps.standby(self.plan, str(self.paths.run_dir), self.attempt + 1)
-            self._standby = steps.start(argv, self._env())
+            self._standby = steps.start(argv)
 
     def _end_standby(self) -> None:
         if self._standby is not None:
@@ -145,10 +144,7 @@ class Supervisor:
         rc = self._wait(steps.start(steps.health(self.plan, str(self.paths.run_dir))))
         if rc == 0:
             return True
-        decision = policy.after_health_gate(self.paths, self.job_id)
-        self._event("decision", action=decision.action.value, cause=decision.cause, exclude=list(decision.exclude),
-                    why=decision.why)
-        _say(decision.message)
+        self._decided(policy.after_health_gate(self.paths, self.job_id))
         return False
 
     # -- waiting, and Slurm's signal --------------------------------------------------------------
