@@ -110,7 +110,7 @@ def crash_consistency(folder: Path, kills: int) -> dict[str, float]:
 
 HUNG = """
 import sys, time
-from slurmkit.worker.watchdog import Watchdog
+from slurmkit.worker.ft.watchdog import Watchdog
 wd = Watchdog(None, poll_s=0.5).start()
 for _ in range(20):
     time.sleep(0.05)

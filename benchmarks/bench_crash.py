@@ -2,14 +2,14 @@
 hang, against a requeue.
 
 Runs of the same training, in the same session:
-- warm: the last rank raises at random steps (`config.inject_transient_error_at_steps`), its process
-  and its peer's live on, and both restart in the process (slurmkit.worker.warm). The fault time
+- warm: the last rank raises at random steps (`config.faults.transient_error_at_steps`), its process
+  and its peer's live on, and both restart in the process (slurmkit.worker.ft.warm). The fault time
   is rank 0's catch of the failure (`warm_restart.failed_at` of the first step back, about 1 ms
   after the raise);
 - cold: rank 1 is SIGKILLed at a random step, once the standby ranks for the next attempt have
   paid their imports (their "ready" line; a second fault a few seconds after the first, while
   they still import, waits for them); srun ends the step and the batch shell hands the next
-  attempt to them (slurmkit.worker.standby, `requeue.in_job: 2`);
+  attempt to them (slurmkit.worker.ft.standby, `requeue.in_job: 2`);
 - fresh: the same with `requeue.standby: false`: a new srun step of fresh interpreters;
 - hang: rank 1 is SIGSTOPped; rank 0's watchdog (`hang_timeout_s` 5) gives up, then as cold. Its
   figure is from the watchdog's firing (the time in its hang marker) to the first step back;
@@ -45,7 +45,7 @@ from slurmkit.common.metrics import iter_records
 from slurmkit.common.record import RunRecord
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
-from slurmkit.worker import standby
+from slurmkit.worker.ft import standby
 
 PATHS = ("warm", "cold", "fresh", "hang", "requeue")
 HANG_TIMEOUT_S = 5
@@ -94,7 +94,7 @@ def one_run(tmp: Path, path: str, crashes: int, steps: int, rng: random.Random) 
             "config.batch_size=8", "config.log_every=20", f"config.hang_timeout_s={HANG_TIMEOUT_S}"]
     if path == "warm":
         at = sorted(rng.sample(range(40, steps - 40, 40), crashes))
-        sets += [f"config.inject_transient_error_at_steps=[{','.join(str(s + rng.randint(1, 19)) for s in at)}]"]
+        sets += [f"config.faults.transient_error_at_steps=[{','.join(str(s + rng.randint(1, 19)) for s in at)}]"]
     sub = jobs.submit(resolve("examples/train_gpt.yaml", str(profile), sets))
     assert sub.job_id
     paths = RunPaths(Path(sub.run_dir))

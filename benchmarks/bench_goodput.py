@@ -4,7 +4,7 @@ A fault is injected after every ~60 s of RUNNING time, one of three ways (--mode
 - usr2: the signal Slurm sends before a limit, by hand (scancel --signal=USR2);
 - partition: real Slurm preemption, a plain 2-node `sbatch -p urgent --exclusive` job that needs
   the run's nodes (the dev cluster's debug partition: PreemptMode=REQUEUE, GraceTime=20 s);
-- crash: the last rank raises at a step of every ~60 s (`config.inject_transient_error_at_steps`,
+- crash: the last rank raises at a step of every ~60 s (`config.faults.transient_error_at_steps`,
   at `--step-s` seconds a step, as measured here), and the ranks restart warm, in their processes.
 Runtime goodput = productive step time / time the job was RUNNING (sacct, every incarnation);
 queue wait is reported apart, and so is the goodput past what every run pays once however it
@@ -57,7 +57,7 @@ def main() -> None:
             "config.n_head=8", "config.seq_len=128", "config.batch_size=16", "config.log_every=20"]
     if args.mode == "crash":
         at = crash_steps(args.steps, args.every, args.step_s)
-        sets.append(f"config.inject_transient_error_at_steps=[{','.join(map(str, at))}]")
+        sets.append(f"config.faults.transient_error_at_steps=[{','.join(map(str, at))}]")
     sub = jobs.submit(resolve("examples/train_gpt.yaml", str(tmp / "p.yaml"), sets))
     paths = RunPaths(Path(sub.run_dir))
     assert sub.job_id

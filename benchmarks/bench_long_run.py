@@ -39,7 +39,7 @@ def checkpoint_sizes(steps: int, folder: Path) -> dict[str, Any]:
     from slurmkit.config.train import TrainConfig
     from slurmkit.worker.ckptstore import CheckpointStore, to_bytes
     from slurmkit.worker.dist import distributed
-    from slurmkit.worker.lifecycle import Lifecycle
+    from slurmkit.worker.ft.incarnation import Incarnation
     from slurmkit.worker.trainer import Trainer, TrainerOptions, TrainState
 
     cfg = TrainConfig.model_validate({"steps": steps, "checkpoint_every": 1000, "keep_latest_k": steps // 1000,
@@ -50,7 +50,7 @@ def checkpoint_sizes(steps: int, folder: Path) -> dict[str, Any]:
         trainer = Trainer(net, torch.optim.SGD(net.parameters(), lr=0.01), data,
                           lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]), dist,
                           TrainerOptions(steps=steps, micro_batch=8, log_every=1000))
-        life = Lifecycle(dist, str(folder), cfg)
+        life = Incarnation(dist, str(folder), cfg)
         life.attach(trainer)
         try:
             trainer.fit()

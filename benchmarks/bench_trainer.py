@@ -2,7 +2,7 @@
 
 Two ranks (gloo, torchrun-style environment, one thread each) run, alternately, `pairs` times
 (short runs, many pairs: this machine's speed drifts by 2x over seconds, and a pair shares the drift):
-- slurmkit's `task: train` path: build(), Lifecycle (fault tolerance on, checkpointing off:
+- slurmkit's `task: train` path: build(), Incarnation (fault tolerance on, checkpointing off:
   signal votes, watchdog), the default metrics interval;
 - a bare loop: the same model, AdamW, LR schedule, DistributedSampler and global batch; DDP; the
   loss read (`.item()`, local) every 10 steps, nothing agreed between ranks.
@@ -38,11 +38,11 @@ def step_times(ends: list[float]) -> float:
 
 
 def trainer_run(cfg: Any, dist: Any, run_dir: Path) -> float:
-    from slurmkit.worker.lifecycle import Lifecycle
+    from slurmkit.worker.ft.incarnation import Incarnation
     from slurmkit.worker.tasks.train import build
 
     trainer, _ = build(cfg, dist, run_dir)
-    life = Lifecycle(dist, str(run_dir), cfg)
+    life = Incarnation(dist, str(run_dir), cfg)
     life.attach(trainer)
     ends: list[float] = []
     trainer.hooks.append(lambda t, r: ends.append(time.perf_counter()))

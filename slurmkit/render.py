@@ -167,14 +167,14 @@ def torchrun_node(inp: RenderInput) -> str:
 
 
 def standby_command(inp: RenderInput, container: dict[str, Any]) -> list[str] | None:
-    """The standby ranks' argv (slurmkit.worker.standby; the supervisor adds --run-dir and --attempt),
+    """The standby ranks' argv (slurmkit.worker.ft.standby; the supervisor adds --run-dir and --attempt),
     where the profile asks for them and the next in-job step is the same srun of submitit's worker."""
     resolved = inp.resolved
     policy = resolved.profile.requeue
     if not (policy.standby and policy.in_job > 0 and inp.job_folder) or resolved.spec.ray \
             or resolved.spec.launcher == "torchrun" or resolved.shrinks or container["srun"] or container["prefix"]:
         return None
-    return [*shlex.split(inp.rank_python or inp.python), "-u", "-m", "slurmkit.worker.standby", inp.job_folder]
+    return [*shlex.split(inp.rank_python or inp.python), "-u", "-m", "slurmkit.worker.ft.standby", inp.job_folder]
 
 
 def supervisor_plan(inp: RenderInput, container: dict[str, Any]) -> Plan:

@@ -317,7 +317,7 @@ def assert_standby_took(paths: RunPaths, attempt: int) -> None:
 def test_sigkill_during_a_checkpoint_write(cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
     # Rank 0 SIGKILLs itself once the first file of step 100's save is written (an event, not a race
     # against a 50-100 ms window); srun's --kill-on-bad-exit takes rank 1 down with it.
-    paths, job = start(dev_profile, f"config.inject_kill_in_save_at_step={2 * EVERY}")
+    paths, job = start(dev_profile, f"config.faults.kill_in_save_at_step={2 * EVERY}")
     result = check(paths, reference, max_lost=2 * EVERY)  # back to step 50, and the steps run during the save
     assert result["restart_causes"] == ["crash"] and result["in_job_restarts"] == 1
     log = "\n".join(jobs.logs(paths, rank=0))
@@ -344,7 +344,7 @@ def test_an_error_on_one_rank_restarts_warm_in_the_same_processes_twice(
     """The last rank raises in the forward of steps 75 and 120 (its processes live on): both ranks
     restart in the process from their live state at the start of the failed step (74 and 119: no
     step lost, nothing read from storage), with no new srun step and no requeue."""
-    paths, job = start(dev_profile, "config.inject_transient_error_at_steps=[75,120]", *FINE_LOG)
+    paths, job = start(dev_profile, "config.faults.transient_error_at_steps=[75,120]", *FINE_LOG)
     result = check(paths, reference)
     assert result["restart_causes"] == ["crash", "crash"] and result["warm_restarts"] == 2
     restarts = RunRecord(paths).read()["restarts"]
@@ -366,7 +366,7 @@ def test_an_error_on_one_rank_restarts_warm_in_the_same_processes_twice(
 
 
 def test_deterministic_error_is_not_requeued_twice(cluster: None, dev_profile: Path) -> None:
-    paths, _ = start(dev_profile, "config.inject_error_at_step=60", f"config.checkpoint_every={EVERY}")
+    paths, _ = start(dev_profile, "config.faults.error_at_step=60", f"config.checkpoint_every={EVERY}")
     assert finish(paths) == "FAILED"
     record = RunRecord(paths).read()
     # The second try is a warm restart in the same processes; the third would fail the same way.
@@ -380,7 +380,7 @@ def test_time_limit_signal_is_a_timeout_and_resumes(cluster: None, dev_profile: 
     """The one real time limit: 1 minute, the signal 10 s before it (Slurm may send it up to ~30 s early).
     The first incarnation holds after step 10 until a stop signal comes, so it surely meets the limit."""
     paths, _ = start(dev_profile, "resources.time=00:01:00", "profile.signal_delay_s=10",
-                     "config.inject_hold_at_step=10")
+                     "config.faults.hold_at_step=10")
     assert finish(paths, timeout_s=420) == "COMPLETED"
     result = jobs.result(paths)
     assert result["steps"] == STEPS and result["restarts"] >= 1
@@ -484,7 +484,7 @@ def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
 def test_a_save_longer_than_grace_time_resumes_from_the_last_commit_and_says_what_was_lost(
         cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
     # The stop's save takes 40 s, GraceTime is 20: Slurm kills the ranks mid-save and requeues the job.
-    paths, job = start(dev_profile, "config.inject_slow_stop_save_s=40", "config.hang_timeout_s=300")
+    paths, job = start(dev_profile, "config.faults.slow_stop_save_s=40", "config.hang_timeout_s=300")
     wait_step(paths, 60)
     urgent_job()
     result = check(paths, reference, max_lost=EVERY)

@@ -121,14 +121,14 @@ def test_standby_ranks_stand_by_only_where_the_next_step_is_the_same_srun(
     if standby:  # beside the ranks' step, sharing its CPUs, for the attempt after it
         assert steps.standby(plan, "/run", 1) == [
             "srun", "--overlap", "--unbuffered", "--kill-on-bad-exit=1", f"--output={FOLDER}/%j_%t_log.out",
-            f"--error={FOLDER}/%j_%t_log.err", "/opt/venv/bin/python", "-P", "-u", "-m", "slurmkit.worker.standby",
+            f"--error={FOLDER}/%j_%t_log.err", "/opt/venv/bin/python", "-P", "-u", "-m", "slurmkit.worker.ft.standby",
             str(FOLDER), "--run-dir", "/run", "--attempt", "1"]
     for container in ("gpu-pyxis", "hpc-apptainer"):
         assert supervisor_call(render_profile(GOLDEN / "spec.yaml", container))[0].standby is None
     from tests.test_ray_spec import write_ray_spec
 
     ray = render_profile(write_ray_spec(tmp_path), "devcluster")  # Ray's own driver: no supervisor, no standby
-    assert "slurmkit.worker.supervisor" not in ray and "slurmkit.worker.standby" not in ray
+    assert "slurmkit.worker.supervisor" not in ray and "slurmkit.worker.ft.standby" not in ray
 
 
 def test_sweep_array_script_finds_each_task_folder(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
-from slurmkit.worker.allocation import Allocation
 from slurmkit.worker.ft import policy, restarts
+from slurmkit.worker.ft.allocation import Allocation
 from slurmkit.worker.ft.decision import Action
 
 

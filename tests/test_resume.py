@@ -17,8 +17,9 @@ import torch
 from slurmkit.config.train import TrainConfig
 from slurmkit.worker.ckptstore import CheckpointStore, Entry, to_bytes
 from slurmkit.worker.dist import distributed
-from slurmkit.worker.lifecycle import Lifecycle
-from slurmkit.worker.tasks.train import InjectedError, build
+from slurmkit.worker.ft.faults import InjectedError
+from slurmkit.worker.ft.incarnation import Incarnation
+from slurmkit.worker.tasks.train import build
 from slurmkit.worker.tasks.train import run as train
 from tests.conftest import executed_steps
 
@@ -34,7 +35,7 @@ def incarnation(config: dict[str, Any], run_dir: Path, stop_at: int | None = Non
     cfg = TrainConfig.model_validate(config)
     with distributed() as dist:
         trainer, _ = build(cfg, dist, run_dir)
-        life = Lifecycle(dist, str(run_dir), cfg)
+        life = Incarnation(dist, str(run_dir), cfg)
         life.attach(trainer)
         if stop_at is not None:
             trainer.hooks.insert(0, lambda t, r: os.kill(os.getpid(), signal.SIGUSR2)
@@ -75,7 +76,7 @@ def test_a_crashed_run_started_again_resumes_and_records_where_startup_went(tmp_
     full = train(config, str(tmp_path / "full"))
     run_dir = tmp_path / "crashed"
     with pytest.raises(InjectedError):
-        train({**config, "inject_error_at_step": 25}, str(run_dir))
+        train({**config, "faults": {"error_at_step": 25}}, str(run_dir))
     # The failed run's watchdog stood down: this process goes on (it would be killed with exit 75).
     assert not any(t.name == "slurmkit-watchdog" and t.is_alive() for t in threading.enumerate())
     resumed = train(config, str(run_dir))
@@ -151,7 +152,7 @@ KILL_IN_SAVE = """
 import sys
 from slurmkit.worker.tasks.train import run
 run({"model": "digits", "steps": 40, "batch_size": 64, "seed": 5, "checkpoint_every": 10,
-     "inject_kill_in_save_at_step": 20}, sys.argv[1])
+     "faults": {"kill_in_save_at_step": 20}}, sys.argv[1])
 """
 
 
@@ -165,5 +166,5 @@ def test_injected_kill_during_a_save_leaves_no_marker_and_the_run_resumes_exactl
     assert "injected SIGKILL during the save of step 20, after" in proc.stdout
     step20 = run_dir / "checkpoints" / "step-20"
     assert step20.is_dir() and not (step20 / "COMMITTED.json").exists()  # killed mid-write: no marker
-    resumed = train({**BASE, "inject_kill_in_save_at_step": 20}, str(run_dir))  # resumed: no second kill
+    resumed = train({**BASE, "faults": {"kill_in_save_at_step": 20}}, str(run_dir))  # resumed: no second kill
     assert resumed["resumed_from_step"] == 10 and resumed["params_sha256"] == full["params_sha256"]

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as tdist
 
 from slurmkit.common import trust
-from slurmkit.worker import warm
 from slurmkit.worker.dist import Dist, DistEnv, Group
+from slurmkit.worker.ft import warm
 from slurmkit.worker.ft.decision import Action, Decision
 from slurmkit.worker.store import tcp_store
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from slurmkit.worker import warm
 from slurmkit.worker.dist import Dist, DistEnv, Group
-from slurmkit.worker.resilience import Resilience
+from slurmkit.worker.ft import warm
+from slurmkit.worker.ft.trainer_ft import TrainerFT
 from slurmkit.worker.trainer import Trainer, TrainerOptions, params_sha256
 
 TIMEOUT_S = 120  # far beyond the test: an error that comes from the timeout says "Timed out"
@@ -93,11 +93,10 @@ def test_the_host_copy_is_the_committed_state_not_the_save_in_flight_nor_what_tr
         tmp_path: Path) -> None:
     dist = Dist(DistEnv(0, 1, 0, 1, "127.0.0.1", 0, "0", "single"), "gloo", "cpu")
     trainer = _trainer(dist)
-    res = Resilience(dist, str(tmp_path / "ckpt"), every=0)
-    res.host_copy = True
+    res = TrainerFT(dist, str(tmp_path / "ckpt"), every=0, host_copy=True)
     try:
         assert res.restore(trainer) is None
-        assert res.committed is not None and (res.committed.step, res.committed.on_disk) == (0, False)
+        assert res.ckpt.committed is not None and (res.ckpt.committed.step, res.ckpt.committed.on_disk) == (0, False)
         _steps(trainer, 3)
         res.save(trainer, wait=True)
         digest, exp_avg = params_sha256(trainer.raw_model), _exp_avg(trainer)
@@ -106,11 +105,11 @@ def test_the_host_copy_is_the_committed_state_not_the_save_in_flight_nor_what_tr
         _steps(trainer, 1)
         for _ in range(2):  # a second restart finds the host copy as the first left it
             copy = res.restore_from_host(trainer)
-            assert (copy.step, trainer.state.step, res.resumed_step) == (3, 3, 3)
+            assert (copy.step, trainer.state.step, res.ckpt.resumed_step) == (3, 3, 3)
             assert params_sha256(trainer.raw_model) == digest and torch.equal(_exp_avg(trainer), exp_avg)
             _steps(trainer, 2)  # optimizer steps on what was restored must not reach the host copy
-        assert not res.writer.pending  # the save in flight was dropped, uncommitted
-        assert res.store.committed() == [3]
+        assert not res.ckpt.writer.pending  # the save in flight was dropped, uncommitted
+        assert res.ckpt.store.committed() == [3]
     finally:
         res.finish()
 
@@ -177,9 +176,8 @@ def test_a_failure_before_the_update_restarts_from_the_live_state_bitwise(tmp_pa
     assert params_sha256(trainer.raw_model) == params_sha256(reference.raw_model)
 
 
-def _resilience(dist: Dist, tmp_path: Path, trainer: Trainer) -> Resilience:
-    res = Resilience(dist, str(tmp_path / "ckpt"), every=0)
-    res.host_copy = True
+def _resilience(dist: Dist, tmp_path: Path, trainer: Trainer) -> TrainerFT:
+    res = TrainerFT(dist, str(tmp_path / "ckpt"), every=0, host_copy=True)
     res.restore(trainer)
     res.attach(trainer)
     return res

@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slurmkit.worker.watchdog import FLOOR_S, HANG_EXIT_CODE, auto_timeout
+from slurmkit.worker.ft.watchdog import FLOOR_S, HANG_EXIT_CODE, auto_timeout
 
 CHILD = """
 import json, sys, time
-from slurmkit.worker.watchdog import Watchdog
+from slurmkit.worker.ft.watchdog import Watchdog
 marker = sys.argv[1]
 def on_fire(idle):
     open(marker, "w").write(json.dumps({"idle_s": idle}))

@@ -109,12 +109,12 @@ class RunPaths:
 
     def standby_go(self, job_id: str, restart_count: int, attempt: int) -> Path:
         """The requeue policy hands in-job attempt `attempt` of incarnation `restart_count` of the job
-        to its standby ranks (slurmkit.worker.standby): a later incarnation, or a resubmitted job,
+        to its standby ranks (slurmkit.worker.ft.standby): a later incarnation, or a resubmitted job,
         has standby ranks of its own."""
         return self.run_dir / f"standby-go-{job_id}.{restart_count}.{attempt}"
 
     def injected_marker(self, step: int) -> Path:
-        """A one-shot fault injected at `step` has fired (config.inject_transient_error_at_steps)."""
+        """A one-shot fault injected at `step` has fired (config.faults.transient_error_at_steps)."""
         return self.run_dir / f"injected-step{step}"
 
     def health_marker(self, node: str) -> Path:

@@ -52,7 +52,7 @@ class Plan(_Frozen):
     budgets: dict[str, int]
     """The profile's requeue budgets by cause (for people; run.json's copy is the one that counts)."""
     standby: list[str] | None = None
-    """The standby ranks' argv (slurmkit.worker.standby; the supervisor adds --run-dir and --attempt)."""
+    """The standby ranks' argv (slurmkit.worker.ft.standby; the supervisor adds --run-dir and --attempt)."""
     shrink: Shrink | None = None
     health: Health | None = None
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from slurmkit.config.container import Container
 from slurmkit.config.profile import ClusterProfile, RequeueBudget, Resources, Setup
-from slurmkit.config.train import TrainConfig
+from slurmkit.config.train import Faults, TrainConfig
 
 BEGIN = "<!-- BEGIN FIELD REFERENCE (generated: python -m slurmkit.config.reference) -->"
 END = "<!-- END FIELD REFERENCE -->"
@@ -20,7 +20,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("profile", ClusterProfile), ("resources", Resources), ("requeue", RequeueBudget), ("setup", Setup),
     ("container", Container),
 ]
-TRAIN_SECTIONS: list[tuple[str, type[BaseModel]]] = [("config", TrainConfig)]
+TRAIN_SECTIONS: list[tuple[str, type[BaseModel]]] = [("config", TrainConfig), ("config.faults", Faults)]
 DOCS = {"docs/profiles.md": SECTIONS, "docs/training.md": TRAIN_SECTIONS}
 
 

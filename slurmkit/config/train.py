@@ -9,6 +9,26 @@ from pydantic import Field, PositiveInt, model_validator
 from slurmkit.config.fields import Strict
 
 
+class Faults(Strict):
+    """Faults injected on purpose, to try fault tolerance: one object on the job's side
+    (slurmkit.worker.ft.faults.FaultInjection) acts on all of them."""
+
+    error_at_step: int | None = Field(None, ge=1)
+    """Every rank raises an error at this step, after its update: a deterministic application error."""
+    transient_error_at_steps: list[PositiveInt] = Field(default_factory=list)
+    """The last rank raises an error once in the forward of each of these steps, before the step's
+    update (a marker in the run folder makes each fire once per run): a fault a restart recovers from."""
+    kill_in_save_at_step: int | None = Field(None, ge=1)
+    """Rank 0 SIGKILLs itself mid-way through the checkpoint save of this step (after its first file),
+    in an incarnation that did not resume; the step is left without a commit marker."""
+    slow_stop_save_s: float = Field(0.0, ge=0)
+    """The save at an agreed stop takes this many seconds longer (rank 0's writer waits after its
+    first file), in an incarnation that did not resume: a save that outlasts GraceTime."""
+    hold_at_step: int | None = Field(None, ge=1)
+    """After this step, in an incarnation that did not resume, every rank waits (the watchdog fed)
+    until a stop signal arrives, then stops at the next step: a run sure to meet its time limit."""
+
+
 class TrainConfig(Strict):
     """Every key is settable with --set config.KEY=VALUE."""
 
@@ -41,22 +61,8 @@ class TrainConfig(Strict):
     """Under Slurm with gloo, an exception that every rank's process survives restarts training in
     the process (the group rebuilt, the last committed state restored from a copy every rank keeps in
     host memory), within the profile's requeue.in_job and requeue.crash (docs/fault-tolerance.md)."""
-    inject_error_at_step: int | None = Field(None, ge=1)
-    """Fault injection: raise an error at this step on every rank, after its update (to try the
-    requeue policy)."""
-    inject_transient_error_at_steps: list[PositiveInt] = Field(default_factory=list)
-    """Fault injection: the last rank raises an error once in the forward of each of these steps,
-    before the step's update (a marker in the run folder makes each fire once per run): a fault that
-    a restart recovers from."""
-    inject_kill_in_save_at_step: int | None = Field(None, ge=1)
-    """Fault injection: rank 0 SIGKILLs itself mid-way through the checkpoint save of this step (after its first
-    file), in an incarnation that did not resume; the step is left without a commit marker."""
-    inject_slow_stop_save_s: float = Field(0.0, ge=0)
-    """Fault injection: the save at an agreed stop takes this many seconds longer (rank 0's writer
-    waits after its first file), in an incarnation that did not resume: a save that outlasts GraceTime."""
-    inject_hold_at_step: int | None = Field(None, ge=1)
-    """Fault injection: after this step, in an incarnation that did not resume, every rank waits (the
-    watchdog fed) until a stop signal arrives, then stops at the next step: a run sure to meet its time limit."""
+    faults: Faults = Field(default_factory=Faults)
+    """Fault injection, for trying fault tolerance on purpose (config.faults.*; none by default)."""
     log_every: int = Field(10, ge=1)
     """Write a metrics record (and a progress line in the job log) every N steps; each record aggregates
     the steps since the previous one (docs/observability.md)."""

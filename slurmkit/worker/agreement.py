@@ -21,7 +21,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 LEVELS = 4
-"""Values a vote can take: 0..3 (slurmkit.worker.preempt.Stop fits, and so does a yes/no)."""
+"""Values a vote can take: 0..3 (slurmkit.worker.ft.stop.Stop fits, and so does a yes/no)."""
 _EXACT = (torch.float32, torch.float64)
 
 

@@ -24,131 +24,83 @@ data-parallel function hold the same one. Torch is imported on first use.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
 
+from slurmkit.worker.ckptstore import CheckpointStore
+from slurmkit.worker.dist import Ranks
+from slurmkit.worker.ft.checkpointer import Checkpointer, checkpoint_uri
+from slurmkit.worker.ft.stop import AgreedStop, Stop, StopCoordinator, StopFlag
+
 STATE_FILE = "state.pt"
 DEFAULT_EVERY = 100
-
-
-class AgreedStop(BaseException):  # noqa: N818 - a control-flow signal, like SystemExit
-    """Raised by Checkpoint.step on every rank at the agreed step, after the final save; the run's
-    entry turns it into the requeue (slurmkit.worker.interrupt)."""
-
-    def __init__(self, requeue: bool, step: int) -> None:
-        super().__init__(f"stopped at step {step}")
-        self.requeue, self.step = requeue, step
+__all__ = ["AgreedStop", "Checkpoint", "default", "finish", "restore", "save", "step", "wants_checkpoint"]
 
 
 class Checkpoint:
     def __init__(self, uri: str | None = None, every: int = DEFAULT_EVERY, keep_latest_k: int = 3,
                  async_save: bool = True) -> None:
         """uri: an fsspec URI; unset, the run's ($SLURMKIT_CHECKPOINT_URI, else the run folder's)."""
-        from slurmkit.worker.ckptstore import AsyncWriter, CheckpointStore
-        from slurmkit.worker.preempt import StopFlag
+        self.uri, self.every, self.keep, self.async_save = uri or _run_folder_uri(), every, keep_latest_k, async_save
+        self.flag = StopFlag().install()  # now: a signal before the first step is not lost
+        self._parts: tuple[Checkpointer, StopCoordinator] | None = None
 
-        uri = uri or _run_folder_uri()
-        self.uri, self.every, self.keep, self.async_save = uri, every, keep_latest_k, async_save
-        self.store = CheckpointStore(uri, (STATE_FILE,))
-        self.writer = AsyncWriter(self.store)
-        self.flag = StopFlag().install()
-        self.resumed_step: int | None = None
-        self._buffers: dict[str, Any] = {}
+    @property
+    def _ckpt(self) -> Checkpointer:
+        return self._made()[0]
 
-    # ------------------------------------------------------------------ ranks
+    def _made(self) -> tuple[Checkpointer, StopCoordinator]:
+        """The Checkpointer and StopCoordinator, made on first use: the function brings its process
+        group up after the run's entry made this Checkpoint."""
+        if self._parts is None:
+            ckpt = Checkpointer(self.uri, Ranks.current(), (STATE_FILE,), keep_latest_k=self.keep)
+            self._parts = ckpt, StopCoordinator(lambda: ckpt.writing, self.flag)
+        return self._parts
 
-    @staticmethod
-    def _world() -> tuple[int, int]:
-        import torch.distributed as tdist
+    @property
+    def store(self) -> CheckpointStore:
+        """The step-N folders on storage."""
+        return self._ckpt.store
 
-        if tdist.is_available() and tdist.is_initialized():
-            return tdist.get_rank(), tdist.get_world_size()
-        return 0, 1
-
-    def _max(self, values: list[int]) -> list[int]:
-        """The largest of each value over the ranks (the values themselves with one rank)."""
-        import torch
-        import torch.distributed as tdist
-
-        if self._world()[1] == 1:
-            return values
-        device = "cuda" if tdist.get_backend() == "nccl" else "cpu"
-        t = torch.tensor(values, dtype=torch.int64, device=device)
-        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-        return [int(v) for v in t.tolist()]
-
-    def _from_main(self, obj: Any) -> Any:
-        """Rank 0's JSON value (a step or None): nothing from a peer is unpickled."""
-        import torch.distributed as tdist
-
-        from slurmkit.worker.dist import broadcast_json
-
-        if self._world()[1] == 1:
-            return obj
-        return broadcast_json(obj, "cuda" if tdist.get_backend() == "nccl" else "cpu")
-
-    # ------------------------------------------------------------------ restore / save
+    @property
+    def resumed_step(self) -> int | None:
+        return self._ckpt.resumed_step
 
     def restore(self) -> Any | None:
         """The newest valid state (rank 0 picks the step, every rank loads it), or None: a fresh start."""
-        step = self._from_main(self.store.latest_valid() if self._world()[0] == 0 else None)
-        if step is None:
-            return None
-        self.resumed_step = step
-        if self._world()[0] == 0:
-            print(f"slurmkit: resumed from checkpoint step-{step}", flush=True)
-        return self.store.load(step, STATE_FILE)
+        found = self._ckpt.restore(lambda files: files.load(STATE_FILE))
+        return found[1] if found else None
 
-    def save(self, step: int, state: Any, wait: bool = False) -> None:
-        """Save `state` as step-N: in the background (committed at a later boundary), or now with wait."""
-        from slurmkit.worker.ckptstore import snapshot
-
-        if self._world()[0] != 0:
-            return
-        self._commit()
-        value = state() if callable(state) else state
-        self.writer.start(step, {STATE_FILE: snapshot(value, self._buffers)})
-        if wait or not self.async_save:
-            self._commit()
-
-    def _commit(self) -> None:
-        if not self.writer.pending:
-            return
-        step = self.writer.step
-        entries = self.writer.result()
-        assert step is not None
-        self.store.commit(step, entries, {"world_size": self._world()[1]})
-        self.store.prune(self.keep, protect=(step, self.resumed_step))
-        print(f"slurmkit: checkpoint step-{step} committed", flush=True)
+    def save(self, step: int, state: Any | Callable[[], Any], wait: bool = False) -> None:
+        """Save `state` as step-N, on every rank (rank 0 writes it): in the background, committed at a
+        later boundary, or now with `wait`. A function returning the state is called on rank 0 only."""
+        ckpt = self._ckpt
+        files = {STATE_FILE: state() if callable(state) else state} if ckpt.ranks.is_main else {}
+        ckpt.save(step, files, wait or not self.async_save)
 
     def step(self, step: int, state: Any | Callable[[], Any]) -> None:
         """The step boundary after `step` finished steps, on every rank. `state`, or a function
         returning it (called only when a save is due), is what restore() gives back."""
-        stop, writing = self._max([int(self.flag.kind), int(self.writer.pending and not self.writer.done)])
-        if self.writer.pending and not writing:
-            self._commit()
-        if stop:
-            from slurmkit.worker.preempt import Stop
-
-            self.save(step, state, wait=True)
-            import torch.distributed as tdist
-
-            if self._world()[1] > 1:
-                tdist.barrier()  # committed before any rank leaves
-            raise AgreedStop(Stop(stop) == Stop.REQUEUE, step)
+        ckpt, stop = self._made()
+        agreed = stop.agree(ckpt.ranks)
+        ckpt.at_boundary(agreed.writing)
+        if agreed.stop:
+            self.save(step, state, wait=True)  # committed on every rank before any leaves
+            stop.stop(step, agreed.stop)
+            raise AgreedStop(agreed.stop == Stop.REQUEUE, step)
         if self.every and step % self.every == 0:
             self.save(step, state)
 
     def close(self) -> None:
         """Commit a save still in flight (the function returned)."""
-        self._commit()
+        if self._parts is not None:
+            self._ckpt.finish()
 
 
 def _run_folder_uri() -> str:
-    """The run's checkpoint URI, as `task: train` finds it (slurmkit.worker.lifecycle.checkpoint_uri)."""
-    from slurmkit.worker.lifecycle import checkpoint_uri
-
+    """The run's checkpoint URI, as `task: train` finds it."""
     uri = checkpoint_uri(os.environ.get("SLURMKIT_RUN_DIR"))
     if not uri:
         raise RuntimeError("slurmkit.Checkpoint outside a slurmkit run needs uri=")
@@ -190,8 +142,6 @@ def wants_checkpoint(fn: Callable[..., Any]) -> str | None:
     in fn's module, so a user's own class named Checkpoint is not taken for it; one that cannot
     be evaluated there (imported inside a function) counts when it reads Checkpoint or
     slurmkit.Checkpoint."""
-    import inspect
-
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):

@@ -83,7 +83,7 @@ def rank_env(denv: DistEnv) -> dict[str, str]:
 
 class Group:
     """The default process group over a store of its own, which outlives it: a warm restart
-    (slurmkit.worker.warm) aborts the group and builds the next generation on the same store
+    (slurmkit.worker.ft.warm) aborts the group and builds the next generation on the same store
     (a new key prefix), with no new rendezvous port. Rank 0's process hosts the store."""
 
     def __init__(self, denv: DistEnv, backend: str, device: Any, timeout: dt.timedelta,
@@ -166,6 +166,52 @@ def gather_json(value: Any, device: str = "cpu") -> list[Any]:
     bufs = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in sizes]
     tdist.all_gather(bufs, mine)
     return [json.loads(bytes(b[:int(n.item())].cpu().tolist())) for b, n in zip(bufs, sizes, strict=True)]
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The ranks that agree on a checkpoint or a stop, and the small collectives that takes (JSON
+    values only: nothing a peer sends is unpickled)."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, dist: Dist) -> Ranks:
+        return cls(dist.rank, dist.world_size, dist.device_str)
+
+    @classmethod
+    def current(cls) -> Ranks:
+        """The initialised process group's (a user's function brought it up), else one rank."""
+        import torch.distributed as tdist
+
+        if tdist.is_available() and tdist.is_initialized():
+            return cls(tdist.get_rank(), tdist.get_world_size(), "cuda" if tdist.get_backend() == "nccl" else "cpu")
+        return cls()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's value, in rank order (a tuple comes back a list)."""
+        return [value] if self.world_size == 1 else gather_json(value, self.device)
+
+    def from_main(self, value: Any) -> Any:
+        """Rank 0's value."""
+        return value if self.world_size == 1 else broadcast_json(value, self.device)
+
+    def max(self, values: list[int]) -> list[int]:
+        """The largest of each value over the ranks: one small all-reduce."""
+        if self.world_size == 1:
+            return values
+        import torch
+        import torch.distributed as tdist
+
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+        return [int(v) for v in t.tolist()]
 
 
 def run_secret(denv: DistEnv) -> bytes:

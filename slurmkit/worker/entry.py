@@ -65,7 +65,7 @@ class Run:
         if self.spec.get("task") is not None:  # stops at an agreed step and records its own restarts
             task = importlib.import_module(f"slurmkit.worker.tasks.{self.spec['task']}")
             return task.run(self.spec.get("config") or {}, self.run_dir)
-        from slurmkit.worker.interrupt import requeue_on_signal
+        from slurmkit.worker.ft.interrupt import requeue_on_signal
 
         record_restart(self.run_dir)
         user_imports()

@@ -114,7 +114,7 @@ class Supervisor:
     def _next_attempt(self, decision: Decision, taken: subprocess.Popen[bytes] | None) -> None:
         self.attempt += 1
         os.environ[outcomes.ATTEMPT_ENV] = str(self.attempt)  # the policy's outcomes.attempt(), and the step's
-        if taken is not None:  # the standby ranks take this attempt (slurmkit.worker.standby)
+        if taken is not None:  # the standby ranks take this attempt (slurmkit.worker.ft.standby)
             trust.touch(self.paths.standby_go(self.job_id, outcomes.restart_count(), self.attempt))
             self._standby = None
         else:

@@ -22,7 +22,7 @@ class Action(enum.StrEnum):
     RESTART_IN_JOB = "restart_in_job"
     """A new srun step of the ranks in this allocation (cold: fresh or standby processes)."""
     RESTART_WARM = "restart_warm"
-    """The ranks restart inside their own processes, from memory (slurmkit.worker.warm)."""
+    """The ranks restart inside their own processes, from memory (slurmkit.worker.ft.warm)."""
     REQUEUE = "requeue"
     """The job goes back through Slurm's queue (asked for here, or by rank 0 before)."""
     END = "end"

@@ -18,9 +18,8 @@ from slurmkit.common.errors import SlurmError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import RestartEntry, RunRecord
-from slurmkit.worker import allocation
-from slurmkit.worker.allocation import Allocation
-from slurmkit.worker.ft import requeue, restarts
+from slurmkit.worker.ft import allocation, requeue, restarts
+from slurmkit.worker.ft.allocation import Allocation
 from slurmkit.worker.ft.decision import Action, Decision
 
 
@@ -90,7 +89,7 @@ def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, d
 def restart_warm(paths: RunPaths, job_id: str, step: int, signature: str | None, detail: str,
                  resumed_step: int | None, live: bool = False) -> Decision | None:
     """Rank 0, after an exception that every rank's process survived: record a warm in-job restart
-    (in the process, from memory, `live` where from the live state; slurmkit.worker.warm) if the
+    (in the process, from memory, `live` where from the live state; slurmkit.worker.ft.warm) if the
     deterministic-error rule, the in-job limit and the crash budget allow; the Decision, or None.
     On None the ranks re-raise and the supervisor decides (after_failure), so a failure is noted
     only where it restarts here or ends the run."""

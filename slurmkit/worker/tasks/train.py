@@ -10,19 +10,15 @@ from typing import Any
 
 import torch
 
-from slurmkit.common import trust
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import MetricsWriter
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker import lifecycle, startup
+from slurmkit.worker import startup
 from slurmkit.worker.dist import Dist, distributed
+from slurmkit.worker.ft import incarnation
 from slurmkit.worker.metrics import peak_flops
 from slurmkit.worker.tasks import digits, gpt
 from slurmkit.worker.trainer import Trainer, TrainerOptions, warmup_cosine
-
-
-class InjectedError(RuntimeError):
-    """Raised by `inject_error_at_step`: a deterministic application error, on purpose."""
 
 
 def _dtype(cfg: TrainConfig, dist: Dist) -> torch.dtype | None:
@@ -60,73 +56,19 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     return trainer, extras
 
 
-def _inject(step: int) -> Any:
-    def hook(trainer: Trainer, record: dict[str, Any]) -> None:
-        if trainer.state.step == step:
-            raise InjectedError(f"injected error at step {step}")
-
-    return hook
-
-
-def _transient(trainer: Trainer, steps: list[int], dist: Dist, run_dir: str | None) -> None:
-    """The last rank raises once in the forward of each step, before the step's update (as a data or
-    device error would): a marker in the run folder (else this process's memory) says it has fired,
-    whatever restarts follow."""
-    fired: set[int] = set()
-    loss_fn = trainer.loss_fn
-
-    def first_time(step: int) -> bool:
-        marker = RunPaths(Path(run_dir)).injected_marker(step) if run_dir else None
-        if marker is not None and marker.exists():
-            return False
-        if marker is not None:
-            trust.touch(marker)
-        return True
-
-    def failing(model: Any, batch: Any) -> Any:
-        step = trainer.state.step + 1  # the step being computed
-        if step in steps and step not in fired and dist.rank == dist.world_size - 1:
-            fired.add(step)
-            if first_time(step):
-                raise InjectedError(f"injected transient error at step {step} on rank {dist.rank}")
-        return loss_fn(model, batch)
-
-    trainer.loss_fn = failing
-
-
-def _hold(step: int, life: lifecycle.Lifecycle) -> Any:
-    def hook(trainer: Trainer, record: dict[str, Any]) -> None:
-        res = life.resilience
-        if trainer.state.step != step or res is None or res.resumed_step is not None:
-            return
-        if trainer.dist.is_main:
-            print(f"slurmkit: injected hold after step {step} until a stop signal", flush=True)
-        while not res.flag.is_set:
-            res.watchdog.progress()  # held on purpose, not hung
-            time.sleep(0.1)
-
-    return hook
-
-
 def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """Train on every rank; each rank returns the summary (with its own parameter digest)."""
     cfg = TrainConfig.model_validate(config)
-    prefetch = lifecycle.start_prefetch(run_dir) if cfg.prefetch_checkpoint else None
+    prefetch = incarnation.start_prefetch(run_dir) if cfg.prefetch_checkpoint else None
     startup.mark("imports")
     with distributed() as dist:
         startup.mark("rendezvous")
         trainer, extras = build(cfg, dist, Path(run_dir) if run_dir else None)
         startup.mark("build")
-        life = lifecycle.Lifecycle(dist, run_dir, cfg, prefetch)
+        life = incarnation.Incarnation(dist, run_dir, cfg, prefetch)
         life.attach(trainer)
         startup.mark("restore")
         trainer.hooks.append(startup.first_step_hook)
-        if cfg.inject_error_at_step:
-            trainer.hooks.append(_inject(cfg.inject_error_at_step))
-        if cfg.inject_transient_error_at_steps:
-            _transient(trainer, cfg.inject_transient_error_at_steps, dist, run_dir)
-        if cfg.inject_hold_at_step:
-            trainer.hooks.append(_hold(cfg.inject_hold_at_step, life))
         if dist.is_main:
             print(f"slurmkit train: model={cfg.model} world_size={dist.world_size} backend={dist.backend} "
                   f"global_batch={trainer.global_batch} peak={extras['peak_flops']:.3g} ({extras['peak_source']})",

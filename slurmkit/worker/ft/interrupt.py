@@ -1,6 +1,6 @@
 """Stop signals for runs without step boundaries (command, callable, ray): interrupt, requeue, exit.
 
-`task: train` stops all ranks at an agreed step (slurmkit.worker.lifecycle). A shell command, a
+`task: train` stops all ranks at an agreed step (slurmkit.worker.ft.incarnation). A shell command, a
 user's callable or a Ray driver has no step to wait for, so here the handler raises in the main
 thread, as SIGINT's KeyboardInterrupt does. On the profile's signal (preemption or the time limit)
 rank 0 requeues the job within the profile's budget and the work starts again in the next
@@ -56,7 +56,7 @@ def requeue_on_signal(run_dir: str) -> Iterator[None]:
     from slurmkit.worker.checkpoint import AgreedStop
 
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        from slurmkit.worker.preempt import install_handlers
+        from slurmkit.worker.ft.stop import install_handlers
 
         install_handlers(_raising_handler(True), _raising_handler(False))
     try:

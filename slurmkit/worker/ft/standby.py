@@ -60,7 +60,7 @@ def _renice(priority: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.standby")
+    parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.ft.standby")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--attempt", type=int, required=True, help="the in-job attempt these ranks take over")
     parser.add_argument("folder", help="submitit's job folder")

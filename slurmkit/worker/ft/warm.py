@@ -2,7 +2,7 @@
 the processes, with their imports, model code and data kept. Only the process group is rebuilt,
 and the state comes back from memory: where every rank failed before the same step's update, from
 the live state itself (only the step's start is put back: step count, data position, RNG; no
-step is lost), else from each rank's host copy of the last committed step (Resilience.host_copy).
+step is lost), else from each rank's host copy of the last committed step (TrainerFT, host_copy).
 
 The protocol runs over the store the group was built on (slurmkit.worker.dist.Group), which
 outlives it. For generation g:
@@ -57,7 +57,7 @@ class Report:
     peer_failed: bool
     """A collective lost its peer: a consequence of another rank's failure."""
     live_step: int | None = None
-    """This rank's live state is the start of this step (Resilience.live_step), else None."""
+    """This rank's live state is the start of this step (TrainerFT.live_step), else None."""
 
 
 @dataclass(frozen=True)

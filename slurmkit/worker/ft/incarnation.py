@@ -1,9 +1,9 @@
-"""One training run's life across incarnations: resume, record restarts, stop together, requeue."""
+"""One incarnation of a training run (a process's life in one allocation): resume, record its
+restart, restart warm after an exception, stop with the other ranks, requeue."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,20 +16,15 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker import warm
 from slurmkit.worker.ckptstore import TRAINER_FILES, CheckpointStore, Prefetch
 from slurmkit.worker.dist import Dist
-from slurmkit.worker.ft import policy, requeue, restarts
+from slurmkit.worker.ft import policy, requeue, restarts, warm
+from slurmkit.worker.ft.checkpointer import checkpoint_uri
 from slurmkit.worker.ft.decision import Decision
-from slurmkit.worker.preempt import Stop
-from slurmkit.worker.resilience import Resilience
+from slurmkit.worker.ft.faults import FaultInjection
+from slurmkit.worker.ft.stop import Stop
+from slurmkit.worker.ft.trainer_ft import TrainerFT
 from slurmkit.worker.trainer import Trainer
-
-
-def checkpoint_uri(run_dir: str | None) -> str | None:
-    if os.environ.get("SLURMKIT_CHECKPOINT_URI"):
-        return os.environ["SLURMKIT_CHECKPOINT_URI"]
-    return RunPaths(Path(run_dir)).checkpoint_uri(None) if run_dir else None
 
 
 def start_prefetch(run_dir: str | None) -> Prefetch | None:
@@ -42,23 +37,21 @@ class BudgetSpent(RuntimeError):
     """This run was requeued more often for one cause than its profile allows."""
 
 
-class Lifecycle:
+class Incarnation:
     def __init__(self, dist: Dist, run_dir: str | None, cfg: TrainConfig, prefetch: Prefetch | None = None) -> None:
         """`prefetch`: the checkpoint search already started (see `start_prefetch`), else started here."""
         self.dist, self.cfg = dist, cfg
         self.paths = RunPaths(Path(run_dir)) if run_dir else None
         # A Slurm job's ranks, whether srun or a torchrun inside srun started them (launcher: torchrun).
         self.job_id = (slurm_job_id() or None) if dist.env.launcher in ("slurm", "torchrun") else None
+        self.faults = FaultInjection(cfg.faults, run_dir, dist.is_main)
         uri = checkpoint_uri(run_dir)
-        self.resilience = Resilience(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
-                                     cfg.hang_timeout_s or None, self._on_hang, prefetch,
-                                     cfg.inject_kill_in_save_at_step, cfg.inject_slow_stop_save_s,
-                                     self._on_stop) if uri else None
+        self.warm = bool(cfg.warm_restart and uri and self.paths and self.job_id and warm.possible(dist))
+        """Exceptions restart in the process (slurmkit.worker.ft.warm); Slurm's policy decides, so only in a job."""
+        self.ft = TrainerFT(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
+                            cfg.hang_timeout_s or None, self._on_hang, prefetch, self.faults, self._on_stop,
+                            host_copy=self.warm) if uri else None
         self.restart: dict[str, Any] | None = None
-        self.warm = bool(cfg.warm_restart and self.resilience and self.paths and self.job_id and warm.possible(dist))
-        """Exceptions restart in the process (slurmkit.worker.warm); Slurm's policy decides, so only in a job."""
-        if self.resilience is not None:
-            self.resilience.host_copy = self.warm
 
     def _on_stop(self, step: int) -> None:
         if self.paths is not None and self.dist.is_main:
@@ -70,9 +63,10 @@ class Lifecycle:
                 {"rank": self.dist.rank, "idle_s": round(idle_s, 1), "time": time.time()}) + "\n")
 
     def attach(self, trainer: Trainer) -> None:
-        resumed = self.resilience.restore(trainer) if self.resilience else None
-        if self.resilience:
-            self.resilience.attach(trainer)
+        resumed = self.ft.restore(trainer) if self.ft else None
+        if self.ft:
+            self.ft.attach(trainer)
+        self.faults.attach(trainer, self.ft.stop.flag if self.ft else None, self.ft.watchdog if self.ft else None)
         if not (self.dist.is_main and self.paths and self.job_id):
             return
         count, attempt = outcomes.restart_count(), outcomes.attempt()
@@ -104,10 +98,10 @@ class Lifecycle:
 
     def _agree_warm(self, trainer: Trainer, error: Exception) -> warm.Verdict:
         """Whether every rank is to restart warm, and from what (else the cold path)."""
-        res = self.resilience
-        if not self.warm or res is None or res.committed is None or self.paths is None or self.job_id is None:
+        ft = self.ft
+        if not self.warm or ft is None or ft.ckpt.committed is None or self.paths is None or self.job_id is None:
             return warm.Verdict(False)
-        paths, job_id, copy = self.paths, self.job_id, res.committed
+        paths, job_id, copy = self.paths, self.job_id, ft.ckpt.committed
 
         def decide(reports: list[warm.Report], live: int | None) -> Decision | None:
             signature, detail = warm.cause_of(reports)
@@ -115,17 +109,17 @@ class Lifecycle:
             return policy.restart_warm(paths, job_id, trainer.state.step, signature, detail, resumed,
                                         live is not None)
 
-        report = warm.report_of(self.dist.rank, error, res.live_step(trainer))
+        report = warm.report_of(self.dist.rank, error, ft.live_step(trainer))
         trainer.unwrap()  # the wrapper's group is about to go
         return warm.agree(self.dist, report, decide, warm.report_wait_s(trainer.median_step_s()),
-                          res.watchdog.progress, lambda: res.flag.kind == Stop.TERMINATE)
+                          ft.watchdog.progress, lambda: ft.stop.flag.kind == Stop.TERMINATE)
 
     def _restart_warm(self, trainer: Trainer, failed_at: float, decision: warm.Verdict) -> None:
-        assert self.resilience is not None
+        assert self.ft is not None
         if decision.live_step is not None:
-            step, source = self.resilience.restore_live(trainer), "the live state (no step lost)"
+            step, source = self.ft.restore_live(trainer), "the live state (no step lost)"
         else:
-            copy = self.resilience.restore_from_host(trainer)
+            copy = self.ft.restore_from_host(trainer)
             step, source = copy.step, f"host memory ({'committed' if copy.on_disk else 'the initial state'})"
         warm.rebuild(trainer)
         trainer.hooks.append(warm.first_step_hook(failed_at, step))
@@ -135,25 +129,25 @@ class Lifecycle:
 
     @property
     def stopped(self) -> bool:
-        return self.resilience is not None and self.resilience.stopped_at is not None
+        return self.ft is not None and self.ft.stop.stopped_at is not None
 
     def finish(self) -> None:
-        if self.resilience:
-            self.resilience.finish()
+        if self.ft:
+            self.ft.finish()
 
     def close(self) -> None:
         """However training ended: the watchdog stands down (it must not kill a process that goes on)."""
-        if self.resilience:
-            self.resilience.watchdog.stop()
+        if self.ft:
+            self.ft.watchdog.stop()
 
     def requeue_and_exit(self, trainer: Trainer) -> None:
         """After the final save: rank 0 acts on the stop (requeue.after_stop), then every rank exits."""
         step = trainer.state.step
-        assert self.resilience is not None
+        assert self.ft is not None
         if self.dist.is_main:
             if self.job_id and self.paths:
                 decision = requeue.after_stop(self.paths, self.job_id, step,
-                                              self.resilience.stop_kind == Stop.REQUEUE)
+                                              self.ft.stop.kind == Stop.REQUEUE)
                 print(f"slurmkit: {decision.message}", flush=True)
             else:
                 print(f"slurmkit: stopped at step {step}; checkpoint committed (not under Slurm: no requeue)",
@@ -165,9 +159,9 @@ class Lifecycle:
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if self.resilience:
-            out.update(resumed_from_step=self.resilience.resumed_step,
-                       checkpoint_stall_s=round(self.resilience.stall_s, 4))
+        if self.ft:
+            out.update(resumed_from_step=self.ft.ckpt.resumed_step,
+                       checkpoint_stall_s=round(self.ft.ckpt.stall_s, 4))
         if self.paths and self.paths.record.exists():
             restarts = RunRecord(self.paths).read().get("restarts", [])
             out.update(restarts=len(restarts), restart_causes=[r["cause"] for r in restarts],

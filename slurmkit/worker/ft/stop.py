@@ -1,0 +1,123 @@
+"""Stop signals, and the agreed stop: the handlers only set flags; ranks act on them together at a
+step boundary (StopCoordinator), the Trainer's and a slurmkit.Checkpoint function's alike.
+
+- The profile's signal (USR2 by default; NCCL uses USR1) means "save, then requeue": Slurm sends
+  it before the time limit, and on preemption where the admin enables the user signal.
+- SIGTERM means "save, then exit": Slurm sends it on scancel, on `scontrol requeue`, on
+  preemption without the user signal, and at the limit, then SIGKILL after KillWait/GraceTime.
+  Slurm decides whether the job comes back, except on preemption: a job that exits within its
+  GraceTime is COMPLETED for Slurm, so rank 0 asks for the requeue (requeue.after_stop).
+
+They replace submitit's handlers: its USR2 handler checkpoints on rank 0 only, from inside the
+handler, and guesses timeout vs preemption from wall-clock time; its SIGTERM handler ignores it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the Trainer imports torch; this module is imported by torch-free code too
+    from slurmkit.worker.dist import Ranks
+    from slurmkit.worker.trainer import Trainer
+
+DEFAULT_SIGNAL = "USR2"
+
+
+class Stop(IntEnum):
+    """What a rank saw. Ordered: the ranks agree on the largest (an all-reduce MAX), so one rank's
+    SIGTERM outranks another's requeue signal."""
+
+    NONE = 0
+    REQUEUE = 1
+    TERMINATE = 2
+
+
+def install_handlers(on_requeue: Callable[[int, FrameType | None], None],
+                     on_terminate: Callable[[int, FrameType | None], None], name: str | None = None) -> None:
+    """The profile's signal (SLURMKIT_SIGNAL, else USR2) means requeue; SIGTERM, unless it is that signal,
+    means terminate."""
+    requeue_sig = getattr(signal, f"SIG{name or os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}")
+    signal.signal(requeue_sig, on_requeue)
+    if requeue_sig != signal.SIGTERM:
+        signal.signal(signal.SIGTERM, on_terminate)
+
+
+class StopFlag:
+    def __init__(self) -> None:
+        self.kind = Stop.NONE
+
+    def install(self, name: str | None = None) -> StopFlag:
+        install_handlers(self._requeue, self._terminate, name)
+        return self
+
+    def _requeue(self, signum: int, frame: FrameType | None) -> None:
+        self.kind = max(self.kind, Stop.REQUEUE)
+
+    def _terminate(self, signum: int, frame: FrameType | None) -> None:
+        self.kind = Stop.TERMINATE
+
+    @property
+    def is_set(self) -> bool:
+        return self.kind != Stop.NONE
+
+
+class AgreedStop(BaseException):  # noqa: N818 - a control-flow signal, like SystemExit
+    """Raised by slurmkit.Checkpoint.step on every rank at the agreed step, after the final save; the
+    run's entry turns it into the requeue (slurmkit.worker.ft.interrupt)."""
+
+    def __init__(self, requeue: bool, step: int) -> None:
+        super().__init__(f"stopped at step {step}")
+        self.requeue, self.step = requeue, step
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """What every rank read at one step boundary: the largest of each rank's votes."""
+
+    stop: Stop
+    """A stop signal some rank saw (the strongest)."""
+    writing: bool
+    """Some rank's share of the background save is still being written: it cannot commit yet."""
+
+
+class StopCoordinator:
+    """The one agreement at a step boundary: each rank votes (the stop signal it saw; whether its
+    share of a save is still writing) and every rank acts on the largest of each, so all stop at the
+    same step and a save commits only once every rank has written. The votes ride on the Trainer's
+    gradient all-reduce (`ride`, slurmkit.worker.agreement) or, where there is none, go in one small
+    all-reduce (`agree`)."""
+
+    def __init__(self, writing: Callable[[], bool], flag: StopFlag | None = None) -> None:
+        """writing(): this rank's share of a save is still being written."""
+        self.flag = flag or StopFlag().install()
+        self._writing = writing
+        self.kind = Stop.NONE
+        """The stop as the ranks agreed on it (NONE until they did)."""
+        self.stopped_at: int | None = None
+
+    def votes(self) -> tuple[int, int]:
+        return int(self.flag.kind), int(self._writing())
+
+    def ride(self, trainer: Trainer) -> None:
+        """Vote through the Trainer's step (its `agreed` holds the result after each step)."""
+        trainer.votes["stop"] = lambda: self.votes()[0]
+        trainer.votes["writing"] = lambda: self.votes()[1]
+
+    @staticmethod
+    def read(trainer: Trainer) -> Agreed:
+        return Agreed(Stop(trainer.agreed["stop"]), bool(trainer.agreed["writing"]))
+
+    def agree(self, ranks: Ranks) -> Agreed:
+        """One small all-reduce of the votes (a function's step, with no gradients to ride on)."""
+        stop, writing = ranks.max(list(self.votes()))
+        return Agreed(Stop(stop), bool(writing))
+
+    def stop(self, step: int, kind: Stop) -> None:
+        """Every rank stops at `step`, for `kind`."""
+        self.kind, self.stopped_at = kind, step

@@ -1,0 +1,242 @@
+"""The Trainer's fault tolerance at its step boundaries: checkpoints through the one Checkpointer,
+the agreed stop through the StopCoordinator, the hang watchdog, and the live state a warm restart
+resumes from.
+
+At every step boundary the ranks' votes (a stop signal seen, and which; a background save still
+writing) ride on the step's gradient all-reduce (slurmkit.worker.agreement), so they all stop at
+the same step and a save commits only once every rank's files are written. The signal handler
+itself only sets a flag.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from slurmkit.worker.ckptstore import TRAINER_FILES, Prefetch, snapshot
+from slurmkit.worker.dist import Dist, Ranks
+from slurmkit.worker.ft.checkpointer import Checkpointer, HostCopy, StepFiles
+from slurmkit.worker.ft.faults import FaultInjection
+from slurmkit.worker.ft.stop import StopCoordinator
+from slurmkit.worker.ft.watchdog import Watchdog
+from slurmkit.worker.trainer import Trainer
+
+
+def rng_state() -> dict[str, Any]:
+    np_state: Any = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class Boundary:
+    """A step's start, in what its parameters and optimizer do not hold: where a warm restart from
+    the live state resumes (TrainerFT.live_step)."""
+
+    step: int
+    meta: dict[str, Any]
+    """trainer.pt as a save writes it: the step count, the data position, the scheduler."""
+    rng: dict[str, Any]
+    buffers: dict[str, torch.Tensor]
+    """The model's buffers (a forward may change them: batch-norm statistics)."""
+
+
+def trainer_meta(trainer: Trainer) -> dict[str, Any]:
+    return {**trainer.state.as_dict(),
+            "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None}
+
+
+def _apply_meta(trainer: Trainer, meta: dict[str, Any], rng: dict[str, Any] | None) -> None:
+    if trainer.scheduler is not None and meta.get("scheduler") is not None:
+        trainer.scheduler.load_state_dict(meta["scheduler"])
+    trainer.state.load(meta)
+    if rng is not None:
+        set_rng_state(rng)
+
+
+def _apply(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any], meta: dict[str, Any],
+           rng: dict[str, Any] | None) -> None:
+    trainer.raw_model.load_state_dict(model)
+    trainer.optimizer.load_state_dict(optim)
+    _apply_meta(trainer, meta, rng)
+
+
+def _kept(tensors: Iterable[tuple[str, torch.Tensor]], memory: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies on the tensors' own device, into `memory` where it fits: no host sync, no allocation
+    each step (snapshot() copies to the host, for a save)."""
+    for name, t in tensors:
+        old = memory.get(name)
+        if old is not None and (old.shape, old.dtype, old.device) == (t.shape, t.dtype, t.device):
+            old.copy_(t.detach())
+        else:
+            memory[name] = t.detach().clone()
+    return memory
+
+
+def _drop_step(trainer: Trainer) -> None:
+    """What a failed step left behind: its gradients, a stop it asked for, a half-done update."""
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.stop_requested = trainer.updating = False
+
+
+class TrainerFT:
+    def __init__(self, dist: Dist, uri: str, every: int, keep_latest_k: int = 3, async_save: bool = True,
+                 hang_timeout_s: float | None = None, on_hang: Any = None, prefetch: Prefetch | None = None,
+                 faults: FaultInjection | None = None, on_stop: Callable[[int], None] | None = None,
+                 host_copy: bool = False) -> None:
+        """on_stop(step): told the agreed stop step before its final save starts; host_copy: every
+        rank keeps the last committed state in memory (warm restarts)."""
+        self.dist, self.faults, self.on_stop = dist, faults, on_stop
+        self.every, self.async_save = every, async_save
+        self.watchdog = Watchdog(hang_timeout_s, on_hang).start()
+        self.ckpt = Checkpointer(uri, Ranks.of(dist), TRAINER_FILES, keep_latest_k=keep_latest_k, prefetch=prefetch,
+                                 on_file=faults.on_file if faults and faults.in_saves else None,
+                                 heartbeat=self.watchdog.progress, host_copy=host_copy)
+        self.stop = StopCoordinator(lambda: self.ckpt.writing)
+        self.boundary: Boundary | None = None
+        """The current step's start (with host_copy): what a restart from the live state needs."""
+        self._mark_memory: dict[str, torch.Tensor] = {}  # the boundary's buffers, the same memory each step
+
+    # --------------------------------------------------------------- restore
+
+    def restore(self, trainer: Trainer) -> int | None:
+        """Load the newest valid checkpoint (slurmkit.worker.ft.checkpointer: rank 0 picks it, every
+        rank loads it, one that fails to load on any rank is skipped by all); none left means a
+        fresh start from the model's initial state."""
+        initial: dict[str, Any] = {}
+
+        def load(files: StepFiles) -> None:
+            """Every file is read first, then applied: an unreadable one changes nothing."""
+            if not initial:
+                initial.update(snapshot({"model": trainer.raw_model.state_dict(),
+                                         "optim": trainer.optimizer.state_dict()}))
+            rng = f"rng-rank{self.dist.rank}.pt"
+            model, optim, meta = files.load("model.pt"), files.load("optim.pt"), files.load("trainer.pt")
+            _apply(trainer, model, optim, meta, files.load(rng) if rng in files.names else None)
+
+        found = self.ckpt.restore(load)
+        if found is None and initial:  # a failed load may have changed some tensors already
+            trainer.raw_model.load_state_dict(initial["model"])
+            trainer.optimizer.load_state_dict(initial["optim"])
+        step = found[0] if found else None
+        if self.faults is not None:
+            self.faults.resumed = step is not None
+        self.ckpt.keep_start(step, self._state(trainer))
+        return step
+
+    def restore_from_host(self, trainer: Trainer) -> HostCopy:
+        """Back to the last committed state from this rank's host copy, reading nothing from storage;
+        a save in flight is dropped uncommitted."""
+        copy = self.ckpt.back_to_committed()
+        files = copy.files
+        _drop_step(trainer)
+        # Copies: load_state_dict keeps CPU tensors as given (and pops keys), so the steps that follow
+        # would change the host copy itself.
+        _apply(trainer, files["model.pt"], snapshot(files["optim.pt"]), snapshot(files["trainer.pt"]),
+               files[f"rng-rank{self.dist.rank}.pt"])
+        return copy
+
+    def mark(self, trainer: Trainer) -> None:
+        """At a step's start: what a restart from the live state needs besides weights and optimizer
+        (a few KB, and the buffers: far less than a snapshot)."""
+        self.boundary = Boundary(trainer.state.step, snapshot(trainer_meta(trainer)), rng_state(),
+                                 _kept(trainer.raw_model.named_buffers(), self._mark_memory))
+
+    def live_step(self, trainer: Trainer) -> int | None:
+        """The step this rank's live state stands at, if it is that step's start: the failure came
+        before the step's update (in its data, forward, backward or gradient all-reduce). None after
+        or inside the update: the parameters are ahead of the boundary, or half changed."""
+        b = self.boundary
+        if b is None or trainer.updating or trainer.state.step != b.step:
+            return None
+        return b.step
+
+    def restore_live(self, trainer: Trainer) -> int:
+        """Back to the start of the failed step in place: the weights and optimizer are as they were
+        (no update ran), so only the boundary's state comes back. A save in flight stays: every rank
+        started it at the same step and none was committing (every rank had begun the next step)."""
+        b = self.boundary
+        assert b is not None and self.live_step(trainer) == b.step, "live_step() said the live state is a step's start"
+        _drop_step(trainer)
+        _apply_meta(trainer, snapshot(b.meta), b.rng)
+        for name, buf in trainer.raw_model.named_buffers():
+            buf.copy_(b.buffers[name])
+        return b.step
+
+    # --------------------------------------------------------------- saving
+
+    def _state(self, trainer: Trainer, whole: bool = True) -> dict[str, Any]:
+        """The live state as a save names it (not yet copied); without `whole`, this rank's rng only."""
+        state: dict[str, Any] = {f"rng-rank{self.dist.rank}.pt": rng_state()}
+        if whole:
+            state["model.pt"] = trainer.raw_model.state_dict()
+            state["optim.pt"] = trainer.optimizer.state_dict()
+            state["trainer.pt"] = trainer_meta(trainer)
+        return state
+
+    def save(self, trainer: Trainer, wait: bool) -> None:
+        """This rank's share of a save: rank 0 writes model, optimizer and trainer state, every rank its
+        rng. With a host copy every rank takes the whole state, kept in memory once the save commits."""
+        rng = f"rng-rank{self.dist.rank}.pt"
+        files = self._state(trainer, self.dist.is_main or self.ckpt.host_copy)
+        self.ckpt.save(trainer.state.step, files, wait or not self.async_save,
+                       mine=None if self.dist.is_main else (rng,))
+
+    # --------------------------------------------------------------- the step boundary
+
+    def attach(self, trainer: Trainer) -> None:
+        """Vote at every step boundary and act on the agreement after each step."""
+        self.stop.ride(trainer)
+        trainer.hooks.append(self.on_step_end)
+        if self.ckpt.host_copy:
+            trainer.before_step.append(self.mark)
+
+    def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        stall_before = self.ckpt.stall_s
+        try:
+            self._step_end(trainer)
+        finally:
+            record["ckpt_stall_s"] = self.ckpt.stall_s - stall_before
+
+    def _step_end(self, trainer: Trainer) -> None:
+        self.watchdog.progress(None if self.watchdog.armed else trainer.median_step_s(20))
+        agreed = self.stop.read(trainer)
+        self.ckpt.at_boundary(agreed.writing)
+        if agreed.stop:
+            # Every rank stops at this same step and takes part in the final save.
+            if self.faults is not None:
+                self.faults.stopping = True
+            if self.on_stop is not None:
+                self.on_stop(trainer.state.step)
+            self.save(trainer, wait=True)
+            self.stop.stop(trainer.state.step, agreed.stop)
+            trainer.stop_requested = True
+        elif self.every and trainer.state.step % self.every == 0:
+            self.save(trainer, wait=False)
+        self.watchdog.progress()
+
+    def finish(self) -> None:
+        """Commit a save still in flight; raise its error if it failed."""
+        self.ckpt.finish()
+        self.watchdog.stop()
