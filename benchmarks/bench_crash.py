@@ -39,12 +39,13 @@ from typing import Any
 
 import yaml
 
-from slurmkit import goodput, jobs
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records
 from slurmkit.common.record import RunRecord
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
+from slurmkit.insight import goodput
+from slurmkit.runs import jobs
 from slurmkit.worker.ft import standby
 
 PATHS = ("warm", "cold", "fresh", "hang", "requeue")

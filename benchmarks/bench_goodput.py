@@ -29,11 +29,12 @@ from pathlib import Path
 
 import yaml
 
-from slurmkit import goodput, jobs
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s
 from slurmkit.common.record import RunRecord
 from slurmkit.config.loader import resolve
+from slurmkit.insight import goodput
+from slurmkit.runs import jobs
 from slurmkit.slurm.parse import Incarnation
 
 BASELINE_GOODPUT = 0.81  # the usual submitit + DDP pattern, same cluster, a preemption every 60 s
@@ -129,9 +130,9 @@ def preempt(mode: str, job_id: str) -> None:
     if mode == "usr2":
         subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
         return
-    from slurmkit.devcluster import layout
+    from slurmkit.devcluster import names
 
-    subprocess.run(["sbatch", "-p", layout.URGENT_PARTITION, "-N", "2", "--exclusive", "-t", "2", "-o", "/dev/null",
+    subprocess.run(["sbatch", "-p", names.URGENT_PARTITION, "-N", "2", "--exclusive", "-t", "2", "-o", "/dev/null",
                     "--wrap", "sleep 3"], check=True, capture_output=True)
 
 

@@ -29,11 +29,12 @@ from typing import Any
 import yaml
 from bench_crash import first_step_after, import_floor_s, last_step
 
-from slurmkit import goodput, jobs
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import cluster as dc
+from slurmkit.insight import goodput
+from slurmkit.runs import jobs
 
 
 def one_run(tmp: Path, spares: int, steps: int, rng: random.Random) -> dict[str, Any]:

@@ -70,7 +70,7 @@ def per_minute(log: Path) -> list[int]:
 
 
 def measure(folder: Path, wait: Any, fixed: bool) -> dict[str, Any]:
-    from slurmkit.polling import Poller
+    from slurmkit.runs.polling import Poller
 
     log = folder / "calls.log"
     log.unlink(missing_ok=True)
@@ -92,9 +92,9 @@ def main() -> None:
     os.environ["STUB_DIR"] = str(stubs)
     os.environ["PATH"] = f"{stubs}{os.pathsep}{os.environ['PATH']}"
 
-    from slurmkit import jobs
     from slurmkit.common.layout import RunPaths
     from slurmkit.common.record import RunRecord
+    from slurmkit.runs import jobs
     from slurmkit.sweeps import results, spec
     from slurmkit.sweeps import submit as sub
     from slurmkit.sweeps.resolve import resolve_tasks

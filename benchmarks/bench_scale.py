@@ -125,9 +125,9 @@ def status(sweep_dir: str) -> dict[str, Any]:
 
 def runs_status(tmp: Path, job_ids: list[str]) -> dict[str, Any]:
     """10,000 runs, each holding one of the sweep's (pending) array task ids."""
-    from slurmkit import jobs
     from slurmkit.common.layout import RunPaths
     from slurmkit.common.record import RunRecord
+    from slurmkit.runs import jobs
 
     root = tmp / "many-runs"
     for i in range(RUNS):
@@ -151,11 +151,11 @@ def runs_status(tmp: Path, job_ids: list[str]) -> dict[str, Any]:
 
 def main() -> None:
     from slurmkit.devcluster import cluster as dc
-    from slurmkit.devcluster import layout
+    from slurmkit.devcluster import names
 
     # Purged: ended jobs of an earlier run still count against MaxJobCount for MinJobAge seconds.
     dc.up(2, log=lambda m: None, purge=True,
-          variant=layout.Variant(max_array_size=MAX_ARRAY_SIZE, max_job_count=MAX_JOB_COUNT))
+          variant=names.Variant(max_array_size=MAX_ARRAY_SIZE, max_job_count=MAX_JOB_COUNT))
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     profile = tmp / "p.yaml"
     profile.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(tmp / "runs")}))

@@ -8,9 +8,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurmkit import jobs
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
+from slurmkit.runs import jobs
 from slurmkit.slurm import commands
 
 N = 1000

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from slurmkit import jobs
 from slurmkit.config.loader import resolve
+from slurmkit.runs import jobs
 
 REPS = 5
 

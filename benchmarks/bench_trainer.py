@@ -39,7 +39,7 @@ def step_times(ends: list[float]) -> float:
 
 def trainer_run(cfg: Any, dist: Any, run_dir: Path) -> float:
     from slurmkit.worker.ft.incarnation import Incarnation
-    from slurmkit.worker.tasks.train import build
+    from slurmkit.worker.tasks.train_task import build
 
     trainer, _ = build(cfg, dist, run_dir)
     life = Incarnation(dist, str(run_dir), cfg)

@@ -15,8 +15,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Executor": "slurmkit.api", "sweep": "slurmkit.api",
-    "Job": "slurmkit.handles", "as_completed": "slurmkit.handles", "SweepHandle": "slurmkit.handles",
+    "Executor": "slurmkit.api.executor", "sweep": "slurmkit.api.executor",
+    "Job": "slurmkit.api.handles", "as_completed": "slurmkit.api.handles", "SweepHandle": "slurmkit.api.handles",
     "Checkpoint": "slurmkit.worker.checkpoint",
     **{name: "slurmkit.common.errors" for name in ("SlurmkitError", "ConfigError", "JobFailedError", "SlurmError",
                                                     "PreflightError", "RunNotFoundError")},

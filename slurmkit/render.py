@@ -16,7 +16,7 @@ import jinja2
 
 from slurmkit.common import ports
 from slurmkit.common.errors import RenderError, clip
-from slurmkit.common.plan import Health, Plan, Shrink
+from slurmkit.common.supervisor_plan import Health, Plan, Shrink
 from slurmkit.config.loader import Resolved
 from slurmkit.resources import shipped_dir
 
@@ -130,7 +130,7 @@ def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
     c = resolved.profile.container
     if c is None:
         return {"srun": False, "prefix": False}
-    from slurmkit.runs import expand_root
+    from slurmkit.runs.registry import expand_root
 
     root = str(expand_root(resolved.profile.run_root))
     paths = [root] if run_dir.startswith(root.rstrip("/") + "/") else [root, run_dir]
@@ -178,7 +178,7 @@ def standby_command(inp: RenderInput, container: dict[str, Any]) -> list[str] | 
 
 
 def supervisor_plan(inp: RenderInput, container: dict[str, Any]) -> Plan:
-    """What the job's supervisor runs (slurmkit.common.plan): rendered into the script as JSON."""
+    """What the job's supervisor runs (slurmkit.common.supervisor_plan): rendered into the script as JSON."""
     resolved = inp.resolved
     prof, r = resolved.profile, resolved.resources
     assert r.tasks_per_node is not None and r.nodes is not None

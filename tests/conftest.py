@@ -36,7 +36,7 @@ def supervisor_events(run_dir: Path, event: str) -> list[dict[str, Any]]:
 def steady(poll_s: float) -> Any:
     """A fixed poll for tests' waits: they end on events, and slurmkit's backing off (meant for
     slurmctld's sake over long waits) would only add seconds to every cluster test."""
-    from slurmkit.polling import Poller
+    from slurmkit.runs.polling import Poller
 
     return Poller(first_s=poll_s, max_s=poll_s)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from slurmkit.worker.ckptstore import MARKER, TRAINER_FILES, AsyncWriter, CheckpointError, CheckpointStore, snapshot
+from slurmkit.worker.ckptstore import MARKER, TRAINER_FILES, AsyncWriter, CheckpointError, CheckpointStore, cpu_copy
 
 
 def _uris(tmp_path: Path) -> list[str]:
@@ -121,9 +121,9 @@ def test_at_most_one_save_in_flight(tmp_path: Path) -> None:
     assert w.step == 2 and [e.name for e in w.result()] == ["a.pt"]
 
 
-def test_snapshot_is_a_copy() -> None:
+def test_cpu_copy_is_a_copy() -> None:
     live: dict[str, Any] = {"w": torch.zeros(3), "nested": [torch.ones(2)]}
-    snap = snapshot(live)
+    snap = cpu_copy(live)
     live["w"] += 5
     live["nested"][0] += 5
     assert torch.equal(snap["w"], torch.zeros(3)) and torch.equal(snap["nested"][0], torch.ones(2))

@@ -90,8 +90,8 @@ def test_module_entry_point_exists() -> None:
 
 def test_local_profile_runs_the_same_spec_without_slurm(tmp_path: Path, local_profile: Path) -> None:
     """Needs no cluster (moved out of test_cluster_jobs.py, where every test is marked cluster)."""
-    from slurmkit import jobs
     from slurmkit.common.layout import RunPaths
+    from slurmkit.runs import jobs
 
     spec = write_spec(tmp_path, name="loc", callable="tests.helpers_fns:add", kwargs={"a": 20, "b": 22})
     result = CliRunner().invoke(app, ["submit", str(spec), "-p", str(local_profile), "--json"])

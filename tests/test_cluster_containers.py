@@ -12,10 +12,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from slurmkit import jobs
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
+from slurmkit.runs import jobs
 from tests.conftest import EXAMPLES, ROOT
 from tests.test_containers import CONTAINERS
 

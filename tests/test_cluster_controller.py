@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurmkit import jobs
 from slurmkit.common.record import RunRecord
+from slurmkit.runs import jobs
 from tests.conftest import executed_steps
 from tests.test_cluster_faults import STEPS, finish, start, wait_step, wait_until
 

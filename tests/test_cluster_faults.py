@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from slurmkit import jobs
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records
 from slurmkit.common.record import RunRecord
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
+from slurmkit.runs import jobs
 from slurmkit.worker.ckptstore import CheckpointStore
 from tests.conftest import EXAMPLES, executed_steps, steady, supervisor_events
 
@@ -140,7 +140,7 @@ def check_report_of_a_run_preempted_once(paths: RunPaths, job_id: str, dev_profi
     info = json.loads(result.stdout)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
     assert info["incarnations"] == 2 and info["restart_causes"] == ["preemption"]
-    from slurmkit import report
+    from slurmkit.insight import report
 
     data = report.collect(paths)
     first, second = data.segments
@@ -286,7 +286,7 @@ def test_kill_9_of_one_rank_restarts_in_the_job_then_requeues_once_in_job_restar
     decided = [(d["action"], d["cause"]) for d in supervisor_events(paths.run_dir, "decision")]
     assert decided == [("restart_in_job", "crash"), ("requeue", "crash")]
     assert_standby_took(paths, 1)  # and the second incarnation's own standby took nothing
-    from slurmkit import report
+    from slurmkit.insight import report
 
     data = report.collect(paths)  # the timeline: the in-job restart is a mark on the first incarnation's bar
     assert [([c for _, c in seg.in_job], seg.cause) for seg in data.segments] == [(["crash"], "crash"), ([], "")]
@@ -359,7 +359,7 @@ def test_an_error_on_one_rank_restarts_warm_in_the_same_processes_twice(
     log = "\n".join(jobs.logs(paths, rank=0))
     assert "warm restart: back at step 119 from the live state (no step lost), group generation 2" in log
     assert incarnations(job) == ["COMPLETED"]
-    from slurmkit import report
+    from slurmkit.insight import report
 
     (seg,) = report.collect(paths).segments
     assert [c for _, c in seg.in_job] == ["crash, warm", "crash, warm"]
@@ -395,9 +395,9 @@ def test_time_limit_signal_is_a_timeout_and_resumes(cluster: None, dev_profile: 
 def urgent_job() -> str:
     """A plain 2-node job on the dev cluster's `urgent` partition that needs the whole of both nodes:
     Slurm itself picks the debug/scavenger run as its victim (preempt/partition_prio)."""
-    from slurmkit.devcluster import layout
+    from slurmkit.devcluster import names
 
-    out = subprocess.run(["sbatch", "--parsable", "-p", layout.URGENT_PARTITION, "-N", "2", "--exclusive", "-t", "2",
+    out = subprocess.run(["sbatch", "--parsable", "-p", names.URGENT_PARTITION, "-N", "2", "--exclusive", "-t", "2",
                           "-o", "/dev/null", "--wrap", "sleep 3"], check=True, capture_output=True, text=True)
     return out.stdout.strip()
 
@@ -433,7 +433,7 @@ def user_signal_on_preemption(cluster: None) -> Any:
     """The cluster's other preemption style: Slurm sends the job's --signal (USR2, to the batch shell)
     at preemption time, before GraceTime's SIGTERM (`devcluster up --preempt-user-signal`)."""
     from slurmkit.devcluster import cluster as dc
-    from slurmkit.devcluster.layout import Variant
+    from slurmkit.devcluster.names import Variant
 
     dc.up(2, log=lambda _: None, variant=Variant(preempt_user_signal=True))
     try:
@@ -450,10 +450,10 @@ def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
 
     from slurmkit.cli.app import app
     from slurmkit.common.errors import JobFailedError
-    from slurmkit.devcluster import layout
+    from slurmkit.devcluster import names
 
     profile = tmp_path / "scavenger.yaml"
-    profile.write_text(f"extends: devcluster\nrun_root: {run_root}\npartition: {layout.CANCEL_PARTITION}\n")
+    profile.write_text(f"extends: devcluster\nrun_root: {run_root}\npartition: {names.CANCEL_PARTITION}\n")
     paths, job = start(profile)
     wait_step(paths, 60)
     urgent_job()
@@ -465,7 +465,7 @@ def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
     assert "SIGUSR2" in [e["signal"] for e in supervisor_events(paths.run_dir, "signal")]  # passed to the ranks
     stopped = RunRecord(paths).read()["preempted"]["step"]
     runner = CliRunner()
-    out = runner.invoke(app, ["resubmit", paths.run_id, "-p", str(profile), "--partition", layout.PARTITION,
+    out = runner.invoke(app, ["resubmit", paths.run_id, "-p", str(profile), "--partition", names.PARTITION,
                               "--wait", "--json"])
     assert out.exit_code == 0, out.output
     answer = json.loads(out.stdout)
@@ -497,7 +497,7 @@ def test_a_save_longer_than_grace_time_resumes_from_the_last_commit_and_says_wha
     assert result["resumed_from_step"] == committed
     # The stop step's own metrics record was never written (killed in its save); the stop marker says it.
     assert restart["lost_steps"] == stopped - committed > 0
-    from slurmkit import report
+    from slurmkit.insight import report
 
     assert report.collect(paths).summary["lost_steps"] == [restart["lost_steps"]]  # what `slurmkit report` says
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurmkit import jobs
 from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
+from slurmkit.runs import jobs
 from slurmkit.slurm import preflight
 from tests.test_cluster_faults import finish
 
@@ -30,7 +30,7 @@ GPU_FORMS = [
 @pytest.fixture(scope="module")
 def gres_cluster(cluster: None) -> Iterator[None]:
     from slurmkit.devcluster import cluster as dc
-    from slurmkit.devcluster.layout import Variant
+    from slurmkit.devcluster.names import Variant
 
     dc.up(2, log=lambda _: None, variant=Variant(gpus_per_node=2))
     try:

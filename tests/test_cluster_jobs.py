@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from slurmkit import jobs
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
-from slurmkit.lookup import list_runs
-from slurmkit.procs import pid_alive
+from slurmkit.runs import jobs
+from slurmkit.runs.lookup import list_runs
+from slurmkit.runs.procs import pid_alive
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, steady, write_spec
 from tests.test_cluster_faults import wait_until

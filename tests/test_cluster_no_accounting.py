@@ -14,10 +14,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from slurmkit import jobs
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
+from slurmkit.runs import jobs
 from tests.conftest import executed_steps
 from tests.test_cluster_faults import STEPS, finish, start, wait_step, wait_until
 
@@ -29,7 +29,7 @@ MIN_JOB_AGE_S = 5
 @pytest.fixture(scope="module")
 def no_accounting(cluster: None) -> Iterator[None]:
     from slurmkit.devcluster import cluster as dc
-    from slurmkit.devcluster.layout import Variant
+    from slurmkit.devcluster.names import Variant
 
     dc.up(2, log=lambda _: None, variant=Variant(accounting=False, min_job_age_s=MIN_JOB_AGE_S))
     try:

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from slurmkit import jobs
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
+from slurmkit.runs import jobs
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, steady, write_spec
 

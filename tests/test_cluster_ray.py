@@ -10,9 +10,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from slurmkit import jobs
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
+from slurmkit.runs import jobs
 from slurmkit.slurm import commands
 from tests.conftest import EXAMPLES, steady
 from tests.test_cluster_faults import wait_until

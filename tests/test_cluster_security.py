@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit import jobs
 from slurmkit.common.layout import RunPaths
+from slurmkit.runs import jobs
 from tests.conftest import ROOT, steady, supervisor_events, write_spec
 
 pytestmark = pytest.mark.cluster

@@ -79,8 +79,8 @@ def test_grid_of_six_is_one_array_throttled_to_two_then_a_job_runs_after_it(
                                                           for b in ("0", "0.1")}
     assert all(r["returncode"] == 0 for r in table)
 
-    from slurmkit import jobs
     from slurmkit.common.layout import RunPaths
+    from slurmkit.runs import jobs
 
     final = jobs.wait(RunPaths(Path(after["run_dir"])), poller=steady(0.5), timeout_s=120)
     assert final.state == "COMPLETED"
@@ -147,7 +147,7 @@ def test_a_sweep_over_the_array_limit_is_split_into_chained_arrays(
     assert [s.state for s in states] == ["COMPLETED"] * 6
     assert states[5].job_id == f"{done.array_job_ids[1]}_1"
     # Each task folder is an ordinary run: `slurmkit result/logs <folder>` work on it.
-    from slurmkit import jobs
+    from slurmkit.runs import jobs
 
     assert jobs.result(paths.task(5))["returncode"] == 0
     assert jobs.run_state(paths.task(5)).state == "COMPLETED"

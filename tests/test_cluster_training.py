@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from slurmkit import jobs
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
+from slurmkit.runs import jobs
 from tests.conftest import EXAMPLES, executed_steps, steady
 
 pytestmark = pytest.mark.cluster

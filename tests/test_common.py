@@ -127,14 +127,14 @@ def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -
         imported = _top_level_imports(path)
         assert not {m for m in imported if m.startswith("slurmkit.worker")}, rel
         if rel.startswith("common/"):
-            assert not {m for m in imported if m.startswith(("slurmkit.cli", "slurmkit.slurm", "slurmkit.jobs",
-                                                             "slurmkit.runs", "torch"))}, rel
+            assert not {m for m in imported if m.startswith(("slurmkit.cli", "slurmkit.slurm", "slurmkit.runs.jobs",
+                                                             "slurmkit.runs.registry", "torch"))}, rel
 
 
 JOB_SIDE_ALLOWED = ("slurmkit.worker", "slurmkit.common", "slurmkit.config", "slurmkit.slurm")
 CLIENT_MAY_IMPORT = {
     # The callable submitit pickles is built on the client: the first of the three meeting points.
-    ("jobs.py", "slurmkit.worker.entry"), ("sweeps/task.py", "slurmkit.worker.entry"),
+    ("runs/jobs.py", "slurmkit.worker.entry"), ("sweeps/task.py", "slurmkit.worker.entry"),
     # `slurmkit bench` measures the job side's own code: the all-reduce runs as a job, `bench fs`
     # writes through the checkpoint store.
     ("bench/allreduce.py", "slurmkit.worker.dist"), ("bench/fs.py", "slurmkit.worker.ckptstore"),
@@ -167,7 +167,7 @@ def test_the_job_side_and_the_client_meet_only_where_the_design_says() -> None:
     assert (job_side, client) == ([], [])
     # The check sees what it looks for.
     assert "slurmkit.worker.ft" in _all_slurmkit_imports(PACKAGE / "worker/supervisor.py")
-    assert "slurmkit.worker.entry" in _all_slurmkit_imports(PACKAGE / "jobs.py")
+    assert "slurmkit.worker.entry" in _all_slurmkit_imports(PACKAGE / "runs" / "jobs.py")
 
 
 def test_slurm_call_counts_are_bounded_and_scoped() -> None:
@@ -199,7 +199,7 @@ def test_no_import_cycle_even_through_lazy_imports() -> None:
         parts = path.relative_to(ROOT).with_suffix("").parts
         names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph = {name: _imports_of(path, set(names)) - {name} for name, path in names.items()}
-    assert "slurmkit.runs" in graph["slurmkit.jobs"]  # the graph sees imports at all
+    assert "slurmkit.runs.registry" in graph["slurmkit.runs.jobs"]  # the graph sees imports at all
     state: dict[str, int] = {}
 
     def visit(node: str, trail: list[str]) -> None:
@@ -217,13 +217,13 @@ def test_no_import_cycle_even_through_lazy_imports() -> None:
 
 
 def test_a_slurm_conf_not_written_by_devcluster_is_not_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmkit.devcluster import cluster, layout
+    from slurmkit.devcluster import cluster, names
 
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=production\nSlurmctldHost=head01\n")
-    monkeypatch.setattr(layout, "SLURM_CONF", conf)
+    monkeypatch.setattr(names, "SLURM_CONF", conf)
     assert not cluster.is_ours()
-    monkeypatch.setattr(layout, "SLURM_CONF", tmp_path / "missing.conf")
+    monkeypatch.setattr(names, "SLURM_CONF", tmp_path / "missing.conf")
     assert not cluster.is_ours()
 
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.config.loader import resolve
-from slurmkit.jobs import dry_run
+from slurmkit.runs.jobs import dry_run
 from tests.conftest import EXAMPLES
 from tests.test_render import check_shell, step_argv, supervisor_call
 

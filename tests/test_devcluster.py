@@ -10,36 +10,36 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.devcluster import cluster as dc
-from slurmkit.devcluster import layout
-from slurmkit.procs import pid_alive
+from slurmkit.devcluster import names
+from slurmkit.runs.procs import pid_alive
 from slurmkit.slurm import commands
 
 runner = CliRunner()
 
 
 def test_slurm_conf_declares_every_node_and_the_partition() -> None:
-    conf = layout.slurm_conf(3)
+    conf = names.slurm_conf(3)
     assert conf.count("NodeName=node") == 3
     assert "NodeName=node3 NodeAddr=10.77.0.13 NodeHostname=node3" in conf
     assert "PartitionName=debug Nodes=node[1-3] Default=YES MaxTime=60" in conf
     assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
-    assert "node3" in layout.hosts_block(3) and layout.hosts_block(3).startswith(layout.HOSTS_BEGIN)
+    assert "node3" in names.hosts_block(3) and names.hosts_block(3).startswith(names.HOSTS_BEGIN)
 
 
 def test_slurm_conf_variants_preemption_no_accounting_and_gres() -> None:
-    conf = layout.slurm_conf(2)
+    conf = names.slurm_conf(2)
     assert "PreemptType=preempt/partition_prio" in conf and "GresTypes" not in conf
-    assert f"PartitionName={layout.URGENT_PARTITION} Nodes=node[1-2]" in conf
+    assert f"PartitionName={names.URGENT_PARTITION} Nodes=node[1-2]" in conf
     assert "PriorityTier=1 PreemptMode=CANCEL GraceTime=20" in conf and "PriorityTier=10 PreemptMode=OFF" in conf
-    bare = layout.slurm_conf(2, layout.Variant(accounting=False, min_job_age_s=5))
+    bare = names.slurm_conf(2, names.Variant(accounting=False, min_job_age_s=5))
     assert "AccountingStorageType=accounting_storage/none" in bare and "AccountingStorageHost" not in bare
     assert "MinJobAge=5" in bare
-    gpus = layout.slurm_conf(2, layout.Variant(gpus_per_node=2))
+    gpus = names.slurm_conf(2, names.Variant(gpus_per_node=2))
     assert "GresTypes=gpu" in gpus and gpus.count(" Gres=gpu:2 ") == 2
-    assert layout.gres_conf(2, 2).endswith(f"NodeName=node[1-2] Name=gpu File={layout.GPU_DEVICES}/nvidia[0-1]\n")
-    assert layout.gres_conf(2, 1).endswith("/nvidia0\n")
+    assert names.gres_conf(2, 2).endswith(f"NodeName=node[1-2] Name=gpu File={names.GPU_DEVICES}/nvidia[0-1]\n")
+    assert names.gres_conf(2, 1).endswith("/nvidia0\n")
     assert "SlurmctldParameters=preempt_send_user_signal" not in conf
-    assert "SlurmctldParameters=preempt_send_user_signal\n" in layout.slurm_conf(2, layout.Variant(
+    assert "SlurmctldParameters=preempt_send_user_signal\n" in names.slurm_conf(2, names.Variant(
         preempt_user_signal=True))
 
 

@@ -9,7 +9,7 @@ from importlib.metadata import version
 import submitit
 from submitit.core import core
 
-from slurmkit.slurm.executor import RenderedSlurmExecutor
+from slurmkit.slurm.submitit_executor import RenderedSlurmExecutor
 
 
 def test_submitit_is_in_the_pinned_range() -> None:

@@ -12,7 +12,7 @@ import yaml
 
 from slurmkit.common.errors import ConfigError
 from slurmkit.config.loader import resolve
-from slurmkit.jobs import dry_run
+from slurmkit.runs.jobs import dry_run
 from tests.conftest import EXAMPLES
 from tests.test_render import check_shell, supervisor_call
 

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from slurmkit import goodput
 from slurmkit.common.metrics import Interval, iter_records, iter_records_reversed, last_record, read_records
 from slurmkit.config.train import TrainConfig
+from slurmkit.insight import goodput
 from slurmkit.slurm.parse import Incarnation
 from slurmkit.worker.ckptstore import CheckpointStore, from_bytes
 from slurmkit.worker.dist import distributed
-from slurmkit.worker.tasks.train import build
-from slurmkit.worker.tasks.train import run as train
+from slurmkit.worker.tasks.train_task import build
+from slurmkit.worker.tasks.train_task import run as train
 from tests.conftest import executed_steps
 from tests.test_resume import BASE
 

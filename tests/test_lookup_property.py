@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from slurmkit import lookup
 from slurmkit.cli.app import app
+from slurmkit.runs import lookup
 from slurmkit.sweeps import store
 
 OTHER_UID = 65534

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from slurmkit import goodput
 from slurmkit.cli.app import app
+from slurmkit.insight import goodput
 from slurmkit.slurm.parse import Incarnation
 from tests.conftest import EXAMPLES
 
@@ -125,7 +125,7 @@ def test_doctor_warns_what_is_degraded_without_accounting_stand_in_scontrol_and_
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, conf: str, sacct_rc: int, says: str | None) -> None:
     import os
 
-    from slurmkit import doctor
+    from slurmkit.insight import doctor
 
     for name, body in (("scontrol", f'echo "AccountingStorageType   = {conf}"'),
                        ("sacct", f'echo "slurmdbd: connection refused" >&2; exit {sacct_rc}')):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from slurmkit.common.errors import SlurmError
-from slurmkit.polling import Poller
+from slurmkit.runs.polling import Poller
 from slurmkit.slurm import commands
 
 
@@ -175,7 +175,7 @@ def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol
 
 
 def test_until_ended_stops_at_the_end_at_the_timeout_and_after_the_unknown_grace() -> None:
-    from slurmkit.polling import UNKNOWN_GRACE_S
+    from slurmkit.runs.polling import UNKNOWN_GRACE_S
 
     def run(answers: list[set[str]], timeout_s: float | None = None) -> tuple[int, float]:
         clock = Clock()
@@ -216,7 +216,7 @@ def test_a_wait_rides_out_a_controller_outage_with_one_warning(capsys: pytest.Ca
 
 
 def test_on_change_emits_each_transition_once() -> None:
-    from slurmkit.polling import on_change
+    from slurmkit.runs.polling import on_change
 
     lines: list[str] = []
     seen = on_change(str.upper, lines.append)
@@ -237,10 +237,10 @@ def test_a_failing_sacct_is_a_warning_and_the_run_folder_decides_stand_in_sacct(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         outcomes: list[str], state: str) -> None:
     """No accounting (or sacct failing): status goes on from squeue and what the ranks recorded."""
-    from slurmkit import jobs
     from slurmkit.common import outcomes as oc
     from slurmkit.common.layout import RunPaths
     from slurmkit.common.record import RunRecord
+    from slurmkit.runs import jobs
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -265,10 +265,10 @@ def test_a_preempted_run_ends_and_says_how_to_resume_stand_in_squeue(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marked: bool) -> None:
     """Slurm's PREEMPTED (the grace ran out) is an end, as is a COMPLETED job whose rank 0 marked
     it preempted under PreemptMode=CANCEL; either way `result` names `slurmkit resubmit`."""
-    from slurmkit import jobs
     from slurmkit.common.errors import JobFailedError
     from slurmkit.common.layout import RunPaths
     from slurmkit.common.record import RunRecord
+    from slurmkit.runs import jobs
 
     state = "COMPLETED" if marked else "PREEMPTED"
     stand_in(tmp_path, "squeue", f'echo "77|{state}|None|node1|0:05|0"\n')

@@ -81,8 +81,8 @@ def test_unpicklable_call_is_refused_at_submit(local_profile: Path, run_root: Pa
 
 
 def test_spec_file_cannot_name_a_function(tmp_path: Path, local_profile: Path) -> None:
-    from slurmkit import jobs
     from slurmkit.config.loader import resolve
+    from slurmkit.runs import jobs
 
     resolved = resolve({"name": "x", "function": "m.f"}, str(local_profile))
     with pytest.raises(ConfigError, match="function is set only by slurmkit.Executor.submit"):
@@ -98,8 +98,8 @@ def test_module_only_in_the_working_directory_goes_by_value(tmp_path: Path, monk
     monkeypatch.syspath_prepend(str(src))
     import loginonly_mod
 
-    from slurmkit.api import check_call
-    from slurmkit.jobs import Call
+    from slurmkit.api.executor import check_call
+    from slurmkit.runs.jobs import Call
 
     call = Call(loginonly_mod.times, (6,))
     check_call(call)
@@ -141,7 +141,7 @@ def test_local_submit_result_failure_map_and_reattach(local_profile: Path, run_r
     assert sorted(j.run_id for j in done) == sorted(j.run_id for j in mapped)
     assert [j.result() for j in mapped] == [11, 22, 33]
     # What Python submitted, the CLI sees: one run per submit, the map as one sweep.
-    from slurmkit import jobs
+    from slurmkit.runs import jobs
     from slurmkit.sweeps.store import list_sweeps
 
     assert {s.run_id for s in jobs.status(str(run_root))} == {job.run_id, lam.run_id, bad.run_id}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from submitit.core.utils import DelayedSubmission, pickle_load
 
-from slurmkit.slurm.executor import RANK_MODULE
+from slurmkit.slurm.submitit_executor import RANK_MODULE
 from slurmkit.worker.rank import exit_status
 from tests import helpers_fns
 

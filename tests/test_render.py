@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from slurmkit.common.errors import RenderError
-from slurmkit.common.plan import Plan
+from slurmkit.common.supervisor_plan import Plan
 from slurmkit.config.loader import resolve
 from slurmkit.slurm import steps
-from slurmkit.slurm.executor import ArraySpec, rank_python, render_for, submitit_command
 from slurmkit.slurm.steps import Container
+from slurmkit.slurm.submitit_executor import ArraySpec, rank_python, render_for, submitit_command
 from slurmkit.worker import supervisor
 from tests.conftest import ROOT, write_spec
 from tests.test_profiles import SHIPPED

@@ -111,8 +111,8 @@ def test_a_partition_preempt_mode_decides_who_brings_the_job_back() -> None:
 def test_resubmit_refuses_a_local_run_in_one_line(tmp_path: Path) -> None:
     import pytest
 
-    from slurmkit import jobs
     from slurmkit.common.errors import SlurmkitError
+    from slurmkit.runs import jobs
 
     with pytest.raises(SlurmkitError, match="only a run on a Slurm profile can be resubmitted"):
         jobs.resubmit(_run(tmp_path, executor="local"))

@@ -22,7 +22,7 @@ from slurmkit.common import trust
 from slurmkit.worker.dist import Dist, DistEnv, Group
 from slurmkit.worker.ft import warm
 from slurmkit.worker.ft.decision import Action, Decision
-from slurmkit.worker.store import tcp_store
+from slurmkit.worker.signed_store import tcp_store
 
 TIMEOUT = dt.timedelta(seconds=60)
 SECRET = b"s" * 32
@@ -128,11 +128,12 @@ def test_the_run_secret_is_private_made_once_and_the_same_for_every_reader(tmp_p
 
 def test_a_host_name_that_resolves_to_loopback_on_its_own_node_listens_everywhere(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmkit.worker import store
+    from slurmkit.worker import signed_store
 
     names = {"node1": "127.0.1.1", "node2": "10.0.0.12"}  # node1's own /etc/hosts maps it to loopback
     real = socket.gethostbyname
-    monkeypatch.setattr(store.socket, "gethostbyname", lambda name: names.get(name) or real(name))
-    assert store.bind_address("node1") == ""  # node2 must reach it: every interface, the signatures guard
-    assert store.bind_address("node2") == "10.0.0.12"
-    assert store.bind_address("127.0.0.1") == "127.0.0.1" and store.bind_address("localhost") == "127.0.0.1"
+    monkeypatch.setattr(signed_store.socket, "gethostbyname", lambda name: names.get(name) or real(name))
+    assert signed_store.bind_address("node1") == ""  # node2 must reach it: every interface, the signatures guard
+    assert signed_store.bind_address("node2") == "10.0.0.12"
+    assert signed_store.bind_address("127.0.0.1") == "127.0.0.1"
+    assert signed_store.bind_address("localhost") == "127.0.0.1"

@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from slurmkit import jobs, lookup, procs, runs
 from slurmkit.cli.app import app
 from slurmkit.common import trust
 from slurmkit.common.errors import ConfigError, SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import CorruptRecordError
-from slurmkit.lookup import find_run
-from slurmkit.snapshot import take
+from slurmkit.runs import jobs, lookup, procs, registry
+from slurmkit.runs.lookup import find_run
+from slurmkit.runs.snapshot import take
 from slurmkit.sweeps.store import find_sweep
 from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
 from tests.conftest import write_spec
@@ -121,7 +121,7 @@ def test_a_planted_local_record_never_signals_the_callers_process(tmp_path: Path
 
 
 def test_report_replaces_a_planted_symlink_instead_of_writing_through_it(tmp_path: Path, run_root: Path) -> None:
-    from slurmkit import report
+    from slurmkit.insight import report
 
     folder = plant_run(run_root / "mine", {"executor": "local", "job_ids": []})
     precious = tmp_path / "precious"
@@ -210,10 +210,10 @@ def test_a_private_run_root_inside_a_folder_others_can_write_is_refused(tmp_path
     os.chmod(shared, 0o777)
     (shared / "runs").mkdir(mode=0o700)
     with pytest.raises(ConfigError) as err:
-        runs.create(str(shared / "runs"), "x")
+        registry.create(str(shared / "runs"), "x")
     assert "without the sticky bit" in err.value.what and str(shared) in err.value.what
     os.chmod(shared, 0o1777)
-    assert runs.create(str(shared / "runs"), "x").run_dir.parent == shared / "runs"
+    assert registry.create(str(shared / "runs"), "x").run_dir.parent == shared / "runs"
 
 
 @needs_root
@@ -296,13 +296,13 @@ def test_a_checkpoint_root_others_could_swap_folders_in_is_refused(tmp_path: Pat
     open_root.mkdir()
     os.chmod(open_root, 0o777)
     with pytest.raises(ConfigError) as err:
-        runs.create(str(tmp_path / "runs"), "x", checkpoint_root=str(open_root / "mine"))
+        registry.create(str(tmp_path / "runs"), "x", checkpoint_root=str(open_root / "mine"))
     assert err.value.where == f"profile:checkpoint_root={str(open_root / 'mine')!r}"
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
     with pytest.raises(CheckpointError):  # and on the compute side, where the job opens it
         CheckpointStore(str(open_root / "run-1"))
     os.chmod(open_root, 0o1777)
-    runs.create(str(tmp_path / "runs"), "x", checkpoint_root=str(open_root / "mine"))
+    registry.create(str(tmp_path / "runs"), "x", checkpoint_root=str(open_root / "mine"))
     CheckpointStore(str(open_root / "run-1"))
 
 

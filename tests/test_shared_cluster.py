@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from slurmkit import jobs, procs, runs
 from slurmkit.cli.app import app
 from slurmkit.common import outcomes, perms
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
-from slurmkit.lookup import list_runs
+from slurmkit.runs import jobs, procs, registry
+from slurmkit.runs.lookup import list_runs
 from slurmkit.worker.ft import policy, restarts
 from slurmkit.worker.ft.decision import Action
 from tests.conftest import write_spec
@@ -164,12 +164,12 @@ def test_local_run_folder_and_files_are_private(tmp_path: Path, run_root: Path, 
 
 
 def test_group_run_mode_gives_setgid_group_readable_folders(tmp_path: Path, run_root: Path) -> None:
-    paths = runs.create(str(run_root), "grp", perms.GROUP)
+    paths = registry.create(str(run_root), "grp", perms.GROUP)
     assert stat.S_IMODE(paths.run_dir.stat().st_mode) == 0o2750
     RunRecord(paths).create({"run_id": paths.run_id})
-    runs.write_script(paths, "#!/bin/bash\n")
+    registry.write_script(paths, "#!/bin/bash\n")
     assert _mode(paths.record) == 0o640 and _mode(paths.script) == 0o640
-    private = runs.create(str(run_root), "priv")
+    private = registry.create(str(run_root), "priv")
     RunRecord(private).create({"run_id": private.run_id})
     assert _mode(private.run_dir) == 0o700 and _mode(private.record) == 0o600
 
@@ -194,7 +194,7 @@ def test_a_reused_pid_is_neither_running_nor_signalled(tmp_path: Path, run_root:
         assert unrelated.stdout is not None and unrelated.stdout.readline() == "ready\n"
         start = procs.start_time(unrelated.pid)
         assert start is not None
-        paths = runs.create(str(run_root), "reused")
+        paths = registry.create(str(run_root), "reused")
         RunRecord(paths).create({"run_id": paths.run_id, "executor": "local", "num_tasks": 1, "job_ids": []})
         RunRecord(paths).add_job_id(str(unrelated.pid), pid_start=start - 1)  # the dead controller's start
         assert jobs.run_state(paths).state != "RUNNING"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit import snapshot
 from slurmkit.common.errors import ConfigError
+from slurmkit.runs import snapshot
 
 
 def git(repo: Path, *args: str) -> None:
@@ -73,8 +73,8 @@ def test_outside_git_the_module_folder_is_copied(tmp_path: Path, monkeypatch: py
 
 def test_submit_records_the_snapshot_and_renders_the_cd(repo: Path, dev_profile: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmkit import jobs
     from slurmkit.config.loader import resolve
+    from slurmkit.runs import jobs
 
     monkeypatch.chdir(repo)
     resolved = resolve({"name": "snap", "command": "true", "snapshot": True}, str(dev_profile))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.plan import Plan
+from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
 from slurmkit.worker import supervisor
@@ -54,7 +54,7 @@ def test_the_ranks_step_of_a_shrinking_job_runs_on_the_decided_nodes() -> None:
 WAITER = """
 import subprocess, sys
 from pathlib import Path
-from slurmkit.common.plan import Plan
+from slurmkit.common.supervisor_plan import Plan
 from slurmkit.common.layout import RunPaths
 from slurmkit.slurm.steps import Container
 from slurmkit.worker.supervisor import Supervisor

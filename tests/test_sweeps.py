@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.common.record import RunRecord
-from slurmkit.dependency import after_dependency
+from slurmkit.runs.dependency import after_dependency
 from slurmkit.sweeps import plan as plan_mod
 from slurmkit.sweeps import resolve as resolve_mod
 from slurmkit.sweeps import results, spec, store

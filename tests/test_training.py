@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit import jobs
 from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
-from slurmkit.worker.tasks.train import run as train
+from slurmkit.runs import jobs
+from slurmkit.worker.tasks.train_task import run as train
 from tests.conftest import EXAMPLES, steady
 
 SHORT = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 3}

@@ -7,7 +7,7 @@ import pytest
 from slurmkit.bench.allreduce import busbw, sizes
 from slurmkit.common.ports import training_port
 from slurmkit.worker import dist
-from slurmkit.worker.metrics import (
+from slurmkit.worker.flops import (
     PEAK_BF16_FLOPS,
     dense_flops_per_sample,
     gpt_flops_per_token,

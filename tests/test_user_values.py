@@ -9,7 +9,7 @@ import pytest
 
 from slurmkit.common.errors import ConfigError, RunNotFoundError
 from slurmkit.config.loader import resolve
-from slurmkit.jobs import dry_run
+from slurmkit.runs.jobs import dry_run
 from tests.conftest import write_spec
 
 
@@ -69,7 +69,7 @@ def test_what_slurmkit_writes_as_yaml_reads_back_unchanged(text: str) -> None:
 
 def test_an_unset_variable_in_run_root_is_an_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurmkit.common.layout import expand_checkpoint_root
-    from slurmkit.runs import expand_root
+    from slurmkit.runs.registry import expand_root
 
     monkeypatch.delenv("SLURMKIT_NO_SUCH_VAR", raising=False)
     monkeypatch.setenv("SLURMKIT_SCRATCH", str(tmp_path))
@@ -102,7 +102,7 @@ def test_submit_with_an_unset_variable_creates_nothing(tmp_path: Path, monkeypat
 def test_a_raw_job_id_names_a_run_or_a_sweep_task(tmp_path: Path) -> None:
     from slurmkit.common.layout import RunPaths
     from slurmkit.common.record import RunRecord
-    from slurmkit.lookup import find
+    from slurmkit.runs.lookup import find
     from slurmkit.sweeps.store import ArrayLog, SweepPaths
 
     root = tmp_path / "runs"
@@ -126,7 +126,7 @@ def test_after_kinds_and_a_job_slurmkit_did_not_submit(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from slurmkit.cli.app import app
-    from slurmkit.dependency import after_dependency
+    from slurmkit.runs.dependency import after_dependency
 
     root = str(tmp_path / "runs")
     assert after_dependency(root, "4242") == "afterok:4242"  # Slurm itself checks a job it knows

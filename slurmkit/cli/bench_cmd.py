@@ -22,9 +22,9 @@ def allreduce(
     as_json: JsonOpt = False,
 ) -> None:
     """All-reduce time, algbw and busbw from 8 B to 256 MB over every rank, with a memcpy baseline."""
-    from slurmkit import jobs
     from slurmkit.common.layout import RunPaths
     from slurmkit.config.loader import resolve
+    from slurmkit.runs import jobs
 
     spec = {"name": "bench-allreduce", "callable": "slurmkit.bench.allreduce:run",
             "kwargs": {"max_bytes": max_bytes}, "resources": {"nodes": nodes} if nodes else {}}

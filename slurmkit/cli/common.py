@@ -73,7 +73,7 @@ def dependency_for(profile: str | None, after: str | None, after_any: str | None
                             valid="valid: one of them")
     if not given:
         return None
-    from slurmkit.dependency import after_dependency
+    from slurmkit.runs.dependency import after_dependency
 
     kind, ident = given[0]
     return after_dependency(run_root_for(profile), ident, kind)
@@ -91,7 +91,7 @@ def transitions(describe: Callable[[Any], str]) -> Callable[[Any], None]:
     when stderr is a terminal), so stdout keeps only the result."""
     from rich.console import Console
 
-    from slurmkit.polling import on_change
+    from slurmkit.runs.polling import on_change
 
     console = Console(stderr=True, highlight=False)
 

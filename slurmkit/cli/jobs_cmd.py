@@ -22,7 +22,7 @@ from slurmkit.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from slurmkit.jobs import Submitted
+    from slurmkit.runs.jobs import Submitted
 
 RunArg = Annotated[str, typer.Argument(help="Run id, unique prefix, or run folder.")]
 
@@ -40,8 +40,8 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Submit RUNSPEC; print its run id and job id."""
-    from slurmkit import jobs
     from slurmkit.config.loader import resolve
+    from slurmkit.runs import jobs
 
     resolved = resolve(runspec, profile, set_ or [])
     dependency = dependency_for(profile, after, after_any, after_notok)
@@ -53,8 +53,8 @@ def submit(
 
 def _announce(sub: Submitted, wait: bool, as_json: bool) -> None:
     """Print a submitted run; with wait, follow it to its end and print its result."""
-    from slurmkit import jobs
     from slurmkit.common.layout import RunPaths
+    from slurmkit.runs import jobs
 
     if as_json and not wait:
         print_json({"run_id": sub.run_id, "job_id": sub.job_id, "run_dir": sub.run_dir})
@@ -81,8 +81,8 @@ def resubmit(
     as_json: JsonOpt = False,
 ) -> None:
     """Submit an ended run again under its run id; it resumes from its newest checkpoint."""
-    from slurmkit import jobs
-    from slurmkit.lookup import find as find_run
+    from slurmkit.runs import jobs
+    from slurmkit.runs.lookup import find as find_run
 
     _announce(jobs.resubmit(find_run(run_root_for(profile), run), partition), wait, as_json)
 
@@ -94,7 +94,7 @@ def status(
     as_json: JsonOpt = False,
 ) -> None:
     """Show the state of runs: one squeue call for all, sacct only for finished jobs."""
-    from slurmkit import jobs
+    from slurmkit.runs import jobs
 
     rows = jobs.status(run_root_for(profile), runs)
     if as_json:
@@ -114,7 +114,7 @@ def status(
 @user_errors
 def list_runs(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """List runs, newest first."""
-    from slurmkit import jobs
+    from slurmkit.runs import jobs
 
     rows = jobs.status(run_root_for(profile))
     if as_json:
@@ -135,8 +135,8 @@ def logs(
     rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's output.")] = None,
 ) -> None:
     """Print every rank's output, each line prefixed with its rank ([N!] marks stderr)."""
-    from slurmkit import jobs
-    from slurmkit.lookup import find as find_run
+    from slurmkit.runs import jobs
+    from slurmkit.runs.lookup import find as find_run
 
     for line in jobs.logs(find_run(run_root_for(profile), run), rank=rank, follow=follow):
         typer.echo(line)
@@ -145,8 +145,8 @@ def logs(
 @user_errors
 def cancel(run: RunArg, profile: ProfileOpt = None) -> None:
     """Cancel every job of a run."""
-    from slurmkit import jobs
-    from slurmkit.lookup import find as find_run
+    from slurmkit.runs import jobs
+    from slurmkit.runs.lookup import find as find_run
 
     ids = jobs.cancel(find_run(run_root_for(profile), run))
     typer.echo(f"cancelled {', '.join(ids) or 'nothing'}")
@@ -155,8 +155,8 @@ def cancel(run: RunArg, profile: ProfileOpt = None) -> None:
 @user_errors
 def result(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Print the run's return value; on failure, the tail of the failing rank's log (exit 4)."""
-    from slurmkit import jobs
-    from slurmkit.lookup import find as find_run
+    from slurmkit.runs import jobs
+    from slurmkit.runs.lookup import find as find_run
 
     value = jobs.result(find_run(run_root_for(profile), run))
     if as_json:

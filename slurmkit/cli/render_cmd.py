@@ -18,6 +18,6 @@ def render(
 ) -> None:
     """Print the sbatch script for RUNSPEC, exactly as `submit` would submit it."""
     from slurmkit.config.loader import resolve
-    from slurmkit.jobs import dry_run
+    from slurmkit.runs.jobs import dry_run
 
     typer.echo(dry_run(resolve(runspec, profile, set_ or [])).script, nl=False)

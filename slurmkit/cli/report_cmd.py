@@ -19,8 +19,8 @@ def report(
     as_json: JsonOpt = False,
 ) -> None:
     """Plot loss, throughput, MFU, GPU use and the timeline of every job, with the goodput accounting."""
-    from slurmkit import report as rep
-    from slurmkit.lookup import find as find_run
+    from slurmkit.insight import report as rep
+    from slurmkit.runs.lookup import find as find_run
 
     paths = find_run(run_root_for(profile), run)
     target = output or paths.report

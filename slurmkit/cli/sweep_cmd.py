@@ -180,7 +180,7 @@ def resubmit(
 @user_errors
 def list_sweeps(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Sweeps under the run root, newest first."""
-    from slurmkit.lookup import readable
+    from slurmkit.runs.lookup import readable
     from slurmkit.sweeps import store
 
     rows = []

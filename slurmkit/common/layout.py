@@ -1,7 +1,7 @@
 """The run folder's layout: the paths of one run (RunPaths), all but the run's secret (common.trust)
 and Ray's token (worker.ray_driver).
 
-Both sides use it: the client creates and reads run folders (slurmkit.runs), the job's
+Both sides use it: the client creates and reads run folders (slurmkit.runs.registry), the job's
 supervisor and ranks write into them. docs/design.md has who owns each file.
 """
 

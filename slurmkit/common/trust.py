@@ -13,7 +13,7 @@ by a `stat` of the path before a second open, and a refusal is one line (`NotOwn
 - a Slurm job id is digits in the forms Slurm prints (`job_id`), so no id can reach a Slurm
   command as an option;
 - the run's secret (`run_secret`) signs what the ranks exchange through their store and derives
-  Ray's token (slurmkit.worker.store, slurmkit.worker.ray_driver).
+  Ray's token (slurmkit.worker.signed_store, slurmkit.worker.ray_driver).
 
 Torch-free and light: the login side, the supervisor and the ranks all import it.
 """
@@ -163,7 +163,7 @@ SECRET_BYTES = 32
 def run_secret(folder: Path | str) -> bytes:
     """The run's secret: 32 random bytes in `folder` (the run folder, 0600 whatever the run_mode), made
     by whichever process asks first (written aside, then linked: never half a secret) and read by
-    every rank: the ranks' store signs with it (slurmkit.worker.store), Ray's token comes from it."""
+    every rank: the ranks' store signs with it (slurmkit.worker.signed_store), Ray's token comes from it."""
     folder = Path(folder)
     check(reason(folder, follow=True), str(folder), "valid: a run folder of your own")
     path = folder / SECRET_FILE

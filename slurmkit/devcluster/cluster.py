@@ -21,13 +21,13 @@ from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import DevClusterError, SlurmError, squash
-from slurmkit.devcluster import layout, network
-from slurmkit.procs import pid_alive
+from slurmkit.devcluster import names, network
+from slurmkit.runs.procs import pid_alive
 from slurmkit.slurm import commands
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "mariadb-server", "iproute2"]
 BINARIES = ["slurmctld", "slurmd", "sbatch", "munged", "slurmdbd", "mariadbd", "ip", "nsenter"]
-DAEMONS_FILE = layout.STATE_DIR / "daemons.json"
+DAEMONS_FILE = names.STATE_DIR / "daemons.json"
 Log = Callable[[str], None]
 
 
@@ -86,8 +86,8 @@ def ours(name: str, pid: int | None) -> bool:
 
 
 def _spawn(name: str, argv: list[str], **kw: Any) -> int:
-    layout.LOG_DIR.mkdir(parents=True, exist_ok=True)
-    with open(layout.LOG_DIR / f"{name}.console.log", "ab") as out:
+    names.LOG_DIR.mkdir(parents=True, exist_ok=True)
+    with open(names.LOG_DIR / f"{name}.console.log", "ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, **kw)
     return proc.pid
@@ -101,7 +101,7 @@ def _wait_for(what: str, ok: Callable[[], bool], timeout: float, pid: int | None
         if pid is not None and not pid_alive(pid):
             break
         time.sleep(0.3)
-    hint = f"; see {layout.LOG_DIR / log_name}" if log_name else ""
+    hint = f"; see {names.LOG_DIR / log_name}" if log_name else ""
     raise DevClusterError(f"{what} did not come up within {timeout:.0f} s{hint}")
 
 
@@ -154,9 +154,9 @@ def _start_mariadb(state: dict[str, Any], log: Log, purge: bool) -> None:
         _wait_for("mariadb", _mariadb_ok, 60, pid, "mariadb.console.log")
     sql = ""
     if purge:
-        sql += f"DROP DATABASE IF EXISTS {layout.DB_NAME}; "
-    sql += (f"CREATE USER IF NOT EXISTS '{layout.DB_USER}'@'localhost' IDENTIFIED BY '{layout.DB_PASS}'; "
-            f"GRANT ALL ON {layout.DB_NAME}.* TO '{layout.DB_USER}'@'localhost'; FLUSH PRIVILEGES;")
+        sql += f"DROP DATABASE IF EXISTS {names.DB_NAME}; "
+    sql += (f"CREATE USER IF NOT EXISTS '{names.DB_USER}'@'localhost' IDENTIFIED BY '{names.DB_PASS}'; "
+            f"GRANT ALL ON {names.DB_NAME}.* TO '{names.DB_USER}'@'localhost'; FLUSH PRIVILEGES;")
     sh(["mariadb", "-e", sql], timeout=30)
 
 
@@ -192,7 +192,7 @@ def _wait_idle(n: int, log: Log, timeout: float = 90) -> None:
     states: dict[str, str] = {}
     while time.monotonic() < deadline:
         states = _node_states()
-        want = [nd.name for nd in layout.nodes(n)]
+        want = [nd.name for nd in names.nodes(n)]
         for name in want:
             st = states.get(name, "").rstrip("*~#!%$@^-")
             if st in ("down", "drain", "drained", "draining", "fail") and name not in resumed:
@@ -202,10 +202,10 @@ def _wait_idle(n: int, log: Log, timeout: float = 90) -> None:
         if all(states.get(name, "").rstrip("*~#!%$@^-") in ("idle", "mix", "alloc") for name in want):
             return
         time.sleep(0.5)
-    raise DevClusterError(f"nodes not idle after {timeout:.0f} s: {states}", valid=f"see {layout.LOG_DIR}")
+    raise DevClusterError(f"nodes not idle after {timeout:.0f} s: {states}", valid=f"see {names.LOG_DIR}")
 
 
-def up(n: int = 2, purge: bool = False, log: Log = print, variant: layout.Variant = layout.DEFAULT) -> dict[str, Any]:
+def up(n: int = 2, purge: bool = False, log: Log = print, variant: names.Variant = names.DEFAULT) -> dict[str, Any]:
     """Bring the cluster up with n nodes as `variant` says; a second call with the same ones changes
     nothing, other ones restart the daemons (slurmctld reads MaxJobCount only when it starts).
     Without accounting no mariadb or slurmdbd runs: sacct has nothing to ask, as on clusters
@@ -223,31 +223,31 @@ def up(n: int = 2, purge: bool = False, log: Log = print, variant: layout.Varian
         raise DevClusterError(f"--gpus-per-node {v.gpus_per_node}", valid="valid: 0 to 16")
     ensure_packages(log)
     state = _load()
-    conf = layout.slurm_conf(n, v)
-    reconfigured = layout.SLURM_CONF.exists() and layout.SLURM_CONF.read_text() != conf and bool(state["daemons"])
+    conf = names.slurm_conf(n, v)
+    reconfigured = names.SLURM_CONF.exists() and names.SLURM_CONF.read_text() != conf and bool(state["daemons"])
     if purge or (state["nodes"] and state["nodes"] != n) or reconfigured:
         down(purge=purge, log=log)
         state = _load()
-    for d in (layout.STATE_DIR, layout.RUN_DIR, layout.LOG_DIR, layout.STATE_DIR / "ctld", layout.SLURM_CONF.parent):
+    for d in (names.STATE_DIR, names.RUN_DIR, names.LOG_DIR, names.STATE_DIR / "ctld", names.SLURM_CONF.parent):
         d.mkdir(parents=True, exist_ok=True)
     state["nodes"] = n
-    _write_if_changed(layout.SLURM_CONF, conf, 0o644)
-    _write_if_changed(layout.SLURMDBD_CONF, layout.slurmdbd_conf(), 0o600)
+    _write_if_changed(names.SLURM_CONF, conf, 0o644)
+    _write_if_changed(names.SLURMDBD_CONF, names.slurmdbd_conf(), 0o600)
     if v.gpus_per_node:
         _gpu_devices(v.gpus_per_node)
-        _write_if_changed(layout.GRES_CONF, layout.gres_conf(n, v.gpus_per_node), 0o644)
+        _write_if_changed(names.GRES_CONF, names.gres_conf(n, v.gpus_per_node), 0o644)
     else:
-        layout.GRES_CONF.unlink(missing_ok=True)
-    network.setup(layout.nodes(n))
-    network.write_hosts(layout.hosts_block(n))
+        names.GRES_CONF.unlink(missing_ok=True)
+    network.setup(names.nodes(n))
+    network.write_hosts(names.hosts_block(n))
     _start_munge(state, log)
     if v.accounting:
         _start_mariadb(state, log, purge)
         _save(state)
         _start_daemon(state, "slurmdbd", ["slurmdbd", "-D"], lambda: _port_open("127.0.0.1", 6819), log)
     _start_daemon(state, "slurmctld", ["slurmctld", "-D", "-i"], _ctld_up, log)
-    for nd in layout.nodes(n):
-        (layout.STATE_DIR / f"slurmd-{nd.name}").mkdir(exist_ok=True)
+    for nd in names.nodes(n):
+        (names.STATE_DIR / f"slurmd-{nd.name}").mkdir(exist_ok=True)
         # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails its cgroup init.
         argv = ["nsenter", f"--net=/run/netns/{nd.netns}", "unshare", "--uts", "sh", "-c",
                 f'hostname {nd.name} && exec slurmd -D -N {nd.name}']
@@ -257,16 +257,16 @@ def up(n: int = 2, purge: bool = False, log: Log = print, variant: layout.Varian
     extras = [text for on, text in ((not v.accounting, "no accounting"),
                                     (v.gpus_per_node, f"{v.gpus_per_node} GPUs a node"),
                                     (v.preempt_user_signal, "the user signal on preemption")) if on]
-    log(f"dev cluster up: {n} nodes idle in partition {layout.PARTITION}" + "".join(f", {e}" for e in extras))
+    log(f"dev cluster up: {n} nodes idle in partition {names.PARTITION}" + "".join(f", {e}" for e in extras))
     return status()
 
 
 def _gpu_devices(count: int) -> None:
     """Character devices with NVIDIA's major number (195), as slurmd insists on for a gres.conf
     File=; nothing opens them: there are no GPUs here, only their allocation."""
-    layout.GPU_DEVICES.mkdir(parents=True, exist_ok=True)
+    names.GPU_DEVICES.mkdir(parents=True, exist_ok=True)
     for i in range(count):
-        dev = layout.GPU_DEVICES / f"nvidia{i}"
+        dev = names.GPU_DEVICES / f"nvidia{i}"
         if dev.exists() and not dev.is_char_device():
             dev.unlink()
         if not dev.exists():
@@ -287,10 +287,10 @@ def down(purge: bool = False, log: Log = print) -> None:
         if ours(name, pid):
             log(f"stopping {name} (pid {pid})")
             _stop(pid)
-    network.teardown(layout.nodes(state.get("nodes") or 0))
+    network.teardown(names.nodes(state.get("nodes") or 0))
     network.write_hosts("")
     if purge:
-        for d in layout.STATE_DIR.glob("*"):
+        for d in names.STATE_DIR.glob("*"):
             if d.is_dir():
                 shutil.rmtree(d, ignore_errors=True)
         log("purged controller and node state")
@@ -323,14 +323,14 @@ def is_ours() -> bool:
     """The controller that answers is the dev cluster `up` started: our slurm.conf, our live slurmctld,
     and the controller reports our ClusterName (tests stop and restart it: never someone else's)."""
     try:
-        written = layout.SLURM_CONF.read_text().startswith(layout.CONF_HEADER)
+        written = names.SLURM_CONF.read_text().startswith(names.CONF_HEADER)
     except OSError:
         return False
     ctld = _load()["daemons"].get("slurmctld")
     if not written or not ours("slurmctld", ctld):
         return False
     try:
-        return commands.show_config().get("ClusterName") == layout.CLUSTER_NAME
+        return commands.show_config().get("ClusterName") == names.CLUSTER_NAME
     except SlurmError:
         return False
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.slurm.executor import RANK_MODULE
+from slurmkit.slurm.submitit_executor import RANK_MODULE
 
 
 def _environ(pid: Path) -> dict[str, str]:

@@ -11,7 +11,7 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 
-from slurmkit.common.plan import Plan
+from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm.commands import CALLS
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from slurmkit.common import trust
 from slurmkit.common.record import RunRecord
-from slurmkit.procs import start_time
+from slurmkit.runs.procs import start_time
 from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, manifest_tasks, materialize_task
 from slurmkit.sweeps.task import SweepTask
 
@@ -42,7 +42,7 @@ def start(paths: SweepPaths, indices: list[int]) -> int:
 
 def run(paths: SweepPaths, number: int) -> None:
     """Run the tasks of local array `number`, at most max_parallel at once; each job's pid goes to the array log."""
-    from slurmkit.slurm.executor import local_executor
+    from slurmkit.slurm.submitit_executor import local_executor
 
     manifest = Manifest(paths).read()
     groups, group_of = manifest_tasks(manifest)

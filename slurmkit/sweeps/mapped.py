@@ -21,7 +21,7 @@ from slurmkit.sweeps.spec import SweepPlan, SweepSection
 from slurmkit.sweeps.store import ArrayLog, SweepPaths, latest_job_ids
 
 if TYPE_CHECKING:
-    from slurmkit.handles import Job
+    from slurmkit.api.handles import Job
 
 SOURCE = "Executor.map_array"
 
@@ -38,8 +38,8 @@ def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ..
            max_array_size: int | None) -> list[Job]:
     import cloudpickle
 
-    from slurmkit.handles import Job
-    from slurmkit.jobs import Call
+    from slurmkit.api.handles import Job
+    from slurmkit.runs.jobs import Call
     from slurmkit.sweeps.submit import launch
 
     plan, tasks = plan_for(resolved, len(items), max_parallel)

@@ -15,8 +15,8 @@ from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import SlurmkitError, did_you_mean
 from slurmkit.common.metrics import last_record
 from slurmkit.common.record import RunRecord
-from slurmkit.polling import Poller
-from slurmkit.procs import same_process
+from slurmkit.runs.polling import Poller
+from slurmkit.runs.procs import same_process
 from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, latest_job_ids, newest_arrays, task_entry
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
@@ -38,7 +38,7 @@ class TaskState:
 
 
 def _local_states(paths: SweepPaths, manifest: dict[str, Any]) -> list[TaskState]:
-    from slurmkit.jobs import local_state
+    from slurmkit.runs.jobs import local_state
 
     latest = latest_job_ids(manifest)
     out = []
@@ -56,7 +56,7 @@ def _local_states(paths: SweepPaths, manifest: dict[str, Any]) -> list[TaskState
 
 def _by_outcomes(paths: SweepPaths, manifest: dict[str, Any], index: int, job_id: str) -> str:
     """A task neither squeue nor sacct knows: what its ranks' outcome records say (jobs.outcome_state)."""
-    from slurmkit.jobs import outcome_state
+    from slurmkit.runs.jobs import outcome_state
 
     task = paths.task(index)
     if not task.record.exists():
@@ -95,7 +95,7 @@ def wait(paths: SweepPaths, poll_s: float = 2.0, timeout_s: float | None = None,
     """Poll until no task is active (or timeout_s passes): one squeue and at most one sacct a
     poll, backing off as jobs.wait does. The manifest is read once; the array log every poll,
     so tasks resubmitted meanwhile are waited for too."""
-    from slurmkit.jobs import is_active
+    from slurmkit.runs.jobs import is_active
     from slurmkit.slurm.commands import TransientSlurmError
 
     manifest = Manifest(paths).read()

@@ -26,7 +26,7 @@ from slurmkit.common import trust
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import LockedJson, RunRecord
 from slurmkit.config.loader import Resolved
-from slurmkit.folders import find_folder, owned_folders
+from slurmkit.runs.folders import find_folder, owned_folders
 
 MANIFEST = "sweep.json"
 ARRAYS = "arrays.json"

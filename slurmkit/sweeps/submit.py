@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from slurmkit import runs
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import PreflightError, SlurmError, SlurmkitError, squash
 from slurmkit.common.layout import RunPaths, expand_checkpoint_root
 from slurmkit.config.loader import Resolved, load_profile, profile_name
 from slurmkit.config.overrides import split_sets
+from slurmkit.runs import registry
 from slurmkit.sweeps.plan import compress, plan_arrays
 from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
 from slurmkit.sweeps.spec import SweepPlan
@@ -26,7 +26,7 @@ from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, manifest_tasks
 from slurmkit.sweeps.task import SweepTask
 
 if TYPE_CHECKING:
-    from slurmkit.jobs import Call
+    from slurmkit.runs.jobs import Call
 
 # Final states after which `resubmit --failed` runs a task again.
 RETRY_STATES = frozenset({"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -56,7 +56,7 @@ def cluster_limits() -> tuple[int, int]:
 def _submit_arrays(paths: SweepPaths, groups: list[Resolved], arrays: list[dict[str, Any]], kind: str,
                    dependency: str | None, max_parallel: int | None) -> list[str]:
     """sbatch each planned array, recording each job id in the array log as soon as it exists."""
-    from slurmkit.slurm.executor import ArraySpec, RenderedSlurmExecutor
+    from slurmkit.slurm.submitit_executor import ArraySpec, RenderedSlurmExecutor
 
     chain = max_parallel and len(arrays) > 1
     with ArrayLog(paths).editing() as log:
@@ -92,9 +92,9 @@ def _submit_arrays(paths: SweepPaths, groups: list[Resolved], arrays: list[dict[
 def create(plan: SweepPlan, tasks: SweepTasks) -> SweepPaths:
     """Write the manifest atomically, once; nothing is submitted yet."""
     prof = tasks.groups[0].profile
-    created = runs.create(prof.run_root, f"{plan.name}-sweep", prof.run_mode, prof.checkpoint_root)
+    created = registry.create(prof.run_root, f"{plan.name}-sweep", prof.run_mode, prof.checkpoint_root)
     paths = SweepPaths(created.run_dir)
-    with runs.or_nothing(created):
+    with registry.or_nothing(created):
         _write_manifest(paths, plan, tasks)
     return paths
 
@@ -158,10 +158,10 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
         for group in tasks.groups:
             preflight.check(group)
     paths = create(plan, tasks)
-    with runs.or_nothing(RunPaths(paths.sweep_dir)):
+    with registry.or_nothing(RunPaths(paths.sweep_dir)):
         if prepare is not None:
             prepare(paths)
-        from slurmkit.jobs import take_snapshot
+        from slurmkit.runs.jobs import take_snapshot
 
         if (snap := take_snapshot(first, paths.sweep_dir, call)) is not None:
             # Each task's run.json is made when it starts (store.task_record), and carries this.
@@ -208,7 +208,7 @@ def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | N
 
 def cancel(paths: SweepPaths) -> list[str]:
     """scancel every array of the sweep (local: stop the runner and every task's controller)."""
-    from slurmkit.procs import signal_process
+    from slurmkit.runs.procs import signal_process
 
     manifest = Manifest(paths).read()
     if manifest["executor"] == "local":

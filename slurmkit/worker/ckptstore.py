@@ -227,12 +227,12 @@ class CheckpointStore:
         return removed
 
 
-def snapshot(obj: Any, buffers: dict[str, Any] | None = None, _key: str = "") -> Any:
+def cpu_copy(obj: Any, buffers: dict[str, Any] | None = None, _key: str = "") -> Any:
     """A CPU copy of a (nested) state, taken at a step boundary so training may go on.
 
-    With `buffers`, tensors are copied into the memory of an earlier snapshot taken with the same
+    With `buffers`, tensors are copied into the memory of an earlier copy taken with the same
     buffers when shapes match: fresh allocations (page faults) cost more than the copy itself. The
-    caller keeps a set of buffers out of use while its snapshot is being written or kept.
+    caller keeps a set of buffers out of use while its copy is being written or kept.
     """
     import torch
 
@@ -246,9 +246,9 @@ def snapshot(obj: Any, buffers: dict[str, Any] | None = None, _key: str = "") ->
             buffers[_key] = copy
         return copy
     if isinstance(obj, dict):
-        return {k: snapshot(v, buffers, f"{_key}/{k}") for k, v in obj.items()}
+        return {k: cpu_copy(v, buffers, f"{_key}/{k}") for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        items = [snapshot(v, buffers, f"{_key}/{i}") for i, v in enumerate(obj)]
+        items = [cpu_copy(v, buffers, f"{_key}/{i}") for i, v in enumerate(obj)]
         return items if isinstance(obj, list) else tuple(items)
     return obj
 
@@ -332,7 +332,7 @@ class AsyncWriter:
 
     def abandon(self) -> None:
         """Drop the save in flight, uncommitted (its folder has no marker: never read), once its
-        thread is done with the snapshot; an error it had is dropped with it."""
+        thread is done with the copy; an error it had is dropped with it."""
         self.wait()
         self.step, self._error = None, None
 

@@ -88,7 +88,7 @@ class Group:
 
     def __init__(self, denv: DistEnv, backend: str, device: Any, timeout: dt.timedelta,
                  secret: bytes | None = None) -> None:
-        from slurmkit.worker.store import tcp_store
+        from slurmkit.worker.signed_store import tcp_store
 
         self.denv, self.backend, self.device, self.timeout = denv, backend, device, timeout
         # Signed with the run's secret: another user who reaches the port cannot feed the ranks a value.
@@ -300,7 +300,7 @@ def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
     owns_group = denv.world_size > 1 and not tdist.is_initialized()
     group: Group | None = None
     if owns_group and denv.launcher == "torchrun":
-        from slurmkit.worker.store import tcp_store
+        from slurmkit.worker.signed_store import tcp_store
 
         # torchrun's agent hosts the store at MASTER_ADDR:MASTER_PORT (else rank 0 does, as env://
         # would); the group's values are signed with the run's secret as on srun, while torchrun's

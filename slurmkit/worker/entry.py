@@ -62,9 +62,10 @@ class Run:
             sys.path.insert(0, self.code_dir)
         if self.checkpoint_uri:
             os.environ["SLURMKIT_CHECKPOINT_URI"] = self.checkpoint_uri
-        if self.spec.get("task") is not None:  # stops at an agreed step and records its own restarts
-            task = importlib.import_module(f"slurmkit.worker.tasks.{self.spec['task']}")
-            return task.run(self.spec.get("config") or {}, self.run_dir)
+        if self.spec.get("task") is not None:  # `train` (config.runspec.TASKS): its own stop and restart records
+            from slurmkit.worker.tasks import train_task  # torch: only a task run pays for it
+
+            return train_task.run(self.spec.get("config") or {}, self.run_dir)
         from slurmkit.worker.ft.interrupt import requeue_on_signal
 
         record_restart(self.run_dir)

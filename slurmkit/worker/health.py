@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gpus, source = query()
     found = problems(args.gpus, visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES")))
-    # The gate's store is signed with the run's secret, from the run folder (slurmkit.worker.store).
+    # The gate's store is signed with the run's secret, from the run folder (slurmkit.worker.signed_store).
     os.environ.setdefault("SLURMKIT_RUN_DIR", args.run_dir)
     if args.allreduce and not found:
         found += [p for p in [allreduce_problem()] if p]

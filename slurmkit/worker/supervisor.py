@@ -33,8 +33,8 @@ from typing import Any
 from slurmkit.common import outcomes, ports, trust
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.plan import Plan
 from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
+from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
 from slurmkit.worker.ft import policy
@@ -221,7 +221,7 @@ def parse(argv: list[str]) -> tuple[Path, Plan, Container]:
     head, tail = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.supervisor")
     parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--plan", required=True, help="the plan as JSON (slurmkit.common.plan.Plan)")
+    parser.add_argument("--plan", required=True, help="the plan as JSON (slurmkit.common.supervisor_plan.Plan)")
     parsed = parser.parse_args(head)
     return Path(parsed.run_dir), Plan.model_validate_json(parsed.plan), container_parts(tail)
 

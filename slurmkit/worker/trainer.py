@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from slurmkit.common.metrics import Interval, MetricsWriter
 from slurmkit.worker import agreement
 from slurmkit.worker.dist import Dist
-from slurmkit.worker.metrics import mfu
+from slurmkit.worker.flops import mfu
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 Hook = Callable[["Trainer", dict[str, Any]], None]
@@ -93,7 +93,7 @@ class TrainerOptions:
     seed: int = 0
     """Seed of the distributed sampler's shuffle."""
     flops_per_sample: float = 0.0
-    """Training FLOPs per sample, for MFU (slurmkit.worker.metrics)."""
+    """Training FLOPs per sample, for MFU (slurmkit.worker.flops)."""
     tokens_per_sample: int = 0
     """Tokens per sample, for tokens/s (0: not a token model)."""
     peak_flops: float = 0.0

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from slurmkit.common.errors import squash
 from slurmkit.common.layout import RunPaths
-from slurmkit.worker.ckptstore import AsyncWriter, CheckpointError, CheckpointStore, Entry, Prefetch, snapshot
+from slurmkit.worker.ckptstore import AsyncWriter, CheckpointError, CheckpointStore, Entry, Prefetch, cpu_copy
 from slurmkit.worker.dist import Ranks
 
 T = TypeVar("T")
@@ -77,7 +77,7 @@ class Checkpointer:
         """Seconds the training thread spent in saves and commits (goodput's checkpoint stall)."""
         self.committed: HostCopy | None = None
         self._in_flight: HostCopy | None = None
-        # Two sets of snapshot memory: the host copy's stays untouched while the next save is taken.
+        # Two sets of copy memory: the host copy's stays untouched while the next save is taken.
         self._buffers: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         self._slot = 0
 
@@ -121,7 +121,7 @@ class Checkpointer:
     def keep_start(self, step: int | None, files: dict[str, Any]) -> None:
         """With a host copy: the state training starts from is the first (a fresh start's: not on disk)."""
         if self.host_copy:
-            self.committed = HostCopy(step or 0, snapshot(files, self._buffers[self._slot]), step is not None)
+            self.committed = HostCopy(step or 0, cpu_copy(files, self._buffers[self._slot]), step is not None)
             self._slot ^= 1
 
     def back_to_committed(self) -> HostCopy:
@@ -143,7 +143,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         if self.writer.pending:
             self._commit()
-        taken = snapshot(files, self._buffers[self._slot])
+        taken = cpu_copy(files, self._buffers[self._slot])
         if self.host_copy:
             self._in_flight = HostCopy(step, taken, True)
         self.writer.start(step, taken if mine is None else {n: taken[n] for n in mine})

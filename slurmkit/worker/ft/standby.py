@@ -41,7 +41,7 @@ def _prepare() -> float:
     import torch._dynamo  # noqa: F401 - torch, and what the optimizer's constructor imports: ~2 s more
 
     import slurmkit.worker.entry  # noqa: F401
-    import slurmkit.worker.tasks.train  # noqa: F401
+    import slurmkit.worker.tasks.train_task  # noqa: F401
 
     return time.time() - t0
 

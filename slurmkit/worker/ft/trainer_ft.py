@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from slurmkit.worker.ckptstore import TRAINER_FILES, Prefetch, snapshot
+from slurmkit.worker.ckptstore import TRAINER_FILES, Prefetch, cpu_copy
 from slurmkit.worker.dist import Dist, Ranks
 from slurmkit.worker.ft.checkpointer import Checkpointer, HostCopy, StepFiles
 from slurmkit.worker.ft.faults import FaultInjection
@@ -84,7 +84,7 @@ def _apply(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any], meta:
 
 def _kept(tensors: Iterable[tuple[str, torch.Tensor]], memory: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Copies on the tensors' own device, into `memory` where it fits: no host sync, no allocation
-    each step (snapshot() copies to the host, for a save)."""
+    each step (cpu_copy() copies to the host, for a save)."""
     for name, t in tensors:
         old = memory.get(name)
         if old is not None and (old.shape, old.dtype, old.device) == (t.shape, t.dtype, t.device):
@@ -129,7 +129,7 @@ class TrainerFT:
         def load(files: StepFiles) -> None:
             """Every file is read first, then applied: an unreadable one changes nothing."""
             if not initial:
-                initial.update(snapshot({"model": trainer.raw_model.state_dict(),
+                initial.update(cpu_copy({"model": trainer.raw_model.state_dict(),
                                          "optim": trainer.optimizer.state_dict()}))
             rng = f"rng-rank{self.dist.rank}.pt"
             model, optim, meta = files.load("model.pt"), files.load("optim.pt"), files.load("trainer.pt")
@@ -153,14 +153,14 @@ class TrainerFT:
         _drop_step(trainer)
         # Copies: load_state_dict keeps CPU tensors as given (and pops keys), so the steps that follow
         # would change the host copy itself.
-        _apply(trainer, files["model.pt"], snapshot(files["optim.pt"]), snapshot(files["trainer.pt"]),
+        _apply(trainer, files["model.pt"], cpu_copy(files["optim.pt"]), cpu_copy(files["trainer.pt"]),
                files[f"rng-rank{self.dist.rank}.pt"])
         return copy
 
     def mark(self, trainer: Trainer) -> None:
         """At a step's start: what a restart from the live state needs besides weights and optimizer
-        (a few KB, and the buffers: far less than a snapshot)."""
-        self.boundary = Boundary(trainer.state.step, snapshot(trainer_meta(trainer)), rng_state(),
+        (a few KB, and the buffers: far less than a cpu_copy)."""
+        self.boundary = Boundary(trainer.state.step, cpu_copy(trainer_meta(trainer)), rng_state(),
                                  _kept(trainer.raw_model.named_buffers(), self._mark_memory))
 
     def live_step(self, trainer: Trainer) -> int | None:
@@ -179,7 +179,7 @@ class TrainerFT:
         b = self.boundary
         assert b is not None and self.live_step(trainer) == b.step, "live_step() said the live state is a step's start"
         _drop_step(trainer)
-        _apply_meta(trainer, snapshot(b.meta), b.rng)
+        _apply_meta(trainer, cpu_copy(b.meta), b.rng)
         for name, buf in trainer.raw_model.named_buffers():
             buf.copy_(b.buffers[name])
         return b.step

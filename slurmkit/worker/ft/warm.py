@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from slurmkit.common import outcomes
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.ft.decision import Decision
-from slurmkit.worker.store import SignedStore
+from slurmkit.worker.signed_store import SignedStore
 from slurmkit.worker.trainer import Trainer
 
 POLL_S = 0.02

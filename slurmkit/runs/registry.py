@@ -2,7 +2,7 @@
 run id, the private folder, and the first writes that leave nothing behind when they fail.
 
 A run folder's layout is slurmkit.common.layout's (RunPaths); run.json changes only through
-slurmkit.common.record's locked editor. Finding and listing runs is slurmkit.lookup's.
+slurmkit.common.record's locked editor. Finding and listing runs is slurmkit.runs.lookup's.
 """
 
 from __future__ import annotations

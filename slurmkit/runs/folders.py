@@ -4,7 +4,7 @@ Listing trusts only what the caller owns: folders of other users under a shared 
 skipped (and counted), symlinked folders and records too, and a record's own folder is where it
 was found, whatever it says. An id is looked up under run_root only, never in the working folder;
 a path (it holds a `/`) gets the same rules, and no one else may be able to swap it
-(slurmkit.common.trust). Runs (slurmkit.lookup) and sweeps (slurmkit.sweeps.store) are found here.
+(slurmkit.common.trust). Runs (slurmkit.runs.lookup) and sweeps (slurmkit.sweeps.store) are found here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from slurmkit.common import trust
 from slurmkit.common.errors import ConfigError, RunNotFoundError, did_you_mean, warn
-from slurmkit.runs import expand_root
+from slurmkit.runs.registry import expand_root
 
 _ID_STAMP_RE = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 

@@ -12,15 +12,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmkit import procs, runs
 from slurmkit.common import perms
 from slurmkit.common.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash, warn
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.config.loader import Resolved
-from slurmkit.lookup import find, list_runs, read_records
-from slurmkit.polling import Poller
-from slurmkit.runs import expand_root
+from slurmkit.runs import procs, registry
+from slurmkit.runs.lookup import find, list_runs, read_records
+from slurmkit.runs.polling import Poller
+from slurmkit.runs.registry import expand_root
 from slurmkit.slurm import commands
 
 LOG_TAIL_LINES = 20
@@ -72,7 +72,7 @@ def take_snapshot(resolved: Resolved, run_dir: Path, call: Call | None) -> dict[
     """The code snapshot (when the run asks for one) into the run folder; what run.json records."""
     if not resolved.snapshot:
         return None
-    from slurmkit import snapshot
+    from slurmkit.runs import snapshot
 
     module = sys.modules.get(getattr(call.fn, "__module__", "") or "") if call else None
     return snapshot.into(run_dir, RunPaths(run_dir).code_dir, getattr(module, "__file__", None),
@@ -81,7 +81,7 @@ def take_snapshot(resolved: Resolved, run_dir: Path, call: Call | None) -> dict[
 
 def dry_run(resolved: Resolved, dependency: str | None = None) -> Submitted:
     """Render exactly what submit would, creating nothing and calling no Slurm daemon."""
-    from slurmkit.slurm.executor import rank_python, render_for, submitit_command
+    from slurmkit.slurm.submitit_executor import rank_python, render_for, submitit_command
 
     paths = RunPaths(expand_root(resolved.profile.run_root) / "<run-id>")
     script = render_for(resolved, paths.job_folder, submitit_command(rank_python(resolved), paths.job_folder),
@@ -99,7 +99,7 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
     Everything the submit creates gets the run's umask (perms); a submit that fails before
     anything is queued leaves nothing behind.
     """
-    from slurmkit.slurm import executor as ex_mod
+    from slurmkit.slurm import submitit_executor as ex_mod
 
     check_function_kind(resolved, call)
     slurm = resolved.profile.executor == "slurm"
@@ -115,10 +115,10 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
         warn_oversubscribed(resolved)
     run_mode = resolved.profile.run_mode
     with perms.umask(run_mode):
-        paths = runs.create(resolved.profile.run_root, resolved.spec.name, run_mode,
+        paths = registry.create(resolved.profile.run_root, resolved.spec.name, run_mode,
                                 resolved.profile.checkpoint_root)
         record = RunRecord(paths)
-        with runs.or_nothing(paths):  # nothing queued: no folder, no record that could claim a job
+        with registry.or_nothing(paths):  # nothing queued: no folder, no record that could claim a job
             record.create({
                 "run_id": paths.run_id, "name": resolved.spec.name, "run_dir": str(paths.run_dir),
                 "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": resolved.profile.executor,
@@ -143,7 +143,7 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
         script = getattr(executor, "last_script", None) or ""
         record.add_job_id(job_id, pid_start=None if slurm else procs.start_time(int(job_id)), script=script)
         if script:
-            runs.write_script(paths, script)
+            registry.write_script(paths, script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
 
 
@@ -171,9 +171,9 @@ class RunStatus:
     run_dir: str
     created: str
     goodput: float | None = None
-    """Productive step time / wall time, once the run has ended on Slurm (see slurmkit.goodput)."""
+    """Productive step time / wall time, once the run has ended on Slurm (see slurmkit.insight.goodput)."""
     snapshot: dict[str, Any] | None = None
-    """The code snapshot the run runs from (slurmkit.snapshot), if it took one."""
+    """The code snapshot the run runs from (slurmkit.runs.snapshot), if it took one."""
     reason: str = ""
     """Why a pending job waits, as squeue says it (Priority, Resources, BeginTime, JobHeldUser, ...)."""
 
@@ -242,7 +242,7 @@ def _goodput(paths: RunPaths, rec: dict[str, Any], info: commands.JobInfo | None
         return cached.get("goodput")
     if not info.history or info.active or any(i.end is None for i in info.history):
         return None  # accounting has not recorded the end yet
-    from slurmkit import goodput
+    from slurmkit.insight import goodput
 
     acc = goodput.of_file(paths.metrics, list(info.history))
     value = acc.result().as_dict() if acc.newest is not None else {"goodput": None}
@@ -272,7 +272,7 @@ def is_active(state: str) -> bool:
 def wait(paths: RunPaths, poll_s: float = 2.0, timeout_s: float | None = None,
          poller: Poller | None = None, on_answer: Callable[[RunStatus], None] | None = None) -> RunStatus:
     """Poll until the run is no longer active (or timeout_s passes): every poll_s at first, then
-    backing off (slurmkit.polling), one squeue (and at most one sacct) a poll. on_answer sees
+    backing off (slurmkit.runs.polling), one squeue (and at most one sacct) a poll. on_answer sees
     every status polled (the CLI shows the transitions)."""
     return (poller or Poller(first_s=poll_s)).until_ended(
         lambda: run_state(paths), lambda st: {st.state} if is_active(st.state) else set(), timeout_s, on_answer,
@@ -318,7 +318,7 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
                             valid="valid: a run that ended other than COMPLETED; `slurmkit cancel` a live one first")
     script = "".join(ln for ln in (rec.get("script") or paths.script.read_text()).splitlines(keepends=True)
                      if not ln.startswith("#SBATCH --dependency="))
-    from slurmkit.slurm import executor as ex_mod
+    from slurmkit.slurm import submitit_executor as ex_mod
 
     with perms.umask(perms.folder_kind(paths.run_dir)):
         job_id = ex_mod.resubmit(paths, st.job_id, script, partition)
@@ -331,7 +331,7 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
         record.setdefault("restarts", []).append(RestartEntry(
             kind="resubmit", n=0, job_id=job_id, cause="resubmit", time=dt.datetime.now().isoformat(timespec="seconds"),
             detail=f"slurmkit resubmit{on} after job {st.job_id} ended {st.state}").record())
-    runs.write_script(paths, script)
+    registry.write_script(paths, script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
 
 

@@ -1,7 +1,7 @@
 """The Python API: Executor.submit / map_array and slurmkit.sweep, over the same library as the CLI.
 
     ex = slurmkit.Executor(profile="devcluster", nodes=2, time="00:10:00")
-    job = ex.submit(fn, *args, **kwargs)      # a slurmkit.Job (slurmkit.handles)
+    job = ex.submit(fn, *args, **kwargs)      # a slurmkit.Job (slurmkit.api.handles)
 
 Keyword arguments are the run's resources (nodes, tasks_per_node, gpus_per_node, cpus_per_task,
 mem, time) and any profile field (partition, account, requeue, signal_delay_s, ...), validated as
@@ -20,12 +20,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from slurmkit import jobs
+from slurmkit.api.handles import Job, SweepHandle
 from slurmkit.common.errors import ConfigError, did_you_mean, squash
 from slurmkit.config.loader import Layer, Resolved, profile_layers, profile_name, resolve_layers, validate_layers
 from slurmkit.config.overrides import split_sets
 from slurmkit.config.profile import ClusterProfile, Resources
-from slurmkit.handles import Job, SweepHandle
+from slurmkit.runs import jobs
 
 SOURCE = "Executor"
 RESOURCE_FIELDS = tuple(Resources.model_fields)

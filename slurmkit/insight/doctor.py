@@ -96,7 +96,7 @@ def _compute_node(resolved: Resolved) -> Check:
     """A one-task job: the profile's interpreter imports slurmkit and submitit there, and sees the runtime."""
     from slurmkit.common.errors import SlurmError
     from slurmkit.slurm import commands
-    from slurmkit.slurm.executor import python_command
+    from slurmkit.slurm.submitit_executor import python_command
 
     c = resolved.profile.container
     tools = RUNTIME_TOOLS.get(c.runtime, []) if c else []
@@ -173,7 +173,7 @@ def _nccl(resolved: Resolved) -> Check:
 
 def run(resolved: Resolved) -> list[Check]:
     from slurmkit.common.layout import expand_checkpoint_root
-    from slurmkit.runs import expand_root
+    from slurmkit.runs.registry import expand_root
 
     checks: list[Check] = []
     if resolved.profile.executor == "slurm":

@@ -15,8 +15,8 @@ from slurmkit.common.metrics import MetricsWriter
 from slurmkit.config.train import TrainConfig
 from slurmkit.worker import startup
 from slurmkit.worker.dist import Dist, distributed
+from slurmkit.worker.flops import peak_flops
 from slurmkit.worker.ft import incarnation
-from slurmkit.worker.metrics import peak_flops
 from slurmkit.worker.tasks import digits, gpt
 from slurmkit.worker.trainer import Trainer, TrainerOptions, warmup_cosine
 

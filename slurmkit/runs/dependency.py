@@ -9,7 +9,7 @@ from __future__ import annotations
 from slurmkit.common.errors import PreflightError, RunNotFoundError, clip
 from slurmkit.common.record import RunRecord
 from slurmkit.common.trust import JOB_ID_RE
-from slurmkit.lookup import find
+from slurmkit.runs.lookup import find
 from slurmkit.slurm import commands
 from slurmkit.sweeps.store import Manifest, find_sweep, latest_job_ids
 

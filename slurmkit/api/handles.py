@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmkit import jobs
 from slurmkit.common.errors import JobFailedError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
-from slurmkit.polling import Poller
+from slurmkit.runs import jobs
+from slurmkit.runs.polling import Poller
 from slurmkit.sweeps.store import SweepPaths
 
 
@@ -31,7 +31,7 @@ class Job:
     def from_id(cls, ident: str, profile: str | None = None) -> Job:
         """Reattach to a run (CLI- or Python-submitted) by run id, unique prefix, folder or Slurm job id."""
         from slurmkit.config.loader import load_profile, profile_name
-        from slurmkit.lookup import find
+        from slurmkit.runs.lookup import find
 
         paths = find(load_profile(profile_name(profile)).run_root, ident)
         rec = RunRecord(paths).read()

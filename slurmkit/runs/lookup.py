@@ -1,4 +1,4 @@
-"""Finding a run from what a user types: a run id, a unique prefix, a folder (slurmkit.folders), or a
+"""Finding a run from what a user types: a run id, a unique prefix, a folder (slurmkit.runs.folders), or a
 raw Slurm job id; and listing the caller's runs under run_root.
 
 A job id (`123`, or `123_4` for an array task) is what squeue, sacct and the Slurm mail show, so
@@ -15,7 +15,7 @@ from slurmkit.common import trust
 from slurmkit.common.errors import RunNotFoundError, warn
 from slurmkit.common.layout import RUN_FILE, RunPaths
 from slurmkit.common.record import CorruptRecordError, RunRecord
-from slurmkit.folders import find_folder, owned_folders
+from slurmkit.runs.folders import find_folder, owned_folders
 
 
 def find(run_root: str, ident: str) -> RunPaths:

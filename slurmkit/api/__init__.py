@@ -1,0 +1,2 @@
+"""The Python API over the library: Executor (submit, map_array), sweep, and the handles Job and
+SweepHandle."""
