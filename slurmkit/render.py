@@ -17,8 +17,10 @@ import jinja2
 from slurmkit.common import ports
 from slurmkit.common.errors import RenderError, clip
 from slurmkit.common.supervisor_plan import Health, Plan, Shrink
+from slurmkit.config.fields import has_control, sbatch_safe
 from slurmkit.config.loader import Resolved
 from slurmkit.resources import shipped_dir
+from slurmkit.runs.registry import expand_root
 
 ENTRY_TEMPLATE = "sbatch.sh.j2"
 
@@ -46,8 +48,6 @@ def _raw(value: Any) -> Shell:
 def sbatch_value(value: Any, option: str, pattern: bool = False) -> Shell:
     """A value for an #SBATCH line, which sbatch's own parser reads (not bash): refuse what it
     reads specially, then quote. pattern: a log path whose file name holds our own %j/%t patterns."""
-    from slurmkit.config.fields import has_control, sbatch_safe
-
     text = str(value)
     checked = text.rsplit("/", 1)[0] if pattern else text
     try:
@@ -130,7 +130,6 @@ def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
     c = resolved.profile.container
     if c is None:
         return {"srun": False, "prefix": False}
-    from slurmkit.runs.registry import expand_root
 
     root = str(expand_root(resolved.profile.run_root))
     paths = [root] if run_dir.startswith(root.rstrip("/") + "/") else [root, run_dir]

@@ -22,6 +22,7 @@ from slurmkit.common.record import RunRecord
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
 from slurmkit.runs import jobs
+from slurmkit.runs import logs as run_logs
 from slurmkit.worker.ckptstore import CheckpointStore
 from tests.conftest import EXAMPLES, executed_steps, steady, supervisor_events
 
@@ -168,7 +169,7 @@ def test_scontrol_requeue_resumes_from_the_last_checkpoint(cluster: None, dev_pr
     # Slurm's SIGTERM comes KillWait seconds before SIGKILL: the ranks save at the step they are at.
     result = check(paths, reference, max_lost=0)
     assert result["restart_causes"] == ["requeue"]
-    assert "SIGTERM: stopped at step" in "\n".join(jobs.logs(paths, rank=0))
+    assert "SIGTERM: stopped at step" in "\n".join(run_logs.logs(paths, rank=0))
 
 
 def test_scancel_saves_at_the_step_and_ends_cancelled(cluster: None, dev_profile: Path) -> None:
@@ -176,7 +177,7 @@ def test_scancel_saves_at_the_step_and_ends_cancelled(cluster: None, dev_profile
     wait_step(paths, 60)
     subprocess.run(["scancel", job], check=True)
     assert finish(paths) == "CANCELLED"
-    saved = re.findall(r"SIGTERM: stopped at step (\d+)", "\n".join(jobs.logs(paths, rank=0)))
+    saved = re.findall(r"SIGTERM: stopped at step (\d+)", "\n".join(run_logs.logs(paths, rank=0)))
     assert len(saved) == 1, "no final save after scancel's SIGTERM"
     store = CheckpointStore(str(paths.checkpoints))
     assert store.latest_valid() == int(saved[0]) >= 60  # the step the ranks agreed on, committed
@@ -299,7 +300,7 @@ def test_sigstop_of_one_rank_is_a_hang_restarted_in_the_job(cluster: None, dev_p
     signal_rank_at_step(paths, 1, 75, signal.SIGSTOP)
     result = check(paths, reference)
     assert result["restart_causes"] == ["hang"] and result["in_job_restarts"] == 1
-    assert "slurmkit watchdog: no step progress" in "\n".join(jobs.logs(paths, rank=0))
+    assert "slurmkit watchdog: no step progress" in "\n".join(run_logs.logs(paths, rank=0))
     # The watchdog's own record of the hang: a live rank waited past the timeout, then gave up.
     (restart,) = RunRecord(paths).read()["restarts"]
     assert json.loads(restart["detail"])["idle_s"] >= 6  # recorded to 0.1 s: 6.04 s is written 6.0
@@ -310,7 +311,7 @@ def test_sigstop_of_one_rank_is_a_hang_restarted_in_the_job(cluster: None, dev_p
 def assert_standby_took(paths: RunPaths, attempt: int) -> None:
     """Each rank of the in-job attempt was a standby process, its imports paid before the failure."""
     for rank in (0, 1):
-        log = "\n".join(jobs.logs(paths, rank=rank))
+        log = "\n".join(run_logs.logs(paths, rank=rank))
         assert log.count(f"standby rank takes in-job attempt {attempt} (its imports took") == 1, rank
 
 
@@ -320,7 +321,7 @@ def test_sigkill_during_a_checkpoint_write(cluster: None, dev_profile: Path, ref
     paths, job = start(dev_profile, f"config.faults.kill_in_save_at_step={2 * EVERY}")
     result = check(paths, reference, max_lost=2 * EVERY)  # back to step 50, and the steps run during the save
     assert result["restart_causes"] == ["crash"] and result["in_job_restarts"] == 1
-    log = "\n".join(jobs.logs(paths, rank=0))
+    log = "\n".join(run_logs.logs(paths, rank=0))
     assert f"injected SIGKILL during the save of step {2 * EVERY}, after" in log
     assert f"checkpoint step-{2 * EVERY} is incomplete or corrupt; falling back" in log  # the next start saw it
     assert result["resumed_from_step"] == EVERY and incarnations(job) == ["COMPLETED"]
@@ -356,7 +357,7 @@ def test_an_error_on_one_rank_restarts_warm_in_the_same_processes_twice(
     assert [(r["step"], r["warm_restart"]["resumed_step"]) for r in firsts] == [(75, 74), (120, 119)]
     assert executed_steps(paths.metrics) == list(range(1, STEPS + 1))  # none ran twice
     assert not [r for r in iter_records(paths.metrics) if "startup" in r][1:]  # one process start per rank
-    log = "\n".join(jobs.logs(paths, rank=0))
+    log = "\n".join(run_logs.logs(paths, rank=0))
     assert "warm restart: back at step 119 from the live state (no step lost), group generation 2" in log
     assert incarnations(job) == ["COMPLETED"]
     from slurmkit.insight import report
@@ -491,7 +492,7 @@ def test_a_save_longer_than_grace_time_resumes_from_the_last_commit_and_says_wha
     assert result["restart_causes"] == ["preemption"]
     (restart,) = RunRecord(paths).read()["restarts"]
     assert restart["detail"] == "slurm state PREEMPTED"  # no marker: the ranks never got to ask
-    log = "\n".join(jobs.logs(paths, rank=0))
+    log = "\n".join(run_logs.logs(paths, rank=0))
     (stopped,) = map(int, re.findall(r"injected 40 s delay in the stop's save of step (\d+)", log))
     committed = (stopped - 1) // EVERY * EVERY  # the last periodic save before the stop's own
     assert result["resumed_from_step"] == committed

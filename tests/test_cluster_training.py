@@ -13,6 +13,7 @@ from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
 from slurmkit.runs import jobs
+from slurmkit.runs import logs as run_logs
 from tests.conftest import EXAMPLES, executed_steps, steady
 
 pytestmark = pytest.mark.cluster
@@ -30,7 +31,7 @@ def test_digits_on_two_nodes_reaches_95_percent_with_equal_digests(cluster: None
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
     # Rank 0 alone writes; its records cover every step once.
     assert executed_steps(paths.metrics) == list(range(1, ranks[0]["steps"] + 1)) and ranks[0]["steps"] == 300
-    logs = "\n".join(jobs.logs(paths, rank=0))
+    logs = "\n".join(run_logs.logs(paths, rank=0))
     assert "step 300/300" in logs
 
 

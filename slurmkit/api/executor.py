@@ -22,10 +22,22 @@ from typing import Any
 
 from slurmkit.api.handles import Job, SweepHandle
 from slurmkit.common.errors import ConfigError, did_you_mean, squash
-from slurmkit.config.loader import Layer, Resolved, profile_layers, profile_name, resolve_layers, validate_layers
+from slurmkit.config.loader import (
+    Layer,
+    Resolved,
+    load_profile,
+    profile_layers,
+    profile_name,
+    resolve_layers,
+    validate_layers,
+)
 from slurmkit.config.overrides import split_sets
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.runs import jobs
+from slurmkit.sweeps import mapped
+from slurmkit.sweeps import spec as sweep_spec
+from slurmkit.sweeps.store import SweepPaths
+from slurmkit.sweeps.submit import submit
 
 SOURCE = "Executor"
 RESOURCE_FIELDS = tuple(Resources.model_fields)
@@ -142,8 +154,6 @@ class Executor:
                   max_array_size: int | None = None) -> list[Job]:
         """fn(*items) for each tuple of items, as ONE Slurm job array (several only above MaxArraySize),
         throttled to max_parallel running at once; one Job per item, in order."""
-        from slurmkit.sweeps import mapped
-
         items = [tuple(t) for t in zip(*iterables, strict=True)] if len(iterables) > 1 else [
             (x,) for x in (iterables[0] if iterables else [])]
         if not items:
@@ -155,11 +165,6 @@ class Executor:
 def sweep(spec: str | Path | dict[str, Any], profile: str | None = None, grid: dict[str, list[Any]] | None = None,
           max_parallel: int | None = None, set: list[str] | None = None) -> SweepHandle:
     """Submit a sweep spec (a file, or a mapping with a `sweep:` section) as `slurmkit sweep` does."""
-    from slurmkit.config.loader import load_profile, profile_name
-    from slurmkit.sweeps import spec as sweep_spec
-    from slurmkit.sweeps.store import SweepPaths
-    from slurmkit.sweeps.submit import submit
-
     plan = sweep_spec.load(spec if isinstance(spec, dict) else Path(spec), max_parallel=max_parallel,
                            grid_values=grid, max_tasks=load_profile(profile_name(profile)).sweep_max_tasks)
     done = submit(plan, profile, set)

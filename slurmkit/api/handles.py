@@ -13,9 +13,16 @@ from typing import Any
 from slurmkit.common.errors import JobFailedError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
+from slurmkit.config.loader import load_profile, profile_name
 from slurmkit.runs import jobs
+from slurmkit.runs import logs as run_logs
+from slurmkit.runs.lookup import find
 from slurmkit.runs.polling import Poller
+from slurmkit.slurm import commands
+from slurmkit.slurm.commands import TransientSlurmError
+from slurmkit.sweeps.results import results, task_states, wait
 from slurmkit.sweeps.store import SweepPaths
+from slurmkit.sweeps.submit import resubmit_failed
 
 
 @dataclass(frozen=True)
@@ -30,9 +37,6 @@ class Job:
     @classmethod
     def from_id(cls, ident: str, profile: str | None = None) -> Job:
         """Reattach to a run (CLI- or Python-submitted) by run id, unique prefix, folder or Slurm job id."""
-        from slurmkit.config.loader import load_profile, profile_name
-        from slurmkit.runs.lookup import find
-
         paths = find(load_profile(profile_name(profile)).run_root, ident)
         rec = RunRecord(paths).read()
         return cls(rec.get("run_id", paths.run_id), (rec.get("job_ids") or [""])[-1], str(paths.run_dir))
@@ -56,8 +60,6 @@ class Job:
 
     def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> str:
         """The final state, polling with back-off; TimeoutError if the job is still active after timeout s."""
-        from slurmkit.slurm.commands import TransientSlurmError
-
         final = Poller(first_s=poll_s).until_ended(lambda: self.state, lambda st: {st} if jobs.is_active(st) else set(),
                                                    timeout, survive=(TransientSlurmError,))
         if jobs.is_active(final):
@@ -79,12 +81,11 @@ class Job:
 
     def logs(self, rank: int | None = None) -> str:
         """Every rank's output so far, each line prefixed [rank] ([rank!] for stderr)."""
-        return "\n".join(jobs.logs(self.paths, rank)) if self.started else ""
+        return "\n".join(run_logs.logs(self.paths, rank)) if self.started else ""
 
     def cancel(self) -> list[str]:
         if self.started:
             return jobs.cancel(self.paths)
-        from slurmkit.slurm import commands
 
         commands.scancel([self.job_id])
         return [self.job_id]
@@ -106,8 +107,6 @@ def states(handles: list[Job]) -> dict[Job, str]:
         if job not in out:  # only a map_array task has no folder yet: <sweep>/tasks/<index>
             by_sweep.setdefault(Path(job.run_dir).parent.parent, []).append(job)
     for sweep_dir, waiting in by_sweep.items():
-        from slurmkit.sweeps.results import task_states
-
         now = {s.index: s.state for s in task_states(SweepPaths(sweep_dir))}
         out.update((j, now[int(Path(j.run_dir).name)]) for j in waiting)
     return out
@@ -140,23 +139,15 @@ class SweepHandle:
 
     def status(self) -> dict[int, str]:
         """Each task's state, by task index."""
-        from slurmkit.sweeps.results import task_states
-
         return {s.index: s.state for s in task_states(self.paths)}
 
     def wait(self, timeout: float | None = None) -> dict[int, str]:
-        from slurmkit.sweeps.results import wait
-
         return {s.index: s.state for s in wait(self.paths, timeout_s=timeout)}
 
     def results(self) -> list[dict[str, Any]]:
         """One row per task: index, state, the varying keys and the final metrics."""
-        from slurmkit.sweeps.results import results
-
         return results(self.paths).rows
 
     def resubmit(self, failed: bool = True) -> list[int]:
         """A new array of the tasks that ended failed, cancelled or timed out; their indices."""
-        from slurmkit.sweeps.submit import resubmit_failed
-
         return resubmit_failed(self.paths, self.status()) if failed else []

@@ -135,10 +135,10 @@ def logs(
     rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's output.")] = None,
 ) -> None:
     """Print every rank's output, each line prefixed with its rank ([N!] marks stderr)."""
-    from slurmkit.runs import jobs
+    from slurmkit.runs import logs as run_logs
     from slurmkit.runs.lookup import find as find_run
 
-    for line in jobs.logs(find_run(run_root_for(profile), run), rank=rank, follow=follow):
+    for line in run_logs.logs(find_run(run_root_for(profile), run), rank=rank, follow=follow):
         typer.echo(line)
 
 

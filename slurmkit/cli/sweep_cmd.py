@@ -69,15 +69,8 @@ def submit(
 
     plan = spec_mod.load(spec, grid, max_parallel, max_tasks=load_profile(profile_name(profile)).sweep_max_tasks)
     if dry_run:
-        info = plan_mod.preview(plan, resolve_mod.resolve_tasks(plan, profile, set_), max_array_size)
-        if as_json:
-            print_json(info)
-            return
-        typer.echo(f"{info['tasks']} tasks in {len(info['arrays'])} array(s) "
-                   f"(MaxArraySize {info['max_array_size']} assumed; submit reads the cluster's):")
-        for k, arr in enumerate(info["arrays"]):
-            typer.echo(f"  array {k}: tasks {arr['tasks']} as --array={arr['array']}")
-        _table(["index", *plan.varying, "seed"], info["configs"])
+        _print_preview(plan_mod.preview(plan, resolve_mod.resolve_tasks(plan, profile, set_), max_array_size),
+                       plan.varying, as_json)
         return
     dependency = dependency_for(profile, after, after_any, after_notok)
     done = sub.submit(plan, profile, set_, max_array_size, dependency)
@@ -99,6 +92,18 @@ def submit(
     _table(["index", *plan.varying], tasks)
     if done.tasks > SHOWN_TASKS:
         typer.echo(f"... and {done.tasks - SHOWN_TASKS} more: `slurmkit sweep status {done.sweep_id}`")
+
+
+def _print_preview(info: dict[str, Any], varying: list[str], as_json: bool) -> None:
+    """What a sweep would submit (--dry-run)."""
+    if as_json:
+        print_json(info)
+        return
+    typer.echo(f"{info['tasks']} tasks in {len(info['arrays'])} array(s) "
+               f"(MaxArraySize {info['max_array_size']} assumed; submit reads the cluster's):")
+    for k, arr in enumerate(info["arrays"]):
+        typer.echo(f"  array {k}: tasks {arr['tasks']} as --array={arr['array']}")
+    _table(["index", *varying, "seed"], info["configs"])
 
 
 @app.command("status")

@@ -17,6 +17,7 @@ from slurmkit.config.fields import gres_gpus
 from slurmkit.config.overrides import deep_merge, split_sets
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
+from slurmkit.config.train import TrainConfig
 from slurmkit.config.yamlio import read_yaml
 from slurmkit.resources import shipped_dir
 
@@ -230,8 +231,6 @@ def spec_layers(spec: str | Path | dict[str, Any]) -> list[Layer]:
 def validate_runspec(layers: list[Layer]) -> RunSpec:
     run_spec: RunSpec = validate_layers(RunSpec, layers)
     if run_spec.task == "train":
-        from slurmkit.config.train import TrainConfig
-
         validate_layers(TrainConfig, layers, prefix=("config",))
     return run_spec
 

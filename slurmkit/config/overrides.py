@@ -7,6 +7,9 @@ from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from slurmkit.common.errors import ConfigError, clip
+from slurmkit.config.profile import ClusterProfile
+from slurmkit.config.runspec import RunSpec
+from slurmkit.config.train import TrainConfig
 from slurmkit.config.yamlio import YamlSyntaxError, load_text
 
 PROFILE_PREFIX = "profile."
@@ -54,9 +57,6 @@ def targets_text(path: list[str]) -> str | None:
     "required" or "optional" (the field may be None), else None."""
     from pydantic import BaseModel
 
-    from slurmkit.config.profile import ClusterProfile
-    from slurmkit.config.runspec import RunSpec
-    from slurmkit.config.train import TrainConfig
 
     model: type[BaseModel] = ClusterProfile if path[0] == PROFILE_PREFIX.rstrip(".") else RunSpec
     parts = path[1:] if model is ClusterProfile else path

@@ -212,15 +212,7 @@ def up(n: int = 2, purge: bool = False, log: Log = print, variant: names.Variant
     without them. GPUs declared as GRES are backed by stand-in device files (there are no GPUs here)."""
     require_root()
     v = variant
-    if n < 2:
-        raise DevClusterError(f"--nodes {n} is too few", valid="valid: 2 or more")
-    if not 2 <= v.max_array_size <= 4_000_001 or v.max_job_count < max(v.max_array_size, 2):
-        raise DevClusterError(f"--max-array-size {v.max_array_size} with --max-job-count {v.max_job_count}",
-                              valid="valid: 2 <= max-array-size <= 4000001 (Slurm's bound), max-job-count >= it")
-    if v.min_job_age_s < 2:
-        raise DevClusterError(f"--min-job-age {v.min_job_age_s} is too short", valid="valid: 2 s or more")
-    if not 0 <= v.gpus_per_node <= 16:
-        raise DevClusterError(f"--gpus-per-node {v.gpus_per_node}", valid="valid: 0 to 16")
+    _check(n, v)
     ensure_packages(log)
     state = _load()
     conf = names.slurm_conf(n, v)
@@ -246,12 +238,7 @@ def up(n: int = 2, purge: bool = False, log: Log = print, variant: names.Variant
         _save(state)
         _start_daemon(state, "slurmdbd", ["slurmdbd", "-D"], lambda: _port_open("127.0.0.1", 6819), log)
     _start_daemon(state, "slurmctld", ["slurmctld", "-D", "-i"], _ctld_up, log)
-    for nd in names.nodes(n):
-        (names.STATE_DIR / f"slurmd-{nd.name}").mkdir(exist_ok=True)
-        # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails its cgroup init.
-        argv = ["nsenter", f"--net=/run/netns/{nd.netns}", "unshare", "--uts", "sh", "-c",
-                f'hostname {nd.name} && exec slurmd -D -N {nd.name}']
-        _start_daemon(state, f"slurmd-{nd.name}", argv, lambda: True, log)
+    _start_slurmds(state, n, log)
     _save(state)
     _wait_idle(n, log)
     extras = [text for on, text in ((not v.accounting, "no accounting"),
@@ -259,6 +246,27 @@ def up(n: int = 2, purge: bool = False, log: Log = print, variant: names.Variant
                                     (v.preempt_user_signal, "the user signal on preemption")) if on]
     log(f"dev cluster up: {n} nodes idle in partition {names.PARTITION}" + "".join(f", {e}" for e in extras))
     return status()
+
+
+def _check(n: int, v: names.Variant) -> None:
+    if n < 2:
+        raise DevClusterError(f"--nodes {n} is too few", valid="valid: 2 or more")
+    if not 2 <= v.max_array_size <= 4_000_001 or v.max_job_count < max(v.max_array_size, 2):
+        raise DevClusterError(f"--max-array-size {v.max_array_size} with --max-job-count {v.max_job_count}",
+                              valid="valid: 2 <= max-array-size <= 4000001 (Slurm's bound), max-job-count >= it")
+    if v.min_job_age_s < 2:
+        raise DevClusterError(f"--min-job-age {v.min_job_age_s} is too short", valid="valid: 2 s or more")
+    if not 0 <= v.gpus_per_node <= 16:
+        raise DevClusterError(f"--gpus-per-node {v.gpus_per_node}", valid="valid: 0 to 16")
+
+
+def _start_slurmds(state: dict[str, Any], n: int, log: Log) -> None:
+    for nd in names.nodes(n):
+        (names.STATE_DIR / f"slurmd-{nd.name}").mkdir(exist_ok=True)
+        # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails its cgroup init.
+        argv = ["nsenter", f"--net=/run/netns/{nd.netns}", "unshare", "--uts", "sh", "-c",
+                f'hostname {nd.name} && exec slurmd -D -N {nd.name}']
+        _start_daemon(state, f"slurmd-{nd.name}", argv, lambda: True, log)
 
 
 def _gpu_devices(count: int) -> None:

@@ -99,15 +99,27 @@ class Variant:
 DEFAULT = Variant()
 
 
-def slurm_conf(n: int, v: Variant = DEFAULT) -> str:
+def _node_lines(n: int, v: Variant) -> str:
     gres = f" Gres=gpu:{v.gpus_per_node}" if v.gpus_per_node else ""
-    node_lines = "\n".join(
-        f"NodeName={nd.name} NodeAddr={nd.ip} NodeHostname={nd.name} CPUs={NODE_CPUS} "
-        f"RealMemory={NODE_MEM_MB}{gres} State=UNKNOWN"
-        for nd in nodes(n)
-    )
-    if v.gpus_per_node:
-        node_lines = f"GresTypes=gpu\n{node_lines}"
+    lines = "\n".join(f"NodeName={nd.name} NodeAddr={nd.ip} NodeHostname={nd.name} CPUs={NODE_CPUS} "
+                      f"RealMemory={NODE_MEM_MB}{gres} State=UNKNOWN" for nd in nodes(n))
+    return f"GresTypes=gpu\n{lines}" if v.gpus_per_node else lines
+
+
+def _partition_lines(n: int) -> str:
+    """The same nodes three times: the default (requeued on preemption), one cancelled on
+    preemption, and the urgent one that preempts both."""
+    nodes_, limit = f"Nodes=node[1-{n}]", f"MaxTime={PARTITION_MAX_TIME_MIN} State=UP"
+    common = f"{nodes_} {limit}"
+    return "\n".join([
+        f"PartitionName={PARTITION} {nodes_} Default=YES {limit} PriorityTier=1 PreemptMode=REQUEUE "
+        f"GraceTime={GRACE_TIME_S}",
+        f"PartitionName={CANCEL_PARTITION} {common} PriorityTier=1 PreemptMode=CANCEL GraceTime={GRACE_TIME_S}",
+        f"PartitionName={URGENT_PARTITION} {common} PriorityTier=10 PreemptMode=OFF",
+    ])
+
+
+def slurm_conf(n: int, v: Variant = DEFAULT) -> str:
     accounting_lines = (f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost={CONTROLLER_IP}"
                         if v.accounting else "AccountingStorageType=accounting_storage/none")
     return f"""{CONF_HEADER}
@@ -148,13 +160,8 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-{node_lines}
-PartitionName={PARTITION} Nodes=node[1-{n}] Default=YES MaxTime={PARTITION_MAX_TIME_MIN} State=UP \
-PriorityTier=1 PreemptMode=REQUEUE GraceTime={GRACE_TIME_S}
-PartitionName={CANCEL_PARTITION} Nodes=node[1-{n}] MaxTime={PARTITION_MAX_TIME_MIN} State=UP \
-PriorityTier=1 PreemptMode=CANCEL GraceTime={GRACE_TIME_S}
-PartitionName={URGENT_PARTITION} Nodes=node[1-{n}] MaxTime={PARTITION_MAX_TIME_MIN} State=UP \
-PriorityTier=10 PreemptMode=OFF
+{_node_lines(n, v)}
+{_partition_lines(n)}
 """
 
 

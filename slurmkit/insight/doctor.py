@@ -14,8 +14,12 @@ import shutil
 import subprocess
 from dataclasses import asdict, dataclass
 
-from slurmkit.common.errors import squash
+from slurmkit.bench import fs as fs_bench
+from slurmkit.common.errors import SlurmError, SlurmkitError, squash
+from slurmkit.common.layout import expand_checkpoint_root
 from slurmkit.config.loader import Resolved
+from slurmkit.runs.registry import expand_root
+from slurmkit.slurm import commands, preflight
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 PROBE_TIMEOUT_S = 90
@@ -35,9 +39,6 @@ class Check:
 
 
 def _slurm(resolved: Resolved) -> list[Check]:
-    from slurmkit.common.errors import SlurmkitError
-    from slurmkit.slurm import commands, preflight
-
     if shutil.which("scontrol") is None:
         return [Check("slurm", FAIL, "scontrol is not on PATH", "install the Slurm client (slurm-client) on this node")]
     ping = commands.ping()
@@ -63,9 +64,6 @@ ACCOUNTING_DEGRADED = ("without it, finished jobs are judged by their run folder
 
 def _accounting() -> Check:
     """slurmdbd behind sacct: its absence degrades some answers, never a command."""
-    from slurmkit.common.errors import SlurmError
-    from slurmkit.slurm import commands
-
     try:
         storage = commands.show_config().get("AccountingStorageType", "")
         if storage.endswith("/none"):
@@ -94,8 +92,6 @@ RUNTIME_TOOLS = {"apptainer": ["apptainer", "singularity"], "docker": ["docker"]
 
 def _compute_node(resolved: Resolved) -> Check:
     """A one-task job: the profile's interpreter imports slurmkit and submitit there, and sees the runtime."""
-    from slurmkit.common.errors import SlurmError
-    from slurmkit.slurm import commands
     from slurmkit.slurm.submitit_executor import python_command
 
     c = resolved.profile.container
@@ -130,8 +126,6 @@ def _compute_node(resolved: Resolved) -> Check:
 
 
 def _pyxis() -> Check:
-    from slurmkit.slurm import commands
-
     if "--container-image" not in commands.srun_help():
         return Check("container runtime", FAIL, "srun has no --container-image: the pyxis plugin is not loaded",
                      "ask the admins for pyxis (plugstack.conf), or use runtime: apptainer")
@@ -139,9 +133,6 @@ def _pyxis() -> Check:
 
 
 def _writable(label: str, uri: str) -> Check:
-    from slurmkit.bench import fs as fs_bench
-    from slurmkit.common.errors import SlurmkitError
-
     try:
         result = fs_bench.run(uri, FS_PROBE_BYTES)
     except SlurmkitError as exc:
@@ -172,9 +163,6 @@ def _nccl(resolved: Resolved) -> Check:
 
 
 def run(resolved: Resolved) -> list[Check]:
-    from slurmkit.common.layout import expand_checkpoint_root
-    from slurmkit.runs.registry import expand_root
-
     checks: list[Check] = []
     if resolved.profile.executor == "slurm":
         checks += _slurm(resolved)

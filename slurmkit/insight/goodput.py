@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common.metrics import busy_s, iter_records_reversed, steps_of
+from slurmkit.slurm import commands
 from slurmkit.slurm.parse import Incarnation
 
 
@@ -43,8 +44,6 @@ class Goodput:
 
 def incarnations(job_ids: list[str]) -> list[Incarnation]:
     """Every incarnation of every job, oldest first (one sacct call)."""
-    from slurmkit.slurm import commands
-
     found = [inc for info in commands.sacct_or_warn(job_ids).values() for inc in info.history]
     return sorted(found, key=lambda i: i.start or i.submit or 0.0)
 

@@ -6,8 +6,7 @@ import datetime as dt
 import os
 import signal
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,12 @@ from slurmkit.common.errors import ConfigError, JobFailedError, SlurmError, Slur
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.config.loader import Resolved
-from slurmkit.runs import procs, registry
+from slurmkit.insight import goodput
+from slurmkit.runs import procs, registry, snapshot
 from slurmkit.runs.lookup import find, list_runs, read_records
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.registry import expand_root
-from slurmkit.slurm import commands
+from slurmkit.slurm import commands, preflight
 
 LOG_TAIL_LINES = 20
 
@@ -50,7 +50,7 @@ class Call:
 
 def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None) -> Any:
     """The callable submitit pickles for this run."""
-    from slurmkit.worker.entry import Run
+    from slurmkit.worker.entry import Run  # the meeting point with the job's side (docs/design.md)
 
     return Run(spec=resolved.spec.model_dump(), run_dir=str(paths.run_dir), env=run_env(resolved),
                checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root),
@@ -72,7 +72,6 @@ def take_snapshot(resolved: Resolved, run_dir: Path, call: Call | None) -> dict[
     """The code snapshot (when the run asks for one) into the run folder; what run.json records."""
     if not resolved.snapshot:
         return None
-    from slurmkit.runs import snapshot
 
     module = sys.modules.get(getattr(call.fn, "__module__", "") or "") if call else None
     return snapshot.into(run_dir, RunPaths(run_dir).code_dir, getattr(module, "__file__", None),
@@ -101,18 +100,7 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
     """
     from slurmkit.slurm import submitit_executor as ex_mod
 
-    check_function_kind(resolved, call)
-    slurm = resolved.profile.executor == "slurm"
-    if slurm:
-        if not preflighted:
-            from slurmkit.slurm import preflight
-
-            preflight.check(resolved)
-    elif dependency:
-        raise SlurmkitError("--after needs the slurm executor", where=resolved.profile_name,
-                            valid="valid: a Slurm profile, e.g. -p devcluster")
-    else:
-        warn_oversubscribed(resolved)
+    slurm = _check_request(resolved, dependency, call, preflighted)
     run_mode = resolved.profile.run_mode
     with perms.umask(run_mode):
         paths = registry.create(resolved.profile.run_root, resolved.spec.name, run_mode,
@@ -145,6 +133,20 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
         if script:
             registry.write_script(paths, script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
+
+
+def _check_request(resolved: Resolved, dependency: str | None, call: Call | None, preflighted: bool) -> bool:
+    """What can be checked before anything is created; whether the run goes to Slurm."""
+    check_function_kind(resolved, call)
+    if resolved.profile.executor == "slurm":
+        if not preflighted:
+            preflight.check(resolved)
+        return True
+    if dependency:
+        raise SlurmkitError("--after needs the slurm executor", where=resolved.profile_name,
+                            valid="valid: a Slurm profile, e.g. -p devcluster")
+    warn_oversubscribed(resolved)
+    return False
 
 
 def warn_oversubscribed(resolved: Resolved) -> None:
@@ -242,7 +244,6 @@ def _goodput(paths: RunPaths, rec: dict[str, Any], info: commands.JobInfo | None
         return cached.get("goodput")
     if not info.history or info.active or any(i.end is None for i in info.history):
         return None  # accounting has not recorded the end yet
-    from slurmkit.insight import goodput
 
     acc = goodput.of_file(paths.metrics, list(info.history))
     value = acc.result().as_dict() if acc.newest is not None else {"goodput": None}
@@ -378,45 +379,3 @@ def failing_rank_tail(paths: RunPaths, job_id: str) -> tuple[int, str]:
         if log.exists():
             lines += [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     return failing, " | ".join(lines[-LOG_TAIL_LINES:]) or "(no log)"
-
-
-def _log_files(paths: RunPaths, rank: int | None) -> list[tuple[str, Path]]:
-    rec = RunRecord(paths).read()
-    files: list[tuple[str, Path]] = []
-    for jid in rec.get("job_ids") or []:
-        ranks = [rank] if rank is not None else list(paths.rank_logs(jid))
-        for rk in ranks:
-            for stream in ("out", "err"):
-                label = f"[{rk}]" if stream == "out" else f"[{rk}!]"
-                files.append((label, paths.rank_log(jid, rk, stream)))
-    return files
-
-
-def logs(paths: RunPaths, rank: int | None = None, follow: bool = False,
-         poll_s: float = 1.0) -> Iterator[str]:
-    """Every rank's lines prefixed [rank] ([rank!] for stderr); follow until the run ends. Files are
-    read every poll_s; Slurm is asked whether the run has ended only as often as a Poller allows."""
-    offsets: dict[Path, int] = {}
-    partial: dict[Path, str] = {}
-    poller = Poller(first_s=poll_s)
-    while True:
-        # Read the state before the files, so lines written just before the end are not missed.
-        done = not follow or (poller.due() and not is_active(run_state(paths).state))
-        for label, path in _log_files(paths, rank):
-            if not path.exists():
-                continue
-            with open(path, errors="replace") as f:
-                f.seek(offsets.get(path, 0))
-                chunk = partial.pop(path, "") + f.read()
-                offsets[path] = f.tell()
-            *complete, rest = chunk.split("\n")
-            if rest:
-                if done:
-                    complete.append(rest)
-                else:
-                    partial[path] = rest
-            for line in complete:
-                yield f"{label} {line}"
-        if done:
-            return
-        time.sleep(poll_s)

@@ -16,6 +16,7 @@ from slurmkit.common.errors import RunNotFoundError, warn
 from slurmkit.common.layout import RUN_FILE, RunPaths
 from slurmkit.common.record import CorruptRecordError, RunRecord
 from slurmkit.runs.folders import find_folder, owned_folders
+from slurmkit.sweeps.store import ArrayLog, list_sweeps
 
 
 def find(run_root: str, ident: str) -> RunPaths:
@@ -39,7 +40,6 @@ def _by_job_id(run_root: str, job_id: str, base: str, task: str | None) -> RunPa
             continue
     if task is None:
         return None
-    from slurmkit.sweeps.store import ArrayLog, list_sweeps
 
     for sweep in list_sweeps(run_root):
         for arr in ArrayLog(sweep).read()["arrays"]:

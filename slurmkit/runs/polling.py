@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from slurmkit.common.errors import warn
+
 DEFAULT_MAX_S = 30.0
 FRACTION = 0.1
 UNKNOWN_GRACE_S = 120.0
@@ -73,8 +75,6 @@ class Poller:
                 if timeout_s is not None and self.elapsed() > timeout_s:
                     raise
                 if not outage:
-                    from slurmkit.common.errors import warn
-
                     warn(f"{exc}; still waiting, asking again every {self.interval():.0f} s or more")
                 outage = True
                 self.wait()

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from slurmkit.common.slurm_env import expand_hostlist
+from slurmkit.config.fields import duration_s
 
 # PREEMPTED is an end: a job preempted under PreemptMode=REQUEUE goes RUNNING, COMPLETING, PENDING
 # (measured on the dev cluster; PREEMPTED is only its old incarnation's sacct line), while under
@@ -136,8 +137,6 @@ def _sacct(text: str) -> dict[str, JobInfo]:
 
 def _add_elapsed(a: str, b: str) -> str:
     """Two sacct Elapsed values ([D-]HH:MM:SS) added, in sacct's form."""
-    from slurmkit.config.fields import duration_s
-
     try:
         total = int(duration_s(a) + duration_s(b))
     except ValueError:  # one of them empty or odd: the later one is what sacct says now
@@ -150,8 +149,6 @@ def _add_elapsed(a: str, b: str) -> str:
 def time_left(text: str) -> float | None:
     """squeue --format=%L: seconds left, or None for UNLIMITED, NOT_SET, INVALID, no line or a line
     that is no duration (unknown: the caller reads the stop signal as a preemption)."""
-    from slurmkit.config.fields import duration_s
-
     value = text.strip()
     if not value or value in ("UNLIMITED", "NOT_SET", "INVALID"):
         return None

@@ -13,12 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurmkit.api.handles import Job
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write
 from slurmkit.config.loader import Resolved
+from slurmkit.runs.jobs import Call
 from slurmkit.sweeps.resolve import SweepTasks
 from slurmkit.sweeps.spec import SweepPlan, SweepSection
 from slurmkit.sweeps.store import ArrayLog, SweepPaths, latest_job_ids
+from slurmkit.sweeps.submit import launch
 
 if TYPE_CHECKING:
     from slurmkit.api.handles import Job
@@ -38,9 +41,6 @@ def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ..
            max_array_size: int | None) -> list[Job]:
     import cloudpickle
 
-    from slurmkit.api.handles import Job
-    from slurmkit.runs.jobs import Call
-    from slurmkit.sweeps.submit import launch
 
     plan, tasks = plan_for(resolved, len(items), max_parallel)
     payload = cloudpickle.dumps((fn, items))

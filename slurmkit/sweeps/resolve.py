@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from slurmkit.common.errors import ConfigError
 from slurmkit.config.loader import Layer, Resolved, load_profile, profile_name, resolve_layers
 from slurmkit.config.overrides import split_sets
+from slurmkit.config.train import TrainConfig
 from slurmkit.sweeps.spec import SweepPlan, nested
 
 if TYPE_CHECKING:
@@ -55,8 +56,6 @@ class SweepTasks:
 
 def task_seed(resolved: Resolved, base_seed: int, index: int) -> int:
     if resolved.spec.task == "train":
-        from slurmkit.config.train import TrainConfig
-
         return int(resolved.spec.config.get("seed", TrainConfig.model_fields["seed"].default))
     return base_seed + index
 
@@ -140,8 +139,6 @@ def _resolve_task(plan: SweepPlan, overrides: dict[str, Any], top: list[Layer], 
 
 
 def _train_config(base: Resolved) -> TrainConfig:
-    from slurmkit.config.train import TrainConfig
-
     return TrainConfig.model_validate(base.spec.config)
 
 

@@ -15,8 +15,11 @@ from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import SlurmkitError, did_you_mean
 from slurmkit.common.metrics import last_record
 from slurmkit.common.record import RunRecord
+from slurmkit.runs.jobs import is_active, local_state, outcome_state
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.procs import same_process
+from slurmkit.slurm import commands
+from slurmkit.slurm.commands import TransientSlurmError
 from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, latest_job_ids, newest_arrays, task_entry
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
@@ -38,8 +41,6 @@ class TaskState:
 
 
 def _local_states(paths: SweepPaths, manifest: dict[str, Any]) -> list[TaskState]:
-    from slurmkit.runs.jobs import local_state
-
     latest = latest_job_ids(manifest)
     out = []
     for index, arr in newest_arrays(manifest).items():
@@ -56,8 +57,6 @@ def _local_states(paths: SweepPaths, manifest: dict[str, Any]) -> list[TaskState
 
 def _by_outcomes(paths: SweepPaths, manifest: dict[str, Any], index: int, job_id: str) -> str:
     """A task neither squeue nor sacct knows: what its ranks' outcome records say (jobs.outcome_state)."""
-    from slurmkit.runs.jobs import outcome_state
-
     task = paths.task(index)
     if not task.record.exists():
         return "UNKNOWN"
@@ -66,8 +65,6 @@ def _by_outcomes(paths: SweepPaths, manifest: dict[str, Any], index: int, job_id
 
 def task_states(paths: SweepPaths, manifest: dict[str, Any] | None = None) -> list[TaskState]:
     """Every task's state: the newest job of each task, from one squeue and (if needed) one sacct."""
-    from slurmkit.slurm import commands
-
     manifest = manifest or Manifest(paths).read()
     if manifest["executor"] == "local":
         return _local_states(paths, manifest)
@@ -95,9 +92,6 @@ def wait(paths: SweepPaths, poll_s: float = 2.0, timeout_s: float | None = None,
     """Poll until no task is active (or timeout_s passes): one squeue and at most one sacct a
     poll, backing off as jobs.wait does. The manifest is read once; the array log every poll,
     so tasks resubmitted meanwhile are waited for too."""
-    from slurmkit.runs.jobs import is_active
-    from slurmkit.slurm.commands import TransientSlurmError
-
     manifest = Manifest(paths).read()
     return (poller or Poller(first_s=poll_s)).until_ended(
         lambda: task_states(paths, {**manifest, "arrays": ArrayLog(paths).read()["arrays"]}),

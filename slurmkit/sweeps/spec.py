@@ -31,6 +31,7 @@ from slurmkit.config.loader import Layer, read_yaml
 from slurmkit.config.overrides import parse_set, set_path
 from slurmkit.config.profile import SWEEP_MAX_TASKS as DEFAULT_MAX_TASKS
 from slurmkit.config.runspec import RunSpec
+from slurmkit.config.train import TrainConfig
 
 SWEEP_KEY = "sweep"
 _ABSENT = object()
@@ -126,7 +127,6 @@ def check_key(key: str, where: str, task: str | None) -> None:
         if model is RunSpec and part == "config":
             if task != "train":
                 raise ConfigError(f"'{key}': config is only valid with task", where=f"{where}.{key}")
-            from slurmkit.config.train import TrainConfig
 
             model = TrainConfig
             continue

@@ -26,7 +26,11 @@ from slurmkit.common import trust
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import LockedJson, RunRecord
 from slurmkit.config.loader import Resolved
+from slurmkit.config.overrides import deep_merge
+from slurmkit.config.profile import ClusterProfile, Resources
+from slurmkit.config.runspec import RunSpec
 from slurmkit.runs.folders import find_folder, owned_folders
+from slurmkit.sweeps.spec import nested
 
 MANIFEST = "sweep.json"
 ARRAYS = "arrays.json"
@@ -171,9 +175,6 @@ def task_spec(manifest: dict[str, Any], index: int) -> dict[str, Any]:
     task = manifest["tasks"][index]
     if "spec" in task:
         return dict(task["spec"])
-    from slurmkit.config.overrides import deep_merge
-    from slurmkit.config.runspec import RunSpec
-    from slurmkit.sweeps.spec import nested
 
     merged = deep_merge(deep_merge(manifest["base_spec"], nested(task["overrides"])), manifest.get("top", {}))
     return RunSpec.model_validate(merged).model_dump()
@@ -246,9 +247,6 @@ def load_call(paths: SweepPaths, index: int) -> tuple[Any, tuple[Any, ...]]:
 def manifest_tasks(manifest: dict[str, Any]) -> tuple[list[Resolved], list[int]]:
     """(each resource group's Resolved, each task's group), rebuilt from the manifest: what was
     submitted, not today's files. A group's Resolved is that of its first task, as at submit."""
-    from slurmkit.config.profile import ClusterProfile, Resources
-    from slurmkit.config.runspec import RunSpec
-
     prof = ClusterProfile.model_validate(manifest["profile"])
     tasks = manifest["tasks"]
     if "groups" in manifest:

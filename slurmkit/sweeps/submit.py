@@ -19,6 +19,10 @@ from slurmkit.common.layout import RunPaths, expand_checkpoint_root
 from slurmkit.config.loader import Resolved, load_profile, profile_name
 from slurmkit.config.overrides import split_sets
 from slurmkit.runs import registry
+from slurmkit.runs.jobs import take_snapshot
+from slurmkit.runs.procs import signal_process
+from slurmkit.slurm import commands, preflight
+from slurmkit.sweeps import local
 from slurmkit.sweeps.plan import compress, plan_arrays
 from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
 from slurmkit.sweeps.spec import SweepPlan
@@ -47,8 +51,6 @@ class SweepSubmitted:
 
 def cluster_limits() -> tuple[int, int]:
     """(MaxArraySize, MaxJobCount) of the live cluster."""
-    from slurmkit.slurm import commands
-
     conf = commands.show_config()
     return int(conf.get("MaxArraySize", "1001")), int(conf.get("MaxJobCount", "10000"))
 
@@ -153,22 +155,17 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
     first = tasks.groups[0]
     slurm = first.profile.executor == "slurm"
     if slurm:
-        from slurmkit.slurm import preflight
-
         for group in tasks.groups:
             preflight.check(group)
     paths = create(plan, tasks)
     with registry.or_nothing(RunPaths(paths.sweep_dir)):
         if prepare is not None:
             prepare(paths)
-        from slurmkit.runs.jobs import take_snapshot
 
         if (snap := take_snapshot(first, paths.sweep_dir, call)) is not None:
             # Each task's run.json is made when it starts (store.task_record), and carries this.
             atomic_write_text(paths.snapshot_record, json.dumps(snap), perms.file_mode(paths.sweep_dir))
     if not slurm:
-        from slurmkit.sweeps import local
-
         local.start(paths, list(range(n)))
         return SweepSubmitted(paths.sweep_id, str(paths.sweep_dir), n, [])
     live_array, _ = cluster_limits()
@@ -195,8 +192,6 @@ def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | N
     if not indices:
         return []
     if manifest["executor"] == "local":
-        from slurmkit.sweeps import local
-
         local.start(paths, indices)
         return indices
     groups, group_of = manifest_tasks(manifest)
@@ -208,8 +203,6 @@ def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | N
 
 def cancel(paths: SweepPaths) -> list[str]:
     """scancel every array of the sweep (local: stop the runner and every task's controller)."""
-    from slurmkit.runs.procs import signal_process
-
     manifest = Manifest(paths).read()
     if manifest["executor"] == "local":
         # Each pid with its recorded start time: a pid reused by another process is never signalled.
@@ -217,7 +210,6 @@ def cancel(paths: SweepPaths) -> list[str]:
         procs += [(jid, a.get("job_starts", {}).get(str(i))) for a in manifest["arrays"] if a.get("kind") == "local"
                   for i, jid in a.get("jobs", {}).items()]
         return [str(pid) for pid, start in procs if signal_process(pid, start)]
-    from slurmkit.slurm import commands
 
     ids = [a["job_id"] for a in manifest["arrays"] if a.get("job_id")]
     if ids:

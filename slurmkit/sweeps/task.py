@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.sweeps.store import Manifest, SweepPaths, load_call, materialize_task, task_entry
 
@@ -35,8 +36,7 @@ class SweepTask:
     index: int | None = None
 
     def __call__(self) -> Any:
-        from slurmkit.common.layout import RunPaths
-        from slurmkit.worker.entry import Run
+        from slurmkit.worker.entry import Run  # the meeting point with the job's side (docs/design.md)
 
         index = self.index if self.index is not None else self.base + int(os.environ["SLURM_ARRAY_TASK_ID"])
         paths = SweepPaths(Path(self.sweep_dir))

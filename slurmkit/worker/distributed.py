@@ -14,6 +14,8 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any
 
+from slurmkit.worker.dist import distributed
+
 _active: AbstractContextManager[Any] | None = None
 _dist: Any = None
 
@@ -24,8 +26,6 @@ def init(timeout_s: float | None = None) -> tuple[int, int, Any]:
     import torch
 
     if _dist is None:
-        from slurmkit.worker.dist import distributed
-
         ctx = distributed(timeout_s)
         _dist = ctx.__enter__()
         _active = ctx

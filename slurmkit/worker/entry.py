@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common import outcomes
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.slurm_env import slurm_job_id
+from slurmkit.worker import checkpoint, ray_driver
+from slurmkit.worker.dist import detect, rank_env
+from slurmkit.worker.ft import restarts
+from slurmkit.worker.ft.interrupt import requeue_on_signal
+
 STDOUT_TAIL_LINES = 200
 COMMAND_GRACE_S = 5.0
 
@@ -39,8 +47,6 @@ class Run:
 
     def __call__(self) -> Any:
         """Run the spec; the rank's outcome goes to outcomes/ as JSON (a stop for requeue writes none)."""
-        from slurmkit.common import outcomes
-
         outcome_file = _outcome_file(self.run_dir)
         try:
             value = self._run()
@@ -66,7 +72,6 @@ class Run:
             from slurmkit.worker.tasks import train_task  # torch: only a task run pays for it
 
             return train_task.run(self.spec.get("config") or {}, self.run_dir)
-        from slurmkit.worker.ft.interrupt import requeue_on_signal
 
         record_restart(self.run_dir)
         user_imports()
@@ -77,7 +82,6 @@ class Run:
                 return call(self.spec["callable"], self.spec.get("kwargs") or {})
             if self.spec.get("function") is not None:
                 return call_function(self.fn, self.args, self.kwargs)
-            from slurmkit.worker import ray_driver
 
             return ray_driver.run(self.spec["ray"])
 
@@ -86,7 +90,6 @@ def _outcome_file(run_dir: str) -> Path:
     """This rank's outcome record, named as submitit names its result (job id, global rank)."""
     import submitit
 
-    from slurmkit.common.layout import RunPaths
 
     env = submitit.JobEnvironment()
     return RunPaths(Path(run_dir)).outcome_file(str(env.job_id), env.global_rank)
@@ -96,10 +99,6 @@ def record_restart(run_dir: str) -> None:
     """On a requeued incarnation, rank 0 appends the restart and its cause to run.json."""
     count = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     if count and os.environ.get("SLURM_PROCID", "0") == "0" and os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        from slurmkit.common.layout import RunPaths
-        from slurmkit.common.slurm_env import slurm_job_id
-        from slurmkit.worker.ft import restarts
-
         restarts.record_restart(RunPaths(Path(run_dir)), slurm_job_id(), count, None)
 
 
@@ -125,8 +124,6 @@ def call_function(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     """A function from slurmkit.Executor. A parameter annotated slurmkit.Checkpoint gets the run's
     Checkpoint; a process group it brought up (slurmkit.distributed) is left together once it
     returns (or stops at an agreed step), and torn down however it ends."""
-    from slurmkit.worker import checkpoint
-
     name = checkpoint.wants_checkpoint(fn)
     ckpt = checkpoint.default() if name else None
     try:
@@ -152,8 +149,6 @@ def _leave_group(together: bool) -> None:
 def run_command(command: str) -> dict[str, Any]:
     """Run with bash -c (with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and
     LOCAL_WORLD_SIZE exported), echo its output to the rank log as it comes, return its tail."""
-    from slurmkit.worker.dist import detect, rank_env
-
     tail: deque[str] = deque(maxlen=STDOUT_TAIL_LINES)
     # The env:// rendezvous variables, so that a user's own `python train.py` with
     # init_process_group() works under srun without slurmkit's worker.

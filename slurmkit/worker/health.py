@@ -19,6 +19,8 @@ from pathlib import Path
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import squash
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.ports import health_port
+from slurmkit.worker.dist import distributed
 from slurmkit.worker.gpu import GpuState, query
 
 EXIT_UNHEALTHY = 3
@@ -49,8 +51,6 @@ def allreduce_problem(timeout_s: float = 60.0) -> str | None:
         import torch
         import torch.distributed as tdist
 
-        from slurmkit.common.ports import health_port
-        from slurmkit.worker.dist import distributed
 
         # Not the training's port: its store must not meet this one, even in TIME_WAIT.
         os.environ.setdefault("MASTER_PORT", str(health_port(os.environ.get("SLURM_JOB_ID", "0"))))

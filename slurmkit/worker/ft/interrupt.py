@@ -17,6 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.slurm_env import slurm_job_id
+from slurmkit.worker.checkpoint import AgreedStop
+from slurmkit.worker.ft import requeue
+from slurmkit.worker.ft.stop import install_handlers
+
 
 class Interrupted(BaseException):
     """Raised by the stop handlers; a BaseException so that `except Exception` in user code lets it pass."""
@@ -36,10 +42,6 @@ def _raising_handler(requeue: bool) -> Any:
 
 def after(run_dir: str, requeue_asked: bool, step: int | None = None) -> str:
     """Rank 0 acts on the stop (slurmkit.worker.ft.requeue.after_stop); says what happened."""
-    from slurmkit.common.layout import RunPaths
-    from slurmkit.common.slurm_env import slurm_job_id
-    from slurmkit.worker.ft import requeue
-
     at = f" at step {step}" if step is not None else ""
     if os.environ.get("SLURM_PROCID", "0") != "0":
         return f"stopped{at}; rank 0 acts on the stop"
@@ -53,11 +55,7 @@ def requeue_on_signal(run_dir: str) -> Iterator[None]:
     """Under Slurm: the stop signals interrupt the body; then requeue and exit without a result.
     A function with a slurmkit.Checkpoint replaces these handlers by its flag, and stops at the
     step its ranks agree on (AgreedStop), its state saved; that is requeued the same way."""
-    from slurmkit.worker.checkpoint import AgreedStop
-
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        from slurmkit.worker.ft.stop import install_handlers
-
         install_handlers(_raising_handler(True), _raising_handler(False))
     try:
         yield

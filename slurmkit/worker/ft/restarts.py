@@ -17,6 +17,7 @@ from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import last_record
 from slurmkit.common.record import RestartEntry, RunRecord
+from slurmkit.slurm import commands
 
 SLURM_STATE_CAUSE = {"NODE_FAIL": "node_failure", "PREEMPTED": "preemption", "TIMEOUT": "timeout",
                      "REQUEUED": "requeue", "REQUEUE_HOLD": "requeue", "FAILED": "crash"}
@@ -85,7 +86,6 @@ def restart_cause(paths: RunPaths, job_id: str, restart_count: int) -> tuple[str
     found = marker(paths, job_id, restart_count - 1)
     if found is not None:
         return str(found["cause"]), str(found.get("detail", ""))
-    from slurmkit.slurm import commands
 
     return cause_of_previous(commands.incarnation_states(job_id))
 

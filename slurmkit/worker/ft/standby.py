@@ -26,9 +26,11 @@ import sys
 import time
 from pathlib import Path
 
+import slurmkit.worker.entry  # noqa: F401 - what the pickle names: imported before the go, as the rest
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import slurm_job_id
+from slurmkit.worker import startup
 
 POLL_S = 0.01
 NICE = 10
@@ -40,7 +42,6 @@ def _prepare() -> float:
     import submitit  # noqa: F401
     import torch._dynamo  # noqa: F401 - torch, and what the optimizer's constructor imports: ~2 s more
 
-    import slurmkit.worker.entry  # noqa: F401
     import slurmkit.worker.tasks.train_task  # noqa: F401
 
     return time.time() - t0
@@ -78,7 +79,6 @@ def main(argv: list[str] | None = None) -> None:
     renice = "" if _renice(priority) else f" (still at nice +{NICE}: no permission to lower it again)"
     signal.signal(stop_signal, signal.SIG_DFL)
     os.environ[outcomes.ATTEMPT_ENV] = str(args.attempt)
-    from slurmkit.worker import startup
 
     startup.restart_clock()
     print(f"slurmkit: standby rank takes in-job attempt {args.attempt} (its imports took {paid:.1f} s "

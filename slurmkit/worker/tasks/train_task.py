@@ -17,6 +17,7 @@ from slurmkit.worker import startup
 from slurmkit.worker.dist import Dist, distributed
 from slurmkit.worker.flops import peak_flops
 from slurmkit.worker.ft import incarnation
+from slurmkit.worker.gpu import GpuSampler
 from slurmkit.worker.tasks import digits, gpt
 from slurmkit.worker.trainer import Trainer, TrainerOptions, warmup_cosine
 
@@ -100,7 +101,6 @@ def _gpu_sampler(cfg: TrainConfig, dist: Dist, run_dir: str | None) -> Any:
     """On each node's first rank, sample its GPUs into the run folder; None without GPUs (silently)."""
     if not run_dir or dist.env.local_rank != 0 or cfg.gpu_sample_s <= 0:
         return None
-    from slurmkit.worker.gpu import GpuSampler
 
     sampler = GpuSampler(RunPaths(Path(run_dir)).gpu_metrics(os.uname().nodename), cfg.gpu_sample_s)
     return sampler if sampler.start() else None

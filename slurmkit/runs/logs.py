@@ -1,0 +1,54 @@
+"""A run's rank logs: every rank's lines, prefixed, followed until the run ends (`slurmkit logs`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunRecord
+from slurmkit.runs.jobs import is_active, run_state
+from slurmkit.runs.polling import Poller
+
+
+def _log_files(paths: RunPaths, rank: int | None) -> list[tuple[str, Path]]:
+    rec = RunRecord(paths).read()
+    files: list[tuple[str, Path]] = []
+    for jid in rec.get("job_ids") or []:
+        ranks = [rank] if rank is not None else list(paths.rank_logs(jid))
+        for rk in ranks:
+            for stream in ("out", "err"):
+                label = f"[{rk}]" if stream == "out" else f"[{rk}!]"
+                files.append((label, paths.rank_log(jid, rk, stream)))
+    return files
+
+
+def logs(paths: RunPaths, rank: int | None = None, follow: bool = False,
+         poll_s: float = 1.0) -> Iterator[str]:
+    """Every rank's lines prefixed [rank] ([rank!] for stderr); follow until the run ends. Files are
+    read every poll_s; Slurm is asked whether the run has ended only as often as a Poller allows."""
+    offsets: dict[Path, int] = {}
+    partial: dict[Path, str] = {}
+    poller = Poller(first_s=poll_s)
+    while True:
+        # Read the state before the files, so lines written just before the end are not missed.
+        done = not follow or (poller.due() and not is_active(run_state(paths).state))
+        for label, path in _log_files(paths, rank):
+            if not path.exists():
+                continue
+            with open(path, errors="replace") as f:
+                f.seek(offsets.get(path, 0))
+                chunk = partial.pop(path, "") + f.read()
+                offsets[path] = f.tell()
+            *complete, rest = chunk.split("\n")
+            if rest:
+                if done:
+                    complete.append(rest)
+                else:
+                    partial[path] = rest
+            for line in complete:
+                yield f"{label} {line}"
+        if done:
+            return
+        time.sleep(poll_s)

@@ -1,0 +1,79 @@
+"""The house's size and import rules, held by the code itself: no module over 400 lines, no function
+over 50, and slurmkit's own modules imported at the top of a file, inside a function only where the
+module is heavy (it imports torch, matplotlib, submitit, ray, rich, tenacity or numpy when imported),
+where a client module reaches the job's side at a meeting point (docs/design.md), or in the CLI's
+command modules (slurmkit/cli/__init__.py says why)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "slurmkit"
+HEAVY = {"torch", "numpy", "matplotlib", "submitit", "ray", "rich", "tenacity"}
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 50
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _trees() -> dict[str, tuple[Path, ast.Module]]:
+    return {_name(p): (p, ast.parse(p.read_text())) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imported(node: ast.stmt) -> list[str]:
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return []
+
+
+def _heavy_modules(trees: dict[str, tuple[Path, ast.Module]]) -> set[str]:
+    """slurmkit modules whose import (at the top of the file, followed through slurmkit) imports a heavy package."""
+    top = {name: {m for node in tree.body for m in _imported(node)} for name, (_, tree) in trees.items()}
+    heavy: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for name, deps in top.items():
+            if name not in heavy and any(d.split(".")[0] in HEAVY or d in heavy for d in deps):
+                heavy.add(name)
+                grew = True
+    return heavy
+
+
+def test_no_module_over_400_lines_and_no_function_over_50() -> None:
+    too_long = []
+    for name, (path, tree) in _trees().items():
+        if len(path.read_text().splitlines()) > MAX_MODULE_LINES:
+            too_long.append(name)
+        too_long += [f"{name}.{fn.name}" for fn in ast.walk(tree)
+                     if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and (fn.end_lineno or fn.lineno) - fn.lineno + 1 > MAX_FUNCTION_LINES]
+    assert too_long == []
+
+
+def test_slurmkits_own_modules_are_imported_inside_functions_only_where_the_rules_allow() -> None:
+    trees = _trees()
+    heavy = _heavy_modules(trees)
+    assert "slurmkit.worker.trainer" in heavy and "slurmkit.runs.jobs" not in heavy  # the rule sees both kinds
+    hidden = []
+    for name, (_, tree) in trees.items():
+        if name.startswith("slurmkit.cli"):
+            continue
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                mods = [m for m in _imported(node) if m.startswith("slurmkit") and m in trees] if isinstance(
+                    node, (ast.Import, ast.ImportFrom)) else []
+                meeting_point = not name.startswith("slurmkit.worker") and any(
+                    m.startswith("slurmkit.worker") for m in mods)
+                if mods and not meeting_point and not any(m in heavy for m in mods):
+                    hidden.append(f"{name}:{node.lineno} {mods[0]}")
+    assert hidden == []
