@@ -70,8 +70,9 @@ def test_slurmkits_own_modules_are_imported_inside_functions_only_where_the_rule
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(fn):
-                mods = [m for m in _imported(node) if m.startswith("slurmkit") and m in trees] if isinstance(
-                    node, (ast.Import, ast.ImportFrom)) else []
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                mods = [m for m in _imported(node) if m.startswith("slurmkit") and m in trees]
                 meeting_point = not name.startswith("slurmkit.worker") and any(
                     m.startswith("slurmkit.worker") for m in mods)
                 if mods and not meeting_point and not any(m in heavy for m in mods):
