@@ -52,11 +52,13 @@ class Checkpoint:
         return self._made()[0]
 
     def _made(self) -> tuple[Checkpointer, StopCoordinator]:
-        """The Checkpointer and StopCoordinator, made on first use: the function brings its process
-        group up after the run's entry made this Checkpoint."""
+        """The Checkpointer and StopCoordinator, made on first use, on the ranks of the process group
+        as it is at each call: a function may bring its group up after it first restored."""
+        ranks = Ranks.current()
         if self._parts is None:
-            ckpt = Checkpointer(self.uri, Ranks.current(), (STATE_FILE,), keep_latest_k=self.keep)
+            ckpt = Checkpointer(self.uri, ranks, (STATE_FILE,), keep_latest_k=self.keep)
             self._parts = ckpt, StopCoordinator(lambda: ckpt.writing, self.flag)
+        self._parts[0].ranks = ranks
         return self._parts
 
     @property
