@@ -94,11 +94,11 @@ def main() -> None:
 
     from slurmkit.common.layout import RunPaths
     from slurmkit.common.record import RunRecord
+    from slurmkit.common.sweep_layout import ArrayLog
     from slurmkit.runs import jobs
     from slurmkit.sweeps import results, spec
     from slurmkit.sweeps import submit as sub
     from slurmkit.sweeps.resolve import resolve_tasks
-    from slurmkit.sweeps.store import ArrayLog
 
     # One run whose job is 1001; one sweep of N tasks in arrays of 10,001.
     run = RunPaths(tmp / "runs" / "one")

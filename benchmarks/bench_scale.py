@@ -96,9 +96,9 @@ def bare_split(text: str) -> float:
 
 
 def status(sweep_dir: str) -> dict[str, Any]:
+    from slurmkit.common.sweep_layout import SweepPaths
     from slurmkit.slurm import parse
     from slurmkit.sweeps import results
-    from slurmkit.sweeps.store import SweepPaths
 
     paths = SweepPaths(Path(sweep_dir))
     t0 = time.perf_counter()

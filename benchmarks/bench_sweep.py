@@ -16,10 +16,10 @@ from typing import Any
 import yaml
 from submitit.core import utils
 
+from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.slurm import commands
 from slurmkit.sweeps import results, spec
 from slurmkit.sweeps import submit as sub
-from slurmkit.sweeps.store import SweepPaths
 
 N_A, N_B = 100, 10  # 1,000 configs
 

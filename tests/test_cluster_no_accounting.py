@@ -89,14 +89,14 @@ def test_runs_without_accounting_wait_status_result_logs_list(
 
 def test_a_sweep_without_accounting_status_results_and_resubmit_failed(
         no_accounting: None, tmp_path: Path, dev_profile: Path) -> None:
-    from slurmkit.sweeps import store
+    from slurmkit.common import sweep_layout
 
     command = 'if [ "$MODE" = flaky ] && [ ! -e "$SLURMKIT_RUN_DIR/fixed" ]; then exit 3; fi; echo "{\\"v\\": 1}"'
     path = spec(tmp_path, "na-sweep", command, {"grid": {"env.MODE": ["ok", "flaky", "fine"]}})
     done = cli("sweep", str(path), "-p", str(dev_profile), "--set", "profile.requeue.crash=0", "--wait")
     assert done["counts"] == {"COMPLETED": 2, "FAILED": 1}
-    paths = store.SweepPaths(Path(done["sweep_dir"]))
-    array = store.Manifest(paths).read()["arrays"][0]["job_id"]
+    paths = sweep_layout.SweepPaths(Path(done["sweep_dir"]))
+    array = sweep_layout.Manifest(paths).read()["arrays"][0]["job_id"]
     wait_until(lambda: left_squeue(array), 120, "the array to leave squeue", 1.0)
     status = cli("sweep", "status", paths.sweep_id, "-p", str(dev_profile))
     assert [t["state"] for t in status["tasks"]] == ["COMPLETED", "FAILED", "COMPLETED"]

@@ -18,7 +18,8 @@ import pytest
 import slurmkit
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
-from slurmkit.sweeps.store import ArrayLog, list_sweeps
+from slurmkit.common.sweep_layout import ArrayLog
+from slurmkit.sweeps.store import list_sweeps
 from tests.test_cluster_faults import wait_until
 
 pytestmark = pytest.mark.cluster

@@ -12,8 +12,9 @@ import yaml
 from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
+from slurmkit.common import sweep_layout
 from slurmkit.slurm import commands
-from slurmkit.sweeps import results, spec, store
+from slurmkit.sweeps import results, spec
 from slurmkit.sweeps import submit as sub
 from tests.conftest import EXAMPLES, steady
 from tests.test_cluster_faults import wait_until
@@ -43,7 +44,7 @@ def sbatch_calls_during(fn: Any) -> tuple[Any, int]:
     return value, calls["sbatch"]
 
 
-def wait_sweep(paths: store.SweepPaths, timeout_s: float = 240) -> list[results.TaskState]:
+def wait_sweep(paths: sweep_layout.SweepPaths, timeout_s: float = 240) -> list[results.TaskState]:
     deadline = time.monotonic() + timeout_s
     while True:
         states = results.task_states(paths)
@@ -60,7 +61,7 @@ def test_grid_of_six_is_one_array_throttled_to_two_then_a_job_runs_after_it(
                                                         "--max-parallel", "2"))
     assert done["tasks"] == 6 and len(done["array_job_ids"]) == 1
     assert sbatches == 1
-    paths = store.SweepPaths(Path(done["sweep_dir"]))
+    paths = sweep_layout.SweepPaths(Path(done["sweep_dir"]))
     assert "#SBATCH --array=0-5%2" in paths.script(0).read_text()
 
     after = invoke("submit", str(EXAMPLES / "hostnames.yaml"), "-p", str(dev_profile), "--after", paths.sweep_id)
@@ -114,14 +115,14 @@ def test_a_failed_config_is_resubmitted_alone_and_the_sweep_completes(
     # No automatic requeue of the crash: the user fixes the cause, then resubmits.
     done = invoke("sweep", str(path), "-p", str(dev_profile), "--set", "profile.requeue.crash=0", "--wait")
     assert done["counts"] == {"COMPLETED": 2, "FAILED": 1}  # --wait returned once no task was active
-    paths = store.SweepPaths(Path(done["sweep_dir"]))
+    paths = sweep_layout.SweepPaths(Path(done["sweep_dir"]))
     assert [s.state for s in wait_sweep(paths)] == ["COMPLETED", "FAILED", "COMPLETED"]
 
     (paths.task(1).run_dir / "fixed").write_text("")
     again, sbatches = sbatch_calls_during(
         lambda: invoke("sweep", "resubmit", paths.sweep_id, "--failed", "-p", str(dev_profile)))
     assert again["resubmitted"] == [1] and sbatches == 1
-    manifest = store.Manifest(paths).read()
+    manifest = sweep_layout.Manifest(paths).read()
     assert [(a["kind"], a["indices"], a["array"]) for a in manifest["arrays"]] == [
         ("initial", [0, 1, 2], "0-2"), ("resubmit", [1], "1")]
     states = wait_sweep(paths)
@@ -137,8 +138,8 @@ def test_a_sweep_over_the_array_limit_is_split_into_chained_arrays(
                                  "sleep 1"))
     done, sbatches = sbatch_calls_during(lambda: sub.submit(plan, str(dev_profile), max_array_size=4))
     assert sbatches == 2 and len(done.array_job_ids) == 2
-    paths = store.SweepPaths(Path(done.sweep_dir))
-    manifest = store.Manifest(paths).read()
+    paths = sweep_layout.SweepPaths(Path(done.sweep_dir))
+    manifest = sweep_layout.Manifest(paths).read()
     assert [(a["indices"], a["base"], a["array"]) for a in manifest["arrays"]] == [
         ([0, 1, 2, 3], 0, "0-3%2"), ([4, 5], 4, "0-1%2")]
     # Each chunk waits for the previous one, so %2 holds across the whole sweep.
@@ -165,7 +166,7 @@ def test_exactly_max_array_size_tasks_is_one_array_and_one_more_is_two(
             with commands.counting() as calls:
                 done = sub.submit(plan, str(dev_profile), after=f"afterok:{blocker}")
             sbatches = calls["sbatch"]
-            paths = store.SweepPaths(Path(done.sweep_dir))
+            paths = sweep_layout.SweepPaths(Path(done.sweep_dir))
             try:
                 assert sbatches == arrays == len(done.array_job_ids)
                 with commands.counting() as calls:
@@ -195,7 +196,7 @@ def test_a_sweep_larger_than_the_cluster_job_limit_is_refused_before_anything(
 
 def test_digits_sweep_example_trains_every_config(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
     done = invoke("sweep", str(EXAMPLES / "sweep_digits.yaml"), "-p", str(dev_profile), "--set", "config.steps=60")
-    paths = store.SweepPaths(Path(done["sweep_dir"]))
+    paths = sweep_layout.SweepPaths(Path(done["sweep_dir"]))
     assert [s.state for s in wait_sweep(paths, timeout_s=300)] == ["COMPLETED"] * 4
     result = runner.invoke(app, ["sweep", "results", paths.sweep_id, "-p", str(dev_profile), "--sort", "accuracy"])
     assert result.exit_code == 0, result.output

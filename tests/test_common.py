@@ -134,7 +134,8 @@ def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -
 JOB_SIDE_ALLOWED = ("slurmkit.worker", "slurmkit.common", "slurmkit.config", "slurmkit.slurm")
 CLIENT_MAY_IMPORT = {
     # The callable submitit pickles is built on the client: the first of the three meeting points.
-    ("runs/jobs.py", "slurmkit.worker.entry"), ("sweeps/task.py", "slurmkit.worker.entry"),
+    ("runs/jobs.py", "slurmkit.worker.entry"),
+    ("sweeps/submit.py", "slurmkit.worker.sweep_task"), ("sweeps/local.py", "slurmkit.worker.sweep_task"),
     # `slurmkit bench` measures the job side's own code: the all-reduce runs as a job, `bench fs`
     # writes through the checkpoint store.
     ("bench/allreduce.py", "slurmkit.worker.dist"), ("bench/fs.py", "slurmkit.worker.ckptstore"),

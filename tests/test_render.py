@@ -147,7 +147,7 @@ def test_plain_array_without_a_sweep_keeps_the_run_folder(tmp_path: Path) -> Non
     # submitit's map_array through our executor: an array, but no sweep manifest to look tasks up in.
     script = render_profile(GOLDEN / "spec.yaml", "devcluster", array=ArraySpec("0-3", list(range(4))))
     assert "#SBATCH --array=0-3" in script
-    assert "slurmkit.sweeps.task" not in script
+    assert "slurmkit.worker.sweep_task" not in script
     assert "SLURMKIT_RUN_DIR=/shared/runs/golden-run" in script
     check_shell(script, tmp_path)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from slurmkit.common import sweep_layout
 from slurmkit.common.errors import ConfigError
 from slurmkit.sweeps import plan as plan_mod
 from slurmkit.sweeps import resolve, spec, store
@@ -34,7 +35,7 @@ def specs_of(tasks: resolve.SweepTasks, plan: spec.SweepPlan) -> list[dict[str, 
     manifest = {"base_spec": tasks.base_spec, "top": tasks.top,
                 "tasks": [{"overrides": o, **({"spec": s} if s is not None else {})}
                           for o, s in zip(plan.overrides, tasks.specs, strict=True)]}
-    return [store.task_spec(manifest, i) for i in range(len(tasks))]
+    return [sweep_layout.task_spec(manifest, i) for i in range(len(tasks))]
 
 
 def same_result(path: Path, profile: Path, sets: list[str] | None = None) -> str:
@@ -92,21 +93,21 @@ def test_manifest_is_compact_and_written_once(tmp_path: Path, local_profile: Pat
     paths = sub.create(plan, resolve.resolve_tasks(plan, str(local_profile)))
     text = paths.manifest.read_text()
     assert len(text) / 10_000 < 120, f"{len(text) / 10_000:.0f} bytes per task"
-    manifest = store.Manifest(paths).read()
+    manifest = sweep_layout.Manifest(paths).read()
     assert len(manifest["tasks"]) == 10_000 and manifest["arrays"] == []
-    last = store.task_entry(paths, manifest, 9_999)
+    last = sweep_layout.task_entry(paths, manifest, 9_999)
     assert last.spec["env"] == {"A": "99", "B": "99"} and last.env["SLURMKIT_SEED"] == "9999"
     assert last.run_dir == str(paths.task(9_999).run_dir)
     with pytest.raises(TypeError, match="written once"):
-        store.Manifest(paths).update(name="x")
-    with store.ArrayLog(paths).editing() as log:
+        sweep_layout.Manifest(paths).update(name="x")
+    with sweep_layout.ArrayLog(paths).editing() as log:
         log["arrays"].append({"indices": [0], "base": 0, "job_id": "7", "kind": "initial"})
     assert paths.manifest.read_text() == text  # recording an array leaves the manifest alone
-    assert store.latest_job_ids(store.Manifest(paths).read())[0] == "7_0"
+    assert store.latest_job_ids(sweep_layout.Manifest(paths).read())[0] == "7_0"
 
 
 def test_a_manifest_from_before_the_split_still_reads(tmp_path: Path) -> None:
-    paths = store.SweepPaths(tmp_path / "old-sweep")
+    paths = sweep_layout.SweepPaths(tmp_path / "old-sweep")
     paths.sweep_dir.mkdir()
     spec_dump = {"name": "old", "command": "true", "env": {"X": "1"}}
     task = {"index": 0, "overrides": {"env.X": "1"}, "seed": 3, "spec": spec_dump, "resources": {"nodes": 1},
@@ -116,14 +117,14 @@ def test_a_manifest_from_before_the_split_still_reads(tmp_path: Path) -> None:
         "executor": "slurm", "profile_name": "devcluster", "profile": {}, "varying": ["env.X"],
         "max_parallel": None, "tasks": [task],
         "arrays": [{"indices": [0], "base": 0, "job_id": "5", "kind": "initial"}]}))
-    manifest = store.Manifest(paths).read()
+    manifest = sweep_layout.Manifest(paths).read()
     assert store.latest_job_ids(manifest) == {0: "5_0"}
-    entry = store.task_entry(paths, manifest, 0)
+    entry = sweep_layout.task_entry(paths, manifest, 0)
     assert (entry.env, entry.run_dir, entry.checkpoint_uri) == (task["env"], "/r/0", "/c/0")
-    with store.ArrayLog(paths).editing() as log:  # the first new array carries the old ones over
+    with sweep_layout.ArrayLog(paths).editing() as log:  # the first new array carries the old ones over
         log["arrays"].append({"indices": [0], "base": 0, "job_id": "6", "kind": "resubmit"})
-    assert store.latest_job_ids(store.Manifest(paths).read()) == {0: "6_0"}
-    assert [a["job_id"] for a in store.Manifest(paths).read()["arrays"]] == ["5", "6"]
+    assert store.latest_job_ids(sweep_layout.Manifest(paths).read()) == {0: "6_0"}
+    assert [a["job_id"] for a in sweep_layout.Manifest(paths).read()["arrays"]] == ["5", "6"]
 
 
 @pytest.mark.parametrize(("tasks", "limit", "expected"), [

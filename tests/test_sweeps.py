@@ -16,6 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
+from slurmkit.common import sweep_layout
 from slurmkit.common.record import RunRecord
 from slurmkit.runs.dependency import after_dependency
 from slurmkit.sweeps import plan as plan_mod
@@ -135,17 +136,17 @@ def test_malformed_grid_option_is_refused(tmp_path: Path, local_profile: Path) -
     assert "--grid" in line and "KEY=V1,V2" in line
 
 
-def _create(tmp_path: Path, local_profile: Path, sweep: dict[str, Any], **base: Any) -> store.SweepPaths:
+def _create(tmp_path: Path, local_profile: Path, sweep: dict[str, Any], **base: Any) -> sweep_layout.SweepPaths:
     plan = spec.load(write_sweep(tmp_path, sweep, **base))
     return sub.create(plan, resolve_mod.resolve_tasks(plan, str(local_profile)))
 
 
 def test_manifest_maps_every_task_to_its_config_folder_and_seed(tmp_path: Path, local_profile: Path) -> None:
     paths = _create(tmp_path, local_profile, {"grid": {"env.X": ["1", "2", "3"]}, "seed": 7})
-    manifest = store.Manifest(paths).read()
+    manifest = sweep_layout.Manifest(paths).read()
     assert [t["overrides"] for t in manifest["tasks"]] == [{"env.X": "1"}, {"env.X": "2"}, {"env.X": "3"}]
     assert [t["seed"] for t in manifest["tasks"]] == [7, 8, 9]
-    entries = [store.task_entry(paths, manifest, i) for i in range(3)]
+    entries = [sweep_layout.task_entry(paths, manifest, i) for i in range(3)]
     assert [e.env["SLURMKIT_SEED"] for e in entries] == ["7", "8", "9"]
     assert [e.spec["env"] for e in entries] == [{"X": "1"}, {"X": "2"}, {"X": "3"}]
     assert len({e.run_dir for e in entries}) == 3
@@ -157,18 +158,18 @@ def test_manifest_maps_every_task_to_its_config_folder_and_seed(tmp_path: Path, 
 
 def test_task_record_is_made_once_and_a_new_job_id_clears_old_verdicts(tmp_path: Path, local_profile: Path) -> None:
     paths = _create(tmp_path, local_profile, {"grid": {"env.X": ["1", "2"]}})
-    task = store.materialize_task(paths, 1, "50_1")
+    task = sweep_layout.materialize_task(paths, 1, "50_1")
     record = RunRecord(task).read()
     assert record["job_ids"] == ["50_1"] and record["sweep"]["index"] == 1
     assert task.job_folder.resolve() == paths.job_folder.resolve()
     RunRecord(task).update(final="deterministic error at step 3", failures=[{"step": 3}])
-    store.materialize_task(paths, 1, "50_1")  # the same job again (a requeue): verdicts stay
+    sweep_layout.materialize_task(paths, 1, "50_1")  # the same job again (a requeue): verdicts stay
     assert RunRecord(task).read()["final"]
-    store.materialize_task(paths, 1, "61_0")  # a resubmit: a fresh start
+    sweep_layout.materialize_task(paths, 1, "61_0")  # a resubmit: a fresh start
     record = RunRecord(task).read()
     assert record["job_ids"] == ["50_1", "61_0"] and "final" not in record and "failures" not in record
     with pytest.raises(IndexError):
-        store.materialize_task(paths, 5, "50_5")
+        sweep_layout.materialize_task(paths, 5, "50_5")
 
 
 def test_each_array_task_batch_shell_gets_its_own_folder_and_env_quoted(tmp_path: Path,
@@ -176,16 +177,16 @@ def test_each_array_task_batch_shell_gets_its_own_folder_and_env_quoted(tmp_path
     values = ["plain", "it's $HOME; `touch pwned` \"x\""]
     paths = _create(tmp_path, local_profile, {"grid": {"env.X": values}})
     for index, want in enumerate(values):
-        helper = subprocess.run([sys.executable, "-m", "slurmkit.sweeps.task", "--sweep-dir", str(paths.sweep_dir),
-                                 "--index", str(index)], capture_output=True, text=True, check=True,
-                                env={**os.environ, "SLURM_JOB_ID": f"70{index}"})
+        helper = subprocess.run([sys.executable, "-m", "slurmkit.worker.sweep_task", "--sweep-dir",
+                                 str(paths.sweep_dir), "--index", str(index)], capture_output=True, text=True,
+                                check=True, env={**os.environ, "SLURM_JOB_ID": f"70{index}"})
         # What the array script does with the helper's answer.
         shown = subprocess.run(["bash", "-c", 'eval "$1"; printf "%s|%s|%s" "$SLURMKIT_RUN_DIR" "$X" '
                                 '"$(bash -c \'echo "$SLURMKIT_SEED"\')"', "_", helper.stdout],
                                capture_output=True, text=True, check=True, cwd=tmp_path).stdout
         assert shown == f"{paths.task(index).run_dir}|{want}|{index}"  # exported: child processes see it
     assert not (tmp_path / "pwned").exists()
-    bad = subprocess.run([sys.executable, "-m", "slurmkit.sweeps.task", "--sweep-dir", str(paths.sweep_dir),
+    bad = subprocess.run([sys.executable, "-m", "slurmkit.worker.sweep_task", "--sweep-dir", str(paths.sweep_dir),
                           "--index", "9"], capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stdout == "" and "no task 9" in bad.stderr
 
@@ -197,10 +198,10 @@ def test_after_a_sweep_waits_for_each_task_newest_job(tmp_path: Path, local_prof
                            paths.sweep_id])
     assert "--after needs a Slurm run or sweep" in line
     paths.manifest.write_text(paths.manifest.read_text().replace('"executor": "local"', '"executor": "slurm"'))
-    with store.ArrayLog(paths).editing() as m:
+    with sweep_layout.ArrayLog(paths).editing() as m:
         m["arrays"] = [{"indices": [0, 1, 2], "base": 0, "job_id": "70", "kind": "initial"}]
     assert after_dependency(root, paths.sweep_id) == "afterok:70"
-    with store.ArrayLog(paths).editing() as m:
+    with sweep_layout.ArrayLog(paths).editing() as m:
         m["arrays"].append({"indices": [1], "base": 1, "job_id": "80", "kind": "resubmit"})
     # Array 70 keeps its failed task forever, so afterok:70 could never be met.
     assert after_dependency(root, paths.sweep_id) == "afterok:70_0:80_0:70_2"
@@ -208,7 +209,7 @@ def test_after_a_sweep_waits_for_each_task_newest_job(tmp_path: Path, local_prof
     assert "--after: no run or sweep 'nope'" in line
 
 
-def wait_local(paths: store.SweepPaths, timeout_s: float = 120) -> list[results.TaskState]:
+def wait_local(paths: sweep_layout.SweepPaths, timeout_s: float = 120) -> list[results.TaskState]:
     deadline = time.monotonic() + timeout_s
     while True:
         states = results.task_states(paths)
@@ -229,7 +230,7 @@ def test_local_sweep_runs_through_the_local_executor_then_resubmits_the_failed(t
     assert result.exit_code == 0, result.output
     done = json.loads(result.stdout)
     assert done["tasks"] == 3 and done["array_job_ids"] == []
-    paths = store.SweepPaths(Path(done["sweep_dir"]))
+    paths = sweep_layout.SweepPaths(Path(done["sweep_dir"]))
     states = wait_local(paths)
     assert [s.state for s in states] == ["COMPLETED", "FAILED", "COMPLETED"]
     pids = [s.job_id for s in states]
@@ -254,7 +255,7 @@ def test_local_sweep_runs_through_the_local_executor_then_resubmits_the_failed(t
 def test_results_pick_the_best_row_and_write_csv(tmp_path: Path, local_profile: Path) -> None:
     paths = _create(tmp_path, local_profile, {"grid": {"env.X": ["1", "2", "3"]}})
     for i, (loss, acc) in enumerate([(0.5, 0.7), (0.2, 0.9), (0.9, 0.95)]):
-        task = store.materialize_task(paths, i, "")
+        task = sweep_layout.materialize_task(paths, i, "")
         task.metrics.write_text(json.dumps({"step": 10, "loss": loss, "accuracy": acc, "note": "text"}) + "\n")
     table = results.results(paths)
     assert table.sort == "loss" and table.best == 1  # smaller loss is better

@@ -102,8 +102,8 @@ def test_submit_with_an_unset_variable_creates_nothing(tmp_path: Path, monkeypat
 def test_a_raw_job_id_names_a_run_or_a_sweep_task(tmp_path: Path) -> None:
     from slurmkit.common.layout import RunPaths
     from slurmkit.common.record import RunRecord
+    from slurmkit.common.sweep_layout import ArrayLog, SweepPaths
     from slurmkit.runs.lookup import find
-    from slurmkit.sweeps.store import ArrayLog, SweepPaths
 
     root = tmp_path / "runs"
     run = RunPaths(root / "plain-20261201-120000-abcd")

@@ -22,6 +22,7 @@ from typing import Any
 
 from slurmkit.api.handles import Job, SweepHandle
 from slurmkit.common.errors import ConfigError, did_you_mean, squash
+from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.loader import (
     Layer,
     Resolved,
@@ -36,7 +37,6 @@ from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.runs import jobs
 from slurmkit.sweeps import mapped
 from slurmkit.sweeps import spec as sweep_spec
-from slurmkit.sweeps.store import SweepPaths
 from slurmkit.sweeps.submit import submit
 
 SOURCE = "Executor"

@@ -13,6 +13,7 @@ from typing import Any
 from slurmkit.common.errors import JobFailedError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunRecord
+from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.loader import load_profile, profile_name
 from slurmkit.runs import jobs
 from slurmkit.runs import logs as run_logs
@@ -21,7 +22,6 @@ from slurmkit.runs.polling import Poller
 from slurmkit.slurm import commands
 from slurmkit.slurm.commands import TransientSlurmError
 from slurmkit.sweeps.results import results, task_states, wait
-from slurmkit.sweeps.store import SweepPaths
 from slurmkit.sweeps.submit import resubmit_failed
 
 

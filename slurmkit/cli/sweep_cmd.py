@@ -75,9 +75,10 @@ def submit(
     dependency = dependency_for(profile, after, after_any, after_notok)
     done = sub.submit(plan, profile, set_, max_array_size, dependency)
     if wait:
-        from slurmkit.sweeps import results, store
+        from slurmkit.common import sweep_layout
+        from slurmkit.sweeps import results
 
-        states = results.wait(store.SweepPaths(Path(done.sweep_dir)), on_answer=transitions(results.describe))
+        states = results.wait(sweep_layout.SweepPaths(Path(done.sweep_dir)), on_answer=transitions(results.describe))
         if as_json:
             print_json({**done.as_dict(), "counts": results.counts(states)})
         else:
@@ -185,11 +186,12 @@ def resubmit(
 @user_errors
 def list_sweeps(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Sweeps under the run root, newest first."""
+    from slurmkit.common import sweep_layout
     from slurmkit.runs.lookup import readable
     from slurmkit.sweeps import store
 
     rows = []
-    for _, m in readable(store.list_sweeps(run_root_for(profile)), lambda p: store.Manifest(p).read()):
+    for _, m in readable(store.list_sweeps(run_root_for(profile)), lambda p: sweep_layout.Manifest(p).read()):
         rows.append({"sweep_id": m["sweep_id"], "tasks": len(m["tasks"]), "created": m["created"],
                      "arrays": ",".join(a["job_id"] for a in m["arrays"] if a.get("job_id"))})
     if as_json:

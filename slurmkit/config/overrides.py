@@ -101,6 +101,14 @@ def set_path(target: dict[str, Any], path: list[str], value: Any) -> None:
     target[path[-1]] = value
 
 
+def nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """{'config.lr': 1} -> {'config': {'lr': 1}}, the shape of a spec layer."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        set_path(out, key.split("."), value)
+    return out
+
+
 def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     """Merge top over base: mappings merge key by key, anything else is replaced."""
     out = copy.deepcopy(base)

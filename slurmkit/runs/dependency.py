@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from slurmkit.common.errors import PreflightError, RunNotFoundError, clip
 from slurmkit.common.record import RunRecord
+from slurmkit.common.sweep_layout import Manifest
 from slurmkit.common.trust import JOB_ID_RE
 from slurmkit.runs.lookup import find
 from slurmkit.slurm import commands
-from slurmkit.sweeps.store import Manifest, find_sweep, latest_job_ids
+from slurmkit.sweeps.store import find_sweep, latest_job_ids
 
 AFTER_KINDS = ("afterok", "afterany", "afternotok")
 

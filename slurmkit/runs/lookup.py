@@ -15,8 +15,9 @@ from slurmkit.common import trust
 from slurmkit.common.errors import RunNotFoundError, warn
 from slurmkit.common.layout import RUN_FILE, RunPaths
 from slurmkit.common.record import CorruptRecordError, RunRecord
+from slurmkit.common.sweep_layout import ArrayLog
 from slurmkit.runs.folders import find_folder, owned_folders
-from slurmkit.sweeps.store import ArrayLog, list_sweeps
+from slurmkit.sweeps.store import list_sweeps
 
 
 def find(run_root: str, ident: str) -> RunPaths:

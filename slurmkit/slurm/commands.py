@@ -64,7 +64,7 @@ def call(argv: list[str], timeout: float = DEFAULT_TIMEOUT_S,
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command (an argument list, never a shell string) within `timeout`; every
     Slurm call slurmkit makes comes through here (submitit's own sbatch runs under coreutils
-    timeout, slurm/executor.py)."""
+    timeout, slurm/submitit_executor.py)."""
     CALLS[argv[0]] += 1
     if shutil.which(argv[0]) is None:
         raise SlurmError(f"{argv[0]} not found on PATH", valid="is Slurm installed on this node?")

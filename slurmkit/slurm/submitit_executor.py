@@ -179,7 +179,7 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
         index; returns the array's job id.
 
         One pickle serves every task: written once, before sbatch, at array.pickle, and linked
-        under submitit's name for a task by that task's batch shell (slurmkit.sweeps.task). A
+        under submitit's name for a task by that task's batch shell (slurmkit.worker.sweep_task). A
         100,000-task sweep costs one pickling and no file per task at submit time.
         """
         assert array.pickle is not None

@@ -16,9 +16,9 @@ from typing import Any
 
 from slurmkit.common import trust
 from slurmkit.common.record import RunRecord
+from slurmkit.common.sweep_layout import ArrayLog, Manifest, SweepPaths, materialize_task
 from slurmkit.runs.procs import start_time
-from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, manifest_tasks, materialize_task
-from slurmkit.sweeps.task import SweepTask
+from slurmkit.sweeps.store import manifest_tasks
 
 POLL_S = 0.5
 
@@ -43,6 +43,7 @@ def start(paths: SweepPaths, indices: list[int]) -> int:
 def run(paths: SweepPaths, number: int) -> None:
     """Run the tasks of local array `number`, at most max_parallel at once; each job's pid goes to the array log."""
     from slurmkit.slurm.submitit_executor import local_executor
+    from slurmkit.worker.sweep_task import SweepTask  # the pickled callable: where the two sides meet
 
     manifest = Manifest(paths).read()
     groups, group_of = manifest_tasks(manifest)

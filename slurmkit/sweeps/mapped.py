@@ -4,7 +4,8 @@ It is a sweep like any other (one manifest, one job array per MaxArraySize chunk
 sweep status/results/resubmit`, each task's own run folder), whose tasks differ only in their
 arguments. The function and every task's arguments are one cloudpickle in the sweep folder
 (SweepPaths.function_pickle), written privately before the first sbatch; each task reads its
-own item by index (sweeps.store.load_call, from SweepTask). Submitting 1,000 items pickles the function once.
+own item by index (common.sweep_layout.load_call, from worker.sweep_task.SweepTask). Submitting
+1,000 items pickles the function once.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 from slurmkit.api.handles import Job
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write
+from slurmkit.common.sweep_layout import ArrayLog, SweepPaths
 from slurmkit.config.loader import Resolved
 from slurmkit.runs.jobs import Call
 from slurmkit.sweeps.resolve import SweepTasks
 from slurmkit.sweeps.spec import SweepPlan, SweepSection
-from slurmkit.sweeps.store import ArrayLog, SweepPaths, latest_job_ids
+from slurmkit.sweeps.store import latest_job_ids
 from slurmkit.sweeps.submit import launch
 
 if TYPE_CHECKING:

@@ -23,9 +23,9 @@ from pydantic import BaseModel
 
 from slurmkit.common.errors import ConfigError
 from slurmkit.config.loader import Layer, Resolved, load_profile, profile_name, resolve_layers
-from slurmkit.config.overrides import split_sets
+from slurmkit.config.overrides import nested, split_sets
 from slurmkit.config.train import TrainConfig
-from slurmkit.sweeps.spec import SweepPlan, nested
+from slurmkit.sweeps.spec import SweepPlan
 
 if TYPE_CHECKING:
     from slurmkit.config.train import TrainConfig

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from slurmkit.common.errors import ConfigError, clip, did_you_mean
 from slurmkit.config.fields import Strict
 from slurmkit.config.loader import Layer, read_yaml
-from slurmkit.config.overrides import parse_set, set_path
+from slurmkit.config.overrides import parse_set
 from slurmkit.config.profile import SWEEP_MAX_TASKS as DEFAULT_MAX_TASKS
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.train import TrainConfig
@@ -173,14 +173,6 @@ def expand(section: SweepSection, max_tasks: int = DEFAULT_MAX_TASKS, where: str
     if len(parts) == 1:
         return parts[0]
     return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*parts)]
-
-
-def nested(flat: dict[str, Any]) -> dict[str, Any]:
-    """{'config.lr': 1} -> {'config': {'lr': 1}}, the shape of a spec layer."""
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        set_path(out, key.split("."), value)
-    return out
 
 
 def parse_grid_option(item: str) -> tuple[str, list[Any]]:

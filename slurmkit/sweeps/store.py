@@ -1,130 +1,17 @@
-"""Sweep folders and the manifest: SweepPaths is the only code that builds sweep paths.
-
-    <run_root>/<sweep_id>/sweep.json        the manifest, written once, before anything is submitted
-    <run_root>/<sweep_id>/arrays.json       every job array submitted for it, updated under a lock
-    <run_root>/<sweep_id>/submitit/         submitit's folder, shared by every array of the sweep
-    <run_root>/<sweep_id>/tasks/<index>/    each task's own run folder (run.json, metrics, checkpoints)
-
-The manifest maps every task index to its config (the validated base spec plus the task's
-overrides, or the task's whole spec where it cannot be rebuilt so), seed and resource group. The
-array log lists every job array submitted for the sweep (initial, split and resubmitted), so no
-task is ever dropped silently: a task whose array failed to submit shows up as NOT_SUBMITTED. The
-two are apart so that recording a job id rewrites a small file, not a 100,000-task manifest.
-Sweeps written before the split (tasks holding their spec, env and paths, arrays inside
-sweep.json) read the same.
-"""
+"""Sweeps on the login node: listing and finding them under run_root, each task's newest array and
+job id from the array log, and the manifest's resource groups rebuilt as Resolved. The sweep
+folder's layout and its records are slurmkit.common.sweep_layout's."""
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from slurmkit.common import trust
-from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import LockedJson, RunRecord
+from slurmkit.common.sweep_layout import MANIFEST, SweepPaths, task_spec
 from slurmkit.config.loader import Resolved
-from slurmkit.config.overrides import deep_merge
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
 from slurmkit.runs.folders import find_folder, owned_folders
-from slurmkit.sweeps.spec import nested
-
-MANIFEST = "sweep.json"
-ARRAYS = "arrays.json"
-
-
-@dataclass(frozen=True)
-class SweepPaths:
-    sweep_dir: Path
-
-    @property
-    def sweep_id(self) -> str:
-        return self.sweep_dir.name
-
-    @property
-    def manifest(self) -> Path:
-        return self.sweep_dir / MANIFEST
-
-    @property
-    def arrays(self) -> Path:
-        return self.sweep_dir / ARRAYS
-
-    @property
-    def job_folder(self) -> Path:
-        return self.sweep_dir / "submitit"
-
-    @property
-    def tasks_dir(self) -> Path:
-        """Where task folders are made, each when its task first starts."""
-        return self.sweep_dir / "tasks"
-
-    def task(self, index: int) -> RunPaths:
-        return RunPaths(self.tasks_dir / str(index))
-
-    def script(self, array_number: int) -> Path:
-        return self.sweep_dir / f"sbatch-{array_number}.sh"
-
-    def array_pickle(self, array_number: int) -> Path:
-        """The one pickle every task of that array runs (each task links it under its job id)."""
-        return self.job_folder / f"array-{array_number}.pkl"
-
-    @property
-    def snapshot_record(self) -> Path:
-        """The sweep's code snapshot (code/), as a plain run's run.json records it."""
-        return self.sweep_dir / "snapshot.json"
-
-    @property
-    def function_pickle(self) -> Path:
-        """A map_array's function and every task's arguments (slurmkit.sweeps.mapped)."""
-        return self.sweep_dir / "function.pkl"
-
-    @property
-    def local_runner_log(self) -> Path:
-        """Output of the local executor's runner (sweeps on the `local` profile)."""
-        return self.sweep_dir / "local-runner.log"
-
-
-class Manifest(LockedJson):
-    """sweep.json, with the array log folded in as its "arrays" on read."""
-
-    missing_error = "sweep has no sweep.json"
-    indent = None  # 100,000 tasks: keep it one line, unsorted, quick to write and read
-    sort_keys = False
-
-    def __init__(self, paths: SweepPaths) -> None:
-        super().__init__(paths.manifest)
-        self.paths = paths
-
-    def editing(self) -> Any:
-        raise TypeError("sweep.json is written once; job arrays are recorded through ArrayLog")
-
-    def update(self, **changes: Any) -> dict[str, Any]:
-        raise TypeError("sweep.json is written once; job arrays are recorded through ArrayLog")
-
-    def read(self) -> dict[str, Any]:
-        data = super().read()
-        if self.paths.arrays.exists():
-            data["arrays"] = ArrayLog(self.paths).read()["arrays"]
-        return data
-
-
-class ArrayLog(LockedJson):
-    """{"arrays": [...]}: what was submitted for the sweep; `editing()` is the only way to change it."""
-
-    missing_error = "sweep has no arrays.json"
-    indent = None  # json's C encoder: an array's 10,000 indices are rewritten at each job id recorded
-
-    def __init__(self, paths: SweepPaths) -> None:
-        super().__init__(paths.arrays)
-        self.paths = paths
-
-    def read(self) -> dict[str, Any]:
-        if not self.path.exists() and self.paths.manifest.exists():  # a sweep from before the split
-            return {"arrays": LockedJson.read(Manifest(self.paths)).get("arrays", [])}
-        return super().read()
 
 
 def newest_arrays(manifest: dict[str, Any]) -> dict[int, dict[str, Any] | None]:
@@ -156,92 +43,6 @@ def list_sweeps(run_root: str) -> list[SweepPaths]:
 
 def find_sweep(run_root: str, sweep: str) -> SweepPaths:
     return SweepPaths(find_folder(run_root, sweep, MANIFEST, "sweep"))
-
-
-@dataclass(frozen=True)
-class TaskEntry:
-    """What one task runs and where, whichever manifest layout holds it."""
-
-    spec: dict[str, Any]
-    resources: dict[str, Any]
-    num_tasks: int
-    env: dict[str, str]
-    run_dir: str
-    checkpoint_uri: str
-
-
-def task_spec(manifest: dict[str, Any], index: int) -> dict[str, Any]:
-    """The task's validated run spec: base spec < its sweep overrides < --set."""
-    task = manifest["tasks"][index]
-    if "spec" in task:
-        return dict(task["spec"])
-
-    merged = deep_merge(deep_merge(manifest["base_spec"], nested(task["overrides"])), manifest.get("top", {}))
-    return RunSpec.model_validate(merged).model_dump()
-
-
-def task_entry(paths: SweepPaths, manifest: dict[str, Any], index: int) -> TaskEntry:
-    task = manifest["tasks"][index]
-    if "env" in task:  # written before the manifest kept only what varies
-        return TaskEntry(task["spec"], task["resources"], task["num_tasks"], task["env"], task["run_dir"],
-                         task["checkpoint_uri"])
-    spec = task_spec(manifest, index)
-    group = manifest["groups"][task["group"]]
-    env = {**manifest["profile"]["setup"]["env"], **spec["env"], "SLURMKIT_SEED": str(task["seed"])}
-    run = paths.task(index)
-    base = manifest.get("checkpoint_base")
-    uri = f"{base}/{manifest['sweep_id']}/{index}" if base else str(run.checkpoints)
-    return TaskEntry(spec, group["resources"], group["num_tasks"], env, str(run.run_dir), uri)
-
-
-def task_record(paths: SweepPaths, manifest: dict[str, Any], index: int) -> dict[str, Any]:
-    """A task's run.json, as `slurmkit status/logs/result` and the requeue policy expect it."""
-    task = manifest["tasks"][index]
-    entry = task_entry(paths, manifest, index)
-    return {
-        "run_id": f"{manifest['sweep_id']}/{index}", "name": manifest["name"], "run_dir": entry.run_dir,
-        "created": manifest["created"], "executor": manifest["executor"], "profile_name": manifest["profile_name"],
-        "spec_source": manifest["source"], "spec": entry.spec, "profile": manifest["profile"],
-        "resources": entry.resources, "num_tasks": entry.num_tasks, "job_ids": [],
-        "sweep": {"sweep_id": manifest["sweep_id"], "index": index, "overrides": task["overrides"],
-                  "seed": task["seed"]},
-        **({"snapshot": json.loads(paths.snapshot_record.read_text())} if paths.snapshot_record.exists() else {}),
-    }
-
-
-def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: dict[str, Any] | None = None) -> RunPaths:
-    """Create the task's run folder and run.json on first start, and record this job id.
-
-    Done by the batch shell of each array task rather than at submission: 1,000 fsynced records
-    would cost about a second on the login node, the manifest alone is one write. `manifest`:
-    the manifest when the caller has already read it.
-    """
-    task = paths.task(index)
-    record = RunRecord(task)
-    if not task.record.exists():
-        manifest = manifest or Manifest(paths).read()
-        if not 0 <= index < len(manifest["tasks"]):
-            raise IndexError(f"sweep {paths.sweep_id} has no task {index}")
-        record.create(task_record(paths, manifest, index))
-        if not task.job_folder.is_symlink():
-            paths.job_folder.mkdir(parents=True, exist_ok=True)
-            # The task's submitit files live in the sweep's shared folder; the link keeps
-            # RunPaths' names (results, rank logs) valid from the task's own folder.
-            os.symlink(os.path.relpath(paths.job_folder, task.run_dir), task.job_folder)
-    with record.editing() as data:
-        if job_id and job_id not in data["job_ids"]:
-            # A new job id is a fresh submission (a resubmit): earlier verdicts no longer apply.
-            data["job_ids"].append(job_id)
-            data.pop("final", None)
-            data.pop("failures", None)
-    return task
-
-
-def load_call(paths: SweepPaths, index: int) -> tuple[Any, tuple[Any, ...]]:
-    """On the node: a map_array's function and task `index`'s arguments (slurmkit.sweeps.mapped),
-    from the user's own private sweep folder, checked on the open file as submitit's own pickles are."""
-    fn, items = trust.load_pickle(paths.function_pickle, "the sweep's function")
-    return fn, tuple(items[index])
 
 
 def manifest_tasks(manifest: dict[str, Any]) -> tuple[list[Resolved], list[int]]:

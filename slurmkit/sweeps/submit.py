@@ -16,6 +16,7 @@ from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import PreflightError, SlurmError, SlurmkitError, squash
 from slurmkit.common.layout import RunPaths, expand_checkpoint_root
+from slurmkit.common.sweep_layout import ArrayLog, Manifest, SweepPaths
 from slurmkit.config.loader import Resolved, load_profile, profile_name
 from slurmkit.config.overrides import split_sets
 from slurmkit.runs import registry
@@ -26,8 +27,7 @@ from slurmkit.sweeps import local
 from slurmkit.sweeps.plan import compress, plan_arrays
 from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
 from slurmkit.sweeps.spec import SweepPlan
-from slurmkit.sweeps.store import ArrayLog, Manifest, SweepPaths, manifest_tasks
-from slurmkit.sweeps.task import SweepTask
+from slurmkit.sweeps.store import manifest_tasks
 
 if TYPE_CHECKING:
     from slurmkit.runs.jobs import Call
@@ -59,6 +59,7 @@ def _submit_arrays(paths: SweepPaths, groups: list[Resolved], arrays: list[dict[
                    dependency: str | None, max_parallel: int | None) -> list[str]:
     """sbatch each planned array, recording each job id in the array log as soon as it exists."""
     from slurmkit.slurm.submitit_executor import ArraySpec, RenderedSlurmExecutor
+    from slurmkit.worker.sweep_task import SweepTask  # the pickled callable: where the two sides meet
 
     chain = max_parallel and len(arrays) > 1
     with ArrayLog(paths).editing() as log:
@@ -163,7 +164,7 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
             prepare(paths)
 
         if (snap := take_snapshot(first, paths.sweep_dir, call)) is not None:
-            # Each task's run.json is made when it starts (store.task_record), and carries this.
+            # Each task's run.json is made when it starts (sweep_layout.task_record), and carries this.
             atomic_write_text(paths.snapshot_record, json.dumps(snap), perms.file_mode(paths.sweep_dir))
     if not slurm:
         local.start(paths, list(range(n)))

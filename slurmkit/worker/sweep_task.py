@@ -2,7 +2,7 @@
 
 The batch shell of each array task first runs
 
-    python -m slurmkit.sweeps.task --sweep-dir DIR --index N
+    python -P -m slurmkit.worker.sweep_task --sweep-dir DIR --index N
 
 which creates the task's run folder and run.json (once), records this job id there, links the
 array's one pickle under this task's job id (--pickle), and prints shell assignments for the
@@ -24,7 +24,8 @@ from typing import Any
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import slurm_job_id
-from slurmkit.sweeps.store import Manifest, SweepPaths, load_call, materialize_task, task_entry
+from slurmkit.common.sweep_layout import Manifest, SweepPaths, load_call, materialize_task, task_entry
+from slurmkit.worker.entry import Run
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,6 @@ class SweepTask:
     index: int | None = None
 
     def __call__(self) -> Any:
-        from slurmkit.worker.entry import Run  # the meeting point with the job's side (docs/design.md)
-
         index = self.index if self.index is not None else self.base + int(os.environ["SLURM_ARRAY_TASK_ID"])
         paths = SweepPaths(Path(self.sweep_dir))
         task = task_entry(paths, Manifest(paths).read(), index)
@@ -58,7 +57,7 @@ def link_pickle(paths: SweepPaths, pickle: Path, job_id: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurmkit.sweeps.task")
+    parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.sweep_task")
     parser.add_argument("--sweep-dir", required=True)
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--pickle", help="The array's one pickle, linked under this task's job id.")
