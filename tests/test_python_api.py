@@ -187,6 +187,35 @@ def test_checkpoint_stops_at_the_step_of_the_signal_and_resumes_there(
     assert torch.equal(w, torch.full((3,), float(sum(range(20)))))
 
 
+def test_a_function_checkpoint_that_verifies_but_does_not_load_falls_back_to_the_older_step(
+        tmp_path: Path, own_signals: None, single_process: None) -> None:
+    """slurmkit.Checkpoint restores through the Trainer's Checkpointer: a step whose files verify
+    but do not load (weights_only refuses it) is skipped for the next older valid one."""
+    import io
+    import pickle
+
+    import torch
+
+    from slurmkit.worker.checkpoint import STATE_FILE, Checkpoint
+    from slurmkit.worker.ckptstore import Entry
+
+    uri = f"file://{tmp_path}/ckpt"
+    ckpt = Checkpoint(uri, every=4)
+    for step in range(1, 9):
+        ckpt.step(step, {"step": step, "w": torch.full((2,), float(step))})
+    ckpt.close()
+    assert ckpt.store.committed() == [8, 4]
+    buf = io.BytesIO()
+    pickle.dump(Path("/etc"), buf)  # whole and hashed, but not tensors: weights_only refuses it
+    evil = ckpt.store.write(8, STATE_FILE, buf.getvalue())
+    ckpt.store.commit(8, [Entry(evil.name, evil.sha256, evil.bytes)])
+    assert ckpt.store.latest_valid() == 8
+    again = Checkpoint(uri, every=4)
+    state = again.restore()
+    assert again.resumed_step == 4 and state is not None and state["step"] == 4
+    assert torch.equal(state["w"], torch.full((2,), 4.0))
+
+
 def test_import_slurmkit_api_is_torch_free() -> None:
     code = ("import sys, slurmkit; slurmkit.Executor; slurmkit.Job; slurmkit.as_completed; slurmkit.sweep; "
             "slurmkit.Checkpoint; slurmkit.distributed; "

@@ -106,8 +106,8 @@ class StopCoordinator:
 
     def ride(self, trainer: Trainer) -> None:
         """Vote through the Trainer's step (its `agreed` holds the result after each step)."""
-        trainer.votes["stop"] = lambda: self.votes()[0]
-        trainer.votes["writing"] = lambda: self.votes()[1]
+        trainer.votes["stop"] = lambda: int(self.flag.kind)
+        trainer.votes["writing"] = lambda: int(self._writing())
 
     @staticmethod
     def read(trainer: Trainer) -> Agreed:
