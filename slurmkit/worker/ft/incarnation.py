@@ -3,7 +3,6 @@ restart, restart warm after an exception, stop with the other ranks, requeue."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -11,8 +10,8 @@ from typing import Any
 import torch.distributed as tdist
 
 from slurmkit.common import outcomes
-from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import HangMarker, StopMarker
 from slurmkit.common.record import RunRecord
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
@@ -55,12 +54,11 @@ class Incarnation:
 
     def _on_stop(self, step: int) -> None:
         if self.paths is not None and self.dist.is_main:
-            atomic_write_text(self.paths.stop_marker, json.dumps({"step": step, "time": time.time()}) + "\n")
+            StopMarker(step, time.time()).write(self.paths)
 
     def _on_hang(self, idle_s: float) -> None:
         if self.paths is not None:
-            atomic_write_text(self.paths.hang_marker(self.dist.rank), json.dumps(
-                {"rank": self.dist.rank, "idle_s": round(idle_s, 1), "time": time.time()}) + "\n")
+            HangMarker.now(self.dist.rank, idle_s).write(self.paths)
 
     def attach(self, trainer: Trainer) -> None:
         resumed = self.ft.restore(trainer) if self.ft else None

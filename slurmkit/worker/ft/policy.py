@@ -16,6 +16,7 @@ from typing import Any
 from slurmkit.common import outcomes
 from slurmkit.common.errors import SlurmError
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import HangMarker
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.worker.ft import allocation, requeue, restarts
@@ -35,13 +36,11 @@ def after_failure(paths: RunPaths, job_id: str, exit_code: int, alloc: Allocatio
     if all(o is not None and o.ok for o in found):
         # Every rank of this incarnation recorded success: it failed while exiting, after its work was done.
         return Decision(Action.COMPLETE, message=f"srun exit {exit_code}, but every rank had finished its work")
-    hangs = paths.hang_markers()
+    hangs = HangMarker.take_all(paths)
     step = restarts.last_step(paths)
     lost = _newly_lost(paths, job_id, alloc)
     if hangs:
-        cause, detail = "hang", hangs[0].read_text().strip()
-        for h in hangs:
-            h.unlink()
+        cause, detail = "hang", hangs[0]
     elif lost:
         cause, detail = "node_failure", f"lost {','.join(lost)} (the job no longer holds it)"
     else:

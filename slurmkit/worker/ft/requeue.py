@@ -6,15 +6,14 @@ the budget of that cause is checked and spent under run.json's lock.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from typing import Any
 
 from slurmkit.common import outcomes
-from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import SlurmError
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import RestartRequest
 from slurmkit.common.record import RunRecord
 from slurmkit.common.slurm_env import expand_hostlist
 from slurmkit.slurm import commands
@@ -110,9 +109,7 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
     if not ok:
         return False
     excluded = sorted({*snapshot.get("excluded_nodes", []), *(bad_nodes or [])})
-    atomic_write_text(paths.restart_request, json.dumps(
-        {"cause": cause, "step": step, "detail": detail, "job_id": job_id, "restart_count": outcomes.restart_count(),
-         "time": restarts.now()}) + "\n")
+    RestartRequest(cause, step, detail, job_id, outcomes.restart_count(), restarts.now()).write(paths)
     # Requeueing from inside the job makes Slurm signal this very process; finish both calls first.
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -122,7 +119,7 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
         raise  # it may yet go through: the next start must find the cause (a stale marker is never read)
     except BaseException:
         # No requeue happened: the marker would make the supervisor think one had been asked for.
-        paths.restart_request.unlink(missing_ok=True)
+        RestartRequest.clear(paths)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)

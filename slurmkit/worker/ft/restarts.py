@@ -10,11 +10,11 @@ block; the profile's requeue.in_job bounds the in-job restarts (warm and cold) o
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any
 
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import RestartRequest, StopMarker
 from slurmkit.common.metrics import last_record
 from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.slurm import commands
@@ -62,22 +62,16 @@ def in_job_left(record: dict[str, Any], job_id: str) -> bool:
     return len(in_job_entries(record, job_id)) < int(_budgets(record).get("in_job", 0))
 
 
-def marker(paths: RunPaths, job_id: str, restart_count: int) -> dict[str, Any] | None:
+def marker(paths: RunPaths, job_id: str, restart_count: int) -> RestartRequest | None:
     """The restart request incarnation `restart_count` of the job left before asking Slurm
     (requeue.request), if it is readable; one from another incarnation or job is stale."""
-    try:
-        found = json.loads(paths.restart_request.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    if not isinstance(found, dict) or "cause" not in found:
-        return None
-    return found if (found.get("job_id"), found.get("restart_count")) == (job_id, restart_count) else None
+    return RestartRequest.read(paths, job_id, restart_count)
 
 
 def requested_here(paths: RunPaths, job_id: str) -> str | None:
     """The cause of the requeue this incarnation already asked for (rank 0, after a stop), if any."""
     found = marker(paths, job_id, outcomes.restart_count())
-    return None if found is None else str(found["cause"])
+    return None if found is None else found.cause
 
 
 def restart_cause(paths: RunPaths, job_id: str, restart_count: int) -> tuple[str, str]:
@@ -85,7 +79,7 @@ def restart_cause(paths: RunPaths, job_id: str, restart_count: int) -> tuple[str
     incarnation ended as."""
     found = marker(paths, job_id, restart_count - 1)
     if found is not None:
-        return str(found["cause"]), str(found.get("detail", ""))
+        return found.cause, found.detail
 
     return cause_of_previous(commands.incarnation_states(job_id))
 
@@ -120,8 +114,8 @@ def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_ste
             record.setdefault("restarts", []).append(entry)
             if spent(record, cause) > budget(record, cause):
                 record["final"] = f"{cause} budget of {budget(record, cause)} spent"
-    paths.restart_request.unlink(missing_ok=True)
-    paths.stop_marker.unlink(missing_ok=True)
+    RestartRequest.clear(paths)
+    StopMarker.clear(paths)
     return entry
 
 
@@ -138,7 +132,7 @@ def note_resumed(paths: RunPaths, job_id: str, restart_count: int, attempt: int,
         entry = _recorded(record, job_id, restart_count, attempt)
         if entry is not None:
             entry.update(resumed_step=resumed_step, lost_steps=lost)
-    paths.stop_marker.unlink(missing_ok=True)
+    StopMarker.clear(paths)
     return entry
 
 
@@ -151,10 +145,8 @@ def lost_steps(paths: RunPaths, resumed_step: int | None) -> int | None:
 
 def _stop_step(paths: RunPaths) -> int | None:
     """The stop step of the last incarnation (its marker): its metrics record may never have been written."""
-    try:
-        return int(json.loads(paths.stop_marker.read_text())["step"])
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
+    found = StopMarker.read(paths)
+    return None if found is None else found.step
 
 
 def last_step(paths: RunPaths) -> int | None:

@@ -1,0 +1,111 @@
+"""The JSON marker files of a run folder that one process leaves for another: each one's schema, who
+writes it and who reads it, and the only code that reads or writes them. RunPaths builds their paths.
+
+- restart-request.json (RestartRequest): written by ft.requeue.request before it asks Slurm; read
+  by the next incarnation (ft.restarts) and by the supervisor's policy (requested_here).
+- stopping.json (StopMarker): written by rank 0 before the agreed stop's save (ft.incarnation);
+  read by the next start (ft.restarts.lost_steps).
+- hang-rankN.json (HangMarker): written by rank N's watchdog (ft.incarnation); read and removed by
+  the policy after the step failed (cause hang).
+
+The empty markers (standby-go-*, injected-step*) and the health gate's reports are described with
+their paths in slurmkit.common.layout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.layout import RunPaths
+
+
+def _read_json(path: Any) -> dict[str, Any] | None:
+    try:
+        found = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+@dataclass(frozen=True)
+class RestartRequest:
+    """Why the running job asked Slurm to requeue it, written before the ask."""
+
+    cause: str
+    step: int | None
+    detail: str
+    job_id: str
+    restart_count: int
+    """The incarnation that asked: a marker from another incarnation or job is stale, never read."""
+    time: str
+
+    def write(self, paths: RunPaths) -> None:
+        atomic_write_text(paths.restart_request, json.dumps(asdict(self)) + "\n")
+
+    @staticmethod
+    def read(paths: RunPaths, job_id: str, restart_count: int) -> RestartRequest | None:
+        """The request incarnation `restart_count` of the job left, if it is there and readable."""
+        found = _read_json(paths.restart_request)
+        if found is None or "cause" not in found:
+            return None
+        if (found.get("job_id"), found.get("restart_count")) != (job_id, restart_count):
+            return None
+        return RestartRequest(str(found["cause"]), found.get("step"), str(found.get("detail", "")), job_id,
+                              restart_count, str(found.get("time", "")))
+
+    @staticmethod
+    def clear(paths: RunPaths) -> None:
+        paths.restart_request.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class StopMarker:
+    """The step the ranks agreed to stop at, written before its save: if the save never ends (killed
+    after GraceTime) the next incarnation still knows how far the last one got."""
+
+    step: int
+    time: float
+
+    def write(self, paths: RunPaths) -> None:
+        atomic_write_text(paths.stop_marker, json.dumps(asdict(self)) + "\n")
+
+    @staticmethod
+    def read(paths: RunPaths) -> StopMarker | None:
+        found = _read_json(paths.stop_marker)
+        try:
+            return StopMarker(int(found["step"]), float(found.get("time", 0.0))) if found else None
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @staticmethod
+    def clear(paths: RunPaths) -> None:
+        paths.stop_marker.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class HangMarker:
+    """A rank's watchdog fired: no step for `idle_s` seconds."""
+
+    rank: int
+    idle_s: float
+    time: float
+
+    def write(self, paths: RunPaths) -> None:
+        atomic_write_text(paths.hang_marker(self.rank), json.dumps(asdict(self)) + "\n")
+
+    @staticmethod
+    def take_all(paths: RunPaths) -> list[str]:
+        """Every rank's hang marker, as its text (the detail of a restart), by rank; removed."""
+        texts = []
+        for path in paths.hang_markers():
+            texts.append(path.read_text().strip())
+            path.unlink()
+        return texts
+
+    @staticmethod
+    def now(rank: int, idle_s: float) -> HangMarker:
+        return HangMarker(rank, round(idle_s, 1), time.time())
