@@ -78,3 +78,13 @@ def test_slurmkits_own_modules_are_imported_inside_functions_only_where_the_rule
                 if mods and not meeting_point and not any(m in heavy for m in mods):
                     hidden.append(f"{name}:{node.lineno} {mods[0]}")
     assert hidden == []
+
+
+def test_the_json_markers_are_read_and_written_only_by_common_markers() -> None:
+    """slurmkit.common.markers says it is the only code that touches these files: hold it to that."""
+    paths_of_markers = {"restart_request", "stop_marker", "hang_marker", "hang_markers"}
+    touching = sorted(
+        f"{name}:{node.lineno}" for name, (_, tree) in _trees().items()
+        if name not in ("slurmkit.common.markers", "slurmkit.common.layout")
+        for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in paths_of_markers)
+    assert touching == []
