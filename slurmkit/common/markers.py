@@ -7,9 +7,11 @@ writes it and who reads it, and the only code that reads or writes them. RunPath
   read by the next start (ft.restarts.lost_steps).
 - hang-rankN.json (HangMarker): written by rank N's watchdog (ft.incarnation); read and removed by
   the policy after the step failed (cause hang).
+- health-NODE.json (HealthReport): written by the health gate on a node that fails it
+  (worker.health); read and removed by the policy (ft.policy.after_health_gate).
 
-The empty markers (standby-go-*, injected-step*) and the health gate's reports are described with
-their paths in slurmkit.common.layout.
+The empty markers (standby-go-*, injected-step*) are described with their paths in
+slurmkit.common.layout.
 """
 
 from __future__ import annotations
@@ -109,3 +111,29 @@ class HangMarker:
     @staticmethod
     def now(rank: int, idle_s: float) -> HangMarker:
         return HangMarker(rank, round(idle_s, 1), time.time())
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """Why `node` failed the health gate."""
+
+    node: str
+    problems: list[str]
+    source: str
+    """Where the GPU list came from (NVML, nvidia-smi, none)."""
+    gpus: list[dict[str, Any]]
+
+    def write(self, paths: RunPaths) -> None:
+        # 0666 narrowed by the job's umask; written beside and renamed, never through a planted symlink.
+        atomic_write_text(paths.health_marker(self.node), json.dumps(asdict(self)) + "\n", mode=0o666)
+
+    @staticmethod
+    def take_all(paths: RunPaths) -> list[dict[str, Any]]:
+        """Every failed node's report, as written; removed."""
+        found = []
+        for path in paths.health_markers():
+            report = _read_json(path)
+            if report is not None and isinstance(report.get("node"), str):
+                found.append({**report, "problems": [str(p) for p in report.get("problems") or []]})
+            path.unlink()
+        return found

@@ -11,14 +11,13 @@ non-zero, and the supervisor requeues the job (cause node_failure) with that nod
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
-from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import squash
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import HealthReport
 from slurmkit.common.ports import health_port
 from slurmkit.worker.dist import distributed
 from slurmkit.worker.gpu import GpuState, query
@@ -86,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = ", all-reduce ok" if args.allreduce else ""
         print(f"slurmkit health: {node} ok ({len(gpus)} GPUs via {source}{extra})", flush=True)
         return 0
-    path = RunPaths(Path(args.run_dir)).health_marker(node)
-    # 0666 narrowed by the job's umask; written beside and renamed, never through a planted symlink.
-    atomic_write_text(path, json.dumps({"node": node, "problems": found, "source": source,
-                                        "gpus": [g.as_dict() for g in gpus]}) + "\n", mode=0o666)
+    HealthReport(node, found, source, [g.as_dict() for g in gpus]).write(RunPaths(Path(args.run_dir)))
     print(f"slurmkit health: {node} FAILED: {'; '.join(found)}", file=sys.stderr, flush=True)
     return EXIT_UNHEALTHY
 

@@ -10,13 +10,12 @@ run.json with its cause (restarts).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from slurmkit.common import outcomes
 from slurmkit.common.errors import SlurmError
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import HangMarker
+from slurmkit.common.markers import HangMarker, HealthReport
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.worker.ft import allocation, requeue, restarts
@@ -110,10 +109,7 @@ def restart_warm(paths: RunPaths, job_id: str, step: int, signature: str | None,
 
 def after_health_gate(paths: RunPaths, job_id: str) -> Decision:
     """Some node failed the health gate: requeue (cause node_failure) with those nodes excluded."""
-    markers = paths.health_markers()
-    found = [json.loads(m.read_text()) for m in markers]
-    for m in markers:
-        m.unlink()
+    found = HealthReport.take_all(paths)
     nodes = [f["node"] for f in found]
     detail = "; ".join(f"{f['node']}: {', '.join(f['problems'])}" for f in found) or "health gate failed"
     with RunRecord(paths).editing() as record:
