@@ -484,8 +484,9 @@ def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
 
 def test_a_save_longer_than_grace_time_resumes_from_the_last_commit_and_says_what_was_lost(
         cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
-    # The stop's save takes 30 s, GraceTime is 20 (KillWait 5): Slurm kills the ranks mid-save and requeues the job.
-    paths, job = start(dev_profile, "config.faults.slow_stop_save_s=30", "config.hang_timeout_s=300")
+    # The stop's save takes 40 s. GraceTime is 20, but the ranks are killed later than that: with
+    # 30 s the save was measured to finish in time, so 40 it stays.
+    paths, job = start(dev_profile, "config.faults.slow_stop_save_s=40", "config.hang_timeout_s=300")
     wait_step(paths, 60)
     urgent_job()
     result = check(paths, reference, max_lost=EVERY)
@@ -493,7 +494,7 @@ def test_a_save_longer_than_grace_time_resumes_from_the_last_commit_and_says_wha
     (restart,) = RunRecord(paths).read()["restarts"]
     assert restart["detail"] == "slurm state PREEMPTED"  # no marker: the ranks never got to ask
     log = "\n".join(run_logs.logs(paths, rank=0))
-    (stopped,) = map(int, re.findall(r"injected 30 s delay in the stop's save of step (\d+)", log))
+    (stopped,) = map(int, re.findall(r"injected 40 s delay in the stop's save of step (\d+)", log))
     committed = (stopped - 1) // EVERY * EVERY  # the last periodic save before the stop's own
     assert result["resumed_from_step"] == committed
     # The stop step's own metrics record was never written (killed in its save); the stop marker says it.
