@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths
 
 
-def _read_json(path: Any) -> dict[str, Any] | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         found = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):

@@ -117,6 +117,8 @@ class TrainerFT:
         self.boundary: Boundary | None = None
         """The current step's start (with host_copy): what a restart from the live state needs."""
         self._mark_memory: dict[str, torch.Tensor] = {}  # the boundary's buffers, the same memory each step
+        self.rng_file = f"rng-rank{dist.rank}.pt"
+        """This rank's file of a save: its RNG state (rank 0 writes the rest)."""
 
     # --------------------------------------------------------------- restore
 
@@ -131,9 +133,8 @@ class TrainerFT:
             if not initial:
                 initial.update(cpu_copy({"model": trainer.raw_model.state_dict(),
                                          "optim": trainer.optimizer.state_dict()}))
-            rng = f"rng-rank{self.dist.rank}.pt"
             model, optim, meta = files.load("model.pt"), files.load("optim.pt"), files.load("trainer.pt")
-            _apply(trainer, model, optim, meta, files.load(rng) if rng in files.names else None)
+            _apply(trainer, model, optim, meta, files.load(self.rng_file) if self.rng_file in files.names else None)
 
         found = self.ckpt.restore(load)
         if found is None and initial:  # a failed load may have changed some tensors already
@@ -142,7 +143,8 @@ class TrainerFT:
         step = found[0] if found else None
         if self.faults is not None:
             self.faults.resumed = step is not None
-        self.ckpt.keep_start(step, self._state(trainer))
+        if self.ckpt.host_copy:
+            self.ckpt.keep_start(step, self._state(trainer))
         return step
 
     def restore_from_host(self, trainer: Trainer) -> HostCopy:
@@ -154,7 +156,7 @@ class TrainerFT:
         # Copies: load_state_dict keeps CPU tensors as given (and pops keys), so the steps that follow
         # would change the host copy itself.
         _apply(trainer, files["model.pt"], cpu_copy(files["optim.pt"]), cpu_copy(files["trainer.pt"]),
-               files[f"rng-rank{self.dist.rank}.pt"])
+               files[self.rng_file])
         return copy
 
     def mark(self, trainer: Trainer) -> None:
@@ -188,7 +190,7 @@ class TrainerFT:
 
     def _state(self, trainer: Trainer, whole: bool = True) -> dict[str, Any]:
         """The live state as a save names it (not yet copied); without `whole`, this rank's rng only."""
-        state: dict[str, Any] = {f"rng-rank{self.dist.rank}.pt": rng_state()}
+        state: dict[str, Any] = {self.rng_file: rng_state()}
         if whole:
             state["model.pt"] = trainer.raw_model.state_dict()
             state["optim.pt"] = trainer.optimizer.state_dict()
@@ -198,10 +200,9 @@ class TrainerFT:
     def save(self, trainer: Trainer, wait: bool) -> None:
         """This rank's share of a save: rank 0 writes model, optimizer and trainer state, every rank its
         rng. With a host copy every rank takes the whole state, kept in memory once the save commits."""
-        rng = f"rng-rank{self.dist.rank}.pt"
         files = self._state(trainer, self.dist.is_main or self.ckpt.host_copy)
         self.ckpt.save(trainer.state.step, files, wait or not self.async_save,
-                       mine=None if self.dist.is_main else (rng,))
+                       mine=None if self.dist.is_main else (self.rng_file,))
 
     # --------------------------------------------------------------- the step boundary
 
