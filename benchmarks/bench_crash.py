@@ -41,7 +41,7 @@ import yaml
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
 from slurmkit.insight import goodput
@@ -115,18 +115,18 @@ def one_run(tmp: Path, path: str, crashes: int, steps: int, rng: random.Random) 
                 raise SystemExit(f"the run ended instead of restarting: {jobs.run_state(paths).state}")
             time.sleep(0.2)
         if path == "hang":  # from the watchdog's firing (its marker, kept as the restart's detail)
-            killed = float(json.loads(RunRecord(paths).read()["restarts"][-1]["detail"])["time"])
+            killed = float(json.loads(RunFile(paths).read().restarts[-1].detail)["time"])
         recoveries.append(back - killed)
         print(f"{path} crash {k + 1}: back after {back - killed:.1f} s", file=sys.stderr, flush=True)
     state = jobs.wait(paths, timeout_s=600).state
-    restarts = RunRecord(paths).read().get("restarts", [])
+    restarts = RunFile(paths).read().restarts
     assert state == "COMPLETED", state
-    assert [r["cause"] for r in restarts] == ["hang" if path == "hang" else "crash"] * crashes, restarts
+    assert [r.cause for r in restarts] == ["hang" if path == "hang" else "crash"] * crashes, restarts
     if path == "warm":
         recoveries = warm_backs(paths)
-        assert len(recoveries) == crashes and all(r.get("kind") == "warm" for r in restarts), restarts
+        assert len(recoveries) == crashes and all(r.kind == "warm" for r in restarts), restarts
     return {"recovery_s": [round(x, 3) for x in recoveries], "median_s": round(statistics.median(recoveries), 3),
-            "in_job_restarts": sum(1 for r in restarts if r.get("in_job")),
+            "in_job_restarts": sum(1 for r in restarts if r.in_job),
             "incarnations": len(goodput.incarnations([sub.job_id]))}
 
 

@@ -31,7 +31,7 @@ import yaml
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.config.loader import resolve
 from slurmkit.insight import goodput
 from slurmkit.runs import jobs
@@ -89,11 +89,12 @@ def main() -> None:
     exits = [max(0.0, min((i.end for i in incs if i.end and i.end >= int(s)), default=s) - s) for s in signals]
     runtime_goodput = gp.productive_s / running if running else 0.0
     start_s, end_s = once_s(acc, incs)
-    lost_steps = [r.get("lost_steps") for r in RunRecord(paths).read().get("restarts", [])]
+    restarts = RunFile(paths).read().restarts
+    lost_steps = [r.lost_steps for r in restarts]
     print(json.dumps({
         "mode": args.mode, "lost_steps": lost_steps, "steps": args.steps,
         "faults": len(signals) if args.mode != "crash" else len(lost_steps),
-        "warm_restarts": sum(1 for r in RunRecord(paths).read().get("restarts", []) if r.get("kind") == "warm"),
+        "warm_restarts": sum(1 for r in restarts if r.kind == "warm"),
         "checkpoint_every": args.interval,
         "incarnations": len(incs), "final": incs[-1].state,
         "running_s": round(running, 1), "productive_s": round(gp.productive_s, 1),

@@ -30,7 +30,7 @@ import yaml
 from bench_crash import first_step_after, import_floor_s, last_step
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import cluster as dc
 from slurmkit.insight import goodput
@@ -60,10 +60,10 @@ def one_run(tmp: Path, spares: int, steps: int, rng: random.Random) -> dict[str,
         subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False, capture_output=True)
     print(f"spares={spares}: back after {back - lost:.1f} s", file=sys.stderr, flush=True)
     state = jobs.wait(paths, timeout_s=600).state
-    restarts = RunRecord(paths).read().get("restarts", [])
+    restarts = RunFile(paths).read().restarts
     assert state == "COMPLETED", state
-    assert [r["cause"] for r in restarts] == ["node_failure"], restarts
-    return {"recovery_s": round(back - lost, 2), "in_job": bool(restarts[0].get("in_job")),
+    assert [r.cause for r in restarts] == ["node_failure"], restarts
+    return {"recovery_s": round(back - lost, 2), "in_job": bool(restarts[0].in_job),
             "incarnations": len(goodput.incarnations([sub.job_id]))}
 
 

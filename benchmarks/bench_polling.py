@@ -93,8 +93,8 @@ def main() -> None:
     os.environ["PATH"] = f"{stubs}{os.pathsep}{os.environ['PATH']}"
 
     from slurmkit.common.layout import RunPaths
-    from slurmkit.common.record import RunRecord
-    from slurmkit.common.sweep_layout import ArrayLog
+    from slurmkit.common.record import RunFile, RunRecord
+    from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog
     from slurmkit.runs import jobs
     from slurmkit.sweeps import results, spec
     from slurmkit.sweeps import submit as sub
@@ -102,7 +102,7 @@ def main() -> None:
 
     # One run whose job is 1001; one sweep of N tasks in arrays of 10,001.
     run = RunPaths(tmp / "runs" / "one")
-    RunRecord(run).create({"run_id": "one", "executor": "slurm", "job_ids": ["1001"], "num_tasks": 1})
+    RunFile(run).create(RunRecord(run_id="one", executor="slurm", job_ids=["1001"]))
     profile = tmp / "p.yaml"
     profile.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(tmp / "runs")}))
     sweep_spec = tmp / "sweep.yaml"
@@ -112,8 +112,8 @@ def main() -> None:
     sweep = sub.create(plan, resolve_tasks(plan, str(profile)))
     size = 10_001
     with ArrayLog(sweep).editing() as log:
-        log["arrays"] = [{"indices": list(range(b, min(b + size, args.tasks))), "base": b, "job_id": str(2000 + k),
-                          "kind": "initial"} for k, b in enumerate(range(0, args.tasks, size))]
+        log.arrays = [ArrayEntry(indices=list(range(b, min(b + size, args.tasks))), base=b, job_id=str(2000 + k),
+                                 kind="initial") for k, b in enumerate(range(0, args.tasks, size))]
     task_ids = [f"{2000 + i // size}_{i % size}" for i in range(args.tasks)]
 
     out: dict[str, Any] = {"wait_s": WAIT_S, "sweep_tasks": args.tasks}

@@ -126,15 +126,14 @@ def status(sweep_dir: str) -> dict[str, Any]:
 def runs_status(tmp: Path, job_ids: list[str]) -> dict[str, Any]:
     """10,000 runs, each holding one of the sweep's (pending) array task ids."""
     from slurmkit.common.layout import RunPaths
-    from slurmkit.common.record import RunRecord
+    from slurmkit.common.record import RunFile, RunRecord
     from slurmkit.runs import jobs
 
     root = tmp / "many-runs"
     for i in range(RUNS):
         run_id = f"many-20261201-120000-{i:04x}"  # the shape of a real run id (name-stamp-hex)
-        RunRecord(RunPaths(root / run_id)).create({
-            "run_id": run_id, "name": "many", "executor": "slurm", "job_ids": [job_ids[i]], "num_tasks": 1,
-            "created": "2026-12-01T12:00:00"})
+        RunFile(RunPaths(root / run_id)).create(RunRecord(
+            run_id=run_id, name="many", executor="slurm", job_ids=[job_ids[i]], created="2026-12-01T12:00:00"))
     t0 = time.perf_counter()
     with commands.counting() as calls:
         rows = jobs.status(str(root))

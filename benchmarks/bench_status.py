@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.runs import jobs
 from slurmkit.slurm import commands
 
@@ -24,8 +24,8 @@ def main() -> None:
         root = Path(tempfile.mkdtemp(prefix="bench-status-"))
         for i in range(N):
             paths = RunPaths(root / f"task-{i:04d}")
-            RunRecord(paths).create({"run_id": paths.run_id, "run_dir": str(paths.run_dir), "executor": "slurm",
-                                     "job_ids": [f"{array_id}_{i}"], "num_tasks": 1})
+            RunFile(paths).create(RunRecord(run_id=paths.run_id, run_dir=str(paths.run_dir), executor="slurm",
+                                            job_ids=[f"{array_id}_{i}"], num_tasks=1))
         t0 = time.perf_counter()
         subprocess.run(["squeue", "--me", "--array", "--noheader"], capture_output=True, check=True)
         baseline = time.perf_counter() - t0

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.runs import jobs
 from tests.conftest import executed_steps
 from tests.test_cluster_faults import STEPS, finish, start, wait_step, wait_until
@@ -80,8 +80,8 @@ def test_a_frozen_controller_delays_a_wait_and_an_in_job_requeue_but_loses_neith
     assert answer["state"] == "COMPLETED" and answer["result"] == {"returncode": 0, "stdout": ""}
     assert finish(paths) == "COMPLETED"
     assert executed_steps(paths.metrics) == list(range(1, STEPS + 1))  # saved at the stop step, none lost
-    (restart,) = RunRecord(paths).read()["restarts"]
-    assert restart["cause"] == "preemption" and restart["lost_steps"] == 0
+    (restart,) = RunFile(paths).read().restarts
+    assert restart.cause == "preemption" and restart.lost_steps == 0
 
 
 def test_a_wait_outlives_a_controller_restart(cluster: None, tmp_path: Path, dev_profile: Path,

@@ -18,7 +18,7 @@ import pytest
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
 from slurmkit.runs import jobs
@@ -90,7 +90,7 @@ def finish(paths: RunPaths, timeout_s: float = 240) -> str:
 
 
 def check(paths: RunPaths, reference: dict[str, Any], max_lost: int = EVERY) -> dict[str, Any]:
-    assert finish(paths) == "COMPLETED", jobs.failing_rank_tail(paths, RunRecord(paths).read()["job_ids"][-1])
+    assert finish(paths) == "COMPLETED", jobs.failing_rank_tail(paths, RunFile(paths).read().job_ids[-1])
     results = [jobs.result(paths, rank=r) for r in (0, 1)]
     assert results[0]["params_sha256"] == results[1]["params_sha256"] == reference["params_sha256"]
     lost = len(executed_steps(paths.metrics)) - STEPS
@@ -181,7 +181,7 @@ def test_scancel_saves_at_the_step_and_ends_cancelled(cluster: None, dev_profile
     assert len(saved) == 1, "no final save after scancel's SIGTERM"
     store = CheckpointStore(str(paths.checkpoints))
     assert store.latest_valid() == int(saved[0]) >= 60  # the step the ranks agreed on, committed
-    assert not RunRecord(paths).read().get("restarts")  # cancelled: Slurm does not bring it back
+    assert not RunFile(paths).read().restarts  # cancelled: Slurm does not bring it back
 
 
 def check_with_node2_down_at_75(paths: RunPaths, reference: dict[str, Any]) -> dict[str, Any]:
@@ -225,8 +225,8 @@ def test_a_node_set_down_with_a_spare_continues_on_the_spare_without_a_requeue(
     paths, job = start(dev_profile, "resources.spare_nodes=1", *FINE_LOG)
     result = check_with_node2_down_at_75(paths, reference)
     assert result["restart_causes"] == ["node_failure"] and result["in_job_restarts"] == 1
-    (entry,) = RunRecord(paths).read()["restarts"]
-    assert (entry["in_job"], entry["nodes_lost"], entry["exclude"]) == (1, ["node2"], [])
+    (entry,) = RunFile(paths).read().restarts
+    assert (entry.in_job, entry.nodes_lost, entry.exclude) == (1, ["node2"], [])
     assert incarnations(job) == ["COMPLETED"]  # no requeue: one incarnation in sacct
     assert step_nodes(job) == {f"{job}.0": "node[1-2]", f"{job}.1": "node[1,3]"}  # the spare took node2's rank
 
@@ -246,8 +246,8 @@ def test_a_node_set_down_in_an_elastic_run_goes_on_with_the_node_left_and_the_sa
         subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False, capture_output=True)
     result = jobs.result(paths)
     assert (result["world_size"], result["global_batch"]) == (1, reference["global_batch"]) == (1, 8)
-    (entry,) = RunRecord(paths).read()["restarts"]
-    assert (entry["cause"], entry["in_job"], entry["nodes_lost"], entry["nodes"]) == ("node_failure", 1, ["node2"], 1)
+    (entry,) = RunFile(paths).read().restarts
+    assert (entry.cause, entry.in_job, entry.nodes_lost, entry.nodes) == ("node_failure", 1, ["node2"], 1)
     assert incarnations(job) == ["COMPLETED"]  # no requeue
     assert step_nodes(job) == {f"{job}.0": "node[1-2]", f"{job}.1": "node1"}
     # The same samples each step, their gradients summed in another order: close, not bitwise.
@@ -271,8 +271,8 @@ def test_kill_9_of_one_rank_restarts_in_the_job_then_requeues_once_in_job_restar
     second (in that step) sends the job through the queue, which resumes it."""
     paths, job = start(dev_profile, "profile.requeue.in_job=1", *FINE_LOG)
     signal_rank_at_step(paths, 1, 75, signal.SIGKILL)
-    wait_until(lambda: any(r.get("in_job") and r.get("resumed_step") is not None
-                           for r in RunRecord(paths).read().get("restarts", [])), what="the in-job restart")
+    wait_until(lambda: any(r.in_job and r.resumed_step is not None
+                           for r in RunFile(paths).read().restarts), what="the in-job restart")
     assert jobs.run_state(paths).state == "RUNNING" and incarnations(job) == ["RUNNING"]
     # Mid-interval, so that no save is in flight: a crash then costs at most checkpoint_every steps.
     now = (steps_done(paths) or [0])[-1]
@@ -280,9 +280,9 @@ def test_kill_9_of_one_rank_restarts_in_the_job_then_requeues_once_in_job_restar
     signal_rank_at_step(paths, 1, killed_at, signal.SIGKILL)
     result = check(paths, reference, max_lost=2 * EVERY)  # each crash: back to the last commit
     assert result["restart_causes"] == ["crash", "crash"] and result["in_job_restarts"] == 1
-    first, second = RunRecord(paths).read()["restarts"]
-    assert (first["in_job"], first["n"], first["resumed_step"]) == (1, 0, 50)
-    assert "in_job" not in second and second["n"] == 1
+    first, second = RunFile(paths).read().restarts
+    assert (first.in_job, first.n, first.resumed_step) == (1, 0, 50)
+    assert second.in_job is None and second.n == 1
     assert incarnations(job) == ["REQUEUED", "COMPLETED"]
     decided = [(d["action"], d["cause"]) for d in supervisor_events(paths.run_dir, "decision")]
     assert decided == [("restart_in_job", "crash"), ("requeue", "crash")]
@@ -302,9 +302,9 @@ def test_sigstop_of_one_rank_is_a_hang_restarted_in_the_job(cluster: None, dev_p
     assert result["restart_causes"] == ["hang"] and result["in_job_restarts"] == 1
     assert "slurmkit watchdog: no step progress" in "\n".join(run_logs.logs(paths, rank=0))
     # The watchdog's own record of the hang: a live rank waited past the timeout, then gave up.
-    (restart,) = RunRecord(paths).read()["restarts"]
-    assert json.loads(restart["detail"])["idle_s"] >= 6  # recorded to 0.1 s: 6.04 s is written 6.0
-    assert restart["in_job"] == 1 and incarnations(job) == ["COMPLETED"]  # never through the queue
+    (restart,) = RunFile(paths).read().restarts
+    assert json.loads(restart.detail)["idle_s"] >= 6  # recorded to 0.1 s: 6.04 s is written 6.0
+    assert restart.in_job == 1 and incarnations(job) == ["COMPLETED"]  # never through the queue
     assert_standby_took(paths, 1)
 
 
@@ -348,11 +348,11 @@ def test_an_error_on_one_rank_restarts_warm_in_the_same_processes_twice(
     paths, job = start(dev_profile, "config.faults.transient_error_at_steps=[75,120]", *FINE_LOG)
     result = check(paths, reference)
     assert result["restart_causes"] == ["crash", "crash"] and result["warm_restarts"] == 2
-    restarts = RunRecord(paths).read()["restarts"]
-    assert [(r["in_job"], r["kind"], r["step"], r["resumed_step"], r["lost_steps"]) for r in restarts] == [
+    restarts = RunFile(paths).read().restarts
+    assert [(r.in_job, r.kind, r.step, r.resumed_step, r.lost_steps) for r in restarts] == [
         (1, "warm", 74, 74, 0), (2, "warm", 119, 119, 0)]
-    assert all(r["live"] for r in restarts)
-    assert "injected transient error at step 75 on rank 1" in restarts[0]["detail"]
+    assert all(r.live for r in restarts)
+    assert "injected transient error at step 75 on rank 1" in restarts[0].detail
     firsts = [r for r in iter_records(paths.metrics) if "warm_restart" in r]
     assert [(r["step"], r["warm_restart"]["resumed_step"]) for r in firsts] == [(75, 74), (120, 119)]
     assert executed_steps(paths.metrics) == list(range(1, STEPS + 1))  # none ran twice
@@ -369,11 +369,11 @@ def test_an_error_on_one_rank_restarts_warm_in_the_same_processes_twice(
 def test_deterministic_error_is_not_requeued_twice(cluster: None, dev_profile: Path) -> None:
     paths, _ = start(dev_profile, "config.faults.error_at_step=60", f"config.checkpoint_every={EVERY}")
     assert finish(paths) == "FAILED"
-    record = RunRecord(paths).read()
+    record = RunFile(paths).read()
     # The second try is a warm restart in the same processes; the third would fail the same way.
-    assert [(r["cause"], r.get("in_job"), r["kind"]) for r in record["restarts"]] == [("crash", 1, "warm")]
-    assert "deterministic error at step 60" in record["final"]
-    failed = jobs.failing_rank_tail(paths, record["job_ids"][-1])[1]
+    assert [(r.cause, r.in_job, r.kind) for r in record.restarts] == [("crash", 1, "warm")]
+    assert "deterministic error at step 60" in (record.final or "")
+    failed = jobs.failing_rank_tail(paths, record.job_ids[-1])[1]
     assert "injected error at step 60" in failed
 
 
@@ -387,7 +387,7 @@ def test_time_limit_signal_is_a_timeout_and_resumes(cluster: None, dev_profile: 
     assert result["steps"] == STEPS and result["restarts"] >= 1
     assert set(result["restart_causes"]) == {"timeout"}
     # The ranks agreed on the signal at the next step boundary, saved there and resumed from it.
-    assert RunRecord(paths).read()["restarts"][0]["resumed_step"] == 11
+    assert RunFile(paths).read().restarts[0].resumed_step == 11
     assert executed_steps(paths.metrics) == list(range(1, STEPS + 1))  # nothing recomputed
 
 
@@ -420,8 +420,8 @@ def test_real_preemption_by_the_urgent_partition_requeues_within_grace_time(
     result = check(paths, reference, max_lost=0)  # saved at the agreed step, inside the grace
     assert result["restart_causes"] == ["preemption"]
     assert jobs.run_state(paths).restarts == 1  # what `slurmkit status` shows
-    (restart,) = RunRecord(paths).read()["restarts"]
-    assert "PreemptMode=REQUEUE" in restart["detail"] and restart["lost_steps"] == 0
+    (restart,) = RunFile(paths).read().restarts
+    assert "PreemptMode=REQUEUE" in restart.detail and restart.lost_steps == 0
     # Slurm really preempted it: the urgent job ran in the gap between the two incarnations.
     first, second = sacct_times(job)[:2]
     (u_state, u_start, u_end), = sacct_times(urgent)
@@ -464,7 +464,9 @@ def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
         jobs.result(paths)
     assert f"slurmkit resubmit {paths.run_id}" in err.value.one_line()
     assert "SIGUSR2" in [e["signal"] for e in supervisor_events(paths.run_dir, "signal")]  # passed to the ranks
-    stopped = RunRecord(paths).read()["preempted"]["step"]
+    marked = RunFile(paths).read().preempted
+    assert marked is not None
+    stopped = marked.step
     runner = CliRunner()
     out = runner.invoke(app, ["resubmit", paths.run_id, "-p", str(profile), "--partition", names.PARTITION,
                               "--wait", "--json"])
@@ -473,10 +475,10 @@ def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
     assert answer["state"] == "COMPLETED" and answer["job_id"] != job and answer["run_id"] == paths.run_id
     assert answer["result"]["params_sha256"] == reference["params_sha256"]
     assert executed_steps(paths.metrics) == list(range(1, STEPS + 1))  # resumed at the stop step: none lost
-    record = RunRecord(paths).read()
-    assert record["job_ids"] == [job, answer["job_id"]] and "preempted" not in record
-    (restart,) = record["restarts"]
-    assert restart["cause"] == "resubmit" and restart["resumed_step"] == stopped and restart["lost_steps"] == 0
+    record = RunFile(paths).read()
+    assert record.job_ids == [job, answer["job_id"]] and record.preempted is None
+    (restart,) = record.restarts
+    assert restart.cause == "resubmit" and restart.resumed_step == stopped and restart.lost_steps == 0
     assert sacct_times(answer["job_id"])[0][0] == "COMPLETED"
     again = runner.invoke(app, ["resubmit", paths.run_id, "-p", str(profile)])
     assert again.exit_code != 0 and "COMPLETED" in again.output and "Traceback" not in again.output
@@ -491,17 +493,17 @@ def test_a_save_longer_than_grace_time_resumes_from_the_last_commit_and_says_wha
     urgent_job()
     result = check(paths, reference, max_lost=EVERY)
     assert result["restart_causes"] == ["preemption"]
-    (restart,) = RunRecord(paths).read()["restarts"]
-    assert restart["detail"] == "slurm state PREEMPTED"  # no marker: the ranks never got to ask
+    (restart,) = RunFile(paths).read().restarts
+    assert restart.detail == "slurm state PREEMPTED"  # no marker: the ranks never got to ask
     log = "\n".join(run_logs.logs(paths, rank=0))
     (stopped,) = map(int, re.findall(r"injected 40 s delay in the stop's save of step (\d+)", log))
     committed = (stopped - 1) // EVERY * EVERY  # the last periodic save before the stop's own
     assert result["resumed_from_step"] == committed
     # The stop step's own metrics record was never written (killed in its save); the stop marker says it.
-    assert restart["lost_steps"] == stopped - committed > 0
+    assert restart.lost_steps == stopped - committed > 0
     from slurmkit.insight import report
 
-    assert report.collect(paths).summary["lost_steps"] == [restart["lost_steps"]]  # what `slurmkit report` says
+    assert report.collect(paths).summary["lost_steps"] == [restart.lost_steps]  # what `slurmkit report` says
 
 
 def test_torchrun_launcher_trains_like_srun_and_survives_preemption(

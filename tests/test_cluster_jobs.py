@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.runs import jobs
 from slurmkit.runs.lookup import list_runs
 from slurmkit.runs.procs import pid_alive
@@ -69,10 +69,10 @@ def test_shell_command_result_and_record(cluster: None, tmp_path: Path, dev_prof
     finish(sub["run_dir"])
     value = jobs.result(RunPaths(Path(sub["run_dir"])))
     assert value == {"returncode": 0, "stdout": "out-42\n"}
-    record = RunRecord(RunPaths(Path(sub["run_dir"]))).read()
-    assert record["job_ids"] == [sub["job_id"]]
-    assert record["spec"]["command"] == "echo out-$((6*7))"
-    assert record["profile"]["partition"] == "debug"
+    record = RunFile(RunPaths(Path(sub["run_dir"]))).read()
+    assert record.job_ids == [sub["job_id"]]
+    assert record.spec["command"] == "echo out-$((6*7))"
+    assert record.profile["partition"] == "debug"
     # The raw Slurm job id names the run wherever a run id does.
     by_job = runner.invoke(app, ["result", sub["job_id"], "-p", str(dev_profile), "--json"])
     assert by_job.exit_code == 0 and json.loads(by_job.output)["stdout"] == "out-42\n", by_job.output
@@ -112,7 +112,7 @@ def test_submitted_file_is_our_render(cluster: None, tmp_path: Path, dev_profile
     paths = RunPaths(Path(sub["run_dir"]))
     submitted = (paths.job_folder / f"{sub['job_id']}_submission.sh").read_text()
     assert submitted.startswith("#!/bin/bash\n# Rendered by slurmkit")
-    assert submitted == RunRecord(paths).read()["script"] == paths.script.read_text()
+    assert submitted == RunFile(paths).read().script == paths.script.read_text()
     assert "#SBATCH --signal=B:USR2@30" in submitted
     finish(sub["run_dir"])
 
@@ -291,8 +291,8 @@ def test_preemption_signal_requeues_a_run_without_steps(cluster: None, tmp_path:
     assert st.state == "COMPLETED"
     value = jobs.result(paths)
     assert (value["stdout"].split()[-2:] == ["done", "1"]) if kind == "command" else value == {"restarts": 1}
-    record = RunRecord(paths).read()
-    assert [r["cause"] for r in record["restarts"]] == ["preemption"]
+    record = RunFile(paths).read()
+    assert [r.cause for r in record.restarts] == ["preemption"]
 
 
 @pytest.mark.parametrize("launcher, per_node", [("srun", 1), ("torchrun", 2)])

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.runs import jobs
 from tests.conftest import executed_steps
 from tests.test_cluster_faults import STEPS, finish, start, wait_step, wait_until
@@ -74,7 +74,7 @@ def test_runs_without_accounting_wait_status_result_logs_list(
               "--set", "profile.requeue.crash=0", "--wait", code=4)
     assert "FAILED" in bad.output and "Traceback" not in bad.output
     bad_run = next(p for p in (dev_profile.parent / "runs").iterdir() if p.name.startswith("na-bad"))
-    bad_job = RunRecord(RunPaths(bad_run)).read()["job_ids"][-1]
+    bad_job = RunFile(RunPaths(bad_run)).read().job_ids[-1]
     wait_until(lambda: left_squeue(ok["job_id"], bad_job), 120, "the jobs to leave squeue", 1.0)
     # Neither squeue nor sacct knows them now: the ranks' outcome records decide; the rest is unknown.
     rows = {r["run_id"]: r for r in cli("status", "-p", str(dev_profile))}
@@ -96,7 +96,8 @@ def test_a_sweep_without_accounting_status_results_and_resubmit_failed(
     done = cli("sweep", str(path), "-p", str(dev_profile), "--set", "profile.requeue.crash=0", "--wait")
     assert done["counts"] == {"COMPLETED": 2, "FAILED": 1}
     paths = sweep_layout.SweepPaths(Path(done["sweep_dir"]))
-    array = sweep_layout.Manifest(paths).read()["arrays"][0]["job_id"]
+    array = sweep_layout.Manifest(paths).read().arrays[0].job_id
+    assert array is not None
     wait_until(lambda: left_squeue(array), 120, "the array to leave squeue", 1.0)
     status = cli("sweep", "status", paths.sweep_id, "-p", str(dev_profile))
     assert [t["state"] for t in status["tasks"]] == ["COMPLETED", "FAILED", "COMPLETED"]
@@ -117,5 +118,5 @@ def test_the_requeue_policy_without_accounting(no_accounting: None, dev_profile:
     assert executed_steps(paths.metrics) == list(range(1, STEPS + 1))  # stopped at the agreed step: none lost
     result = jobs.result(paths)
     assert result["restart_causes"] == ["preemption"] and result["steps"] == STEPS
-    (restart,) = RunRecord(paths).read()["restarts"]
-    assert restart["lost_steps"] == 0 and restart["detail"].startswith("signal with")  # the marker's detail
+    (restart,) = RunFile(paths).read().restarts
+    assert restart.lost_steps == 0 and restart.detail.startswith("signal with")  # the marker's detail

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.runs import jobs
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, steady, write_spec
@@ -41,7 +41,7 @@ def test_health_gate_failure_requeues_with_the_bad_node_excluded(cluster: None, 
         assert result.exit_code == 0, result.output
         paths = RunPaths(Path(json.loads(result.stdout)["run_dir"]))
         deadline = time.monotonic() + 90
-        while "excluded_nodes" not in RunRecord(paths).read():
+        while not RunFile(paths).read().excluded_nodes:
             assert time.monotonic() < deadline, "the gate never failed"
             time.sleep(0.5)
     finally:
@@ -49,11 +49,11 @@ def test_health_gate_failure_requeues_with_the_bad_node_excluded(cluster: None, 
     final = jobs.wait(paths, poller=steady(0.5), timeout_s=120)
     assert final.state == "COMPLETED"
     assert jobs.result(paths)["stdout"].split() == ["node2"]
-    record = RunRecord(paths).read()
-    assert record["excluded_nodes"] == ["node1"] and record["exclusion"] == "excluded node1"
-    assert record["unhealthy"][0]["node"] == "node1"
-    assert "GPU 1 (NVIDIA H200) has 2 uncorrectable ECC errors" in record["unhealthy"][0]["problems"]
-    assert [r["cause"] for r in record["restarts"]] == ["node_failure"]
+    record = RunFile(paths).read()
+    assert record.excluded_nodes == ["node1"] and record.exclusion == "excluded node1"
+    assert record.unhealthy[0].node == "node1"
+    assert "GPU 1 (NVIDIA H200) has 2 uncorrectable ECC errors" in record.unhealthy[0].problems
+    assert [r.cause for r in record.restarts] == ["node_failure"]
     shown = commands.run(["scontrol", "show", "job", final.job_id])
     assert "ExcNodeList=node1" in shown
 

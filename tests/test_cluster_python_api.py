@@ -17,7 +17,7 @@ import pytest
 
 import slurmkit
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayLog
 from slurmkit.sweeps.store import list_sweeps
 from tests.test_cluster_faults import wait_until
@@ -71,8 +71,8 @@ def test_main_function_lambda_nested_submit_failure_and_from_id(cluster: None, t
     assert out["outer"]["inner"] == 50 and out["lambda"] == "from-lambda"
     assert out["state"] == "FAILED" and "boom-9931" in out["tail"] and "ValueError" in out["tail"]
     # The nested run is a run like the others: its own folder and record under the same root.
-    inner = RunRecord(RunPaths(run_root / out["outer"]["inner_run"])).read()
-    assert inner["spec"]["function"].endswith("<lambda>") and inner["job_ids"]
+    inner = RunFile(RunPaths(run_root / out["outer"]["inner_run"])).read()
+    assert inner.spec["function"].endswith("<lambda>") and inner.job_ids
     # A fresh process reattaches by Slurm job id; the CLI's result reads the same run.
     code = (f"import slurmkit, json; j = slurmkit.Job.from_id({out['outer_job']!r}, profile={str(dev_profile)!r}); "
             "print(json.dumps([j.state, j.result()]))")
@@ -89,8 +89,8 @@ def test_map_array_is_one_array_throttled_and_as_completed(cluster: None, dev_pr
     handles = ex.map_array(shifted, range(20), range(20, 40), max_parallel=2)
     assert len(handles) == 20 and len({j.job_id.split("_")[0] for j in handles}) == 1
     (sweep,) = list_sweeps(str(run_root))
-    arrays = ArrayLog(sweep).read()["arrays"]
-    assert len(arrays) == 1 and arrays[0]["array"] == "0-19%2"
+    arrays = ArrayLog(sweep).read().arrays
+    assert len(arrays) == 1 and arrays[0].array == "0-19%2"
     finished = list(slurmkit.as_completed(handles, timeout=600, poll_s=1.0))
     assert sorted(j.run_id for j in finished) == sorted(j.run_id for j in handles)
     assert [j.result() for j in handles] == [100 * i + 20 + i for i in range(20)]
@@ -154,8 +154,8 @@ def test_checkpoint_function_preempted_resumes_with_no_lost_steps(cluster: None,
     stopped = max(s for s, inc in lines if inc == 0)
     assert value["resumed_from"] == stopped and value["world"] == 2
     assert value["total"] == 2 * sum(range(1, steps + 1))
-    record = RunRecord(job.paths).read()
-    assert len(record["restarts"]) == 1 and record["restarts"][0]["cause"] == "preemption"
+    record = RunFile(job.paths).read()
+    assert len(record.restarts) == 1 and record.restarts[0].cause == "preemption"
 
 
 SNAPSHOT_DRIVER = """
@@ -190,8 +190,9 @@ def test_snapshot_runs_the_submitted_code_after_an_edit(cluster: None, tmp_path:
                    check=True)
     out = run_script(repo, SNAPSHOT_DRIVER, str(dev_profile), cwd=repo)
     assert out["snap"] == 1 and out["live"] == 2  # the held snapshot run kept the submitted version
-    record = RunRecord(RunPaths(Path(out["run_dir"]))).read()
-    snap = record["snapshot"]
+    record = RunFile(RunPaths(Path(out["run_dir"]))).read()
+    snap = record.snapshot
+    assert snap is not None
     assert snap["git_commit"] and snap["dirty"] is False and snap["files"] == 2  # helper.py and driver.py
     from typer.testing import CliRunner
 

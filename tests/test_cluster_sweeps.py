@@ -123,12 +123,12 @@ def test_a_failed_config_is_resubmitted_alone_and_the_sweep_completes(
         lambda: invoke("sweep", "resubmit", paths.sweep_id, "--failed", "-p", str(dev_profile)))
     assert again["resubmitted"] == [1] and sbatches == 1
     manifest = sweep_layout.Manifest(paths).read()
-    assert [(a["kind"], a["indices"], a["array"]) for a in manifest["arrays"]] == [
+    assert [(a.kind, a.indices, a.array) for a in manifest.arrays] == [
         ("initial", [0, 1, 2], "0-2"), ("resubmit", [1], "1")]
     states = wait_sweep(paths)
     assert [s.state for s in states] == ["COMPLETED"] * 3
-    first = manifest["arrays"][0]["job_id"]
-    assert [s.job_id for s in states] == [f"{first}_0", f"{manifest['arrays'][1]['job_id']}_1", f"{first}_2"]
+    first = manifest.arrays[0].job_id
+    assert [s.job_id for s in states] == [f"{first}_0", f"{manifest.arrays[1].job_id}_1", f"{first}_2"]
     assert results.counts(states) == {"COMPLETED": 3}
 
 
@@ -140,7 +140,7 @@ def test_a_sweep_over_the_array_limit_is_split_into_chained_arrays(
     assert sbatches == 2 and len(done.array_job_ids) == 2
     paths = sweep_layout.SweepPaths(Path(done.sweep_dir))
     manifest = sweep_layout.Manifest(paths).read()
-    assert [(a["indices"], a["base"], a["array"]) for a in manifest["arrays"]] == [
+    assert [(a.indices, a.base, a.array) for a in manifest.arrays] == [
         ([0, 1, 2, 3], 0, "0-3%2"), ([4, 5], 4, "0-1%2")]
     # Each chunk waits for the previous one, so %2 holds across the whole sweep.
     assert f"#SBATCH --dependency=afterany:{done.array_job_ids[0]}" in paths.script(1).read_text()

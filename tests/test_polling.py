@@ -142,7 +142,7 @@ def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol
     import json
 
     from slurmkit.common.layout import RunPaths
-    from slurmkit.common.record import RunRecord
+    from slurmkit.common.record import RunFile, RunRecord
     from slurmkit.worker.ft import requeue
     from slurmkit.worker.ft.decision import Action
 
@@ -152,7 +152,7 @@ def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol
     assert calls["scontrol"] >= 2
     paths = RunPaths(hiccup / "run")
     paths.job_folder.mkdir(parents=True)
-    RunRecord(paths).create({"run_id": "run", "job_ids": ["7"], "profile": {"requeue": {"preemption": 1}}})
+    RunFile(paths).create(RunRecord(run_id="run", job_ids=["7"], profile={"requeue": {"preemption": 1}}))
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     with pytest.raises(commands.RequeueUncertain):
         requeue.request(paths, "7", "preemption", 12, within_s=3)
@@ -239,7 +239,7 @@ def test_a_failing_sacct_is_a_warning_and_the_run_folder_decides_stand_in_sacct(
     """No accounting (or sacct failing): status goes on from squeue and what the ranks recorded."""
     from slurmkit.common import outcomes as oc
     from slurmkit.common.layout import RunPaths
-    from slurmkit.common.record import RunRecord
+    from slurmkit.common.record import RunFile, RunRecord
     from slurmkit.runs import jobs
 
     bin_dir = tmp_path / "bin"
@@ -250,7 +250,7 @@ def test_a_failing_sacct_is_a_warning_and_the_run_folder_decides_stand_in_sacct(
     monkeypatch.setattr(commands, "QUERY_WAIT", {"multiplier": 0.0, "max": 0.0, "jitter": 0.0})
     paths = RunPaths(tmp_path / "runs" / "r-1")
     paths.run_dir.mkdir(parents=True)
-    RunRecord(paths).create({"run_id": "r-1", "executor": "slurm", "num_tasks": 2, "job_ids": ["77"]})
+    RunFile(paths).create(RunRecord(run_id="r-1", executor="slurm", num_tasks=2, job_ids=["77"]))
     for rank, kind in enumerate(outcomes):
         oc.record(paths.outcome_file("77", rank), kind, value=1, error="boom" if kind == "error" else "")
     monkeypatch.setattr(commands, "_SACCT_WARNED", set())
@@ -267,7 +267,7 @@ def test_a_preempted_run_ends_and_says_how_to_resume_stand_in_squeue(
     it preempted under PreemptMode=CANCEL; either way `result` names `slurmkit resubmit`."""
     from slurmkit.common.errors import JobFailedError
     from slurmkit.common.layout import RunPaths
-    from slurmkit.common.record import RunRecord
+    from slurmkit.common.record import Preempted, RunFile, RunRecord
     from slurmkit.runs import jobs
 
     state = "COMPLETED" if marked else "PREEMPTED"
@@ -275,9 +275,8 @@ def test_a_preempted_run_ends_and_says_how_to_resume_stand_in_squeue(
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     paths = RunPaths(tmp_path / "runs" / "r-1")
     paths.run_dir.mkdir(parents=True)
-    RunRecord(paths).create({"run_id": "r-1", "executor": "slurm", "num_tasks": 1, "job_ids": ["77"],
-                             **({"preempted": {"job_id": "77", "step": 9, "detail": "PreemptMode=CANCEL"}}
-                                if marked else {})})
+    marker = Preempted(job_id="77", step=9, detail="PreemptMode=CANCEL") if marked else None
+    RunFile(paths).create(RunRecord(run_id="r-1", executor="slurm", job_ids=["77"], preempted=marker))
     assert jobs.run_state(paths).state == "PREEMPTED" and not jobs.is_active("PREEMPTED")
     with pytest.raises(JobFailedError, match="preempted") as err:
         jobs.result(paths)

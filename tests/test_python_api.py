@@ -245,10 +245,11 @@ def test_local_map_array_with_a_snapshot_records_it_in_every_task(local_profile:
     ex = slurmkit.Executor(profile=str(local_profile), tasks_per_node=1, snapshot=True)
     handles = ex.map_array(add, [1, 2], [3, 4])
     assert [j.result(timeout=300) for j in handles] == [4, 6]
-    from slurmkit.common.record import RunRecord
+    from slurmkit.common.record import RunFile
 
     for job in handles:
-        snap = RunRecord(job.paths).read()["snapshot"]
+        snap = RunFile(job.paths).read().snapshot
+        assert snap is not None
         assert snap["source"] == str(repo) and snap["files"] == 1 and snap["git_commit"] is None
     assert (Path(handles[0].run_dir).parent.parent / "code" / "helper.py").read_text() == "VERSION = 1\n"
 

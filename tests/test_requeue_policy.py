@@ -8,18 +8,23 @@ from typing import Any
 
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RestartEntry, RunFile, RunRecord
 from slurmkit.worker.ft import policy, restarts
 from slurmkit.worker.ft.allocation import Allocation
 from slurmkit.worker.ft.decision import Action
 
 
-def _run(tmp_path: Path, **record: object) -> RunPaths:
+def _run(tmp_path: Path, **record: Any) -> RunPaths:
     paths = RunPaths(tmp_path / "run")
     paths.job_folder.mkdir(parents=True)
-    RunRecord(paths).create({"run_id": "run", "num_tasks": 2, "job_ids": ["7"],
-                            "profile": {"requeue": {"preemption": 2, "crash": 1, "hang": 1}}, **record})
+    fields = {"num_tasks": 2, "job_ids": ["7"], "profile": {"requeue": {"preemption": 2, "crash": 1, "hang": 1}},
+              **record}
+    RunFile(paths).create(RunRecord.model_validate({"run_id": "run", **fields}))
     return paths
+
+
+def _entry(**fields: Any) -> RestartEntry:
+    return RestartEntry.model_validate({"kind": "requeue", "time": "2026-12-01T00:00:00", **fields})
 
 
 def _results(paths: RunPaths, *found: tuple[str, object]) -> None:
@@ -43,7 +48,7 @@ def test_same_error_at_the_same_step_twice_is_final(tmp_path: Path) -> None:
     _results(paths, ("error", trace), ("error", trace))
     decision = policy.after_failure(paths, "7", 1, None)
     assert (decision.action, decision.why, decision.step) == (Action.END, "deterministic", 30)
-    assert "deterministic error at step 30" in RunRecord(paths).read()["final"]
+    assert "deterministic error at step 30" in (RunFile(paths).read().final or "")
 
 
 def test_a_failed_srun_after_rank_0_asked_for_a_requeue_keeps_its_cause(tmp_path: Path, monkeypatch: Any) -> None:
@@ -55,7 +60,7 @@ def test_a_failed_srun_after_rank_0_asked_for_a_requeue_keeps_its_cause(tmp_path
     decision = policy.after_failure(paths, "7", 140, None)
     assert (decision.action, decision.cause, decision.why) == (Action.REQUEUE, "preemption", "asked")
     assert json.loads(paths.restart_request.read_text()) == marker
-    assert "failures" not in RunRecord(paths).read()
+    assert RunFile(paths).read().failures == []
     # A marker an earlier incarnation left (its next start died before reading it) does not count.
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
     assert restarts.requested_here(paths, "7") is None
@@ -70,13 +75,13 @@ def test_a_restart_reads_only_the_marker_its_previous_incarnation_left(tmp_path:
 
 
 def test_budgets_are_per_cause(tmp_path: Path) -> None:
-    record = {"profile": {"requeue": {"preemption": 2, "crash": 1}},
-              "restarts": [{"cause": "preemption"}, {"cause": "crash"}]}
-    assert restarts.allowed(record, "preemption")
-    assert not restarts.allowed(record, "crash")
-    assert restarts.allowed(record, "requeue")  # an external requeue spends the preemption budget
-    assert restarts.budget(record, "unknown") == 2
-    assert not restarts.allowed({**record, "final": "done"}, "preemption")
+    record = RunRecord(run_id="run", profile={"requeue": {"preemption": 2, "crash": 1}},
+                       restarts=[_entry(n=1, job_id="7", cause="preemption"), _entry(n=2, job_id="7", cause="crash")])
+    assert record.allowed("preemption") and record.left("preemption") == 1
+    assert not record.allowed("crash") and record.left("crash") == 0
+    assert record.allowed("requeue")  # an external requeue spends the preemption budget
+    assert record.budget("unknown") == 2
+    assert not record.model_copy(update={"final": "done"}).allowed("preemption")
 
 
 def test_lost_steps_count_the_stop_step_a_killed_save_never_logged(tmp_path: Path) -> None:
@@ -90,13 +95,13 @@ def test_lost_steps_count_the_stop_step_a_killed_save_never_logged(tmp_path: Pat
 
 
 def test_a_resubmitted_job_learns_the_step_it_resumed_from_once(tmp_path: Path) -> None:
-    paths = _run(tmp_path, restarts=[{"n": 0, "job_id": "8", "cause": "resubmit", "resumed_step": None}])
+    paths = _run(tmp_path, restarts=[_entry(kind="resubmit", n=0, job_id="8", cause="resubmit")])
     paths.stop_marker.write_text(json.dumps({"step": 61}) + "\n")
     restarts.note_resumed(paths, "8", 0, 0, 61)
-    (entry,) = RunRecord(paths).read()["restarts"]
-    assert (entry["resumed_step"], entry["lost_steps"]) == (61, 0) and not paths.stop_marker.exists()
+    (entry,) = RunFile(paths).read().restarts
+    assert (entry.resumed_step, entry.lost_steps) == (61, 0) and not paths.stop_marker.exists()
     assert restarts.note_resumed(paths, "9", 0, 0, 5) is None  # another job's start changes nothing
-    assert RunRecord(paths).read()["restarts"] == [entry]
+    assert RunFile(paths).read().restarts == [entry]
 
 
 def test_a_partition_preempt_mode_decides_who_brings_the_job_back() -> None:
@@ -124,13 +129,13 @@ def test_in_job_restarts_stop_at_the_profiles_limit_per_incarnation(tmp_path: Pa
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
     # The one in-job restart of this incarnation went to a warm restart: a cold one is refused.
-    warm = {"n": 0, "in_job": 1, "kind": "warm", "job_id": "7", "cause": "crash"}
-    RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 1}}, restarts=[warm])
+    warm = _entry(n=0, in_job=1, kind="warm", job_id="7", cause="crash")
+    RunFile(paths).update(profile={"requeue": {"crash": 3, "in_job": 1}}, restarts=[warm])
     whole = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
     assert policy.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
-    RunRecord(paths).update(profile={"requeue": {"crash": 3, "in_job": 0}}, restarts=[])
+    RunFile(paths).update(profile={"requeue": {"crash": 3, "in_job": 0}}, restarts=[])
     assert policy.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
-    assert RunRecord(paths).read()["restarts"] == []
+    assert RunFile(paths).read().restarts == []
 
 
 def test_a_lost_node_restarts_in_the_job_only_while_a_spare_is_left(tmp_path: Path, monkeypatch: Any) -> None:
@@ -144,7 +149,7 @@ def test_a_lost_node_restarts_in_the_job_only_while_a_spare_is_left(tmp_path: Pa
     decision = policy.restart_in_job(paths, "7", "node_failure", 40, "lost node2", spare, ["node2"])
     assert decision is not None and decision.action is Action.RESTART_IN_JOB
     assert (decision.nodes, decision.exclude) == (2, ("node4",))  # the supervisor's srun --nodes and --exclude
-    assert RunRecord(paths).read()["restarts"][-1]["exclude"] == ["node4"]
+    assert RunFile(paths).read().restarts[-1].exclude == ["node4"]
     assert policy._newly_lost(paths, "7", spare) == []  # node2 is not lost a second time
     monkeypatch.setenv("SLURMKIT_ATTEMPT", "1")
     gone = Allocation(spare.started, ("node1", "node4"), ("node4",), 2)
@@ -154,13 +159,13 @@ def test_a_lost_node_restarts_in_the_job_only_while_a_spare_is_left(tmp_path: Pa
 
 
 def test_an_in_job_restart_is_its_own_entry_beside_the_incarnations(tmp_path: Path) -> None:
-    entries = [{"n": 1, "job_id": "7", "cause": "preemption", "resumed_step": 40},
-               {"n": 1, "in_job": 1, "job_id": "7", "cause": "crash", "resumed_step": None}]
+    entries = [_entry(n=1, job_id="7", cause="preemption", resumed_step=40),
+               _entry(kind="in_job", n=1, in_job=1, job_id="7", cause="crash")]
     paths = _run(tmp_path, restarts=entries)
     paths.metrics.write_text(json.dumps({"step": 57}) + "\n")
     entry = restarts.note_resumed(paths, "7", 1, 1, 50)
-    assert entry is not None and (entry["cause"], entry["resumed_step"], entry["lost_steps"]) == ("crash", 50, 7)
-    assert RunRecord(paths).read()["restarts"][0] == entries[0]  # the incarnation's own entry is untouched
+    assert entry is not None and (entry.cause, entry.resumed_step, entry.lost_steps) == ("crash", 50, 7)
+    assert RunFile(paths).read().restarts[0] == entries[0]  # the incarnation's own entry is untouched
 
 
 def test_a_rank_that_lost_its_peer_is_no_deterministic_error(tmp_path: Path) -> None:
@@ -188,15 +193,15 @@ def test_a_warm_restart_spends_both_budgets_and_the_same_error_twice_ends_the_ru
     decision = policy.restart_warm(paths, "7", 75, "ValueError: once", "rank 1: ValueError: once", 50)
     assert decision is not None
     assert (decision.action, decision.cause, decision.step) == (Action.RESTART_WARM, "crash", 75)
-    assert restarts.left(RunRecord(paths).read(), "crash") == 1
-    (entry,) = RunRecord(paths).read()["restarts"]
-    assert (entry["in_job"], entry["kind"], entry["resumed_step"], entry["lost_steps"]) == (1, "warm", 50, 25)
+    assert RunFile(paths).read().left("crash") == 1
+    (entry,) = RunFile(paths).read().restarts
+    assert (entry.in_job, entry.kind, entry.resumed_step, entry.lost_steps) == (1, "warm", 50, 25)
     # The srun step that the warm restart kept is still the incarnation's own: its start finds no entry.
     assert restarts.note_resumed(paths, "7", 0, 1, 50) is None
     # The same error at the same step again: deterministic, the run ends; no entry, no budget spent.
     assert policy.restart_warm(paths, "7", 75, "ValueError: once", "rank 1", 50) is None
-    record = RunRecord(paths).read()
-    assert len(record["restarts"]) == 1 and "deterministic error at step 75" in record["final"]
+    record = RunFile(paths).read()
+    assert len(record.restarts) == 1 and "deterministic error at step 75" in (record.final or "")
 
 
 def test_a_refused_warm_restart_leaves_the_failure_to_the_batch_shell(tmp_path: Path, monkeypatch: Any) -> None:
@@ -205,7 +210,8 @@ def test_a_refused_warm_restart_leaves_the_failure_to_the_batch_shell(tmp_path: 
     paths = _run(tmp_path, profile={"requeue": {"crash": 2, "in_job": 0}})
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
     assert policy.restart_warm(paths, "7", 75, "ValueError: x", "rank 1: ValueError: x", 50) is None
-    assert "failures" not in RunRecord(paths).read() and "final" not in RunRecord(paths).read()
+    record = RunFile(paths).read()
+    assert record.failures == [] and record.final is None
 
 
 def test_an_elastic_job_that_lost_a_node_goes_on_with_the_nodes_left(tmp_path: Path, monkeypatch: Any) -> None:
@@ -223,8 +229,6 @@ def test_an_elastic_job_that_lost_a_node_goes_on_with_the_nodes_left(tmp_path: P
 
 def test_every_writer_of_a_restart_entry_writes_a_restart_entry(tmp_path: Path, monkeypatch: Any) -> None:
     """The requeue's, the in-job restart's and the warm restart's entries all read back as RestartEntry."""
-    from slurmkit.common.record import RestartEntry
-
     paths = _run(tmp_path, profile={"requeue": {"crash": 3, "preemption": 2, "in_job": 2}})
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
@@ -233,7 +237,21 @@ def test_every_writer_of_a_restart_entry_writes_a_restart_entry(tmp_path: Path, 
     whole = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
     assert policy.restart_in_job(paths, "7", "crash", 50, "rank 1 died", whole) is not None
     assert policy.restart_warm(paths, "7", 60, "ValueError: x", "rank 1: ValueError: x", 59, live=True) is not None
-    entries = [RestartEntry.model_validate(e) for e in RunRecord(paths).read()["restarts"]]
+    entries = RunFile(paths).read().restarts
     assert [(e.kind, e.cause, e.n, e.in_job) for e in entries] == [
         ("requeue", "preemption", 1, None), ("in_job", "crash", 1, 1), ("warm", "crash", 1, 2)]
     assert (entries[1].nodes, entries[2].live, entries[2].lost_steps) == (2, True, 1)
+
+
+def test_a_record_field_slurmkit_does_not_declare_is_refused_not_written(tmp_path: Path) -> None:
+    """RunFile.update takes only RunRecord's fields, each checked: a typo is no silent extra key."""
+    import pytest
+    from pydantic import ValidationError
+
+    paths = _run(tmp_path)
+    with pytest.raises(TypeError):
+        RunFile(paths).update(finale="done")
+    with pytest.raises(ValidationError):
+        RunFile(paths).update(num_tasks=0)
+    assert RunFile(paths).read() == RunRecord.model_validate(json.loads(paths.record.read_text()))
+    assert "finale" not in json.loads(paths.record.read_text())

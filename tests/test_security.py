@@ -24,7 +24,7 @@ from slurmkit.cli.app import app
 from slurmkit.common import trust
 from slurmkit.common.errors import ConfigError, SlurmkitError
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import CorruptRecordError
+from slurmkit.common.locked import CorruptRecordError
 from slurmkit.runs import jobs, lookup, procs, registry
 from slurmkit.runs.lookup import find_run
 from slurmkit.runs.snapshot import take

@@ -23,7 +23,7 @@ from slurmkit.cli.app import app
 from slurmkit.common import outcomes, perms
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.runs import jobs, procs, registry
 from slurmkit.runs.lookup import list_runs
 from slurmkit.worker.ft import policy, restarts
@@ -71,7 +71,7 @@ def test_list_and_status_never_unpickle_even_own_folders(tmp_path: Path, run_roo
 def test_requeue_policy_reads_outcomes_not_pickles(tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     folder = plant(tmp_path, "run", marker)
-    RunRecord(RunPaths(folder)).update(profile={"requeue": {"crash": 0}})
+    RunFile(RunPaths(folder)).update(profile={"requeue": {"crash": 0}})
     decision = policy.after_failure(RunPaths(folder), "424242", 1, None)
     # No outcome record: a crash, not "completed"; its budget is 0.
     assert (decision.action, decision.cause, decision.why) == (Action.END, "crash", "budget")
@@ -166,11 +166,11 @@ def test_local_run_folder_and_files_are_private(tmp_path: Path, run_root: Path, 
 def test_group_run_mode_gives_setgid_group_readable_folders(tmp_path: Path, run_root: Path) -> None:
     paths = registry.create(str(run_root), "grp", perms.GROUP)
     assert stat.S_IMODE(paths.run_dir.stat().st_mode) == 0o2750
-    RunRecord(paths).create({"run_id": paths.run_id})
+    RunFile(paths).create(RunRecord(run_id=paths.run_id))
     registry.write_script(paths, "#!/bin/bash\n")
     assert _mode(paths.record) == 0o640 and _mode(paths.script) == 0o640
     private = registry.create(str(run_root), "priv")
-    RunRecord(private).create({"run_id": private.run_id})
+    RunFile(private).create(RunRecord(run_id=private.run_id))
     assert _mode(private.run_dir) == 0o700 and _mode(private.record) == 0o600
 
 
@@ -195,12 +195,12 @@ def test_a_reused_pid_is_neither_running_nor_signalled(tmp_path: Path, run_root:
         start = procs.start_time(unrelated.pid)
         assert start is not None
         paths = registry.create(str(run_root), "reused")
-        RunRecord(paths).create({"run_id": paths.run_id, "executor": "local", "num_tasks": 1, "job_ids": []})
-        RunRecord(paths).add_job_id(str(unrelated.pid), pid_start=start - 1)  # the dead controller's start
+        RunFile(paths).create(RunRecord(run_id=paths.run_id, executor="local"))
+        RunFile(paths).add_job_id(str(unrelated.pid), pid_start=start - 1)  # the dead controller's start
         assert jobs.run_state(paths).state != "RUNNING"
         assert jobs.cancel(paths) == []
         assert unrelated.poll() is None  # still alive: never signalled
-        RunRecord(paths).add_job_id(str(unrelated.pid), pid_start=start)  # now the record names this very process
+        RunFile(paths).add_job_id(str(unrelated.pid), pid_start=start)  # now the record names this very process
         assert jobs.run_state(paths).state == "RUNNING"
         assert jobs.cancel(paths) == [str(unrelated.pid)]
         assert unrelated.wait(timeout=30) != 0
@@ -217,7 +217,7 @@ def _restarts(run_dir: str, first: int, count: int) -> None:
 
 
 def _job_ids(run_dir: str, first: int, count: int) -> None:
-    record = RunRecord(RunPaths(Path(run_dir)))
+    record = RunFile(RunPaths(Path(run_dir)))
     for n in range(first, first + count):
         record.add_job_id(str(n))
 
@@ -225,7 +225,7 @@ def _job_ids(run_dir: str, first: int, count: int) -> None:
 def test_concurrent_run_record_updates_are_never_lost(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path / "run")
     paths.run_dir.mkdir()
-    RunRecord(paths).create({"run_id": "run", "job_ids": [], "profile": {"requeue": {"preemption": 1000}}})
+    RunFile(paths).create(RunRecord(run_id="run", profile={"requeue": {"preemption": 1000}}))
     ctx = multiprocessing.get_context("spawn")
     workers = [ctx.Process(target=_restarts, args=(str(paths.run_dir), k * 100, 100)) for k in range(2)]
     workers += [ctx.Process(target=_job_ids, args=(str(paths.run_dir), k * 200, 200)) for k in range(2)]
@@ -234,9 +234,9 @@ def test_concurrent_run_record_updates_are_never_lost(tmp_path: Path) -> None:
     for w in workers:
         w.join()
     assert [w.exitcode for w in workers] == [0, 0, 0, 0]
-    record = RunRecord(paths).read()
-    assert sorted(int(j) for j in record["job_ids"]) == list(range(400))
-    assert sorted(r["n"] for r in record["restarts"]) == list(range(200))
+    record = RunFile(paths).read()
+    assert sorted(int(j) for j in record.job_ids) == list(range(400))
+    assert sorted(r.n for r in record.restarts) == list(range(200))
 
 
 def test_outcome_records_hold_json_values_and_say_why_not(tmp_path: Path) -> None:

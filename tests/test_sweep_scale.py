@@ -12,6 +12,7 @@ import pytest
 
 from slurmkit.common import sweep_layout
 from slurmkit.common.errors import ConfigError
+from slurmkit.common.locked import CorruptRecordError
 from slurmkit.sweeps import plan as plan_mod
 from slurmkit.sweeps import resolve, spec, store
 from slurmkit.sweeps import submit as sub
@@ -32,9 +33,10 @@ def both(path: Path, profile: Path, sets: list[str] | None = None) -> tuple[Any,
 
 
 def specs_of(tasks: resolve.SweepTasks, plan: spec.SweepPlan) -> list[dict[str, Any]]:
-    manifest = {"base_spec": tasks.base_spec, "top": tasks.top,
-                "tasks": [{"overrides": o, **({"spec": s} if s is not None else {})}
-                          for o, s in zip(plan.overrides, tasks.specs, strict=True)]}
+    manifest = sweep_layout.SweepManifest(
+        sweep_id="s", name="s", base_spec=tasks.base_spec, top=tasks.top,
+        tasks=[sweep_layout.ManifestTask(index=i, overrides=o, seed=0, spec=s)
+               for i, (o, s) in enumerate(zip(plan.overrides, tasks.specs, strict=True))])
     return [sweep_layout.task_spec(manifest, i) for i in range(len(tasks))]
 
 
@@ -94,37 +96,27 @@ def test_manifest_is_compact_and_written_once(tmp_path: Path, local_profile: Pat
     text = paths.manifest.read_text()
     assert len(text) / 10_000 < 120, f"{len(text) / 10_000:.0f} bytes per task"
     manifest = sweep_layout.Manifest(paths).read()
-    assert len(manifest["tasks"]) == 10_000 and manifest["arrays"] == []
+    assert len(manifest.tasks) == 10_000 and manifest.arrays == []
     last = sweep_layout.task_entry(paths, manifest, 9_999)
     assert last.spec["env"] == {"A": "99", "B": "99"} and last.env["SLURMKIT_SEED"] == "9999"
     assert last.run_dir == str(paths.task(9_999).run_dir)
     with pytest.raises(TypeError, match="written once"):
         sweep_layout.Manifest(paths).update(name="x")
     with sweep_layout.ArrayLog(paths).editing() as log:
-        log["arrays"].append({"indices": [0], "base": 0, "job_id": "7", "kind": "initial"})
+        log.arrays.append(sweep_layout.ArrayEntry(indices=[0], base=0, job_id="7", kind="initial"))
     assert paths.manifest.read_text() == text  # recording an array leaves the manifest alone
     assert store.latest_job_ids(sweep_layout.Manifest(paths).read())[0] == "7_0"
 
 
-def test_a_manifest_from_before_the_split_still_reads(tmp_path: Path) -> None:
-    paths = sweep_layout.SweepPaths(tmp_path / "old-sweep")
-    paths.sweep_dir.mkdir()
-    spec_dump = {"name": "old", "command": "true", "env": {"X": "1"}}
-    task = {"index": 0, "overrides": {"env.X": "1"}, "seed": 3, "spec": spec_dump, "resources": {"nodes": 1},
-            "num_tasks": 1, "env": {"X": "1", "SLURMKIT_SEED": "3"}, "run_dir": "/r/0", "checkpoint_uri": "/c/0"}
-    paths.manifest.write_text(json.dumps({
-        "sweep_id": "old-sweep", "name": "old", "source": "s.yaml", "created": "2026-01-01T00:00:00",
-        "executor": "slurm", "profile_name": "devcluster", "profile": {}, "varying": ["env.X"],
-        "max_parallel": None, "tasks": [task],
-        "arrays": [{"indices": [0], "base": 0, "job_id": "5", "kind": "initial"}]}))
-    manifest = sweep_layout.Manifest(paths).read()
-    assert store.latest_job_ids(manifest) == {0: "5_0"}
-    entry = sweep_layout.task_entry(paths, manifest, 0)
-    assert (entry.env, entry.run_dir, entry.checkpoint_uri) == (task["env"], "/r/0", "/c/0")
-    with sweep_layout.ArrayLog(paths).editing() as log:  # the first new array carries the old ones over
-        log["arrays"].append({"indices": [0], "base": 0, "job_id": "6", "kind": "resubmit"})
-    assert store.latest_job_ids(sweep_layout.Manifest(paths).read()) == {0: "6_0"}
-    assert [a["job_id"] for a in sweep_layout.Manifest(paths).read()["arrays"]] == ["5", "6"]
+def test_a_manifest_of_the_wrong_shape_is_one_error_naming_its_field(tmp_path: Path, local_profile: Path) -> None:
+    plan = spec.load(write_sweep(tmp_path, {"grid": {"env.A": ["1", "2"]}}))
+    paths = sub.create(plan, resolve.resolve_tasks(plan, str(local_profile)))
+    data = json.loads(paths.manifest.read_text())
+    data["tasks"][1]["seed"] = "seven"
+    paths.manifest.write_text(json.dumps(data))
+    with pytest.raises(CorruptRecordError) as err:
+        sweep_layout.Manifest(paths).read()
+    assert err.value.where == f"{paths.manifest}:tasks"
 
 
 @pytest.mark.parametrize(("tasks", "limit", "expected"), [

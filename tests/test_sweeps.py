@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.common import sweep_layout
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import Failure, RunFile
+from slurmkit.common.sweep_layout import ArrayEntry
 from slurmkit.runs.dependency import after_dependency
 from slurmkit.sweeps import plan as plan_mod
 from slurmkit.sweeps import resolve as resolve_mod
@@ -144,8 +145,8 @@ def _create(tmp_path: Path, local_profile: Path, sweep: dict[str, Any], **base: 
 def test_manifest_maps_every_task_to_its_config_folder_and_seed(tmp_path: Path, local_profile: Path) -> None:
     paths = _create(tmp_path, local_profile, {"grid": {"env.X": ["1", "2", "3"]}, "seed": 7})
     manifest = sweep_layout.Manifest(paths).read()
-    assert [t["overrides"] for t in manifest["tasks"]] == [{"env.X": "1"}, {"env.X": "2"}, {"env.X": "3"}]
-    assert [t["seed"] for t in manifest["tasks"]] == [7, 8, 9]
+    assert [t.overrides for t in manifest.tasks] == [{"env.X": "1"}, {"env.X": "2"}, {"env.X": "3"}]
+    assert [t.seed for t in manifest.tasks] == [7, 8, 9]
     entries = [sweep_layout.task_entry(paths, manifest, i) for i in range(3)]
     assert [e.env["SLURMKIT_SEED"] for e in entries] == ["7", "8", "9"]
     assert [e.spec["env"] for e in entries] == [{"X": "1"}, {"X": "2"}, {"X": "3"}]
@@ -159,15 +160,15 @@ def test_manifest_maps_every_task_to_its_config_folder_and_seed(tmp_path: Path, 
 def test_task_record_is_made_once_and_a_new_job_id_clears_old_verdicts(tmp_path: Path, local_profile: Path) -> None:
     paths = _create(tmp_path, local_profile, {"grid": {"env.X": ["1", "2"]}})
     task = sweep_layout.materialize_task(paths, 1, "50_1")
-    record = RunRecord(task).read()
-    assert record["job_ids"] == ["50_1"] and record["sweep"]["index"] == 1
+    record = RunFile(task).read()
+    assert record.job_ids == ["50_1"] and record.sweep is not None and record.sweep.index == 1
     assert task.job_folder.resolve() == paths.job_folder.resolve()
-    RunRecord(task).update(final="deterministic error at step 3", failures=[{"step": 3}])
+    RunFile(task).update(final="deterministic error at step 3", failures=[Failure(step=3)])
     sweep_layout.materialize_task(paths, 1, "50_1")  # the same job again (a requeue): verdicts stay
-    assert RunRecord(task).read()["final"]
+    assert RunFile(task).read().final
     sweep_layout.materialize_task(paths, 1, "61_0")  # a resubmit: a fresh start
-    record = RunRecord(task).read()
-    assert record["job_ids"] == ["50_1", "61_0"] and "final" not in record and "failures" not in record
+    record = RunFile(task).read()
+    assert record.job_ids == ["50_1", "61_0"] and record.final is None and record.failures == []
     with pytest.raises(IndexError):
         sweep_layout.materialize_task(paths, 5, "50_5")
 
@@ -199,10 +200,10 @@ def test_after_a_sweep_waits_for_each_task_newest_job(tmp_path: Path, local_prof
     assert "--after needs a Slurm run or sweep" in line
     paths.manifest.write_text(paths.manifest.read_text().replace('"executor": "local"', '"executor": "slurm"'))
     with sweep_layout.ArrayLog(paths).editing() as m:
-        m["arrays"] = [{"indices": [0, 1, 2], "base": 0, "job_id": "70", "kind": "initial"}]
+        m.arrays = [ArrayEntry(indices=[0, 1, 2], base=0, job_id="70", kind="initial")]
     assert after_dependency(root, paths.sweep_id) == "afterok:70"
     with sweep_layout.ArrayLog(paths).editing() as m:
-        m["arrays"].append({"indices": [1], "base": 1, "job_id": "80", "kind": "resubmit"})
+        m.arrays.append(ArrayEntry(indices=[1], base=1, job_id="80", kind="resubmit"))
     # Array 70 keeps its failed task forever, so afterok:70 could never be met.
     assert after_dependency(root, paths.sweep_id) == "afterok:70_0:80_0:70_2"
     line = one_line_error(["submit", str(EXAMPLES / "hostnames.yaml"), "-p", str(local_profile), "--after", "nope"])

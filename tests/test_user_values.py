@@ -101,20 +101,19 @@ def test_submit_with_an_unset_variable_creates_nothing(tmp_path: Path, monkeypat
 
 def test_a_raw_job_id_names_a_run_or_a_sweep_task(tmp_path: Path) -> None:
     from slurmkit.common.layout import RunPaths
-    from slurmkit.common.record import RunRecord
-    from slurmkit.common.sweep_layout import ArrayLog, SweepPaths
+    from slurmkit.common.record import RunFile, RunRecord
+    from slurmkit.common.sweep_layout import ArrayEntry, ArrayList, ArrayLog, SweepPaths
     from slurmkit.runs.lookup import find
 
     root = tmp_path / "runs"
     run = RunPaths(root / "plain-20261201-120000-abcd")
-    RunRecord(run).create({"run_id": run.run_id, "executor": "slurm", "job_ids": ["700", "777"]})
+    RunFile(run).create(RunRecord(run_id=run.run_id, executor="slurm", job_ids=["700", "777"]))
     assert find(str(root), "777") == run and find(str(root), "700") == run  # a resubmission's first job too
     sweep = SweepPaths(root / "sw-sweep-20261201-120000-beef")
     (sweep.sweep_dir / "sweep.json").parent.mkdir(parents=True)
     (sweep.sweep_dir / "sweep.json").write_text('{"sweep_id": "sw", "tasks": []}')
-    with ArrayLog(sweep).editing() as log:
-        log["arrays"] = [{"indices": [4, 5, 6], "base": 4, "job_id": "900", "kind": "initial"}]
-    RunRecord(sweep.task(5)).create({"run_id": "sw/5", "executor": "slurm", "job_ids": ["900_1"]})
+    ArrayLog(sweep).create(ArrayList(arrays=[ArrayEntry(indices=[4, 5, 6], base=4, job_id="900", kind="initial")]))
+    RunFile(sweep.task(5)).create(RunRecord(run_id="sw/5", executor="slurm", job_ids=["900_1"]))
     assert find(str(root), "900_1") == sweep.task(5)  # array task 1 of an array based at task 4
     with pytest.raises(RunNotFoundError, match="task 6 of sweep .* which has not started yet"):
         find(str(root), "900_2")

@@ -12,7 +12,7 @@ from typing import Any
 
 from slurmkit.common.errors import JobFailedError
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.loader import load_profile, profile_name
 from slurmkit.runs import jobs
@@ -38,8 +38,8 @@ class Job:
     def from_id(cls, ident: str, profile: str | None = None) -> Job:
         """Reattach to a run (CLI- or Python-submitted) by run id, unique prefix, folder or Slurm job id."""
         paths = find(load_profile(profile_name(profile)).run_root, ident)
-        rec = RunRecord(paths).read()
-        return cls(rec.get("run_id", paths.run_id), (rec.get("job_ids") or [""])[-1], str(paths.run_dir))
+        rec = RunFile(paths).read()
+        return cls(rec.run_id, (rec.job_ids or [""])[-1], str(paths.run_dir))
 
     @property
     def paths(self) -> RunPaths:
@@ -76,7 +76,7 @@ class Job:
         if not self.started:
             raise JobFailedError(f"ended {final} before it started", where=self.run_id, log_tail="")
         if ranks is None:
-            ranks = list(range(int(RunRecord(self.paths).read().get("num_tasks", 1))))
+            ranks = list(range(RunFile(self.paths).read().num_tasks))
         return [jobs.result(self.paths, rank) for rank in ranks]
 
     def logs(self, rank: int | None = None) -> str:
@@ -100,7 +100,7 @@ def states(handles: list[Job]) -> dict[Job, str]:
     """The state of many jobs at once: one squeue for the runs (and at most one sacct), and one
     per map_array whose tasks have not all started."""
     started = [j for j in handles if j.started]
-    rows = jobs.statuses([(j.paths, RunRecord(j.paths).read()) for j in started])
+    rows = jobs.statuses([(j.paths, RunFile(j.paths).read()) for j in started])
     out = {j: row.state for j, row in zip(started, rows, strict=True)}
     by_sweep: dict[Path, list[Job]] = {}
     for job in handles:

@@ -192,8 +192,8 @@ def list_sweeps(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
 
     rows = []
     for _, m in readable(store.list_sweeps(run_root_for(profile)), lambda p: sweep_layout.Manifest(p).read()):
-        rows.append({"sweep_id": m["sweep_id"], "tasks": len(m["tasks"]), "created": m["created"],
-                     "arrays": ",".join(a["job_id"] for a in m["arrays"] if a.get("job_id"))})
+        rows.append({"sweep_id": m.sweep_id, "tasks": len(m.tasks), "created": m.created,
+                     "arrays": ",".join(a.job_id for a in m.arrays if a.job_id)})
     if as_json:
         print_json(rows)
     else:

@@ -8,7 +8,10 @@ and facts read from the Slurm environment. Torch-free; imports nothing from work
 - ports:      every port slurmkit picks for a job, from one table whose ranges never collide
 - plan:       the supervisor's plan: how the job's ranks are launched (render writes, the supervisor reads)
 - layout:     the run folder's layout (RunPaths): every path of one run
-- record:     run.json (RunRecord) and other JSON records, changed only under their file lock
+- locked:     a JSON file of one pydantic record (LockedJson), read and changed only under its file lock
+- record:     run.json: its record (RunRecord, with the restart budget arithmetic) and its file (RunFile)
+- markers:    the marker files one process leaves for another, each with its schema, writer and reader
+- sweep_layout: a sweep folder's paths, its manifest (SweepManifest) and array log (ArrayList)
 - errors:     the one root error class (a one-line message, where, what is valid, an exit code)
 - perms:      folder and file modes of a run (private, or group), and the umask
 - trust:      whether a file, folder, pickle or job id is the caller's own; the run's secret

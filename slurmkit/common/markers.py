@@ -1,4 +1,4 @@
-"""The JSON marker files of a run folder that one process leaves for another: each one's schema, who
+"""The marker files of a run folder that one process leaves for another: each one's schema, who
 writes it and who reads it, and the only code that reads or writes them. RunPaths builds their paths.
 
 - restart-request.json (RestartRequest): written by ft.requeue.request before it asks Slurm; read
@@ -10,8 +10,10 @@ writes it and who reads it, and the only code that reads or writes them. RunPath
 - health-NODE.json (HealthReport): written by the health gate on a node that fails it
   (worker.health); read and removed by the policy (ft.policy.after_health_gate).
 
-The empty markers (standby-go-*, injected-step*) are described with their paths in
-slurmkit.common.layout.
+- standby-go-JOB.N.K (StandbyGo, empty): touched by the supervisor when its standby ranks take
+  attempt K of incarnation N; waited for by those ranks (ft.standby), looked for by devcluster.ranks.
+- injected-stepS (InjectedFault, empty): touched by the fault injection (ft.faults) when a one-shot
+  fault at step S fires, so that it fires once per run, whatever restarts follow.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common import trust
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths
 
@@ -129,12 +132,42 @@ class HealthReport:
         atomic_write_text(paths.health_marker(self.node), json.dumps(asdict(self)) + "\n", mode=0o666)
 
     @staticmethod
-    def take_all(paths: RunPaths) -> list[dict[str, Any]]:
-        """Every failed node's report, as written; removed."""
+    def take_all(paths: RunPaths) -> list[HealthReport]:
+        """Every failed node's report; removed."""
         found = []
         for path in paths.health_markers():
             report = _read_json(path)
             if report is not None and isinstance(report.get("node"), str):
-                found.append({**report, "problems": [str(p) for p in report.get("problems") or []]})
+                found.append(HealthReport(report["node"], [str(p) for p in report.get("problems") or []],
+                                          str(report.get("source") or ""), list(report.get("gpus") or [])))
             path.unlink()
         return found
+
+
+@dataclass(frozen=True)
+class StandbyGo:
+    """The supervisor hands in-job attempt `attempt` of incarnation `restart_count` of the job to its
+    standby ranks: a later incarnation, or a resubmitted job, has standby ranks of its own."""
+
+    job_id: str
+    restart_count: int
+    attempt: int
+
+    def give(self, paths: RunPaths) -> None:
+        trust.touch(paths.standby_go(self.job_id, self.restart_count, self.attempt))
+
+    def given(self, paths: RunPaths) -> bool:
+        return paths.standby_go(self.job_id, self.restart_count, self.attempt).exists()
+
+
+class InjectedFault:
+    """A one-shot injected fault that has fired, kept in the run folder across restarts."""
+
+    @staticmethod
+    def fire_once(paths: RunPaths, step: int) -> bool:
+        """True the first time for `step` in this run: the marker is made then."""
+        marker = paths.injected_marker(step)
+        if marker.exists():
+            return False
+        trust.touch(marker)
+        return True

@@ -4,10 +4,8 @@
 submitit's result pickles: a pickle found in a shared folder can run code as whoever loads it,
 JSON cannot. `result` alone unpickles, and only from a folder the caller owns (slurmkit.common.perms).
 
-One record per (job id, rank): outcomes/<job_id>_<rank>.json in the run folder, holding
-    {"state": "success" | "error", "returncode": 0 | 1, "error": text, "value": JSON or null,
-     "value_omitted": why the value is not here, "restart_count": N, "attempt": K, "time": ISO time}
-(restart_count: Slurm's incarnation; attempt: the srun step within it, slurmkit's in-job restarts.)
+One record per (job id, rank): outcomes/<job_id>_<rank>.json in the run folder, an Outcome
+(restart_count: Slurm's incarnation; attempt: the srun step within it, slurmkit's in-job restarts).
 A rank that stops to be requeued writes none: that incarnation has no result.
 Torch-free: both sides import it.
 """
@@ -18,11 +16,13 @@ import datetime as dt
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import ConfigDict
 
 from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.locked import Record
 
 VALUE_MAX_BYTES = 64 * 1024
 ERROR_MAX_CHARS = 4000
@@ -33,15 +33,20 @@ PEER_FAILURE_MARKERS = ("Connection reset by peer", "Connection closed by peer",
                         "NCCL communicator was aborted", "remote process exited or there was a network error")
 
 
-@dataclass(frozen=True)
-class Outcome:
-    state: str
-    returncode: int
+class Outcome(Record):
+    """One rank's outcome record; `record` writes it, `read` reads it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: Literal["success", "error"]
+    returncode: int = 1
     error: str = ""
     value: Any = None
     value_omitted: str = ""
+    """Why `value` is None: not JSON, or too large (`slurmkit result` reads the pickle)."""
     restart_count: int = 0
     attempt: int = 0
+    time: str = ""
 
     @property
     def ok(self) -> bool:
@@ -88,20 +93,18 @@ def attempt() -> int:
 def record(path: Path, state: str, *, value: Any = None, error: str = "") -> None:
     """Write one rank's outcome atomically (a reader never sees half a record)."""
     shown, omitted = _json_value(value) if state == SUCCESS else (None, "")
-    data = {"state": state, "returncode": 0 if state == SUCCESS else 1, "error": error[-ERROR_MAX_CHARS:],
-            "value": shown, "value_omitted": omitted, "restart_count": restart_count(),
-            "attempt": attempt(), "time": dt.datetime.now().isoformat(timespec="seconds")}
+    outcome = Outcome(state=SUCCESS if state == SUCCESS else ERROR, returncode=0 if state == SUCCESS else 1,
+                      error=error[-ERROR_MAX_CHARS:], value=shown, value_omitted=omitted,
+                      restart_count=restart_count(), attempt=attempt(),
+                      time=dt.datetime.now().isoformat(timespec="seconds"))
     # 0666 narrowed by the job's umask (0077, or 0027 for run_mode group), as its logs and checkpoints.
-    atomic_write_text(path, json.dumps(data) + "\n", mode=0o666)
+    # Every field is written, value null included: a reader tells "returned None" from "no value".
+    atomic_write_text(path, outcome.model_dump_json() + "\n", mode=0o666)
 
 
 def read(path: Path) -> Outcome | None:
     """The outcome at path; None when the rank wrote none or the record is unreadable."""
     try:
-        data = json.loads(path.read_text())
-        return Outcome(state=str(data["state"]), returncode=int(data.get("returncode", 1)),
-                       error=str(data.get("error") or ""), value=data.get("value"),
-                       value_omitted=str(data.get("value_omitted") or ""),
-                       restart_count=int(data.get("restart_count") or 0), attempt=int(data.get("attempt") or 0))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return Outcome.model_validate_json(path.read_text())
+    except (OSError, ValueError):  # ValueError: pydantic's ValidationError, not UTF-8
         return None

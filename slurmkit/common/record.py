@@ -1,35 +1,25 @@
-"""JSON records read and written under a file lock: run.json (RunRecord) and its kin, and the
-typed entry of run.json's restarts (RestartEntry).
-
-The one writer of run.json: every change goes through RunRecord's update or editing, under its lock.
+"""run.json as a typed record (RunRecord) and its file (RunFile, the one reader and writer: every
+change goes through its `update` or `editing`, under its lock); the entries it holds (RestartEntry,
+Failure, UnhealthyNode, Preempted, SweepRef); the restart budget arithmetic over them.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import Field, StringConstraints
 
-from slurmkit.common import perms, trust
-from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.errors import RunNotFoundError, SlurmkitError, clip
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.locked import LockedJson, Record, assign
 
-MAX_RECORD_BYTES = 64 << 20  # a record holds a script and restarts: far below this; a larger file is not one
 MAX_TASKS = 1_000_000
+JobId = Annotated[str, StringConstraints(pattern=r"^\d+(?:_\d+)?$")]
+"""A Slurm job id, "123" or "123_4" (trust.JOB_ID_RE), or a local run's controller pid."""
 
 
-class RestartEntry(BaseModel):
+class RestartEntry(Record):
     """One entry of run.json's `restarts`: what started an incarnation or an in-job step, why, and
-    what it cost. Every writer builds one of these; `record()` is its form in run.json."""
-
-    model_config = ConfigDict(extra="forbid")
+    what it cost."""
 
     kind: Literal["requeue", "in_job", "warm", "resubmit"]
     """requeue: Slurm requeued the job (incarnation `n`); in_job: a new srun step in the allocation;
@@ -58,117 +48,138 @@ class RestartEntry(BaseModel):
     live: bool | None = None
     """warm: restored from the live state (no step lost), not the host copy."""
 
-    def record(self) -> dict[str, Any]:
-        """The entry as run.json holds it: unset fields left out, `resumed_step` always present."""
-        return {**self.model_dump(exclude_none=True), "resumed_step": self.resumed_step}
+
+class Failure(Record):
+    """An error the restart policy has seen (a deterministic one ends the run when seen twice)."""
+
+    error: str | None = None
+    """The error's signature (its exception line)."""
+    step: int | None = None
+    time: str = ""
 
 
-class LockedJson:
-    """A JSON file read and updated under a file lock, so concurrent writers never lose an update."""
+class UnhealthyNode(Record):
+    """A node that failed the health gate (common.markers.HealthReport), and when."""
 
-    missing_error = "no such file"
-    indent: int | None = 1
-    sort_keys = True
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # O_NOFOLLOW: a lock file planted as a symlink must not create or open a file elsewhere.
-        fd = os.open(self.path.parent / f".{self.path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "r+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    def read(self) -> dict[str, Any]:
-        """The record, read from a file of the caller's own (checked on the open file), of at most
-        MAX_RECORD_BYTES; a record of the wrong shape is a CorruptRecordError naming the field."""
-        try:
-            data = json.loads(trust.read_own(self.path, MAX_RECORD_BYTES))
-        except FileNotFoundError as exc:
-            raise RunNotFoundError(self.missing_error, where=str(self.path.parent)) from exc
-        except (OSError, ValueError, trust.NotOwnError) as exc:  # ValueError: not JSON, or not UTF-8
-            what = exc.what if isinstance(exc, trust.NotOwnError) else clip(str(exc))
-            raise CorruptRecordError(f"unreadable: {what}", where=str(self.path),
-                                     valid="valid: a JSON object; move the file away to drop the record") from exc
-        if not isinstance(data, dict) or not data:
-            raise CorruptRecordError(f"holds {clip(data)}, not a record", where=str(self.path),
-                                     valid="valid: a JSON object; move the file away to drop the record")
-        self.check_shape(data)
-        return data
-
-    def check_shape(self, data: dict[str, Any]) -> None:
-        """Each field readers rely on has its type (none here; RunRecord has some)."""
-
-    def _save(self, data: dict[str, Any]) -> None:
-        text = json.dumps(data, indent=self.indent, sort_keys=self.sort_keys, default=str) + "\n"
-        atomic_write_text(self.path, text, perms.file_mode(self.path.parent))
-
-    def create(self, data: dict[str, Any]) -> bool:
-        """Write `data` only if the file does not exist yet; False when someone else was first."""
-        with self._locked():
-            if self.path.exists():
-                return False
-            self._save(data)
-            return True
-
-    def update(self, **changes: Any) -> dict[str, Any]:
-        with self._locked():
-            data = self.read()
-            data.update(changes)
-            self._save(data)
-            return data
-
-    @contextmanager
-    def editing(self) -> Iterator[dict[str, Any]]:
-        """Read, let the caller change the mapping in place, write it back; all under the lock."""
-        with self._locked():
-            data = self.read()
-            yield data
-            self._save(data)
+    node: str
+    problems: list[str] = []
+    source: str = ""
+    gpus: list[dict[str, Any]] = []
+    time: str = ""
 
 
-class CorruptRecordError(SlurmkitError):
-    """A run.json or sweep.json that is not a JSON object."""
+class Preempted(Record):
+    """A preemption Slurm ended for good (PreemptMode=CANCEL): the job is COMPLETED in Slurm's eyes."""
+
+    job_id: str
+    step: int | None = None
+    detail: str = ""
+    time: str = ""
 
 
-class RunRecord(LockedJson):
-    """run.json: every job id the run ever had, its restarts and their causes."""
+class SweepRef(Record):
+    """A sweep task's run: which sweep, which task, what it overrides."""
 
+    sweep_id: str
+    index: int
+    overrides: dict[str, Any] = {}
+    seed: int | None = None
+
+
+class RunRecord(Record):
+    """run.json: what the run is (spec, profile, resources as validated at submit), every job id it
+    ever had, its restarts and their causes, and the verdicts that end it."""
+
+    run_id: str
+    name: str = ""
+    run_dir: str = ""
+    created: str = ""
+    executor: str = ""
+    """slurm or local."""
+    profile_name: str = ""
+    spec_source: str = ""
+    spec: dict[str, Any] = {}
+    profile: dict[str, Any] = {}
+    """The cluster profile as validated at submit (its `requeue` budgets among it)."""
+    resources: dict[str, Any] = {}
+    num_tasks: Annotated[int, Field(strict=True, ge=1, le=MAX_TASKS)] = 1
+    job_ids: list[JobId] = []
+    pid_starts: dict[str, int] = {}
+    """A local run's controller pid → its start time (runs.procs), so a reused pid is not taken for it."""
+    script: str | None = None
+    """The sbatch script submitted (also script.sh)."""
+    snapshot: dict[str, Any] | None = None
+    """The code snapshot taken at submit (runs.snapshot)."""
+    sweep: SweepRef | None = None
+    restarts: list[RestartEntry] = []
+    failures: list[Failure] = []
+    unhealthy: list[UnhealthyNode] = []
+    excluded_nodes: list[str] = []
+    """Nodes every requeue asks Slurm to keep the job off."""
+    exclusion: str | None = None
+    """What the last exclusion did."""
+    final: str | None = None
+    """Why the run must not be restarted again (a budget spent, a deterministic error)."""
+    cancelled: bool | None = None
+    preempted: Preempted | None = None
+    goodput: dict[str, Any] | None = None
+    """The goodput accounting (insight.goodput) of the last job that finished, with its job_id."""
+
+    def budget(self, cause: str) -> int:
+        """The profile's `requeue` budget for cause. An external `scontrol requeue` (or a restart nobody
+        recorded a reason for) spends the preemption budget: from inside the job it looks the same."""
+        return int(self._budgets().get("preemption" if cause in ("requeue", "unknown") else cause, 0))
+
+    def spent(self, cause: str) -> int:
+        return sum(1 for r in self.restarts if r.cause == cause)
+
+    def left(self, cause: str) -> int:
+        return self.budget(cause) - self.spent(cause)
+
+    def allowed(self, cause: str) -> bool:
+        return not self.final and self.spent(cause) < self.budget(cause)
+
+    def in_job_entries(self, job_id: str, restart_count: int) -> list[RestartEntry]:
+        """Incarnation `restart_count`'s in-job restarts, warm and cold."""
+        return [r for r in self.restarts if r.job_id == job_id and r.n == restart_count and r.in_job]
+
+    def in_job_left(self, job_id: str, restart_count: int) -> bool:
+        """The profile's requeue.in_job is per incarnation, warm and cold restarts together."""
+        return len(self.in_job_entries(job_id, restart_count)) < int(self._budgets().get("in_job", 0))
+
+    def started_by(self, job_id: str, restart_count: int, attempt: int = 0) -> RestartEntry | None:
+        """The entry that started incarnation `restart_count`'s srun step `attempt` (0: the
+        incarnation itself, by a requeue or a resubmit; 1..: an in-job restart)."""
+        return next((r for r in self.restarts if r.job_id == job_id and r.n == restart_count
+                     and (r.in_job or 0) == attempt and r.kind != "warm"), None)
+
+    def add_job_id(self, job_id: str, pid_start: int | None = None) -> bool:
+        """Append a job id (a local run's with its controller's start time); False if it was there."""
+        if pid_start is not None:
+            self.pid_starts = {**self.pid_starts, job_id: pid_start}
+        if job_id in self.job_ids:
+            return False
+        self.job_ids = [*self.job_ids, job_id]
+        return True
+
+    def _budgets(self) -> dict[str, Any]:
+        return self.profile.get("requeue") or {}
+
+
+class RunFile(LockedJson[RunRecord]):
+    """run.json in a run folder."""
+
+    model = RunRecord
     missing_error = "run has no run.json"
 
     def __init__(self, paths: RunPaths) -> None:
         super().__init__(paths.record)
         self.paths = paths
 
-    def check_shape(self, data: dict[str, Any]) -> None:
-        """job_ids are Slurm job ids (or a local run's pids), num_tasks a count, restarts a list."""
-        def bad(field: str, valid: str) -> CorruptRecordError:
-            return CorruptRecordError(f"{field} is {clip(data[field])}", where=f"{self.path}:{field}",
-                                      valid=f"valid: {valid}; move the file away to drop the record")
-
-        ids = data.get("job_ids", [])
-        if not isinstance(ids, list) or not all(isinstance(j, str) and trust.JOB_ID_RE.match(j) for j in ids):
-            raise bad("job_ids", "a list of Slurm job ids such as \"123\" or \"123_4\"")
-        tasks = data.get("num_tasks", 1)
-        if type(tasks) is not int or not 1 <= tasks <= MAX_TASKS:
-            raise bad("num_tasks", f"a whole number from 1 to {MAX_TASKS}")
-        for field, kind in (("restarts", list), ("pid_starts", dict), ("preempted", dict), ("goodput", dict)):
-            if data.get(field) is not None and not isinstance(data[field], kind):
-                raise bad(field, f"a JSON {'list' if kind is list else 'object'}")
-
-    def add_job_id(self, job_id: str, pid_start: int | None = None, **also: Any) -> dict[str, Any]:
+    def add_job_id(self, job_id: str, pid_start: int | None = None, **also: Any) -> RunRecord:
         """Append a job id; a local run's is the controller's pid, kept with its start time (procs).
         `also`: more fields set in the same write."""
-        with self.editing() as data:
-            data.update(also)
-            if job_id not in data.setdefault("job_ids", []):
-                data["job_ids"].append(job_id)
-            if pid_start is not None:
-                data.setdefault("pid_starts", {})[job_id] = pid_start
-        return data
+        with self.editing() as record:
+            assign(record, also)
+            record.add_job_id(job_id, pid_start)
+        return record

@@ -12,8 +12,7 @@ overrides, or the task's whole spec where it cannot be rebuilt so), seed and res
 array log lists every job array submitted for the sweep (initial, split and resubmitted), so no
 task is ever dropped silently: a task whose array failed to submit shows up as NOT_SUBMITTED. The
 two are apart so that recording a job id rewrites a small file, not a 100,000-task manifest.
-Sweeps written before the split (tasks holding their spec, env and paths, arrays inside
-sweep.json) read the same.
+Both are typed records (SweepManifest, ArrayList) with one reader and one writer each (Manifest, ArrayLog).
 """
 
 from __future__ import annotations
@@ -22,11 +21,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from slurmkit.common import trust
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import LockedJson, RunRecord
+from slurmkit.common.locked import LockedJson, Record
+from slurmkit.common.record import RunFile, RunRecord, SweepRef
 from slurmkit.config.overrides import deep_merge, nested
 from slurmkit.config.runspec import RunSpec
 
@@ -85,9 +85,83 @@ class SweepPaths:
         return self.sweep_dir / "local-runner.log"
 
 
-class Manifest(LockedJson):
-    """sweep.json, with the array log folded in as its "arrays" on read."""
+class ManifestTask(Record):
+    """One task of the manifest: what varies (its overrides, seed and resource group)."""
 
+    index: int
+    overrides: dict[str, Any] = {}
+    """Dotted keys → values, over the base spec."""
+    seed: int
+    group: int = 0
+    """Index into the manifest's `groups`."""
+    spec: dict[str, Any] | None = None
+    """The task's whole spec, where the base spec and overrides cannot rebuild it."""
+
+
+class ResourceGroup(Record):
+    """Resources shared by tasks: one sbatch script (and array) per group."""
+
+    resources: dict[str, Any]
+    num_tasks: int
+
+
+class ArrayEntry(Record):
+    """One job array submitted for the sweep (or, on the local profile, one runner)."""
+
+    kind: Literal["initial", "resubmit", "local"]
+    indices: list[int]
+    """The sweep's task indices it runs: task `i` is array index `i - base`."""
+    base: int = 0
+    array: str = ""
+    """sbatch's --array value."""
+    group: int = 0
+    created: str = ""
+    job_id: str | None = None
+    """The array's job id, once sbatch answered."""
+    error: str | None = None
+    """Why sbatch refused it (its tasks show NOT_SUBMITTED)."""
+    jobs: dict[str, str] = {}
+    """local: task index → its controller's pid."""
+    job_starts: dict[str, int | None] = {}
+    """local: task index → that pid's start time (runs.procs)."""
+    runner_pid: int | None = None
+    runner_start: int | None = None
+
+
+class ArrayList(Record):
+    """arrays.json."""
+
+    arrays: list[ArrayEntry] = []
+
+
+class SweepManifest(Record):
+    """sweep.json: every task's config, written once before anything is submitted."""
+
+    sweep_id: str
+    name: str
+    source: str = ""
+    created: str = ""
+    executor: str = ""
+    profile_name: str = ""
+    profile: dict[str, Any] = {}
+    varying: list[str] = []
+    """The keys that differ between tasks (the columns of `sweep status`)."""
+    max_parallel: int | None = None
+    base_spec: dict[str, Any] | None = None
+    """The spec every task's overrides apply to; None where each task holds its whole spec."""
+    top: dict[str, Any] = {}
+    """--set values, applied over each task's overrides."""
+    groups: list[ResourceGroup] = []
+    checkpoint_base: str | None = None
+    tasks: list[ManifestTask] = []
+    arrays: list[ArrayEntry] = []
+    """Filled on read from arrays.json (ArrayLog); written empty."""
+
+
+class Manifest(LockedJson[SweepManifest]):
+    """sweep.json, with the array log folded in as its `arrays` on read. Written once: `create` only."""
+
+    model = SweepManifest
     missing_error = "sweep has no sweep.json"
     indent = None  # 100,000 tasks: keep it one line, unsorted, quick to write and read
     sort_keys = False
@@ -99,19 +173,19 @@ class Manifest(LockedJson):
     def editing(self) -> Any:
         raise TypeError("sweep.json is written once; job arrays are recorded through ArrayLog")
 
-    def update(self, **changes: Any) -> dict[str, Any]:
+    def update(self, **changes: Any) -> SweepManifest:
         raise TypeError("sweep.json is written once; job arrays are recorded through ArrayLog")
 
-    def read(self) -> dict[str, Any]:
-        data = super().read()
-        if self.paths.arrays.exists():
-            data["arrays"] = ArrayLog(self.paths).read()["arrays"]
-        return data
+    def read(self) -> SweepManifest:
+        manifest = super().read()
+        manifest.arrays = ArrayLog(self.paths).read().arrays
+        return manifest
 
 
-class ArrayLog(LockedJson):
-    """{"arrays": [...]}: what was submitted for the sweep; `editing()` is the only way to change it."""
+class ArrayLog(LockedJson[ArrayList]):
+    """arrays.json: what was submitted for the sweep; `editing()` is the only way to change it."""
 
+    model = ArrayList
     missing_error = "sweep has no arrays.json"
     indent = None  # json's C encoder: an array's 10,000 indices are rewritten at each job id recorded
 
@@ -119,15 +193,10 @@ class ArrayLog(LockedJson):
         super().__init__(paths.arrays)
         self.paths = paths
 
-    def read(self) -> dict[str, Any]:
-        if not self.path.exists() and self.paths.manifest.exists():  # a sweep from before the split
-            return {"arrays": LockedJson.read(Manifest(self.paths)).get("arrays", [])}
-        return super().read()
-
 
 @dataclass(frozen=True)
 class TaskEntry:
-    """What one task runs and where, whichever manifest layout holds it."""
+    """What one task runs and where."""
 
     spec: dict[str, Any]
     resources: dict[str, Any]
@@ -137,46 +206,41 @@ class TaskEntry:
     checkpoint_uri: str
 
 
-def task_spec(manifest: dict[str, Any], index: int) -> dict[str, Any]:
+def task_spec(manifest: SweepManifest, index: int) -> dict[str, Any]:
     """The task's validated run spec: base spec < its sweep overrides < --set."""
-    task = manifest["tasks"][index]
-    if "spec" in task:
-        return dict(task["spec"])
+    task = manifest.tasks[index]
+    if task.spec is not None:
+        return dict(task.spec)
 
-    merged = deep_merge(deep_merge(manifest["base_spec"], nested(task["overrides"])), manifest.get("top", {}))
+    merged = deep_merge(deep_merge(manifest.base_spec or {}, nested(task.overrides)), manifest.top)
     return RunSpec.model_validate(merged).model_dump()
 
 
-def task_entry(paths: SweepPaths, manifest: dict[str, Any], index: int) -> TaskEntry:
-    task = manifest["tasks"][index]
-    if "env" in task:  # written before the manifest kept only what varies
-        return TaskEntry(task["spec"], task["resources"], task["num_tasks"], task["env"], task["run_dir"],
-                         task["checkpoint_uri"])
+def task_entry(paths: SweepPaths, manifest: SweepManifest, index: int) -> TaskEntry:
+    task = manifest.tasks[index]
     spec = task_spec(manifest, index)
-    group = manifest["groups"][task["group"]]
-    env = {**manifest["profile"]["setup"]["env"], **spec["env"], "SLURMKIT_SEED": str(task["seed"])}
+    group = manifest.groups[task.group]
+    env = {**manifest.profile["setup"]["env"], **spec["env"], "SLURMKIT_SEED": str(task.seed)}
     run = paths.task(index)
-    base = manifest.get("checkpoint_base")
-    uri = f"{base}/{manifest['sweep_id']}/{index}" if base else str(run.checkpoints)
-    return TaskEntry(spec, group["resources"], group["num_tasks"], env, str(run.run_dir), uri)
+    base = manifest.checkpoint_base
+    uri = f"{base}/{manifest.sweep_id}/{index}" if base else str(run.checkpoints)
+    return TaskEntry(spec, group.resources, group.num_tasks, env, str(run.run_dir), uri)
 
 
-def task_record(paths: SweepPaths, manifest: dict[str, Any], index: int) -> dict[str, Any]:
+def task_record(paths: SweepPaths, manifest: SweepManifest, index: int) -> RunRecord:
     """A task's run.json, as `slurmkit status/logs/result` and the requeue policy expect it."""
-    task = manifest["tasks"][index]
+    task = manifest.tasks[index]
     entry = task_entry(paths, manifest, index)
-    return {
-        "run_id": f"{manifest['sweep_id']}/{index}", "name": manifest["name"], "run_dir": entry.run_dir,
-        "created": manifest["created"], "executor": manifest["executor"], "profile_name": manifest["profile_name"],
-        "spec_source": manifest["source"], "spec": entry.spec, "profile": manifest["profile"],
-        "resources": entry.resources, "num_tasks": entry.num_tasks, "job_ids": [],
-        "sweep": {"sweep_id": manifest["sweep_id"], "index": index, "overrides": task["overrides"],
-                  "seed": task["seed"]},
-        **({"snapshot": json.loads(paths.snapshot_record.read_text())} if paths.snapshot_record.exists() else {}),
-    }
+    snapshot = json.loads(paths.snapshot_record.read_text()) if paths.snapshot_record.exists() else None
+    return RunRecord(
+        run_id=f"{manifest.sweep_id}/{index}", name=manifest.name, run_dir=entry.run_dir, created=manifest.created,
+        executor=manifest.executor, profile_name=manifest.profile_name, spec_source=manifest.source,
+        spec=entry.spec, profile=manifest.profile, resources=entry.resources, num_tasks=entry.num_tasks,
+        sweep=SweepRef(sweep_id=manifest.sweep_id, index=index, overrides=task.overrides, seed=task.seed),
+        snapshot=snapshot)
 
 
-def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: dict[str, Any] | None = None) -> RunPaths:
+def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: SweepManifest | None = None) -> RunPaths:
     """Create the task's run folder and run.json on first start, and record this job id.
 
     Done by the batch shell of each array task rather than at submission: 1,000 fsynced records
@@ -184,10 +248,10 @@ def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: dict[
     the manifest when the caller has already read it.
     """
     task = paths.task(index)
-    record = RunRecord(task)
+    record = RunFile(task)
     if not task.record.exists():
         manifest = manifest or Manifest(paths).read()
-        if not 0 <= index < len(manifest["tasks"]):
+        if not 0 <= index < len(manifest.tasks):
             raise IndexError(f"sweep {paths.sweep_id} has no task {index}")
         record.create(task_record(paths, manifest, index))
         if not task.job_folder.is_symlink():
@@ -196,11 +260,10 @@ def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: dict[
             # RunPaths' names (results, rank logs) valid from the task's own folder.
             os.symlink(os.path.relpath(paths.job_folder, task.run_dir), task.job_folder)
     with record.editing() as data:
-        if job_id and job_id not in data["job_ids"]:
+        if job_id and data.add_job_id(job_id):
             # A new job id is a fresh submission (a resubmit): earlier verdicts no longer apply.
-            data["job_ids"].append(job_id)
-            data.pop("final", None)
-            data.pop("failures", None)
+            data.final = None
+            data.failures = []
     return task
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import StandbyGo
 from slurmkit.slurm.submitit_executor import RANK_MODULE
 
 
@@ -32,7 +33,7 @@ def rank_pid(paths: RunPaths, rank: int) -> int:
             return int(proc.name)
         if "slurmkit.worker.ft.standby" in argv and "--attempt" in argv:
             attempt = int(argv[argv.index("--attempt") + 1])
-            go = paths.standby_go(env.get("SLURM_JOB_ID", ""), int(env.get("SLURM_RESTART_COUNT") or 0), attempt)
-            if go.exists():
+            go = StandbyGo(env.get("SLURM_JOB_ID", ""), int(env.get("SLURM_RESTART_COUNT") or 0), attempt)
+            if go.given(paths):
                 return int(proc.name)
     raise LookupError(f"rank {rank} of {paths.run_id}: no process on this machine")

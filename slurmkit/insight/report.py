@@ -17,7 +17,7 @@ from slurmkit.common.atomic import atomic_write
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, steps_of
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.insight import goodput
 
 STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
@@ -87,20 +87,19 @@ class ReportData:
 
 def collect(paths: RunPaths) -> ReportData:
     """Everything the report draws: one backward pass over the metrics file, run.json restarts, one sacct call."""
-    record = RunRecord(paths).read()
-    job_ids = list(record.get("job_ids") or [])
-    acc = goodput.Accountant(goodput.incarnations(job_ids) if record.get("executor") == "slurm" else [])
+    record = RunFile(paths).read()
+    acc = goodput.Accountant(goodput.incarnations(record.job_ids) if record.executor == "slurm" else [])
     curve = Curve()
     for rec in iter_records_reversed(paths.metrics):
         acc.add(rec)
         curve.add(rec)
     incs = acc.incarnations
     gpu = [ln for f in sorted(paths.run_dir.glob(paths.gpu_metrics("*").name)) for ln in iter_records(f)]
-    restarts = record.get("restarts", [])
+    restarts = record.restarts
     # Of the restarts in run.json, the k-th that was not in-job ended incarnation k (and started k + 1).
-    causes = [r.get("cause", "") for r in restarts if not r.get("in_job")]
-    in_job = [(t, r.get("cause", "") + (", warm" if r.get("kind") == "warm" else "")) for r in restarts
-              if r.get("in_job") and (t := _epoch(r.get("time"))) is not None]
+    causes = [r.cause for r in restarts if not r.in_job]
+    in_job = [(t, r.cause + (", warm" if r.kind == "warm" else "")) for r in restarts
+              if r.in_job and (t := _epoch(r.time)) is not None]
     startups = {id(inc): goodput.startup_spans(inc, rec["startup"]) for inc, rec in acc.firsts() if "startup" in rec}
     segments = []
     for n, inc in enumerate(incs):
@@ -110,10 +109,9 @@ def collect(paths: RunPaths) -> ReportData:
         segments.append(Segment(inc.job_id, n, queued, inc.start, inc.end, inc.state, inc.nodes, cause,
                                 startups.get(id(inc), {}), inside))
     return ReportData(paths.run_id, curve.points(), gpu, segments, acc.result(),
-                      {"restarts": len(restarts), "restart_causes": [r.get("cause", "") for r in restarts],
-                       "in_job": [bool(r.get("in_job")) for r in restarts], "name": record.get("name", ""),
-                       "lost_steps": [r.get("lost_steps") for r in restarts],
-                       "snapshot": record.get("snapshot")})
+                      {"restarts": len(restarts), "restart_causes": [r.cause for r in restarts],
+                       "in_job": [bool(r.in_job) for r in restarts], "name": record.name,
+                       "lost_steps": [r.lost_steps for r in restarts], "snapshot": record.snapshot})
 
 
 def _epoch(iso: Any) -> float | None:

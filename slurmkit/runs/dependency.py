@@ -7,7 +7,7 @@ Serves plain runs (`slurmkit submit --after`) and sweeps (`slurmkit sweep --afte
 from __future__ import annotations
 
 from slurmkit.common.errors import PreflightError, RunNotFoundError, clip
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import Manifest
 from slurmkit.common.trust import JOB_ID_RE
 from slurmkit.runs.lookup import find
@@ -23,21 +23,21 @@ def after_dependency(run_root: str, ident: str, kind: str = "afterok") -> str:
     assert kind in AFTER_KINDS
     try:
         manifest = Manifest(find_sweep(run_root, ident)).read()
-        executor = manifest["executor"]
+        executor = manifest.executor
         ids = [j for j in latest_job_ids(manifest).values() if j]
         # After a resubmit the first array holds failures forever; then depend on each task's newest job.
-        if not any(a.get("kind") == "resubmit" for a in manifest["arrays"]):
+        if not any(a.kind == "resubmit" for a in manifest.arrays):
             ids = list(dict.fromkeys(commands.base_id(j) for j in ids))
     except RunNotFoundError:
         try:
-            record = RunRecord(find(run_root, ident)).read()
+            record = RunFile(find(run_root, ident)).read()
         except RunNotFoundError:
             if JOB_ID_RE.match(ident):  # a Slurm job slurmkit did not submit: Slurm itself checks it
                 return f"{kind}:{ident}"
             raise RunNotFoundError(f"--after: no run or sweep {clip(ident)}", where=run_root,
                                    valid="valid: a run id (`slurmkit list`), a sweep id (`slurmkit sweep list`) or "
                                          "a Slurm job id") from None
-        executor, ids = record.get("executor"), list(record.get("job_ids") or [])[-1:]
+        executor, ids = record.executor, record.job_ids[-1:]
     if executor == "local":
         raise PreflightError("--after needs a Slurm run or sweep; a local one has no job id Slurm knows", where=ident)
     if not ids:

@@ -14,7 +14,7 @@ from typing import Any
 from slurmkit.common import perms
 from slurmkit.common.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash, warn
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RestartEntry, RunRecord
+from slurmkit.common.record import RestartEntry, RunFile, RunRecord
 from slurmkit.config.loader import Resolved
 from slurmkit.insight import goodput
 from slurmkit.runs import procs, registry, snapshot
@@ -105,15 +105,14 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
     with perms.umask(run_mode):
         paths = registry.create(resolved.profile.run_root, resolved.spec.name, run_mode,
                                 resolved.profile.checkpoint_root)
-        record = RunRecord(paths)
+        record = RunFile(paths)
         with registry.or_nothing(paths):  # nothing queued: no folder, no record that could claim a job
-            record.create({
-                "run_id": paths.run_id, "name": resolved.spec.name, "run_dir": str(paths.run_dir),
-                "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": resolved.profile.executor,
-                "profile_name": resolved.profile_name, "spec_source": resolved.spec_source,
-                "spec": resolved.spec.model_dump(), "profile": resolved.profile.model_dump(),
-                "resources": resolved.resources.model_dump(), "num_tasks": resolved.num_tasks, "job_ids": [],
-            })
+            record.create(RunRecord(
+                run_id=paths.run_id, name=resolved.spec.name, run_dir=str(paths.run_dir),
+                created=dt.datetime.now().isoformat(timespec="seconds"), executor=resolved.profile.executor,
+                profile_name=resolved.profile_name, spec_source=resolved.spec_source,
+                spec=resolved.spec.model_dump(), profile=resolved.profile.model_dump(),
+                resources=resolved.resources.model_dump(), num_tasks=resolved.num_tasks))
             if (snap := take_snapshot(resolved, paths.run_dir, call)) is not None:
                 record.update(snapshot=snap)
             try:
@@ -183,13 +182,12 @@ class RunStatus:
         return asdict(self)
 
 
-def local_state(paths: RunPaths, record: dict[str, Any]) -> str:
+def local_state(paths: RunPaths, record: RunRecord) -> str:
     """A local run's state from its controller (pid and start time) and its ranks' outcome records."""
-    job_ids = record.get("job_ids") or []
-    job_id = job_ids[-1] if job_ids else ""
-    if procs.same_process(job_id, (record.get("pid_starts") or {}).get(job_id)):
+    job_id = record.job_ids[-1] if record.job_ids else ""
+    if procs.same_process(job_id, record.pid_starts.get(job_id)):
         return "RUNNING"
-    by_outcomes = outcome_state(paths, job_id, int(record.get("num_tasks", 1)))
+    by_outcomes = outcome_state(paths, job_id, record.num_tasks)
     return "COMPLETED" if by_outcomes == "COMPLETED" else "FAILED"
 
 
@@ -204,32 +202,31 @@ def outcome_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
     return "FAILED" if any(o is not None and not o.ok for o in found) else "UNKNOWN"
 
 
-def statuses(runs: list[tuple[RunPaths, dict[str, Any]]]) -> list[RunStatus]:
+def statuses(runs: list[tuple[RunPaths, RunRecord]]) -> list[RunStatus]:
     """Status of many runs with one squeue call (and one sacct call for finished jobs).
 
     Each run's folder is where its run.json was found; the run_dir written inside is not trusted.
     """
-    slurm_ids = [r["job_ids"][-1] for _, r in runs if r.get("job_ids") and r.get("executor") == "slurm"]
+    slurm_ids = [r.job_ids[-1] for _, r in runs if r.job_ids and r.executor == "slurm"]
     infos = commands.job_states(slurm_ids) if slurm_ids else {}
     out: list[RunStatus] = []
     for paths, rec in runs:
-        job_ids = rec.get("job_ids") or []
-        jid = job_ids[-1] if job_ids else ""
+        jid = rec.job_ids[-1] if rec.job_ids else ""
         state, nodes, elapsed = "NOT_SUBMITTED", "", ""
-        if jid and rec.get("executor") == "local":
+        if jid and rec.executor == "local":
             state = local_state(paths, rec)
         elif jid:
             info = infos.get(jid)
-            state = info.state if info else outcome_state(paths, jid, int(rec.get("num_tasks", 1)))
+            state = info.state if info else outcome_state(paths, jid, rec.num_tasks)
             nodes, elapsed = (info.nodes, info.elapsed) if info else ("", "")
-            if not is_active(state) and (rec.get("preempted") or {}).get("job_id") == jid:
+            if not is_active(state) and rec.preempted is not None and rec.preempted.job_id == jid:
                 state = "PREEMPTED"  # it saved and exited within GraceTime, so Slurm says COMPLETED
         # run.json knows every restart and its cause, whichever incarnation is live now.
-        restarts = max(len(rec.get("restarts", [])), infos[jid].restarts if jid in infos else 0)
-        out.append(RunStatus(paths.run_id, rec.get("name", ""), jid, state, nodes, elapsed, restarts,
-                             len(job_ids), str(paths.run_dir), rec.get("created", ""),
+        restarts = max(len(rec.restarts), infos[jid].restarts if jid in infos else 0)
+        out.append(RunStatus(paths.run_id, rec.name, jid, state, nodes, elapsed, restarts,
+                             len(rec.job_ids), str(paths.run_dir), rec.created,
                              _goodput(paths, rec, infos.get(jid)) if not is_active(state) else None,
-                             rec.get("snapshot"), _pending_reason(infos.get(jid))))
+                             rec.snapshot, _pending_reason(infos.get(jid))))
     return out
 
 
@@ -237,9 +234,9 @@ def _pending_reason(info: commands.JobInfo | None) -> str:
     return info.reason if info is not None and info.state == "PENDING" and info.reason not in ("", "None") else ""
 
 
-def _goodput(paths: RunPaths, rec: dict[str, Any], info: commands.JobInfo | None) -> float | None:
+def _goodput(paths: RunPaths, rec: RunRecord, info: commands.JobInfo | None) -> float | None:
     """A finished training run's goodput, from the sacct answer status already has; cached in run.json."""
-    cached = rec.get("goodput") or {}
+    cached = rec.goodput or {}
     if info is None or cached.get("job_id") == info.job_id:
         return cached.get("goodput")
     if not info.history or info.active or any(i.end is None for i in info.history):
@@ -247,7 +244,7 @@ def _goodput(paths: RunPaths, rec: dict[str, Any], info: commands.JobInfo | None
 
     acc = goodput.of_file(paths.metrics, list(info.history))
     value = acc.result().as_dict() if acc.newest is not None else {"goodput": None}
-    RunRecord(paths).update(goodput={**value, "job_id": info.job_id})
+    RunFile(paths).update(goodput={**value, "job_id": info.job_id})
     return value["goodput"]
 
 
@@ -258,12 +255,12 @@ def status(run_root: str, runs: list[str] | None = None) -> list[RunStatus]:
     Not quite read-only: a finished run's goodput is computed once and cached in its run.json,
     through the locked editor, so a status racing the requeue policy loses neither's update."""
     if runs:
-        return statuses([(p, RunRecord(p).read()) for p in (find(run_root, r) for r in runs)])
+        return statuses([(p, RunFile(p).read()) for p in (find(run_root, r) for r in runs)])
     return statuses(read_records(list_runs(run_root)))
 
 
 def run_state(paths: RunPaths) -> RunStatus:
-    return statuses([(paths, RunRecord(paths).read())])[0]
+    return statuses([(paths, RunFile(paths).read())])[0]
 
 
 def is_active(state: str) -> bool:
@@ -290,17 +287,16 @@ def describe(st: RunStatus) -> str:
 # ---------------------------------------------------------------- cancel / result / logs
 
 def cancel(paths: RunPaths) -> list[str]:
-    rec = RunRecord(paths).read()
-    ids = list(rec.get("job_ids") or [])
+    rec = RunFile(paths).read()
+    ids = list(rec.job_ids)
     if not ids:
         return []
-    if rec.get("executor") == "local":
-        starts = rec.get("pid_starts") or {}
+    if rec.executor == "local":
         # Only a controller that is still the process we started: its pid may have been reused.
-        ids = [jid for jid in ids if procs.signal_process(jid, starts.get(jid), signal.SIGINT)]
+        ids = [jid for jid in ids if procs.signal_process(jid, rec.pid_starts.get(jid), signal.SIGINT)]
     else:
         commands.scancel(ids)
-    RunRecord(paths).update(cancelled=True)
+    RunFile(paths).update(cancelled=True)
     return ids
 
 
@@ -309,29 +305,28 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
     resumes from the run's newest committed checkpoint. The single-run twin of `sweep resubmit`,
     for a run Slurm did not bring back: preempted under PreemptMode=CANCEL, a spent requeue
     budget, a cancel, a failure fixed since. Its dependency is dropped (it was met)."""
-    rec = RunRecord(paths).read()
-    if rec.get("executor") != "slurm":
+    rec = RunFile(paths).read()
+    if rec.executor != "slurm":
         raise SlurmkitError("only a run on a Slurm profile can be resubmitted", where=paths.run_id,
                             valid="submit a local run again with `slurmkit submit`")
     st = run_state(paths)
     if is_active(st.state) or st.state == "COMPLETED":
         raise SlurmkitError(f"run is {st.state} (job {st.job_id}); nothing to resubmit", where=paths.run_id,
                             valid="valid: a run that ended other than COMPLETED; `slurmkit cancel` a live one first")
-    script = "".join(ln for ln in (rec.get("script") or paths.script.read_text()).splitlines(keepends=True)
+    script = "".join(ln for ln in (rec.script or paths.script.read_text()).splitlines(keepends=True)
                      if not ln.startswith("#SBATCH --dependency="))
     from slurmkit.slurm import submitit_executor as ex_mod
 
     with perms.umask(perms.folder_kind(paths.run_dir)):
         job_id = ex_mod.resubmit(paths, st.job_id, script, partition)
     # The job id first, in its own write, as submit does: nothing later may lose it.
-    RunRecord(paths).add_job_id(job_id, script=script)
+    RunFile(paths).add_job_id(job_id, script=script)
     on = f" on partition {partition}" if partition else ""
-    with RunRecord(paths).editing() as record:
-        for key in ("final", "preempted", "cancelled"):
-            record.pop(key, None)
-        record.setdefault("restarts", []).append(RestartEntry(
+    with RunFile(paths).editing() as record:
+        record.final = record.preempted = record.cancelled = None
+        record.restarts.append(RestartEntry(
             kind="resubmit", n=0, job_id=job_id, cause="resubmit", time=dt.datetime.now().isoformat(timespec="seconds"),
-            detail=f"slurmkit resubmit{on} after job {st.job_id} ended {st.state}").record())
+            detail=f"slurmkit resubmit{on} after job {st.job_id} ended {st.state}"))
     registry.write_script(paths, script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
 
@@ -356,7 +351,8 @@ def result(paths: RunPaths, rank: int = 0) -> Any:
                             valid="wait with `slurmkit submit --wait` or poll `slurmkit status`")
     if st.state == "PREEMPTED":
         # Marked by rank 0 when it saved in time; Slurm's own PREEMPTED when the grace ran out first.
-        why = (RunRecord(paths).read().get("preempted") or {}).get("detail", "Slurm ended it at the end of its grace")
+        marked = RunFile(paths).read().preempted
+        why = marked.detail if marked is not None else "Slurm ended it at the end of its grace"
         raise JobFailedError(f"run was preempted (job {st.job_id}): {why}", where=paths.run_id,
                              valid=f"resume it with `slurmkit resubmit {paths.run_id}`")
     failing, tail = failing_rank_tail(paths, st.job_id)
@@ -366,9 +362,8 @@ def result(paths: RunPaths, rank: int = 0) -> Any:
 
 def failing_rank_tail(paths: RunPaths, job_id: str) -> tuple[int, str]:
     """The first rank whose outcome is an error or missing, and the tail of its stderr."""
-    rec = RunRecord(paths).read()
     failing = 0
-    for rank in range(int(rec.get("num_tasks", 1))):
+    for rank in range(RunFile(paths).read().num_tasks):
         outcome = paths.outcome(job_id, rank)
         if outcome is None or not outcome.ok:
             failing = rank

@@ -7,15 +7,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile
 from slurmkit.runs.jobs import is_active, run_state
 from slurmkit.runs.polling import Poller
 
 
 def _log_files(paths: RunPaths, rank: int | None) -> list[tuple[str, Path]]:
-    rec = RunRecord(paths).read()
     files: list[tuple[str, Path]] = []
-    for jid in rec.get("job_ids") or []:
+    for jid in RunFile(paths).read().job_ids:
         ranks = [rank] if rank is not None else list(paths.rank_logs(jid))
         for rk in ranks:
             for stream in ("out", "err"):

@@ -9,12 +9,13 @@ sweep task that array task ran.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from slurmkit.common import trust
 from slurmkit.common.errors import RunNotFoundError, warn
 from slurmkit.common.layout import RUN_FILE, RunPaths
-from slurmkit.common.record import CorruptRecordError, RunRecord
+from slurmkit.common.locked import CorruptRecordError
+from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.sweep_layout import ArrayLog
 from slurmkit.runs.folders import find_folder, owned_folders
 from slurmkit.sweeps.store import list_sweeps
@@ -35,7 +36,7 @@ def find(run_root: str, ident: str) -> RunPaths:
 def _by_job_id(run_root: str, job_id: str, base: str, task: str | None) -> RunPaths | None:
     for paths in list_runs(run_root):
         try:
-            if job_id in (RunRecord(paths).read().get("job_ids") or []):
+            if job_id in RunFile(paths).read().job_ids:
                 return paths
         except (RunNotFoundError, CorruptRecordError):  # skipped here; `list` reports it
             continue
@@ -43,9 +44,13 @@ def _by_job_id(run_root: str, job_id: str, base: str, task: str | None) -> RunPa
         return None
 
     for sweep in list_sweeps(run_root):
-        for arr in ArrayLog(sweep).read()["arrays"]:
-            index = arr["base"] + int(task)
-            if arr.get("job_id") == base and index in arr["indices"]:
+        try:
+            arrays = ArrayLog(sweep).read().arrays
+        except (RunNotFoundError, CorruptRecordError):  # skipped here; `sweep list` reports it
+            continue
+        for arr in arrays:
+            index = arr.base + int(task)
+            if arr.job_id == base and index in arr.indices:
                 if not sweep.task(index).record.exists():
                     raise RunNotFoundError(f"job {job_id} is task {index} of sweep {sweep.sweep_id}, which has not "
                                            "started yet", where=str(sweep.sweep_dir),
@@ -60,9 +65,10 @@ def list_runs(run_root: str) -> list[RunPaths]:
 
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
-def readable(items: list[T], read: Callable[[T], dict[str, Any]]) -> list[tuple[T, dict[str, Any]]]:
+def readable(items: list[T], read: Callable[[T], R]) -> list[tuple[T, R]]:
     """Each item with what `read` gives; an unreadable record is skipped with one warning line naming it."""
     out = []
     for item in items:
@@ -73,9 +79,9 @@ def readable(items: list[T], read: Callable[[T], dict[str, Any]]) -> list[tuple[
     return out
 
 
-def read_records(runs: list[RunPaths]) -> list[tuple[RunPaths, dict[str, Any]]]:
+def read_records(runs: list[RunPaths]) -> list[tuple[RunPaths, RunRecord]]:
     """Each run with its run.json; a corrupt one is skipped with one warning line naming it."""
-    return readable(runs, lambda p: RunRecord(p).read())
+    return readable(runs, lambda p: RunFile(p).read())
 
 
 def find_run(run_root: str, run: str) -> RunPaths:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import trust
-from slurmkit.common.record import RunRecord
-from slurmkit.common.sweep_layout import ArrayLog, Manifest, SweepPaths, materialize_task
+from slurmkit.common.record import RunFile
+from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, Manifest, SweepPaths, materialize_task
 from slurmkit.runs.procs import start_time
 from slurmkit.sweeps.store import manifest_tasks
 
@@ -25,18 +25,17 @@ POLL_S = 0.5
 
 def start(paths: SweepPaths, indices: list[int]) -> int:
     """Record a local "array" for `indices` and launch its runner in its own session; returns its pid."""
-    with ArrayLog(paths).editing() as arrays:
-        number = len(arrays["arrays"])
-        arrays["arrays"].append({"kind": "local", "indices": indices, "base": 0, "job_id": None, "jobs": {},
-                                   "runner_pid": None})
-    log = os.fdopen(trust.open_append(paths.local_runner_log, 0o600), "a")  # handed to the child
+    with ArrayLog(paths).editing() as log:
+        number = len(log.arrays)
+        log.arrays.append(ArrayEntry(kind="local", indices=indices))
+    out = os.fdopen(trust.open_append(paths.local_runner_log, 0o600), "a")  # handed to the child
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir),
          "--array", str(number)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    log.close()
-    with ArrayLog(paths).editing() as arrays:
-        arrays["arrays"][number].update(runner_pid=proc.pid, runner_start=start_time(proc.pid))
+        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    out.close()
+    with ArrayLog(paths).editing() as log:
+        log.arrays[number].runner_pid, log.arrays[number].runner_start = proc.pid, start_time(proc.pid)
     return proc.pid
 
 
@@ -47,8 +46,8 @@ def run(paths: SweepPaths, number: int) -> None:
 
     manifest = Manifest(paths).read()
     groups, group_of = manifest_tasks(manifest)
-    queue = list(manifest["arrays"][number]["indices"])
-    limit = manifest.get("max_parallel") or len(queue)
+    queue = list(manifest.arrays[number].indices)
+    limit = manifest.max_parallel or len(queue)
     running: list[Any] = []
     while queue or running:
         running = [job for job in running if not job.done()]
@@ -57,10 +56,10 @@ def run(paths: SweepPaths, number: int) -> None:
             task = materialize_task(paths, i, "", manifest)
             job = local_executor(task.job_folder, groups[group_of[i]]).submit(SweepTask(str(paths.sweep_dir), index=i))
             pid_start = start_time(int(job.job_id))
-            RunRecord(task).add_job_id(str(job.job_id), pid_start)
-            with ArrayLog(paths).editing() as arrays:
-                arrays["arrays"][number]["jobs"][str(i)] = str(job.job_id)
-                arrays["arrays"][number].setdefault("job_starts", {})[str(i)] = pid_start
+            RunFile(task).add_job_id(str(job.job_id), pid_start)
+            with ArrayLog(paths).editing() as log:
+                log.arrays[number].jobs[str(i)] = str(job.job_id)
+                log.arrays[number].job_starts[str(i)] = pid_start
             print(f"task {i}: job {job.job_id}", flush=True)
             running.append(job)
         time.sleep(POLL_S)

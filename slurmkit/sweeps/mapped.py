@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from slurmkit.api.handles import Job
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write
-from slurmkit.common.sweep_layout import ArrayLog, SweepPaths
+from slurmkit.common.sweep_layout import Manifest, SweepPaths
 from slurmkit.config.loader import Resolved
 from slurmkit.runs.jobs import Call
 from slurmkit.sweeps.resolve import SweepTasks
@@ -53,6 +53,5 @@ def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ..
     with perms.umask(resolved.profile.run_mode):
         done = launch(plan, tasks, max_array_size, prepare=write_function, call=Call(fn))
     paths = SweepPaths(Path(done.sweep_dir))
-    latest = latest_job_ids({"tasks": [{"index": i} for i in range(len(items))],
-                             "arrays": ArrayLog(paths).read()["arrays"]})
+    latest = latest_job_ids(Manifest(paths).read())
     return [Job(f"{paths.sweep_id}/{i}", latest[i] or "", str(paths.task(i).run_dir)) for i in range(len(items))]

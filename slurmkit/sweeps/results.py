@@ -14,8 +14,8 @@ from typing import Any
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import SlurmkitError, did_you_mean
 from slurmkit.common.metrics import last_record
-from slurmkit.common.record import RunRecord
-from slurmkit.common.sweep_layout import ArrayLog, Manifest, SweepPaths, task_entry
+from slurmkit.common.record import RunFile
+from slurmkit.common.sweep_layout import ArrayLog, Manifest, SweepManifest, SweepPaths, task_entry
 from slurmkit.runs.jobs import is_active, local_state, outcome_state
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.procs import same_process
@@ -41,22 +41,22 @@ class TaskState:
         return asdict(self)
 
 
-def _local_states(paths: SweepPaths, manifest: dict[str, Any]) -> list[TaskState]:
+def _local_states(paths: SweepPaths, manifest: SweepManifest) -> list[TaskState]:
     latest = latest_job_ids(manifest)
     out = []
     for index, arr in newest_arrays(manifest).items():
         jid = latest[index]
         if jid:
             task = paths.task(index)
-            state = local_state(task, RunRecord(task).read()) if task.record.exists() else "PENDING"
+            state = local_state(task, RunFile(task).read()) if task.record.exists() else "PENDING"
         else:
-            runner = (arr.get("runner_pid"), arr.get("runner_start")) if arr else (None, None)
+            runner = (arr.runner_pid, arr.runner_start) if arr else (None, None)
             state = "PENDING" if same_process(*runner) else NOT_SUBMITTED
         out.append(TaskState(index, state, jid or ""))
     return out
 
 
-def _by_outcomes(paths: SweepPaths, manifest: dict[str, Any], index: int, job_id: str) -> str:
+def _by_outcomes(paths: SweepPaths, manifest: SweepManifest, index: int, job_id: str) -> str:
     """A task neither squeue nor sacct knows: what its ranks' outcome records say (jobs.outcome_state)."""
     task = paths.task(index)
     if not task.record.exists():
@@ -64,10 +64,10 @@ def _by_outcomes(paths: SweepPaths, manifest: dict[str, Any], index: int, job_id
     return outcome_state(task, job_id, task_entry(paths, manifest, index).num_tasks)
 
 
-def task_states(paths: SweepPaths, manifest: dict[str, Any] | None = None) -> list[TaskState]:
+def task_states(paths: SweepPaths, manifest: SweepManifest | None = None) -> list[TaskState]:
     """Every task's state: the newest job of each task, from one squeue and (if needed) one sacct."""
     manifest = manifest or Manifest(paths).read()
-    if manifest["executor"] == "local":
+    if manifest.executor == "local":
         return _local_states(paths, manifest)
     latest = latest_job_ids(manifest)
     if not any(latest.values()):
@@ -95,7 +95,7 @@ def wait(paths: SweepPaths, poll_s: float = 2.0, timeout_s: float | None = None,
     so tasks resubmitted meanwhile are waited for too."""
     manifest = Manifest(paths).read()
     return (poller or Poller(first_s=poll_s)).until_ended(
-        lambda: task_states(paths, {**manifest, "arrays": ArrayLog(paths).read()["arrays"]}),
+        lambda: task_states(paths, manifest.model_copy(update={"arrays": ArrayLog(paths).read().arrays})),
         lambda states: {s.state for s in states if is_active(s.state)}, timeout_s, on_answer,
         survive=(TransientSlurmError,))
 
@@ -136,18 +136,17 @@ class Results:
     """Index (task index) of the best row by `sort` (or loss), None when no row has it."""
 
 
-def iter_rows(paths: SweepPaths, manifest: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+def iter_rows(paths: SweepPaths, manifest: SweepManifest | None = None) -> Iterator[dict[str, Any]]:
     """One row per task, in task order, made as it is yielded: index, state, the varying config
     keys and the task's final metrics. Only tasks that have started have a folder, and so
     metrics: one listing of tasks/ finds them, rather than a failed open per pending task."""
     manifest = manifest or Manifest(paths).read()
     states = task_states(paths, manifest)
-    varying = manifest.get("varying", [])
     started = set(os.listdir(paths.tasks_dir)) if paths.tasks_dir.is_dir() else set()
-    for task, st in zip(manifest["tasks"], states, strict=True):
-        row = {"index": task["index"], "state": st.state, **{k: task["overrides"].get(k) for k in varying}}
-        if str(task["index"]) in started:
-            row.update(final_metrics(paths, task["index"], st.job_id))
+    for task, st in zip(manifest.tasks, states, strict=True):
+        row = {"index": task.index, "state": st.state, **{k: task.overrides.get(k) for k in manifest.varying}}
+        if str(task.index) in started:
+            row.update(final_metrics(paths, task.index, st.job_id))
         yield row
 
 
@@ -155,8 +154,7 @@ def results(paths: SweepPaths, sort: str | None = None, maximize: bool | None = 
     """Every row (iter_rows), the metrics seen, and the best row by `sort` (or loss)."""
     manifest = Manifest(paths).read()
     rows = list(iter_rows(paths, manifest))
-    varying = manifest.get("varying", [])
-    fixed = {"index", "state", *varying}
+    fixed = {"index", "state", *manifest.varying}
     metrics = list(dict.fromkeys(k for r in rows for k in r if k not in fixed))
     if sort is not None and sort not in metrics:
         raise SlurmkitError(f"unknown metric '{sort}'{did_you_mean(sort, metrics)}", where="--sort",
@@ -169,7 +167,7 @@ def results(paths: SweepPaths, sort: str | None = None, maximize: bool | None = 
         best = ranked[0]["index"] if ranked else None
         if sort is not None:
             rows = ranked + [r for r in rows if key not in r]
-    return Results(rows, varying, metrics, key, best)
+    return Results(rows, manifest.varying, metrics, key, best)
 
 
 def to_csv(table: Results) -> str:

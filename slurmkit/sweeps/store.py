@@ -4,36 +4,33 @@ folder's layout and its records are slurmkit.common.sweep_layout's."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from slurmkit.common.sweep_layout import MANIFEST, SweepPaths, task_spec
+from slurmkit.common.sweep_layout import MANIFEST, ArrayEntry, SweepManifest, SweepPaths, task_spec
 from slurmkit.config.loader import Resolved
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
 from slurmkit.runs.folders import find_folder, owned_folders
 
 
-def newest_arrays(manifest: dict[str, Any]) -> dict[int, dict[str, Any] | None]:
+def newest_arrays(manifest: SweepManifest) -> dict[int, ArrayEntry | None]:
     """Each task's newest array entry (None if none holds it yet)."""
-    newest: dict[int, dict[str, Any] | None] = {t["index"]: None for t in manifest["tasks"]}
-    for arr in manifest.get("arrays", []):
-        if arr.get("job_id") or arr.get("kind") == "local":
-            for index in arr["indices"]:
+    newest: dict[int, ArrayEntry | None] = {t.index: None for t in manifest.tasks}
+    for arr in manifest.arrays:
+        if arr.job_id or arr.kind == "local":
+            for index in arr.indices:
                 newest[index] = arr
     return newest
 
 
-def latest_job_ids(manifest: dict[str, Any]) -> dict[int, str | None]:
+def latest_job_ids(manifest: SweepManifest) -> dict[int, str | None]:
     """Each task's newest job id: ARRAY_TASK on Slurm, the controller pid on local; None before it exists."""
     latest: dict[int, str | None] = {}
     for index, arr in newest_arrays(manifest).items():
         if arr is None:
             latest[index] = None
-        elif arr.get("kind") == "local":
-            latest[index] = arr["jobs"].get(str(index))
+        elif arr.kind == "local":
+            latest[index] = arr.jobs.get(str(index))
         else:
-            latest[index] = f"{arr['job_id']}_{index - arr['base']}"
+            latest[index] = f"{arr.job_id}_{index - arr.base}"
     return latest
 
 
@@ -45,23 +42,15 @@ def find_sweep(run_root: str, sweep: str) -> SweepPaths:
     return SweepPaths(find_folder(run_root, sweep, MANIFEST, "sweep"))
 
 
-def manifest_tasks(manifest: dict[str, Any]) -> tuple[list[Resolved], list[int]]:
+def manifest_tasks(manifest: SweepManifest) -> tuple[list[Resolved], list[int]]:
     """(each resource group's Resolved, each task's group), rebuilt from the manifest: what was
     submitted, not today's files. A group's Resolved is that of its first task, as at submit."""
-    prof = ClusterProfile.model_validate(manifest["profile"])
-    tasks = manifest["tasks"]
-    if "groups" in manifest:
-        group_of = [t["group"] for t in tasks]
-        resources = [g["resources"] for g in manifest["groups"]]
-    else:  # before groups: each task held its resources
-        keys: dict[str, int] = {}
-        group_of = [keys.setdefault(json.dumps(t["resources"], sort_keys=True), len(keys)) for t in tasks]
+    prof = ClusterProfile.model_validate(manifest.profile)
+    group_of = [t.group for t in manifest.tasks]
     first: dict[int, int] = {}
     for i, g in enumerate(group_of):
         first.setdefault(g, i)
-    if "groups" not in manifest:
-        resources = [tasks[first[g]]["resources"] for g in range(len(first))]
     groups = [Resolved(RunSpec.model_validate(task_spec(manifest, first[g])), prof,
-                       manifest["profile_name"], Resources.model_validate(r), manifest["source"])
-              for g, r in enumerate(resources)]
+                       manifest.profile_name, Resources.model_validate(group.resources), manifest.source)
+              for g, group in enumerate(manifest.groups)]
     return groups, group_of

@@ -10,13 +10,22 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import PreflightError, SlurmError, SlurmkitError, squash
 from slurmkit.common.layout import RunPaths, expand_checkpoint_root
-from slurmkit.common.sweep_layout import ArrayLog, Manifest, SweepPaths
+from slurmkit.common.sweep_layout import (
+    ArrayEntry,
+    ArrayList,
+    ArrayLog,
+    Manifest,
+    ManifestTask,
+    ResourceGroup,
+    SweepManifest,
+    SweepPaths,
+)
 from slurmkit.config.loader import Resolved, load_profile, profile_name
 from slurmkit.config.overrides import split_sets
 from slurmkit.runs import registry
@@ -55,40 +64,40 @@ def cluster_limits() -> tuple[int, int]:
     return int(conf.get("MaxArraySize", "1001")), int(conf.get("MaxJobCount", "10000"))
 
 
-def _submit_arrays(paths: SweepPaths, groups: list[Resolved], arrays: list[dict[str, Any]], kind: str,
-                   dependency: str | None, max_parallel: int | None) -> list[str]:
+def _submit_arrays(paths: SweepPaths, groups: list[Resolved], planned: list[dict[str, Any]],
+                   kind: Literal["initial", "resubmit"], dependency: str | None, max_parallel: int | None) -> list[str]:
     """sbatch each planned array, recording each job id in the array log as soon as it exists."""
     from slurmkit.slurm.submitit_executor import ArraySpec, RenderedSlurmExecutor
     from slurmkit.worker.sweep_task import SweepTask  # the pickled callable: where the two sides meet
 
+    created = dt.datetime.now().isoformat(timespec="seconds")
+    arrays = [ArrayEntry(kind=kind, created=created, **arr) for arr in planned]
     chain = max_parallel and len(arrays) > 1
     with ArrayLog(paths).editing() as log:
-        first_number = len(log["arrays"])
-        for arr in arrays:
-            arr.update(kind=kind, created=dt.datetime.now().isoformat(timespec="seconds"))
-        log["arrays"].extend(arrays)
+        first_number = len(log.arrays)
+        log.arrays.extend(arrays)
     ids: list[str] = []
     for k, arr in enumerate(arrays):
         deps = [d for d in (dependency, f"afterany:{ids[-1]}" if chain and ids else None) if d]
-        executor = RenderedSlurmExecutor(paths.job_folder, groups[arr["group"]], ",".join(deps) or None)
-        spec = ArraySpec(arr["array"], [i - arr["base"] for i in arr["indices"]], arr["base"], str(paths.sweep_dir),
+        executor = RenderedSlurmExecutor(paths.job_folder, groups[arr.group], ",".join(deps) or None)
+        spec = ArraySpec(arr.array, [i - arr.base for i in arr.indices], arr.base, str(paths.sweep_dir),
                          str(paths.array_pickle(first_number + k)))
         try:
-            job_id = executor.submit_sweep_array(SweepTask(str(paths.sweep_dir), arr["base"]), spec)
+            job_id = executor.submit_sweep_array(SweepTask(str(paths.sweep_dir), arr.base), spec)
         except Exception as exc:
             detail = squash(str(exc))
             with ArrayLog(paths).editing() as log:
-                log["arrays"][first_number + k]["error"] = detail
+                log.arrays[first_number + k].error = detail
             if isinstance(exc, SlurmkitError):
                 raise
             queued = first_number + k > 0  # else submit() removes the sweep: nothing to resubmit
-            raise SlurmError(f"array {first_number + k} (tasks {compress(arr['indices'])}) failed to submit: {detail}",
+            raise SlurmError(f"array {first_number + k} (tasks {compress(arr.indices)}) failed to submit: {detail}",
                              where=paths.sweep_id, valid="its tasks show NOT_SUBMITTED; `slurmkit sweep resubmit "
                              "SWEEP --failed` retries them" if queued else None) from exc
         ids.append(job_id)
         atomic_write_text(paths.script(first_number + k), executor.last_script or "", perms.file_mode(paths.sweep_dir))
         with ArrayLog(paths).editing() as log:
-            log["arrays"][first_number + k]["job_id"] = job_id
+            log.arrays[first_number + k].job_id = job_id
     return ids
 
 
@@ -107,22 +116,18 @@ def _write_manifest(paths: SweepPaths, plan: SweepPlan, tasks: SweepTasks) -> No
     rebuild it): about 100 bytes, so 100,000 tasks are one write of about 10 MB."""
     first = tasks.groups[0]
     root = first.profile.checkpoint_root
-    entries: list[dict[str, Any]] = []
-    for i, (overrides, seed, group, spec) in enumerate(zip(plan.overrides, tasks.seeds, tasks.group_of,
-                                                           tasks.specs, strict=True)):
-        entries.append({"index": i, "overrides": overrides, "seed": seed, "group": group,
-                        **({"spec": spec} if spec is not None else {})})
-    Manifest(paths).create({
-        "sweep_id": paths.sweep_id, "name": plan.name, "source": plan.source,
-        "created": dt.datetime.now().isoformat(timespec="seconds"), "executor": first.profile.executor,
-        "profile_name": first.profile_name, "profile": first.profile.model_dump(), "varying": plan.varying,
-        "max_parallel": plan.section.max_parallel, "base_spec": tasks.base_spec, "top": tasks.top,
-        "groups": [{"resources": g.resources.model_dump(), "num_tasks": g.num_tasks} for g in tasks.groups],
+    entries = [ManifestTask(index=i, overrides=overrides, seed=seed, group=group, spec=spec)
+               for i, (overrides, seed, group, spec) in enumerate(zip(plan.overrides, tasks.seeds, tasks.group_of,
+                                                                      tasks.specs, strict=True))]
+    Manifest(paths).create(SweepManifest(
+        sweep_id=paths.sweep_id, name=plan.name, source=plan.source,
+        created=dt.datetime.now().isoformat(timespec="seconds"), executor=first.profile.executor,
+        profile_name=first.profile_name, profile=first.profile.model_dump(), varying=plan.varying,
+        max_parallel=plan.section.max_parallel, base_spec=tasks.base_spec, top=tasks.top,
+        groups=[ResourceGroup(resources=g.resources.model_dump(), num_tasks=g.num_tasks) for g in tasks.groups],
         # Expanded once, here, as a plain run's is at submit: $VARS mean the login node's values.
-        "checkpoint_base": expand_checkpoint_root(root) if root else None,
-        "tasks": entries, "arrays": [],
-    })
-    ArrayLog(paths).create({"arrays": []})
+        checkpoint_base=expand_checkpoint_root(root) if root else None, tasks=entries))
+    ArrayLog(paths).create(ArrayList())
 
 
 def submit(plan: SweepPlan, profile: str | None = None, sets: list[str] | None = None,
@@ -175,7 +180,7 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
     try:
         ids = _submit_arrays(paths, tasks.groups, arrays, "initial", after, plan.section.max_parallel)
     except SlurmkitError:
-        if not any(a.get("job_id") for a in Manifest(paths).read()["arrays"]):
+        if not any(a.job_id for a in ArrayLog(paths).read().arrays):
             shutil.rmtree(paths.sweep_dir, ignore_errors=True)  # nothing queued: leave no sweep behind
         raise
     return SweepSubmitted(paths.sweep_id, str(paths.sweep_dir), n, ids)
@@ -192,27 +197,27 @@ def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | N
     indices = sorted(i for i, st in states.items() if st in RETRY_STATES)
     if not indices:
         return []
-    if manifest["executor"] == "local":
+    if manifest.executor == "local":
         local.start(paths, indices)
         return indices
     groups, group_of = manifest_tasks(manifest)
     live_array, _ = cluster_limits()
-    arrays = plan_arrays(group_of, indices, max_array_size or live_array, manifest.get("max_parallel"))
-    _submit_arrays(paths, groups, arrays, "resubmit", None, manifest.get("max_parallel"))
+    arrays = plan_arrays(group_of, indices, max_array_size or live_array, manifest.max_parallel)
+    _submit_arrays(paths, groups, arrays, "resubmit", None, manifest.max_parallel)
     return indices
 
 
 def cancel(paths: SweepPaths) -> list[str]:
     """scancel every array of the sweep (local: stop the runner and every task's controller)."""
     manifest = Manifest(paths).read()
-    if manifest["executor"] == "local":
+    arrays = manifest.arrays
+    if manifest.executor == "local":
         # Each pid with its recorded start time: a pid reused by another process is never signalled.
-        procs = [(a.get("runner_pid"), a.get("runner_start")) for a in manifest["arrays"]]
-        procs += [(jid, a.get("job_starts", {}).get(str(i))) for a in manifest["arrays"] if a.get("kind") == "local"
-                  for i, jid in a.get("jobs", {}).items()]
+        procs: list[tuple[int | str | None, int | None]] = [(a.runner_pid, a.runner_start) for a in arrays]
+        procs += [(jid, a.job_starts.get(i)) for a in arrays if a.kind == "local" for i, jid in a.jobs.items()]
         return [str(pid) for pid, start in procs if signal_process(pid, start)]
 
-    ids = [a["job_id"] for a in manifest["arrays"] if a.get("job_id")]
+    ids = [a.job_id for a in arrays if a.job_id]
     if ids:
         commands.scancel(ids)
     return ids

@@ -33,6 +33,7 @@ from typing import Any
 from slurmkit.common import outcomes, ports, trust
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import StandbyGo
 from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm import steps
@@ -115,7 +116,7 @@ class Supervisor:
         self.attempt += 1
         os.environ[outcomes.ATTEMPT_ENV] = str(self.attempt)  # the policy's outcomes.attempt(), and the step's
         if taken is not None:  # the standby ranks take this attempt (slurmkit.worker.ft.standby)
-            trust.touch(self.paths.standby_go(self.job_id, outcomes.restart_count(), self.attempt))
+            StandbyGo(self.job_id, outcomes.restart_count(), self.attempt).give(self.paths)
             self._standby = None
         else:
             self._end_standby()

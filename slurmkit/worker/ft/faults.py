@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import trust
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import InjectedFault
 from slurmkit.config.train import Faults
 from slurmkit.worker.ft.stop import StopFlag
 from slurmkit.worker.ft.watchdog import Watchdog
@@ -79,12 +79,7 @@ class FaultInjection:
         if step in self._fired:
             return False
         self._fired.add(step)
-        marker = self.paths.injected_marker(step) if self.paths else None
-        if marker is not None and marker.exists():
-            return False
-        if marker is not None:
-            trust.touch(marker)
-        return True
+        return self.paths is None or InjectedFault.fire_once(self.paths, step)
 
     def _transient(self, trainer: Trainer, steps: list[int]) -> None:
         """The last rank raises once in the forward of each step, before the step's update (as a data

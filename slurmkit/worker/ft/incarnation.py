@@ -12,7 +12,7 @@ import torch.distributed as tdist
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import HangMarker, StopMarker
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
 from slurmkit.worker.ckptstore import TRAINER_FILES, CheckpointStore, Prefetch
@@ -50,7 +50,7 @@ class Incarnation:
         self.ft = TrainerFT(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
                             cfg.hang_timeout_s or None, self._on_hang, prefetch, self.faults, self._on_stop,
                             host_copy=self.warm) if uri else None
-        self.restart: dict[str, Any] | None = None
+        self.restart: RestartEntry | None = None
 
     def _on_stop(self, step: int) -> None:
         if self.paths is not None and self.dist.is_main:
@@ -75,9 +75,9 @@ class Incarnation:
         if self.restart is None:
             return
         what = f"in-job restart {attempt}" if attempt else f"restart {count}"
-        print(f"slurmkit: {what}, cause {self.restart['cause']} ({self.restart['detail']}), "
+        print(f"slurmkit: {what}, cause {self.restart.cause} ({self.restart.detail}), "
               f"resumed at step {resumed}", flush=True)
-        final = RunRecord(self.paths).read().get("final")
+        final = RunFile(self.paths).read().final
         if final:
             raise BudgetSpent(f"not continuing: {final}")
 
@@ -161,8 +161,8 @@ class Incarnation:
             out.update(resumed_from_step=self.ft.ckpt.resumed_step,
                        checkpoint_stall_s=round(self.ft.ckpt.stall_s, 4))
         if self.paths and self.paths.record.exists():
-            restarts = RunRecord(self.paths).read().get("restarts", [])
-            out.update(restarts=len(restarts), restart_causes=[r["cause"] for r in restarts],
-                       in_job_restarts=sum(1 for r in restarts if r.get("in_job")),
-                       warm_restarts=sum(1 for r in restarts if r.get("kind") == "warm"))
+            restarts = RunFile(self.paths).read().restarts
+            out.update(restarts=len(restarts), restart_causes=[r.cause for r in restarts],
+                       in_job_restarts=sum(1 for r in restarts if r.in_job),
+                       warm_restarts=sum(1 for r in restarts if r.kind == "warm"))
         return out

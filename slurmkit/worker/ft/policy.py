@@ -10,14 +10,14 @@ run.json with its cause (restarts).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict
 
 from slurmkit.common import outcomes
 from slurmkit.common.errors import SlurmError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import HangMarker, HealthReport
 from slurmkit.common.outcomes import Outcome
-from slurmkit.common.record import RestartEntry, RunRecord
+from slurmkit.common.record import Failure, RestartEntry, RunFile, RunRecord, UnhealthyNode
 from slurmkit.worker.ft import allocation, requeue, restarts
 from slurmkit.worker.ft.allocation import Allocation
 from slurmkit.worker.ft.decision import Action, Decision
@@ -31,7 +31,7 @@ def after_failure(paths: RunPaths, job_id: str, exit_code: int, alloc: Allocatio
     if asked is not None:
         return Decision(Action.REQUEUE, asked, why="asked",
                         message=f"srun exit code {exit_code} after rank 0 asked for a requeue ({asked})")
-    found = this_attempt(paths, job_id, int(RunRecord(paths).read().get("num_tasks", 1)))
+    found = this_attempt(paths, job_id, RunFile(paths).read().num_tasks)
     if all(o is not None and o.ok for o in found):
         # Every rank of this incarnation recorded success: it failed while exiting, after its work was done.
         return Decision(Action.COMPLETE, message=f"srun exit {exit_code}, but every rank had finished its work")
@@ -45,7 +45,7 @@ def after_failure(paths: RunPaths, job_id: str, exit_code: int, alloc: Allocatio
     else:
         signature = error_signature(found)
         cause, detail = "crash", signature or f"srun exit code {exit_code}"
-        with RunRecord(paths).editing() as record:
+        with RunFile(paths).editing() as record:
             repeated = _repeated(record, signature, step)
         if repeated:
             return Decision(Action.END, cause, step, why="deterministic",
@@ -71,14 +71,14 @@ def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, d
     attempt = outcomes.attempt()
     if alloc is None or not alloc.fits:
         return None  # an allocation Slurm cannot describe is left to the requeue
-    with RunRecord(paths).editing() as record:
-        if not (restarts.in_job_left(record, job_id) and restarts.allowed(record, cause)):
+    with RunFile(paths).editing() as record:
+        if not (record.in_job_left(job_id, outcomes.restart_count()) and record.allowed(cause)):
             return None
-        record.setdefault("restarts", []).append(RestartEntry(
+        record.restarts.append(RestartEntry(
             kind="in_job", n=outcomes.restart_count(), in_job=attempt + 1, job_id=job_id, cause=cause, detail=detail,
             time=restarts.now(), step=step, exclude=list(alloc.unusable), nodes_lost=lost or [],
-            nodes=alloc.step_nodes).record())
-        left = restarts.left(record, cause)
+            nodes=alloc.step_nodes))
+        left = record.left(cause)
     return Decision(Action.RESTART_IN_JOB, cause, step, nodes=alloc.step_nodes, exclude=alloc.unusable,
                     message=f"restarting in the job (attempt {attempt + 1}): {cause} ({detail}); "
                             f"{left} {cause} restart(s) left")
@@ -91,17 +91,17 @@ def restart_warm(paths: RunPaths, job_id: str, step: int, signature: str | None,
     deterministic-error rule, the in-job limit and the crash budget allow; the Decision, or None.
     On None the ranks re-raise and the supervisor decides (after_failure), so a failure is noted
     only where it restarts here or ends the run."""
-    with RunRecord(paths).editing() as record:
-        if not (restarts.in_job_left(record, job_id) and restarts.allowed(record, "crash")):
+    with RunFile(paths).editing() as record:
+        if not (record.in_job_left(job_id, outcomes.restart_count()) and record.allowed("crash")):
             return None
         if _repeated(record, signature, step):
             return None
-        n_in_job = len(restarts.in_job_entries(record, job_id)) + 1
-        record.setdefault("restarts", []).append(RestartEntry(
+        n_in_job = len(record.in_job_entries(job_id, outcomes.restart_count())) + 1
+        record.restarts.append(RestartEntry(
             kind="warm", n=outcomes.restart_count(), in_job=n_in_job, job_id=job_id, cause="crash", detail=detail,
             time=restarts.now(), step=step, resumed_step=resumed_step, lost_steps=step - (resumed_step or 0),
-            live=live or None).record())
-        left = restarts.left(record, "crash")
+            live=live or None))
+        left = record.left("crash")
     return Decision(Action.RESTART_WARM, "crash", step, message=(
         f"restarting in the job, warm (in-job restart {n_in_job}): crash ({detail}) at step {step}; "
         f"{left} crash restart(s) left"))
@@ -110,10 +110,10 @@ def restart_warm(paths: RunPaths, job_id: str, step: int, signature: str | None,
 def after_health_gate(paths: RunPaths, job_id: str) -> Decision:
     """Some node failed the health gate: requeue (cause node_failure) with those nodes excluded."""
     found = HealthReport.take_all(paths)
-    nodes = [f["node"] for f in found]
-    detail = "; ".join(f"{f['node']}: {', '.join(f['problems'])}" for f in found) or "health gate failed"
-    with RunRecord(paths).editing() as record:
-        record["unhealthy"] = [*record.get("unhealthy", []), *({**f, "time": restarts.now()} for f in found)]
+    nodes = [f.node for f in found]
+    detail = "; ".join(f"{f.node}: {', '.join(f.problems)}" for f in found) or "health gate failed"
+    with RunFile(paths).editing() as record:
+        record.unhealthy.extend(UnhealthyNode(**asdict(f), time=restarts.now()) for f in found)
     return requeue.ask(paths, job_id, "node_failure", restarts.last_step(paths), f"health gate: {detail}",
                        bad_nodes=nodes)
 
@@ -130,14 +130,13 @@ def error_signature(found: list[Outcome | None]) -> str | None:
     return next((o.error_line for o in found if o is not None and not o.ok and not o.peer_failed), None)
 
 
-def _repeated(record: dict[str, Any], signature: str | None, step: int | None) -> bool:
-    """The same error at the same step seen before: deterministic, so the run ends (record["final"]);
+def _repeated(record: RunRecord, signature: str | None, step: int | None) -> bool:
+    """The same error at the same step seen before: deterministic, so the run ends (record.final);
     else the failure is noted for next time."""
-    failures = record.setdefault("failures", [])
-    if signature and any(f.get("error") == signature and f.get("step") == step for f in failures):
-        record["final"] = f"deterministic error at step {step}: {signature}"
+    if signature and any(f.error == signature and f.step == step for f in record.failures):
+        record.final = f"deterministic error at step {step}: {signature}"
         return True
-    failures.append({"error": signature, "step": step, "time": restarts.now()})
+    record.failures.append(Failure(error=signature, step=step, time=restarts.now()))
     return False
 
 
@@ -145,8 +144,8 @@ def _newly_lost(paths: RunPaths, job_id: str, alloc: Allocation | None) -> list[
     """Nodes this incarnation lost since its last in-job restart (none where Slurm cannot say)."""
     if alloc is None:
         return []
-    entries = restarts.in_job_entries(RunRecord(paths).read(), job_id)
-    known = {n for r in entries for n in r.get("nodes_lost", [])}
+    entries = RunFile(paths).read().in_job_entries(job_id, outcomes.restart_count())
+    known = {n for r in entries for n in r.nodes_lost or []}
     return [n for n in alloc.lost if n not in known]
 
 

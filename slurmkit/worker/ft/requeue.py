@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
 
 from slurmkit.common import outcomes
 from slurmkit.common.errors import SlurmError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import RestartRequest
-from slurmkit.common.record import RunRecord
+from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.slurm_env import expand_hostlist
 from slurmkit.slurm import commands
 from slurmkit.worker.ft import restarts
@@ -66,7 +65,7 @@ def after_stop(paths: RunPaths, job_id: str, step: int | None, requeue_signal: b
         left_s = commands.time_left_s(job_id)
     except SlurmError:  # a controller that does not answer in time: the signal reads as a preemption
         left_s = None
-    delay = int((RunRecord(paths).read().get("profile") or {}).get("signal_delay_s", 0))
+    delay = int(RunFile(paths).read().profile.get("signal_delay_s", 0))
     cause, detail = cause_of_signal(left_s, delay)
     # Time left unknown (squeue did not answer): the controller may be back within a usual retry span.
     return ask(paths, job_id, cause, step, detail, within_s=IN_JOB_RETRY_S if left_s is None else left_s,
@@ -101,20 +100,19 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
     bad_nodes (a failed health gate, a lost node) join the run's excluded nodes; every requeue asks
     Slurm to keep the job off all of them, as long as the partition still has enough other nodes.
     """
-    with RunRecord(paths).editing() as record:
-        ok = restarts.allowed(record, cause)
+    with RunFile(paths).editing() as record:
+        ok = record.allowed(cause)
         if not ok:
-            record["final"] = f"{cause} budget of {restarts.budget(record, cause)} spent"
-        snapshot = dict(record)
+            record.final = f"{cause} budget of {record.budget(cause)} spent"
     if not ok:
         return False
-    excluded = sorted({*snapshot.get("excluded_nodes", []), *(bad_nodes or [])})
+    excluded = sorted({*record.excluded_nodes, *(bad_nodes or [])})
     RestartRequest(cause, step, detail, job_id, outcomes.restart_count(), restarts.now()).write(paths)
     # Requeueing from inside the job makes Slurm signal this very process; finish both calls first.
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         commands.requeue(job_id, within_s=max(1.0, within_s - 2))
-        note = _exclude(job_id, excluded, snapshot)
+        note = _exclude(job_id, excluded, record)
     except commands.RequeueUncertain:
         raise  # it may yet go through: the next start must find the cause (a stale marker is never read)
     except BaseException:
@@ -124,11 +122,11 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
     finally:
         signal.signal(signal.SIGTERM, previous)
     if excluded:
-        RunRecord(paths).update(excluded_nodes=excluded, exclusion=note)
+        RunFile(paths).update(excluded_nodes=excluded, exclusion=note)
     return True
 
 
-def _exclude(job_id: str, nodes: list[str], record: dict[str, Any]) -> str:
+def _exclude(job_id: str, nodes: list[str], record: RunRecord) -> str:
     """Keep the requeued job off `nodes`, if the partition has enough others; says what was done.
 
     Safe without a race: the requeued job stays COMPLETING (so cannot start) until this process,
@@ -136,7 +134,7 @@ def _exclude(job_id: str, nodes: list[str], record: dict[str, Any]) -> str:
     """
     if not nodes:
         return ""
-    profile_exclude = expand_hostlist((record.get("profile") or {}).get("exclude") or "")
+    profile_exclude = expand_hostlist(record.profile.get("exclude") or "")
     partition = os.environ.get("SLURM_JOB_PARTITION", "")
     needed = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
     try:

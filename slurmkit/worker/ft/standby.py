@@ -29,6 +29,7 @@ from pathlib import Path
 import slurmkit.worker.entry  # noqa: F401 - what the pickle names: imported before the go, as the rest
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import StandbyGo
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.worker import startup
 
@@ -71,10 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     priority = os.getpriority(os.PRIO_PROCESS, 0)
     _renice(priority + NICE)
     paid = _prepare()
-    go = RunPaths(Path(args.run_dir)).standby_go(slurm_job_id(), outcomes.restart_count(), args.attempt)
+    paths, go = RunPaths(Path(args.run_dir)), StandbyGo(slurm_job_id(), outcomes.restart_count(), args.attempt)
     print(f"slurmkit: {ready_line(args.attempt)} ({paid:.1f} s of imports)",
           file=sys.stderr, flush=True)
-    while not go.exists():
+    while not go.given(paths):
         time.sleep(POLL_S)
     renice = "" if _renice(priority) else f" (still at nice +{NICE}: no permission to lower it again)"
     signal.signal(stop_signal, signal.SIG_DFL)

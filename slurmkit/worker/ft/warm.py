@@ -68,7 +68,7 @@ class Verdict:
 
 
 def report_of(rank: int, error: BaseException, live_step: int | None = None) -> Report:
-    outcome = outcomes.Outcome(outcomes.ERROR, 1, error="".join(traceback.format_exception(error)))
+    outcome = outcomes.Outcome(state=outcomes.ERROR, error="".join(traceback.format_exception(error)))
     return Report(rank, outcome.error_line, outcome.peer_failed, live_step)
 
 
