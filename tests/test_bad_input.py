@@ -45,6 +45,15 @@ def test_binary_spec_file(tmp_path: Path) -> None:
     assert "spec.yaml: not UTF-8 text (byte 0xff at offset 0)" in refused(["render", str(spec)]).stderr
 
 
+def test_a_script_where_a_spec_goes_is_told_how_a_spec_runs_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nprint('hi')\n")
+    for argv in (["render", str(script)], ["submit", str(script)]):
+        result = refused(argv)
+        assert result.exit_code == 2 and "command: python train.py" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_binary_profile_file(tmp_path: Path) -> None:
     prof = tmp_path / "bin.yaml"
     prof.write_bytes(b"partition: \x80\x81\n")

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 from typer.testing import CliRunner
@@ -99,3 +100,44 @@ def test_local_profile_runs_the_same_spec_without_slurm(tmp_path: Path, local_pr
     paths = RunPaths(Path(json.loads(result.stdout)["run_dir"]))
     assert jobs.wait(paths, poller=steady(0.5)).state == "COMPLETED"
     assert [jobs.result(paths, rank=r)["sum"] for r in (0, 1)] == [42, 42]
+
+
+def test_every_flag_reads_as_a_flag_in_help() -> None:
+    """No `--wait <bool>`: a flag takes no value, and its help must not suggest one."""
+    import typer.main
+
+    def commands(group: Any, path: list[str]) -> list[list[str]]:
+        found = [path]
+        for name, sub in getattr(group, "commands", {}).items():
+            found += commands(sub, [*path, name])
+        return found
+
+    shown = 0
+    for path in commands(typer.main.get_command(app), []):
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (path, result.output)
+        assert "<bool>" not in result.output, path
+        shown += "--help" in result.output
+    assert shown >= 20  # every command and subcommand was asked
+
+
+def test_a_finished_runs_numbers_read_as_a_person_reads_them() -> None:
+    from slurmkit.cli.jobs_cmd import human_lines
+
+    value = {"accuracy": 0.9665738344192505, "samples_per_s": 24006.3, "mfu": 0.029095481175676816,
+             "median_step_s": 0.002665980999992712, "wall_s": 2.448, "loss": 0.03935757279396057, "steps": 1200,
+             "returncode": 0}
+    assert human_lines(value) == ["accuracy: 96.7 %", "samples_per_s: 24,006/s", "mfu: 2.9 %",
+                                  "median_step_s: 2.67 ms", "wall_s: 2.45 s", "loss: 0.03936", "steps: 1,200",
+                                  "returncode: 0"]
+
+
+def test_status_never_cuts_the_run_id_and_list_has_a_header(tmp_path: Path) -> None:
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"extends": "local", "run_root": str(tmp_path / "runs")}))
+    spec = write_spec(tmp_path, name="a-rather-long-experiment-name", command="true")
+    done = json.loads(runner.invoke(app, ["submit", str(spec), "-p", str(profile), "--wait", "--json"]).stdout)
+    status = runner.invoke(app, ["status", "-p", str(profile)], env={"COLUMNS": "80"})
+    assert done["run_id"] in status.stdout
+    listed = runner.invoke(app, ["list", "-p", str(profile)]).stdout.splitlines()
+    assert listed[0].split("\t") == ["run_id", "state", "job_id", "run_dir"] and listed[1].startswith(done["run_id"])

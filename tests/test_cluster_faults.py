@@ -23,6 +23,7 @@ from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
 from slurmkit.runs import jobs
 from slurmkit.runs import logs as run_logs
+from slurmkit.runs.failure import failure
 from slurmkit.worker.ckptstore import CheckpointStore
 from tests.conftest import EXAMPLES, executed_steps, steady, supervisor_events
 
@@ -90,7 +91,7 @@ def finish(paths: RunPaths, timeout_s: float = 240) -> str:
 
 
 def check(paths: RunPaths, reference: dict[str, Any], max_lost: int = EVERY) -> dict[str, Any]:
-    assert finish(paths) == "COMPLETED", jobs.failing_rank_tail(paths, RunFile(paths).read().job_ids[-1])
+    assert finish(paths) == "COMPLETED", failure(paths, RunFile(paths).read().job_ids[-1]).log_tail
     results = [jobs.result(paths, rank=r) for r in (0, 1)]
     assert results[0]["params_sha256"] == results[1]["params_sha256"] == reference["params_sha256"]
     lost = len(executed_steps(paths.metrics)) - STEPS
@@ -241,7 +242,7 @@ def test_a_node_set_down_in_an_elastic_run_goes_on_with_the_node_left_and_the_sa
     wait_step(paths, 75)
     try:
         subprocess.run(["scontrol", "update", "NodeName=node2", "State=DOWN", "Reason=fault-test"], check=True)
-        assert finish(paths) == "COMPLETED", jobs.failing_rank_tail(paths, job)
+        assert finish(paths) == "COMPLETED", failure(paths, job).log_tail
     finally:
         subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False, capture_output=True)
     result = jobs.result(paths)
@@ -373,8 +374,8 @@ def test_deterministic_error_is_not_requeued_twice(cluster: None, dev_profile: P
     # The second try is a warm restart in the same processes; the third would fail the same way.
     assert [(r.cause, r.in_job, r.kind) for r in record.restarts] == [("crash", 1, "warm")]
     assert "deterministic error at step 60" in (record.final or "")
-    failed = jobs.failing_rank_tail(paths, record.job_ids[-1])[1]
-    assert "injected error at step 60" in failed
+    failed = failure(paths, record.job_ids[-1])
+    assert failed.cause.endswith("InjectedError: injected error at step 60"), failed
 
 
 def test_time_limit_signal_is_a_timeout_and_resumes(cluster: None, dev_profile: Path) -> None:

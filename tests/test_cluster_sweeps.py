@@ -208,3 +208,31 @@ def test_digits_sweep_example_trains_every_config(cluster: None, tmp_path: Path,
     # Different seeds give different models; each task kept its own metrics file.
     assert len({r["loss"] for r in rows}) == 4
     assert all(paths.task(i).metrics.exists() for i in range(4))
+
+
+def test_every_task_of_a_pending_stepped_array_is_pending(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    """A `sweep resubmit --failed` array of every other task (`--array=1,3,...,39`) is held by Slurm in
+    stepped form; squeue prints it `_[1-39:2%2]`, and its expansion leaves a task out on 22.05.
+    Every one of them must read PENDING, none UNKNOWN, none dropped."""
+    import subprocess
+
+    from slurmkit.sweeps import resolve
+
+    odd = list(range(1, 40, 2))
+    plan = spec.load(write_sweep(tmp_path, {"grid": {"env.X": [str(i) for i in range(40)]}}))
+    paths = sub.create(plan, resolve.resolve_tasks(plan, str(dev_profile)))
+    held = subprocess.run(["sbatch", "--parsable", "--hold", f"--array={','.join(map(str, odd))}%2",
+                           "--output=/dev/null", "--wrap", "true"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    try:
+        with sweep_layout.ArrayLog(paths).editing() as log:
+            log.arrays.append(sweep_layout.ArrayEntry(kind="resubmit", indices=odd, base=0, job_id=held))
+        compact = subprocess.run(["squeue", "--noheader", "--jobs", held, f"--format={commands.parse.SQUEUE_FORMAT}"],
+                                 capture_output=True, text=True, check=True).stdout
+        assert f"{held}_[1-39:2%2]" in compact  # Slurm's own stepped form, read back whole
+        assert set(commands.parse.squeue(compact)) == {f"{held}_{i}" for i in odd}
+        states = {s.index: s.state for s in results.task_states(paths)}
+        assert {states[i] for i in odd} == {"PENDING"}, states
+        assert {states[i] for i in range(0, 40, 2)} == {"NOT_SUBMITTED"}
+    finally:
+        commands.scancel([held])

@@ -24,6 +24,7 @@ HOSTLISTS = {
     "r[1-2]n[01-02]": ["r1n01", "r1n02", "r2n01", "r2n02"],
     "a,b,c[9-11]": ["a", "b", "c9", "c10", "c11"],
     "n[08-10]": ["n08", "n09", "n10"],
+    "node1, node[2-3]": ["node1", "node2", "node3"],  # blanks, as a profile's `exclude` may hold them
     "": [],
 }
 

@@ -38,6 +38,14 @@ def test_squeue_pending_array_range_stands_for_every_task() -> None:
     assert parse.squeue("7_[3,5-6]|PENDING|Priority||0:00|7\n").keys() == {"7_3", "7_5", "7_6"}
 
 
+def test_a_stepped_pending_array_stands_for_every_task_and_a_cut_list_is_never_guessed() -> None:
+    """squeue prints `--array=2-18:2%9` stepped, and cuts a long list with `...` (Slurm's own test cases)."""
+    stepped = parse.squeue("123_[2-18:2%9]|PENDING|JobArrayTaskLimit||0:00|123\n")
+    assert sorted(stepped, key=lambda j: int(j.split("_")[1])) == [f"123_{i}" for i in range(2, 19, 2)]
+    with pytest.raises(parse.TruncatedArray):
+        parse.squeue("123_[2,4,6,...%9]|PENDING|Priority||0:00|123\n")
+
+
 def test_sacct_incarnations_states_and_unknown_times() -> None:
     jobs = parse.sacct(recorded("sacct.txt"))
     assert jobs["114"].state == "CANCELLED"  # "CANCELLED by 0"

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from slurmkit.common.errors import ConfigError, RunNotFoundError
+from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import resolve
 from slurmkit.runs.jobs import dry_run
 from tests.conftest import write_spec
@@ -24,6 +25,9 @@ def resolved_resources(tmp_path: Path, profile: Path, text: str, sets: list[str]
     ("time: 90", "90"),  # a number: minutes, as Slurm reads --time=90
     ("time: 2-00:00:00", "2-00:00:00"),
     ("time: '45:00'", "45:00"),
+    ("time: UNLIMITED", "UNLIMITED"),  # sbatch's words for no limit, all read as UNLIMITED
+    ("time: infinite", "UNLIMITED"),
+    ("time: -1", "UNLIMITED"),
     ("mem: 8GB", "8G"),  # as people write it; Slurm's form is kept
     ("mem: 8G", "8G"),
     ("mem: 8000", "8000"),
@@ -31,6 +35,12 @@ def resolved_resources(tmp_path: Path, profile: Path, text: str, sets: list[str]
 def test_slurm_times_and_memory_as_written(tmp_path: Path, local_profile: Path, written: str, kept: str) -> None:
     res = resolved_resources(tmp_path, local_profile, written).resources
     assert getattr(res, written.split(":")[0]) == kept
+
+
+def test_no_limit_renders_as_sbatch_takes_it_and_counts_as_no_minutes(tmp_path: Path, local_profile: Path) -> None:
+    resolved = resolved_resources(tmp_path, local_profile, "time: INFINITE")
+    assert "#SBATCH --time=UNLIMITED" in dry_run(resolved).script
+    assert time_to_minutes("UNLIMITED") == 0 == time_to_minutes("0")
 
 
 def test_set_gives_the_same_time_as_the_file(tmp_path: Path, local_profile: Path) -> None:
@@ -115,6 +125,9 @@ def test_a_raw_job_id_names_a_run_or_a_sweep_task(tmp_path: Path) -> None:
     ArrayLog(sweep).create(ArrayList(arrays=[ArrayEntry(indices=[4, 5, 6], base=4, job_id="900", kind="initial")]))
     RunFile(sweep.task(5)).create(RunRecord(run_id="sw/5", executor="slurm", job_ids=["900_1"]))
     assert find(str(root), "900_1") == sweep.task(5)  # array task 1 of an array based at task 4
+    # A step or component id, as sacct and squeue print them, names its job's run.
+    assert find(str(root), "777.0") == find(str(root), "777.batch") == find(str(root), "777+0") == run
+    assert find(str(root), "900_1.extern") == sweep.task(5)
     with pytest.raises(RunNotFoundError, match="task 6 of sweep .* which has not started yet"):
         find(str(root), "900_2")
     with pytest.raises(RunNotFoundError, match="no run '901'"):

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import inspect
 import re
+import shlex
 import sys
 import sysconfig
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from slurmkit.api import submitit_names
 from slurmkit.api.handles import Job, SweepHandle
-from slurmkit.common.errors import ConfigError, did_you_mean, squash
+from slurmkit.common.errors import ConfigError, did_you_mean, squash, warn
 from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.loader import (
     Layer,
@@ -41,7 +43,7 @@ from slurmkit.sweeps.submit import submit
 
 SOURCE = "Executor"
 RESOURCE_FIELDS = tuple(Resources.model_fields)
-SPEC_FIELDS = ("name", "env", "snapshot")
+SPEC_FIELDS = ("name", "env", "snapshot", "launcher")
 PREFLIGHT_TTL_S = 60.0
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -89,6 +91,10 @@ def check_call(call: jobs.Call) -> None:
         if test(fn):
             raise ConfigError(f"{_qualified(fn)} returns a {kind}, which cannot be sent back from the job",
                               where=f"{SOURCE}.submit", valid="valid: a function that returns its values")
+    if callable(getattr(fn, "checkpoint", None)):  # what submitit takes for a Checkpointable
+        warn(f"{_qualified(fn)} is a submitit Checkpointable: slurmkit does not call its checkpoint() on "
+             "preemption, so a requeued run starts it afresh; take a slurmkit.Checkpoint parameter instead "
+             "(docs/from-submitit.md)")
     by_value(fn)
     try:
         cloudpickle.dumps(call)
@@ -104,12 +110,17 @@ class Executor:
     run folders; `slurmkit status/logs/result/cancel/report` work on what it submits."""
 
     def __init__(self, profile: str | None = None, *, name: str | None = None, env: dict[str, str] | None = None,
-                 set: list[str] | None = None, snapshot: bool | None = None, **fields: Any) -> None:
-        self._kw: dict[str, Any] = {"name": name, "env": env, "set": set, "snapshot": snapshot, **fields}
+                 set: list[str] | None = None, snapshot: bool | None = None, launcher: str | None = None,
+                 **fields: Any) -> None:
+        self._kw: dict[str, Any] = {"name": name, "env": env, "set": set, "snapshot": snapshot, "launcher": launcher,
+                                    **fields}
         self.profile_name = profile_name(profile)
         unknown = [k for k in fields if k not in RESOURCE_FIELDS and k not in ClusterProfile.model_fields]
         if unknown:
             valid = [*RESOURCE_FIELDS, *SPEC_FIELDS, "set", *ClusterProfile.model_fields]
+            if hint := submitit_names.keyword_hint(unknown[0], valid):
+                raise ConfigError(f"unknown keyword argument {unknown[0]!r}: that is submitit's; slurmkit's is {hint}",
+                                  where=SOURCE, valid="each submitit name and its slurmkit form: docs/from-submitit.md")
             raise ConfigError(f"unknown keyword argument {unknown[0]!r}{did_you_mean(unknown[0], valid)}",
                               where=SOURCE, valid=f"valid: {', '.join(valid)}")
         spec_sets, profile_sets = split_sets(set or [])
@@ -119,14 +130,22 @@ class Executor:
             layers.append(("set", profile_sets))
         self.profile: ClusterProfile = validate_layers(ClusterProfile, layers)
         spec: dict[str, Any] = {"resources": {k: v for k, v in fields.items() if k in RESOURCE_FIELDS}}
-        spec.update({k: v for k, v in (("name", name), ("env", env), ("snapshot", snapshot)) if v is not None})
+        spec.update({k: v for k, v in (("name", name), ("env", env), ("snapshot", snapshot), ("launcher", launcher))
+                     if v is not None})
         self._spec_layers: list[Layer] = [(SOURCE, spec), *([("set", spec_sets)] if spec_sets else [])]
         self.resolve(lambda: None)  # every argument is checked now, not at the first submit
         self._checked_at: float | None = None
 
+    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute
+
+        def __getattr__(self, name: str) -> Any:
+            raise submitit_names.method_error("Executor", name, submitit_names.EXECUTOR_METHODS)
+
     def resolve(self, fn: Callable[..., Any]) -> Resolved:
         """The run spec a submit of fn gets: a `function` run named after fn unless name= was given."""
-        base = {"name": _name_of(fn), "function": _qualified(fn)}
+        return self._resolve({"name": _name_of(fn), "function": _qualified(fn)})
+
+    def _resolve(self, base: dict[str, Any]) -> Resolved:
         return resolve_layers([(SOURCE, base), *self._spec_layers], self.profile, self.profile_name)
 
     def update(self, **kw: Any) -> Executor:
@@ -148,6 +167,16 @@ class Executor:
         done = jobs.submit(resolved, call=call, preflighted=fresh)
         if not fresh:
             self._checked_at = time.monotonic()
+        return Job(done.run_id, done.job_id or "", done.run_dir)
+
+    def submit_command(self, command: str | list[str]) -> Job:
+        """Run a shell command on every rank (a `command:` run): a list is quoted word by word. It gets
+        MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, so a torchrun-style
+        script runs as it is; job.result() is rank 0's {"returncode", "stdout"}."""
+        text = command if isinstance(command, str) else shlex.join(command)
+        words = shlex.split(text) if text.strip() else []
+        name = _UNSAFE_NAME.sub("", Path(words[0]).name if words else "") or "command"
+        done = jobs.submit(self._resolve({"name": name[:64], "command": text}))
         return Job(done.run_id, done.job_id or "", done.run_dir)
 
     def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any], max_parallel: int | None = None,

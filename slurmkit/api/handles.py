@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from slurmkit.api import submitit_names
 from slurmkit.common.errors import JobFailedError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
@@ -44,6 +45,11 @@ class Job:
     @property
     def paths(self) -> RunPaths:
         return RunPaths(Path(self.run_dir))
+
+    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute
+
+        def __getattr__(self, name: str) -> Any:
+            raise submitit_names.method_error("Job", name, submitit_names.JOB_METHODS)
 
     @property
     def started(self) -> bool:

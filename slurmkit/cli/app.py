@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.core
 
 from slurmkit import __version__
 from slurmkit.cli import (
@@ -17,6 +18,17 @@ from slurmkit.cli import (
     report_cmd,
     sweep_cmd,
 )
+
+_shown_type = typer.core.TyperOption.display_type_rich
+
+
+def _flags_read_as_flags(self: typer.core.TyperOption, ctx: Any) -> str | None:
+    """typer 0.29 shows every flag as `--wait <bool>`, which reads as if it took a value (and
+    `--wait true` is refused): a flag shows no type."""
+    return None if self.is_flag else _shown_type(self, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _flags_read_as_flags  # type: ignore[method-assign]
 
 app = typer.Typer(
     name="slurmkit",

@@ -34,6 +34,8 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except SlurmkitError as exc:
             typer.echo(f"error: {exc.one_line()}", err=True)
+            for line in exc.details():
+                typer.echo(f"  {line}", err=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]

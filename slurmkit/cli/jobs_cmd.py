@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -101,14 +102,20 @@ def status(
         print_json([r.as_dict() for r in rows])
         return
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    table = Table("run", "job", "state", "nodes", "elapsed", "restarts", "goodput", "jobs")
+    table = Table("job", "state", "nodes", "elapsed", "restarts", "goodput", "jobs")
+    # The run id is what a user types next: never cut, whatever the terminal's width.
+    table.columns.insert(0, Column("run", no_wrap=True, min_width=max((len(r.run_id) for r in rows), default=3)))
     for r in rows:
         gp = f"{r.goodput:.0%}" if r.goodput is not None else ""
         state = f"{r.state} ({r.reason})" if r.reason else r.state
         table.add_row(r.run_id, r.job_id, state, r.nodes, r.elapsed, str(r.restarts), gp, str(r.jobs))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for r in rows:
+        if r.cause:
+            console.print(f"{r.run_id}: {r.cause}", markup=False, highlight=False)
 
 
 @user_errors
@@ -121,6 +128,7 @@ def list_runs(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         print_json([{"run_id": r.run_id, "run_dir": r.run_dir, "state": r.state, "job_id": r.job_id,
                      "created": r.created, "name": r.name} for r in rows])
         return
+    typer.echo("run_id\tstate\tjob_id\trun_dir")
     for r in rows:
         typer.echo(f"{r.run_id}\t{r.state}\t{r.job_id}\t{r.run_dir}")
 
@@ -167,7 +175,29 @@ def result(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False) ->
 
 def _print_value(value: object) -> None:
     if isinstance(value, dict):
-        for key, item in value.items():
-            typer.echo(f"  {key}: {item}")
+        for line in human_lines(value):
+            typer.echo(f"  {line}")
     else:
         typer.echo(repr(value))
+
+
+PERCENT_KEYS = ("accuracy", "mfu")
+
+
+def human(key: str, item: object) -> str:
+    """A result's number as a person reads it: 96.7 %, 24,006/s, 2.67 ms, 0.03936; `--json` keeps them exact."""
+    if isinstance(item, bool) or not isinstance(item, (int, float)):
+        return str(item)
+    if key in PERCENT_KEYS:
+        return f"{item:.1%}".replace("%", " %")
+    if key.endswith("_per_s"):
+        return f"{item:,.0f}/s"
+    if key.endswith("_s") and isinstance(item, float):
+        return f"{item * 1000:.3g} ms" if abs(item) < 1 else f"{item:,.3g} s"
+    if key.endswith("flops"):
+        return f"{item:.3g} FLOP/s"
+    return f"{item:,}" if isinstance(item, int) else f"{item:.4g}"
+
+
+def human_lines(value: Mapping[str, object]) -> list[str]:
+    return [f"{key}: {human(key, item)}" for key, item in value.items()]

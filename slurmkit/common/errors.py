@@ -27,6 +27,10 @@ class SlurmkitError(Exception):
             parts.append(self.valid)
         return " ".join(parts).replace("\n", " ")
 
+    def details(self) -> list[str]:
+        """Lines shown under the one line (a failed job's frames); none for a user error."""
+        return []
+
 
 class ConfigError(SlurmkitError):
     """A profile, run spec or --set override is invalid."""
@@ -51,14 +55,25 @@ class RunNotFoundError(SlurmkitError):
 
 
 class JobFailedError(SlurmkitError):
-    """The job ran and failed; the message, and log_tail, carry the tail of the failing rank's log."""
+    """The job ran and failed. The message leads with the failing rank and its cause (the exception
+    line, or a command's exit code); `trace` holds the last frames of the user's own code, `log_tail`
+    the last lines of that rank's output (stdout, then stderr)."""
 
     exit_code = 4
 
     def __init__(self, message: str, *, where: str | None = None, valid: str | None = None,
-                 log_tail: str = "") -> None:
+                 log_tail: str = "", rank: int | None = None, cause: str = "", trace: tuple[str, ...] = ()) -> None:
         self.log_tail = log_tail
+        self.rank = rank
+        self.cause = cause
+        self.trace = trace
         super().__init__(message, where=where, valid=valid)
+
+    def details(self) -> list[str]:
+        return [ln for frame in self.trace for ln in frame.splitlines()]
+
+    def __str__(self) -> str:
+        return "\n".join([self.one_line(), *(f"  {ln}" for ln in self.details())])
 
 
 class DevClusterError(SlurmkitError):

@@ -47,6 +47,10 @@ class Outcome(Record):
     restart_count: int = 0
     attempt: int = 0
     time: str = ""
+    cause: str = ""
+    """An error's first line for people (common.cause): `ValueError: bad input`, or a command's `exit code 1: ...`."""
+    trace: list[str] = []
+    """The last frames of the user's own code (or a command's last stderr lines), newest last."""
 
     @property
     def ok(self) -> bool:
@@ -90,13 +94,14 @@ def attempt() -> int:
     return int(os.environ.get(ATTEMPT_ENV, "0") or 0)
 
 
-def record(path: Path, state: str, *, value: Any = None, error: str = "") -> None:
+def record(path: Path, state: str, *, value: Any = None, error: str = "", cause: str = "",
+           trace: list[str] | None = None) -> None:
     """Write one rank's outcome atomically (a reader never sees half a record)."""
     shown, omitted = _json_value(value) if state == SUCCESS else (None, "")
     outcome = Outcome(state=SUCCESS if state == SUCCESS else ERROR, returncode=0 if state == SUCCESS else 1,
                       error=error[-ERROR_MAX_CHARS:], value=shown, value_omitted=omitted,
                       restart_count=restart_count(), attempt=attempt(),
-                      time=dt.datetime.now().isoformat(timespec="seconds"))
+                      time=dt.datetime.now().isoformat(timespec="seconds"), cause=cause, trace=trace or [])
     # 0666 narrowed by the job's umask (0077, or 0027 for run_mode group), as its logs and checkpoints.
     # Every field is written, value null included: a reader tells "returned None" from "no value".
     atomic_write_text(path, outcome.model_dump_json() + "\n", mode=0o666)

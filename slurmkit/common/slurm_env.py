@@ -23,7 +23,8 @@ def base_id(job_id: str) -> str:
 
 
 def _split_top(text: str) -> list[str]:
-    """Split on the commas outside brackets: 'a[1-2],b' -> ['a[1-2]', 'b']."""
+    """Split on the commas outside brackets: 'a[1-2], b' -> ['a[1-2]', 'b'] (blanks around items
+    dropped, as Slurm drops them)."""
     parts, depth, start = [], 0, 0
     for i, c in enumerate(text):
         depth += (c == "[") - (c == "]")
@@ -35,7 +36,7 @@ def _split_top(text: str) -> list[str]:
     if depth:
         raise ValueError(f"unbalanced '[' in hostlist {text!r}")
     parts.append(text[start:])
-    return [p for p in parts if p]
+    return [p.strip() for p in parts if p.strip()]
 
 
 def _expand_one(item: str) -> list[str]:

@@ -33,6 +33,14 @@ from slurmkit.common.errors import SlurmkitError, clip
 
 JOB_ID_RE = re.compile(r"^(\d+)(?:_(\d+))?$")
 """A job id (`123`), or an array task's (`123_4`): what slurmkit records and passes to Slurm."""
+_STEP_RE = re.compile(r"^(\d+(?:_\d+)?)(?:\+\d+)?(?:\.(?:\d+|batch|extern|interactive))?$")
+
+
+def job_of(ident: str) -> str:
+    """The job id in a step or component id as sacct and squeue print them: `123.0`, `123.batch`,
+    `123_4.extern`, `123+0` -> `123`, `123_4`; anything else unchanged."""
+    m = _STEP_RE.match(ident)
+    return m.group(1) if m else ident
 WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
 

@@ -59,12 +59,18 @@ def has_control(value: Any) -> bool:
     return False
 
 
+NO_LIMIT = "UNLIMITED"
+_NO_LIMIT_WORDS = ("UNLIMITED", "INFINITE", "-1")
+
+
 def _slurm_time(value: str) -> str:
+    """A time as sbatch --time takes it; UNLIMITED, INFINITE and -1 (sbatch's words for no limit) read as UNLIMITED."""
     value = str(value)
+    if value.upper() in _NO_LIMIT_WORDS:
+        return NO_LIMIT
     if not _TIME_RE.match(value):
-        raise ValueError(
-            f"invalid time {clip(value)}; valid: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
-        )
+        raise ValueError(f"invalid time {clip(value)}; valid: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                         "D-HH:MM:SS, or 0 / UNLIMITED for no limit of the job's own")
     return value
 
 
@@ -193,5 +199,6 @@ def duration_s(value: str) -> int:
 
 
 def time_to_minutes(value: str) -> int:
-    """A Slurm time string in whole minutes (rounded up), as Slurm's own parser does."""
-    return -(-duration_s(value) // 60)
+    """A Slurm time string in whole minutes (rounded up), as Slurm's own parser does; 0 for no limit
+    (0 or UNLIMITED: the partition's MaxTime still applies)."""
+    return 0 if value == NO_LIMIT else -(-duration_s(value) // 60)

@@ -53,7 +53,9 @@ class Resources(Strict):
     mem_per_gpu: SlurmMem | None = None
     """Memory per allocated GPU, e.g. 40G (sbatch --mem-per-gpu); Slurm takes it instead of mem."""
     time: SlurmTime | None = None
-    """Wall-clock limit, e.g. 90 (minutes), 1:30:00 (unquoted is fine) or 2-00:00:00 (sbatch --time)."""
+    """Wall-clock limit, e.g. 90 (minutes), 1:30:00 (unquoted is fine) or 2-00:00:00 (sbatch --time).
+    0, UNLIMITED, INFINITE or -1: no limit of the job's own (the partition's MaxTime still applies;
+    the local executor runs without one)."""
 
 
 DEFAULT_RESOURCES = Resources(nodes=1, spare_nodes=0, elastic=False, tasks_per_node=1, gpus_per_node=0, cpus_per_task=1,

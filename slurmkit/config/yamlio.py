@@ -76,8 +76,16 @@ def read_regular(path: Path, limit: int) -> bytes:
     return data
 
 
+SCRIPT_SUFFIXES = {".py": "python", ".sh": "bash", ".bash": "bash"}
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
-    """A YAML mapping from a UTF-8 file; anything else is one ConfigError naming the file."""
+    """A YAML mapping from a UTF-8 file; anything else is one ConfigError naming the file. A script
+    given where a spec goes (`slurmkit submit train.py`) is told how a spec runs it."""
+    if (runner := SCRIPT_SUFFIXES.get(Path(path).suffix)) is not None:
+        raise ConfigError(f"{Path(path).name} is a script, not a YAML run spec", where=str(path),
+                          valid=f"valid: a run spec that runs it, e.g. spec.yaml holding `name: train` and "
+                                f"`command: {runner} {Path(path).name}` (docs/jobs.md)")
     try:
         text = read_regular(path, MAX_FILE_BYTES).decode("utf-8")
     except OSError as exc:

@@ -18,12 +18,14 @@ from slurmkit.common.record import RestartEntry, RunFile, RunRecord
 from slurmkit.config.loader import Resolved
 from slurmkit.insight import goodput
 from slurmkit.runs import procs, registry, snapshot
+from slurmkit.runs.failure import failure, headline
 from slurmkit.runs.lookup import find, list_runs, read_records
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.registry import expand_root
 from slurmkit.slurm import commands, preflight
 
-LOG_TAIL_LINES = 20
+FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})
+"""Ended states a rank's error explains (`status` shows its cause); TIMEOUT and CANCELLED say theirs."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,8 @@ class RunStatus:
     """The code snapshot the run runs from (slurmkit.runs.snapshot), if it took one."""
     reason: str = ""
     """Why a pending job waits, as squeue says it (Priority, Resources, BeginTime, JobHeldUser, ...)."""
+    cause: str = ""
+    """A failed run's failing rank and its error (runs.failure): `rank 1: ValueError: bad input`."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -226,7 +230,8 @@ def statuses(runs: list[tuple[RunPaths, RunRecord]]) -> list[RunStatus]:
         out.append(RunStatus(paths.run_id, rec.name, jid, state, nodes, elapsed, restarts,
                              len(rec.job_ids), str(paths.run_dir), rec.created,
                              _goodput(paths, rec, infos.get(jid)) if not is_active(state) else None,
-                             rec.snapshot, _pending_reason(infos.get(jid))))
+                             rec.snapshot, _pending_reason(infos.get(jid)),
+                             headline(paths, jid, rec.num_tasks) if state in FAILED_STATES else ""))
     return out
 
 
@@ -355,22 +360,7 @@ def result(paths: RunPaths, rank: int = 0) -> Any:
         why = marked.detail if marked is not None else "Slurm ended it at the end of its grace"
         raise JobFailedError(f"run was preempted (job {st.job_id}): {why}", where=paths.run_id,
                              valid=f"resume it with `slurmkit resubmit {paths.run_id}`")
-    failing, tail = failing_rank_tail(paths, st.job_id)
-    raise JobFailedError(f"run ended {st.state} (job {st.job_id}); rank {failing} log tail: {tail}",
-                         where=paths.run_id, log_tail=tail)
-
-
-def failing_rank_tail(paths: RunPaths, job_id: str) -> tuple[int, str]:
-    """The first rank whose outcome is an error or missing, and the tail of its stderr."""
-    failing = 0
-    for rank in range(RunFile(paths).read().num_tasks):
-        outcome = paths.outcome(job_id, rank)
-        if outcome is None or not outcome.ok:
-            failing = rank
-            break
-    lines: list[str] = []
-    for stream in ("err", "out"):
-        log = paths.rank_log(job_id, failing, stream)
-        if log.exists():
-            lines += [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    return failing, " | ".join(lines[-LOG_TAIL_LINES:]) or "(no log)"
+    failed = failure(paths, st.job_id)
+    raise JobFailedError(f"run ended {st.state} (job {st.job_id}): {failed.headline}", where=paths.run_id,
+                         valid=f"every rank's output: `slurmkit logs {paths.run_id}`", log_tail=failed.log_tail,
+                         rank=failed.rank, cause=failed.cause, trace=failed.trace)

@@ -26,8 +26,9 @@ def find(run_root: str, ident: str) -> RunPaths:
     try:
         return find_run(run_root, ident)
     except RunNotFoundError:
-        m = trust.JOB_ID_RE.match(ident)
-        found = _by_job_id(run_root, ident, m.group(1), m.group(2)) if m else None
+        job_id = trust.job_of(ident)
+        m = trust.JOB_ID_RE.match(job_id)
+        found = _by_job_id(run_root, job_id, m.group(1), m.group(2)) if m else None
         if found is None:
             raise
         return found

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from slurmkit.common.slurm_env import expand_hostlist
 from slurmkit.config.fields import duration_s
 
 # PREEMPTED is an end: a job preempted under PreemptMode=REQUEUE goes RUNNING, COMPLETING, PENDING
@@ -26,7 +25,25 @@ ACTIVE_STATES = frozenset(
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%M|%A"
 SACCT_FORMAT = "JobID,State,Reason,NodeList,Elapsed,ExitCode,Submit,Start,End"
-_PENDING_RANGE_RE = re.compile(r"^(\d+)_\[([\d,\-]+)(?:%\d+)?\]$")
+_PENDING_RANGE_RE = re.compile(r"^(\d+)_\[([\d,\-:.]+)(?:%\d+)?\]$")
+_TASK_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+
+
+class TruncatedArray(ValueError):
+    """squeue cut a pending array's task list short (`123_[2,4,6,...%9]`): its tasks cannot be known
+    from that line, so this is an error, never a guess (slurmkit asks for one line per task, --array)."""
+
+
+def array_tasks(base: str, ranges: str) -> list[str]:
+    """A pending array's task ids from squeue's list: `2-18:2,21` -> 2, 4, ..., 18, 21."""
+    tasks: list[str] = []
+    for item in ranges.split(","):
+        m = _TASK_RANGE_RE.match(item)
+        if m is None:
+            raise TruncatedArray(f"squeue printed job {base}'s pending tasks as [{ranges}]")
+        lo, hi, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+        tasks += [f"{base}_{i}" for i in range(lo, hi + 1, step)]
+    return tasks
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +99,8 @@ def _no_gc() -> Iterator[None]:
 
 def squeue(text: str) -> dict[str, JobInfo]:
     """squeue --noheader --array --format=SQUEUE_FORMAT. A pending array's not yet split tasks may
-    still come as one line, 123_[4-999%4]: each task gets its own entry."""
+    still come as one line, 123_[4-999%4] or stepped 123_[2-18:2%9]: each task gets its own entry;
+    a list squeue cut short is a TruncatedArray."""
     with _no_gc():
         return _squeue(text)
 
@@ -99,8 +117,7 @@ def _squeue(text: str) -> dict[str, JobInfo]:
         if pending is None:
             jobs[job_id] = JobInfo(job_id, state, reason, nodes, elapsed)
             continue
-        # The task ranges read as a hostlist's: 7_[3,5-6] -> 7_3 7_5 7_6.
-        for jid in expand_hostlist(f"{pending.group(1)}_[{pending.group(2)}]"):
+        for jid in array_tasks(pending.group(1), pending.group(2)):
             jobs[jid] = JobInfo(jid, state, reason, nodes, elapsed)
     return jobs
 

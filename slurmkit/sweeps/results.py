@@ -56,11 +56,15 @@ def _local_states(paths: SweepPaths, manifest: SweepManifest) -> list[TaskState]
     return out
 
 
-def _by_outcomes(paths: SweepPaths, manifest: SweepManifest, index: int, job_id: str) -> str:
-    """A task neither squeue nor sacct knows: what its ranks' outcome records say (jobs.outcome_state)."""
+def _by_outcomes(paths: SweepPaths, manifest: SweepManifest, index: int, job_id: str,
+                 pending_arrays: set[str]) -> str:
+    """A task neither squeue nor sacct knows: what its ranks' outcome records say (jobs.outcome_state).
+    One that never started, of an array with tasks still pending, is pending too: Slurm 22.05's
+    `squeue --array` leaves out the last task of a pending array it holds in stepped form (submitted
+    `--array=1,3,...,39`, shown `_[1-39:2]`, listed 1..37; measured on the dev cluster)."""
     task = paths.task(index)
     if not task.record.exists():
-        return "UNKNOWN"
+        return "PENDING" if commands.base_id(job_id) in pending_arrays else "UNKNOWN"
     return outcome_state(task, job_id, task_entry(paths, manifest, index).num_tasks)
 
 
@@ -76,11 +80,12 @@ def task_states(paths: SweepPaths, manifest: SweepManifest | None = None) -> lis
     # sacct on an array's base id lists all of its tasks: one call covers every finished task.
     finished_arrays = sorted({commands.base_id(j) for j in latest.values() if j and j not in live})
     done = commands.sacct_or_warn(finished_arrays) if finished_arrays else {}
+    pending = {commands.base_id(j) for j, info in live.items() if info.state == "PENDING"}
     out = []
     for index, jid in latest.items():
         info = (live.get(jid) or done.get(jid)) if jid else None
         if info is None:
-            out.append(TaskState(index, _by_outcomes(paths, manifest, index, jid) if jid else NOT_SUBMITTED,
+            out.append(TaskState(index, _by_outcomes(paths, manifest, index, jid, pending) if jid else NOT_SUBMITTED,
                                  jid or ""))
         else:
             out.append(TaskState(index, info.state, jid or "", info.nodes, info.elapsed, info.restarts))

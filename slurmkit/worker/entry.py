@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import outcomes
+from slurmkit.common import cause, outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.worker import checkpoint, ray_driver
@@ -23,11 +23,16 @@ from slurmkit.worker.ft import restarts
 from slurmkit.worker.ft.interrupt import requeue_on_signal
 
 STDOUT_TAIL_LINES = 200
+STDERR_TAIL_BYTES = 64 * 1024
 COMMAND_GRACE_S = 5.0
 
 
 class CommandFailed(RuntimeError):
     """A shell command run by a rank exited non-zero."""
+
+    def __init__(self, returncode: int, command: str) -> None:
+        self.returncode = returncode
+        super().__init__(f"command exited with code {returncode}: {command}")
 
 
 @dataclass
@@ -47,13 +52,18 @@ class Run:
 
     def __call__(self) -> Any:
         """Run the spec; the rank's outcome goes to outcomes/ as JSON (a stop for requeue writes none)."""
-        outcome_file = _outcome_file(self.run_dir)
+        outcome_file, stderr_log = _rank_files(self.run_dir)
         try:
             value = self._run()
-        except Exception:
+        except Exception as exc:
             import traceback
 
-            outcomes.record(outcome_file, outcomes.ERROR, error=traceback.format_exc())
+            if isinstance(exc, CommandFailed):
+                sys.stderr.flush()
+                why, trace = cause.of_command(exc.returncode, _tail(stderr_log))
+            else:
+                why, trace = cause.of_exception(exc)
+            outcomes.record(outcome_file, outcomes.ERROR, error=traceback.format_exc(), cause=why, trace=trace)
             raise
         outcomes.record(outcome_file, outcomes.SUCCESS, value=value)
         return value
@@ -78,6 +88,9 @@ class Run:
         with requeue_on_signal(self.run_dir):
             if self.spec.get("command") is not None:
                 return run_command(self.spec["command"])
+            # The env:// rendezvous variables, as a command gets them: a function that calls
+            # init_process_group() (or runs a torchrun-style script in a subprocess) needs no slurmkit call.
+            os.environ.update(rank_env(detect()))
             if self.spec.get("callable") is not None:
                 return call(self.spec["callable"], self.spec.get("kwargs") or {})
             if self.spec.get("function") is not None:
@@ -86,13 +99,24 @@ class Run:
             return ray_driver.run(self.spec["ray"])
 
 
-def _outcome_file(run_dir: str) -> Path:
-    """This rank's outcome record, named as submitit names its result (job id, global rank)."""
+def _rank_files(run_dir: str) -> tuple[Path, Path]:
+    """This rank's outcome record, named as submitit names its result (job id, global rank), and its stderr log."""
     import submitit
 
-
     env = submitit.JobEnvironment()
-    return RunPaths(Path(run_dir)).outcome_file(str(env.job_id), env.global_rank)
+    paths = RunPaths(Path(run_dir))
+    return (paths.outcome_file(str(env.job_id), env.global_rank),
+            paths.rank_log(str(env.job_id), env.global_rank, "err"))
+
+
+def _tail(path: Path, size: int = STDERR_TAIL_BYTES) -> str:
+    """The last `size` bytes of a log, as text ("" where there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def record_restart(run_dir: str) -> None:
@@ -170,5 +194,5 @@ def run_command(command: str) -> dict[str, Any]:
             raise
         rc = proc.wait()
     if rc != 0:
-        raise CommandFailed(f"command exited with code {rc}: {command}")
+        raise CommandFailed(rc, command)
     return {"returncode": rc, "stdout": "".join(tail)}

@@ -1,0 +1,148 @@
+"""A user's own torchrun-style code runs as it is from the Python API: every rank of a function run
+has the env:// variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE),
+a command is submitted with `submit_command`, a launcher with `launcher=` (issue 31, item 2).
+Local profile, two ranks, gloo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import slurmkit
+from slurmkit.common.errors import ConfigError
+
+SPMD_SCRIPT = """\
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # env://, as under torchrun
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} sum {t.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def spmd_main() -> dict[str, Any]:
+    """What a torchrun user writes: no slurmkit call, init_process_group() from the environment."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    out = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    dist.destroy_process_group()
+    return {**out, "sum": t.item()}
+
+
+def test_a_function_that_calls_init_process_group_runs_with_no_slurmkit_call(local_profile: Path) -> None:
+    ex = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2)
+    values = ex.submit(spmd_main).results(timeout=300)
+    assert [(v["RANK"], v["WORLD_SIZE"], v["LOCAL_RANK"], v["LOCAL_WORLD_SIZE"]) for v in values] == [
+        ("0", "2", "0", "2"), ("1", "2", "1", "2")]
+    assert {v["sum"] for v in values} == {3.0}
+
+
+def test_a_script_run_through_subprocess_from_a_function_gets_the_same_variables(tmp_path: Path,
+                                                                                 local_profile: Path) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(SPMD_SCRIPT)
+    ex = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2)
+    done = ex.submit(subprocess.run, [sys.executable, str(script)], capture_output=True, text=True).results(
+        timeout=300)
+    assert [d.returncode for d in done] == [0, 0]
+    assert sorted(d.stdout.strip() for d in done) == ["rank 0 of 2 sum 3", "rank 1 of 2 sum 3"]
+
+
+def test_submit_command_runs_a_script_on_every_rank(tmp_path: Path, local_profile: Path) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(SPMD_SCRIPT)
+    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2).submit_command(
+        [sys.executable, str(script)])
+    assert job.run_id.startswith("python")
+    outs = job.results(timeout=300)
+    assert [o["returncode"] for o in outs] == [0, 0]
+    assert [o["stdout"].strip() for o in outs] == ["rank 0 of 2 sum 3", "rank 1 of 2 sum 3"]
+
+
+def test_launcher_is_a_keyword(dev_profile: Path) -> None:
+    ex = slurmkit.Executor(profile=str(dev_profile), launcher="torchrun")  # resolved only: no cluster asked
+    assert ex.resolve(spmd_main).spec.launcher == "torchrun"
+    assert ex.update(launcher="srun").resolve(spmd_main).spec.launcher == "srun"
+    with pytest.raises(ConfigError) as err:
+        slurmkit.Executor(profile=str(dev_profile), launcher="mpirun")
+    assert err.value.where is not None and "launcher" in err.value.where
+
+
+def test_every_submitit_executor_parameter_is_slurmkits_or_points_at_it(local_profile: Path) -> None:
+    """Read from submitit itself: AutoExecutor's parameters and every slurm_* one."""
+    from submitit.auto.auto import AutoExecutor
+    from submitit.slurm.slurm import SlurmExecutor
+
+    from slurmkit.api import submitit_names
+
+    names = {"folder", "cluster", *AutoExecutor._valid_parameters(),
+             *(f"slurm_{p}" for p in SlurmExecutor._valid_parameters())}
+    pointed = 0
+    for name in sorted(names):
+        try:
+            slurmkit.Executor(profile=str(local_profile), **{name: 1})
+        except ConfigError as err:
+            if err.where != "Executor":  # a field of slurmkit's too, refusing the value 1: not a name error
+                continue
+            assert submitit_names.keyword_hint(name, []) or name.removeprefix("slurm_") in err.what, name
+            pointed += 1
+    assert pointed >= 30  # the loop met the submitit names, not only slurmkit's own
+
+
+def test_submitit_methods_point_at_slurmkits(local_profile: Path) -> None:
+    from slurmkit.api import submitit_names
+
+    ex = slurmkit.Executor(profile=str(local_profile))
+    for name in submitit_names.EXECUTOR_METHODS:
+        with pytest.raises(AttributeError) as err:
+            getattr(ex, name)
+        assert submitit_names.EXECUTOR_METHODS[name] in str(err.value)
+    job = slurmkit.Job("r", "1", "/nonexistent")
+    for name in submitit_names.JOB_METHODS:
+        with pytest.raises(AttributeError) as err:
+            getattr(job, name)
+        assert submitit_names.JOB_METHODS[name] in str(err.value)
+    with pytest.raises(AttributeError):
+        job.no_such_thing  # noqa: B018 - a name neither has: the plain AttributeError
+
+
+class Counter:
+    """submitit's documented Checkpointable pattern (a class with checkpoint())."""
+
+    def __call__(self, n: int) -> int:
+        return n
+
+    def checkpoint(self, n: int) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, n)
+
+
+def test_a_submitit_checkpointable_is_not_silently_ignored(local_profile: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Until slurmkit honours checkpoint() (issue 31), it says at submit that it will not call it."""
+    job = slurmkit.Executor(profile=str(local_profile)).submit(Counter(), 3)
+    assert "Counter is a submitit Checkpointable" in capsys.readouterr().err
+    assert job.result(timeout=120) == 3
+
+
+def test_from_submitit_md_covers_every_name_slurmkit_points_at_it() -> None:
+    from slurmkit.api import submitit_names
+    from tests.conftest import ROOT
+
+    doc = (ROOT / "docs" / "from-submitit.md").read_text()
+    names = [*submitit_names.EXECUTOR_KEYWORDS, *submitit_names.EXECUTOR_METHODS, *submitit_names.JOB_METHODS]
+    assert [n for n in names if n not in doc] == []
