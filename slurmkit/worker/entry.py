@@ -88,15 +88,14 @@ class Run:
         with requeue_on_signal(self.run_dir):
             if self.spec.get("command") is not None:
                 return run_command(self.spec["command"])
+            if self.spec.get("ray") is not None:
+                return ray_driver.run(self.spec["ray"])
             # The env:// rendezvous variables, as a command gets them: a function that calls
             # init_process_group() (or runs a torchrun-style script in a subprocess) needs no slurmkit call.
             os.environ.update(rank_env(detect()))
             if self.spec.get("callable") is not None:
                 return call(self.spec["callable"], self.spec.get("kwargs") or {})
-            if self.spec.get("function") is not None:
-                return call_function(self.fn, self.args, self.kwargs)
-
-            return ray_driver.run(self.spec["ray"])
+            return call_function(self.fn, self.args, self.kwargs)
 
 
 def _rank_files(run_dir: str) -> tuple[Path, Path]:
