@@ -54,6 +54,14 @@ def test_a_script_where_a_spec_goes_is_told_how_a_spec_runs_it(tmp_path: Path) -
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_batch_that_does_not_split_over_the_ranks_is_refused_at_render(tmp_path: Path) -> None:
+    """It used to pass render and submit and fail on the compute node, after the queue wait."""
+    spec = write_spec(tmp_path, name="x", task="train", config={"model": "digits", "batch_size": 9},
+                      resources={"tasks_per_node": 2})
+    result = refused(["render", str(spec), "-p", str(profile(tmp_path))])
+    assert "spec.yaml:config.batch_size" in result.stderr
+
+
 def test_binary_profile_file(tmp_path: Path) -> None:
     prof = tmp_path / "bin.yaml"
     prof.write_bytes(b"partition: \x80\x81\n")

@@ -141,3 +141,14 @@ def test_status_never_cuts_the_run_id_and_list_has_a_header(tmp_path: Path) -> N
     assert done["run_id"] in status.stdout
     listed = runner.invoke(app, ["list", "-p", str(profile)]).stdout.splitlines()
     assert listed[0].split("\t") == ["run_id", "state", "job_id", "run_dir"] and listed[1].startswith(done["run_id"])
+
+
+def test_a_train_spec_that_leaves_its_profiles_gpus_idle_is_warned_at_render(monkeypatch: Any) -> None:
+    monkeypatch.setenv("USER", "alice")
+    gpt = str(ROOT / "examples" / "train_gpt.yaml")
+    warned = runner.invoke(app, ["render", gpt, "-p", "gpu-pyxis"])
+    assert warned.exit_code == 0, warned.output
+    (line,) = [ln for ln in warned.stderr.splitlines() if ln.startswith("warning:")]
+    assert line.startswith(f"warning: {gpt}:resources.tasks_per_node=2 ")  # where, then why
+    quiet = runner.invoke(app, ["render", gpt, "-p", "gpu-pyxis", "--set", "resources.tasks_per_node=8"])
+    assert quiet.exit_code == 0 and "warning:" not in quiet.stderr

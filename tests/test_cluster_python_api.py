@@ -158,6 +158,45 @@ def test_checkpoint_function_preempted_resumes_with_no_lost_steps(cluster: None,
     assert len(record.restarts) == 1 and record.restarts[0].cause == "preemption"
 
 
+class Counter:
+    """submitit's documented Checkpointable pattern, as its docs write it (only the import and the
+    executor lines would differ): state on self, checkpoint() returns the next call."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.starts: list[int] = []
+
+    def __call__(self, n: int) -> tuple[int, list[int]]:
+        import time
+
+        self.starts.append(self.done)
+        log = Path(os.environ["SLURMKIT_RUN_DIR"]) / "count.log"
+        while self.done < n:
+            self.done += 1
+            with open(log, "a") as f:
+                f.write(f"{self.done}\n")
+            time.sleep(0.2)
+        return self.done, self.starts
+
+    def checkpoint(self, n: int) -> Any:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, n)
+
+
+def test_a_submitit_checkpointable_preempted_goes_on_where_it_stopped(cluster: None, dev_profile: Path) -> None:
+    job = slurmkit.Executor(profile=str(dev_profile), name="counter").submit(Counter(), 40)
+    log = Path(job.run_dir) / "count.log"
+    wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 8, timeout_s=180, what="count 8",
+               poll_s=0.2)
+    subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True)
+    done, starts = job.result(timeout=300)
+    assert done == 40 and len(starts) == 2 and starts[0] == 0
+    assert starts[1] >= 8  # the second incarnation began where checkpoint() left the count, not at 0
+    record = RunFile(job.paths).read()
+    assert [r.cause for r in record.restarts] == ["preemption"]
+
+
 SNAPSHOT_DRIVER = """
     import json, subprocess, sys
     import slurmkit

@@ -19,14 +19,14 @@ runner = CliRunner()
 
 
 def test_bench_fs_compares_with_dd_on_the_same_path_and_cleans_up(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["bench", "fs", str(tmp_path), "--size", "8MB", "--checkpoint-size", "1GB",
+    result = runner.invoke(app, ["bench", "fs", str(tmp_path), "--size", "8MiB", "--checkpoint-size", "40GB",
                                  "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["bytes"] == 8 * 2**20 and out["write_MBps"] > 0 and out["dd_write_MBps"] > 0
-    assert out["write_vs_dd"] > 0 and out["checkpoint_bytes"] == 2**30
+    assert out["write_vs_dd"] > 0 and out["checkpoint_bytes"] == 40 * 10**9  # GB as printed back: 1000s
     # write_MBps, not write_s: 8 MB can take a few ms, which 3 decimals of write_s cannot carry to 5%.
-    assert out["estimated_save_s"] == pytest.approx(2**30 / (out["write_MBps"] * 1e6), rel=0.05)
+    assert out["estimated_save_s"] == pytest.approx(40e9 / (out["write_MBps"] * 1e6), rel=0.05)
     assert list(tmp_path.iterdir()) == [], "the bench left files behind"
 
 
@@ -35,10 +35,22 @@ def test_bench_fs_on_an_object_store_has_no_dd_baseline() -> None:
     assert out["baseline"].startswith("none") and "write_vs_dd" not in out
 
 
-def test_bench_fs_refuses_a_bad_size_in_one_line(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["bench", "fs", str(tmp_path), "--size", "lots"])
-    assert result.exit_code == 2 and result.output.strip() == (
-        "error: --size: invalid size 'lots' valid: e.g. 256MB, 1GB, 4096")
+@pytest.mark.parametrize("size", ["lots", "8", "512KiB"])
+def test_bench_fs_refuses_a_bad_or_tiny_size_in_one_line(tmp_path: Path, size: str) -> None:
+    """Under dd's 1 MiB block the run would compare a few bytes with a MiB."""
+    result = runner.invoke(app, ["bench", "fs", str(tmp_path), "--size", size])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert result.output.startswith("error: --size:") and list(tmp_path.iterdir()) == []
+
+
+def test_bench_fs_and_doctor_on_s3_without_s3fs_say_so_in_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["bench", "fs", "s3://bucket/ckpt", "--size", "1MiB"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "slurmkit[s3]" in result.output
+    profile = tmp_path / "s3.yaml"
+    profile.write_text(f"extends: local\nrun_root: {tmp_path / 'runs'}\ncheckpoint_root: s3://bucket/ckpt\n")
+    checks = {c["name"]: c for c in json.loads(runner.invoke(app, ["doctor", "-p", str(profile), "--json"]).stdout)}
+    assert checks["checkpoint_root"]["status"] == "FAIL" and "slurmkit[s3]" in checks["checkpoint_root"]["detail"]
 
 
 def test_doctor_on_the_local_profile_needs_no_slurm(local_profile: Path) -> None:

@@ -131,12 +131,23 @@ class Counter:
         return submitit.helpers.DelayedSubmission(self, n)
 
 
-def test_a_submitit_checkpointable_is_not_silently_ignored(local_profile: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    """Until slurmkit honours checkpoint() (issue 31), it says at submit that it will not call it."""
-    job = slurmkit.Executor(profile=str(local_profile)).submit(Counter(), 3)
-    assert "Counter is a submitit Checkpointable" in capsys.readouterr().err
-    assert job.result(timeout=120) == 3
+def test_a_checkpointable_stopped_on_rank_0_keeps_its_next_call_for_the_next_incarnation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preempted run itself is in test_cluster_python_api; here, who keeps what."""
+    from slurmkit.common.layout import RunPaths
+    from slurmkit.worker.ft import checkpointable
+
+    paths = RunPaths(tmp_path / "run")
+    paths.run_dir.mkdir(mode=0o700)
+    counter = Counter()
+    assert checkpointable.load(paths, counter, (3,), {}) == (counter, (3,), {})  # nothing kept: as submitted
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert not checkpointable.save(paths, counter, (3,), {})  # rank 0 asks, as submitit's does
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert not checkpointable.save(paths, spmd_main, (), {})  # not a Checkpointable
+    assert checkpointable.save(paths, counter, (3,), {})
+    fn, args, kwargs = checkpointable.load(paths, spmd_main, (), {})
+    assert isinstance(fn, Counter) and (args, kwargs) == ((3,), {})
 
 
 def test_from_submitit_md_covers_every_name_slurmkit_points_at_it() -> None:
@@ -146,3 +157,10 @@ def test_from_submitit_md_covers_every_name_slurmkit_points_at_it() -> None:
     doc = (ROOT / "docs" / "from-submitit.md").read_text()
     names = [*submitit_names.EXECUTOR_KEYWORDS, *submitit_names.EXECUTOR_METHODS, *submitit_names.JOB_METHODS]
     assert [n for n in names if n not in doc] == []
+
+
+def test_a_commands_python_is_the_profiles_interpreter(tmp_path: Path, local_profile: Path) -> None:
+    """Not whichever `python` the batch shell's PATH finds first (here a pyenv shim, elsewhere a
+    system Python without torch): the ranks' own, as an activated venv would give."""
+    job = slurmkit.Executor(profile=str(local_profile)).submit_command("python -c 'import sys; print(sys.prefix)'")
+    assert job.result(timeout=120)["stdout"].strip() == sys.prefix

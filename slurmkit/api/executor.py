@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmkit.api import submitit_names
 from slurmkit.api.handles import Job, SweepHandle
-from slurmkit.common.errors import ConfigError, did_you_mean, squash, warn
+from slurmkit.common.errors import ConfigError, did_you_mean, squash
 from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.loader import (
     Layer,
@@ -91,10 +91,6 @@ def check_call(call: jobs.Call) -> None:
         if test(fn):
             raise ConfigError(f"{_qualified(fn)} returns a {kind}, which cannot be sent back from the job",
                               where=f"{SOURCE}.submit", valid="valid: a function that returns its values")
-    if callable(getattr(fn, "checkpoint", None)):  # what submitit takes for a Checkpointable
-        warn(f"{_qualified(fn)} is a submitit Checkpointable: slurmkit does not call its checkpoint() on "
-             "preemption, so a requeued run starts it afresh; take a slurmkit.Checkpoint parameter instead "
-             "(docs/from-submitit.md)")
     by_value(fn)
     try:
         cloudpickle.dumps(call)

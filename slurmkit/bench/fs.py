@@ -23,13 +23,23 @@ _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?$", re.IGNORECASE)
 CHUNK = 1 << 20
 
 
-def parse_size(text: str) -> int:
-    """'1GB', '256M', '512MiB', '4096' -> bytes (powers of 1024)."""
+def parse_size(text: str, where: str = "--size") -> int:
+    """Bytes, as people and tools write them: 40GB and 256MB are powers of 1000 (what is printed back
+    as GB); 512MiB, and bare 256M as dd and Slurm read it, powers of 1024; 4096 is bytes."""
     m = _SIZE_RE.match(text.strip())
     if not m:
-        raise SlurmkitError(f"invalid size {text!r}", where="--size", valid="valid: e.g. 256MB, 1GB, 4096")
-    scale = 1024 ** " KMGT".index((m.group(2) or " ").upper())
-    return int(float(m.group(1)) * scale)
+        raise SlurmkitError(f"invalid size {text!r}", where=where, valid="valid: e.g. 256MB, 1GB, 512MiB")
+    power = " KMGT".index((m.group(2) or " ").upper())
+    decimal = (m.group(3) or "").upper() == "B" and power > 0  # "GB", not "GiB" or "G"
+    return int(float(m.group(1)) * (1000 if decimal else 1024) ** power)
+
+
+def check_size(size: int, where: str = "--size") -> int:
+    """At least dd's 1 MiB block: smaller, the run would compare a few bytes with dd's MiB."""
+    if size < CHUNK:
+        raise SlurmkitError(f"size of {size} bytes is under 1 MiB", where=where,
+                            valid="valid: 1MiB or more (dd writes 1 MiB blocks), e.g. 256MB, 1GB")
+    return size
 
 
 def _dd(folder: str, size: int) -> tuple[float, float]:
@@ -57,8 +67,9 @@ def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, A
         store = CheckpointStore(root)
     except CheckpointError as exc:
         raise SlurmkitError(f"cannot write or read there: {exc}", where=uri) from exc
-    data = os.urandom(min(size, 64 * CHUNK)) * max(1, size // (64 * CHUNK))  # incompressible, cheap to make
-    size = len(data)
+    size -= size % CHUNK  # whole MiB: dd writes the same bytes, in 1 MiB blocks
+    block = os.urandom(min(size, 64 * CHUNK))  # incompressible, cheap to make
+    data = (block * (size // len(block) + 1))[:size]
     try:
         t0 = time.perf_counter()
         store.write(0, "bench.bin", data)

@@ -58,8 +58,8 @@ def fs(
     """Checkpoint-style write (fsync, rename) and read throughput through fsspec, against dd on the same path."""
     from slurmkit.bench import fs as fs_bench
 
-    result = fs_bench.run(uri, fs_bench.parse_size(size),
-                          fs_bench.parse_size(checkpoint_size) if checkpoint_size else None)
+    result = fs_bench.run(uri, fs_bench.check_size(fs_bench.parse_size(size)),
+                          fs_bench.parse_size(checkpoint_size, "--checkpoint-size") if checkpoint_size else None)
     if as_json:
         print_json(result)
         return

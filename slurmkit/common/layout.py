@@ -85,6 +85,12 @@ class RunPaths:
         return str(self.checkpoints)
 
     @property
+    def resume_call(self) -> Path:
+        """A submitit Checkpointable's `checkpoint()` answer at the last stop (slurmkit.worker.ft.checkpointable):
+        what the next incarnation calls instead of the submitted function."""
+        return self.run_dir / "resume-call.pkl"
+
+    @property
     def restart_request(self) -> Path:
         """Why the running job asked to be requeued; read and removed by the next incarnation."""
         return self.run_dir / "restart-request.json"

@@ -298,8 +298,23 @@ def resolve_layers(layers: list[Layer], profile: ClusterProfile, profile_name: s
     for name in ("spare_nodes", "elastic"):
         if getattr(resources, name):
             _check_shrinkable(run_spec, profile, f"{layers[0][0]}:resources.{name}", name)
+    if run_spec.task == "train":
+        _check_batch(run_spec, resources, layers[0][0])
     return Resolved(spec=run_spec, profile=profile, profile_name=profile_name, resources=resources,
                     spec_source=layers[0][0])
+
+
+def _check_batch(spec: RunSpec, resources: Resources, source: str) -> None:
+    """The global batch splits over the ranks: checked at submit, not after the queue wait."""
+    cfg = TrainConfig.model_validate(spec.config)
+    assert resources.nodes and resources.tasks_per_node
+    world = resources.nodes * resources.tasks_per_node
+    try:
+        cfg.per_rank_batch(world)
+    except ValueError as exc:
+        raise ConfigError(str(exc), where=f"{source}:config.batch_size",
+                          valid=f"valid: a multiple of {world * cfg.grad_accum} ({world} ranks x grad_accum="
+                                f"{cfg.grad_accum})") from None
 
 
 def _check_shrinkable(spec: RunSpec, profile: ClusterProfile, where: str, name: str) -> None:

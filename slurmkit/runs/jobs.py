@@ -84,6 +84,7 @@ def dry_run(resolved: Resolved, dependency: str | None = None) -> Submitted:
     """Render exactly what submit would, creating nothing and calling no Slurm daemon."""
     from slurmkit.slurm.submitit_executor import rank_python, render_for, submitit_command
 
+    warn_idle_gpus(resolved)
     paths = RunPaths(expand_root(resolved.profile.run_root) / "<run-id>")
     script = render_for(resolved, paths.job_folder, submitit_command(rank_python(resolved), paths.job_folder),
                         dependency=dependency)
@@ -139,6 +140,7 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
 def _check_request(resolved: Resolved, dependency: str | None, call: Call | None, preflighted: bool) -> bool:
     """What can be checked before anything is created; whether the run goes to Slurm."""
     check_function_kind(resolved, call)
+    warn_idle_gpus(resolved)
     if resolved.profile.executor == "slurm":
         if not preflighted:
             preflight.check(resolved)
@@ -157,6 +159,15 @@ def warn_oversubscribed(resolved: Resolved) -> None:
     if ranks > cpus:
         warn(f"{resolved.profile_name}: {resolved.num_tasks} local rank(s) x {resolved.resources.cpus_per_task or 1} "
              f"CPU(s) each on {cpus} CPU(s); ranks will share cores")
+
+
+def warn_idle_gpus(resolved: Resolved) -> None:
+    """A train run drives one GPU a rank: fewer ranks a node than the node's GPUs leaves the rest idle
+    (a spec's tasks_per_node undoing its profile's, as examples/train_gpt.yaml on gpu-pyxis)."""
+    gpus, ranks = resolved.node_gpus, resolved.resources.tasks_per_node or 1
+    if resolved.spec.task == "train" and gpus > ranks:
+        warn(f"{resolved.spec_source}:resources.tasks_per_node={ranks} with {gpus} GPUs a node "
+             f"({resolved.profile_name}): {gpus - ranks} GPU(s) a node idle; set resources.tasks_per_node={gpus}")
 
 
 # ---------------------------------------------------------------- status

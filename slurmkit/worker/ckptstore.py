@@ -68,7 +68,13 @@ class CheckpointStore:
     """Storage only: atomic files, the commit marker, listing, verification, pruning. No collectives."""
 
     def __init__(self, uri: str, required: tuple[str, ...] = ()) -> None:
-        self.fs, root = fsspec.core.url_to_fs(uri)
+        try:
+            self.fs, root = fsspec.core.url_to_fs(uri)
+        except ImportError as exc:  # fsspec names the package a protocol needs: "Install s3fs to access S3"
+            extra = " (pip install 'slurmkit[s3]')" if uri.startswith("s3://") else ""
+            raise CheckpointError(f"{uri.split('://')[0]}:// needs a package not installed: {exc}{extra}") from exc
+        except ValueError as exc:  # "Protocol not known: nosuch"
+            raise CheckpointError(f"{exc}; valid: a folder, file://, s3:// or another fsspec URI") from exc
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
         self.required = required

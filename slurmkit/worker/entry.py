@@ -19,8 +19,8 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.worker import checkpoint, ray_driver
 from slurmkit.worker.dist import detect, rank_env
-from slurmkit.worker.ft import restarts
-from slurmkit.worker.ft.interrupt import requeue_on_signal
+from slurmkit.worker.ft import checkpointable, restarts
+from slurmkit.worker.ft.interrupt import Interrupted, requeue_on_signal
 
 STDOUT_TAIL_LINES = 200
 STDERR_TAIL_BYTES = 64 * 1024
@@ -95,7 +95,8 @@ class Run:
             os.environ.update(rank_env(detect()))
             if self.spec.get("callable") is not None:
                 return call(self.spec["callable"], self.spec.get("kwargs") or {})
-            return call_function(self.fn, self.args, self.kwargs)
+            paths = RunPaths(Path(self.run_dir))
+            return call_function(*checkpointable.load(paths, self.fn, self.args, self.kwargs), paths)
 
 
 def _rank_files(run_dir: str) -> tuple[Path, Path]:
@@ -143,16 +144,19 @@ def call(target: str, kwargs: dict[str, Any]) -> Any:
     return obj(**kwargs)
 
 
-def call_function(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def call_function(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], paths: RunPaths | None = None) -> Any:
     """A function from slurmkit.Executor. A parameter annotated slurmkit.Checkpoint gets the run's
     Checkpoint; a process group it brought up (slurmkit.distributed) is left together once it
-    returns (or stops at an agreed step), and torn down however it ends."""
+    returns (or stops at an agreed step), and torn down however it ends. A submitit Checkpointable
+    stopped for a requeue is asked for its next call (slurmkit.worker.ft.checkpointable)."""
     name = checkpoint.wants_checkpoint(fn)
     ckpt = checkpoint.default() if name else None
     try:
         value = fn(*args, **{**kwargs, name: ckpt}) if name else fn(*args, **kwargs)
         checkpoint.finish()
     except BaseException as exc:
+        if paths is not None and isinstance(exc, Interrupted) and exc.requeue:
+            checkpointable.save(paths, fn, args, kwargs)
         _leave_group(together=isinstance(exc, checkpoint.AgreedStop))
         raise
     _leave_group(together=True)
@@ -169,13 +173,24 @@ def _leave_group(together: bool) -> None:
         dist.abandon()
 
 
+def own_python_first(path: str) -> str:
+    """PATH with this rank's interpreter's folder first, where that folder's `python` is this
+    interpreter (a venv's bin/, as `activate` does): a command's `python` is the profile's, not
+    whichever one the batch shell's PATH finds first (a system Python without torch)."""
+    folder = os.path.dirname(sys.executable)
+    python = os.path.join(folder, "python")
+    if not os.path.exists(python) or not os.path.samefile(python, sys.executable):
+        return path
+    return os.pathsep.join([folder, *(p for p in path.split(os.pathsep) if p and p != folder)])
+
+
 def run_command(command: str) -> dict[str, Any]:
     """Run with bash -c (with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and
     LOCAL_WORLD_SIZE exported), echo its output to the rank log as it comes, return its tail."""
     tail: deque[str] = deque(maxlen=STDOUT_TAIL_LINES)
     # The env:// rendezvous variables, so that a user's own `python train.py` with
     # init_process_group() works under srun without slurmkit's worker.
-    env = {**os.environ, **rank_env(detect())}
+    env = {**os.environ, **rank_env(detect()), "PATH": own_python_first(os.environ.get("PATH", ""))}
     with subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=None, text=True, env=env) as proc:
         assert proc.stdout is not None
         try:
