@@ -1,5 +1,5 @@
 """The restart entries of run.json: what started each incarnation and each in-job step, its cause
-and its cost; and the per-cause budget arithmetic over them.
+and its cost.
 
 The cause is what is known for sure: the marker the requester wrote before asking Slurm to
 requeue (restart-request.json), or else what Slurm reports for the previous incarnation (sacct:
