@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+import slurmkit
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
@@ -295,27 +296,34 @@ def test_preemption_signal_requeues_a_run_without_steps(cluster: None, tmp_path:
     assert [r.cause for r in record.restarts] == ["preemption"]
 
 
+USER_DDP = Path(__file__).parent / "user_code" / "ddp_toy.py"
+
+
+def _ddp_lines(world: int, per_node: int, steps: int) -> list[str]:
+    return [f"rank={r} world={world} local={r % per_node} steps={steps} weights_equal=True" for r in range(world)]
+
+
 @pytest.mark.parametrize("launcher, per_node", [("srun", 1), ("torchrun", 2)])
-def test_a_users_own_torch_distributed_script_runs_as_a_command(cluster: None, tmp_path: Path, dev_profile: Path,
-                                                                launcher: str, per_node: int) -> None:
-    """A command run gets the env:// rendezvous variables: a plain init_process_group() works on 2 nodes,
-    its ranks started by srun, or by one torchrun a node (c10d rendezvous on the first)."""
-    script = tmp_path / "own_train.py"
-    script.write_text(
-        "import os, torch, torch.distributed as d\n"
-        "d.init_process_group('gloo')\n"
-        "t = torch.tensor([float(d.get_rank() + 1)])\n"
-        "d.all_reduce(t)\n"
-        "print(f\"rank={d.get_rank()} world={d.get_world_size()} sum={t.item()} local={os.environ['LOCAL_RANK']}\")\n"
-        "d.destroy_process_group()\n")
-    spec = write_spec(tmp_path, name="own", command=f"{sys.executable} {script}",
+def test_a_users_own_ddp_script_runs_unmodified_as_a_command(cluster: None, tmp_path: Path, dev_profile: Path,
+                                                             launcher: str, per_node: int) -> None:
+    """tests/user_code/ddp_toy.py, which knows nothing of slurmkit, trains DDP on 2 nodes with a plain
+    init_process_group(): its ranks started by srun, or by one torchrun a node (c10d rendezvous on the
+    first). `python` in the command is the ranks' own interpreter, whatever the batch shell's PATH says."""
+    spec = write_spec(tmp_path, name="own", command=f"python {USER_DDP} --steps 4",
                       resources={"nodes": 2, "tasks_per_node": per_node, "time": "00:05:00"})
     sub = submit(spec, dev_profile, f"launcher={launcher}")
     assert finish(sub["run_dir"], timeout_s=180).state == "COMPLETED"
     world = 2 * per_node
-    outs = [jobs.result(RunPaths(Path(sub["run_dir"])), rank=r)["stdout"].strip() for r in range(world)]
-    total = world * (world + 1) / 2
-    assert outs == [f"rank={r} world={world} sum={total} local={r % per_node}" for r in range(world)]
+    outs = [jobs.result(RunPaths(Path(sub["run_dir"])), rank=r)["stdout"].strip().splitlines()[-1]
+            for r in range(world)]
+    assert outs == _ddp_lines(world, per_node, 4)
+
+
+def test_a_users_own_ddp_script_from_the_python_api(cluster: None, dev_profile: Path) -> None:
+    job = slurmkit.Executor(profile=str(dev_profile), nodes=2, time="00:05:00").submit_command(
+        ["python", str(USER_DDP), "--steps", "3"])
+    outs = job.results(timeout=180)
+    assert [o["stdout"].strip().splitlines()[-1] for o in outs] == _ddp_lines(2, 1, 3)
 
 
 def test_submit_wait_shows_the_pending_reason_and_each_transition(cluster: None, tmp_path: Path,

@@ -208,3 +208,21 @@ def test_python_api_doc_example_runs_on_the_local_profile(tmp_path: Path) -> Non
                           env={**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("demo-sweep-") == 3  # each map_array task printed as it completed
+
+
+def test_readme_hello_world_runs_as_written(tmp_path: Path) -> None:
+    """The README's five-line hello world, in a fresh interpreter: its printed list is what it says."""
+    import ast
+    import os
+    import subprocess
+    import sys
+
+    text = (ROOT / "README.md").read_text()
+    example = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(example.strip().splitlines()) == 5
+    promised = ast.literal_eval(example.strip().splitlines()[-1].split("#", 1)[1].strip())
+    (tmp_path / "hello.py").write_text(example)
+    proc = subprocess.run([sys.executable, "hello.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ast.literal_eval(proc.stdout.strip().splitlines()[-1]) == promised

@@ -36,6 +36,18 @@ def test_a_function_that_raises_leads_with_its_exception_and_own_frames(local_pr
     assert not any("/slurmkit/" in f or "/submitit/" in f for f in failed.trace)  # their own frames are cut
     assert "ValueError: bad input" in failed.log_tail and "progress 49" in failed.log_tail
     assert "ValueError: bad input" in str(failed).splitlines()[0]
+    full = failed.details(verbose=True)  # --verbose: the whole traceback, slurmkit's own frames too
+    assert any("/slurmkit/" in ln for ln in full) and "ValueError: bad input" in full
+    assert full[full.index(f"-- rank {failed.rank}'s last output --") + 1:] == failed.log_tail.splitlines()
+
+
+def test_result_shows_slurmkits_frames_only_with_verbose(local_profile: Path) -> None:
+    job = slurmkit.Executor(profile=str(local_profile), name="cause").submit(progress_then_fail)
+    job.wait(timeout=120)
+    short, verbose = (runner.invoke(app, ["result", job.run_id, "-p", str(local_profile), *flag])
+                      for flag in ([], ["--verbose"]))
+    assert short.exit_code == verbose.exit_code == 4
+    assert "/slurmkit/" not in short.stderr and "/slurmkit/" in verbose.stderr
 
 
 def test_a_command_that_fails_says_its_exit_code_and_its_pythons_exception(tmp_path: Path,
@@ -56,6 +68,9 @@ def test_a_traceback_in_a_log_is_read_to_its_last_exception() -> None:
                "    load()\n    ^^^^^^\nRuntimeError: no data\n")
     assert cause.in_text(chained) == ("RuntimeError: no data", ['File "/u/a.py", line 9, in main\n    load()'])
     assert cause.in_text("plain output\n") is None
+    # A rank with a process group: torch.distributed's excepthook prefixes every line with its rank.
+    prefixed = "".join(f"[rank1]: {ln}\n" for ln in chained.splitlines())
+    assert cause.in_text(prefixed) == cause.in_text(chained)
     assert cause.of_command(137, "Killed\n") == ("exit code 137", ["Killed"])
 
 

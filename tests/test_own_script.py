@@ -72,6 +72,15 @@ def test_submit_command_runs_a_script_on_every_rank(tmp_path: Path, local_profil
     assert [o["stdout"].strip() for o in outs] == ["rank 0 of 2 sum 3", "rank 1 of 2 sum 3"]
 
 
+def test_a_users_own_ddp_script_runs_unmodified_on_the_local_profile(local_profile: Path) -> None:
+    """tests/user_code/ddp_toy.py, which knows nothing of slurmkit, trains DDP on 2 local ranks."""
+    script = Path(__file__).parent / "user_code" / "ddp_toy.py"
+    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2).submit_command(
+        ["python", str(script), "--steps", "3"])
+    outs = [o["stdout"].strip().splitlines()[-1] for o in job.results(timeout=300)]
+    assert outs == [f"rank={r} world=2 local={r} steps=3 weights_equal=True" for r in range(2)]
+
+
 def test_launcher_is_a_keyword(dev_profile: Path) -> None:
     ex = slurmkit.Executor(profile=str(dev_profile), launcher="torchrun")  # resolved only: no cluster asked
     assert ex.resolve(spmd_main).spec.launcher == "torchrun"

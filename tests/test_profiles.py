@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +167,25 @@ def test_a_relative_extends_is_read_beside_the_child_not_the_working_directory(
     (elsewhere / "base.yaml").write_text("extends: devcluster\npartition: cwd\n")
     monkeypatch.chdir(elsewhere)
     assert load_profile(str(folder / "child.yaml")).partition == "beside"
+
+
+def test_the_default_profile_where_slurm_is_here_says_so_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A login node (sbatch on PATH, Debian's real one as the dev cluster installs it) and no profile
+    named: one warning line, since the ranks would start on the login node; none where one is named."""
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        pytest.skip("SKIPPED: no sbatch on PATH (scripts/test.sh installs Slurm; run as root)")
+    spec = write_spec(tmp_path, name="here", command="true")
+    monkeypatch.delenv("SLURMKIT_PROFILE", raising=False)
+    warned = []
+    for profile, path in ((None, f"{Path(sbatch).parent}:/bin"), ("local", os.environ["PATH"]),
+                          (None, "/nonexistent")):
+        monkeypatch.setenv("PATH", path)
+        assert resolve(spec, profile).profile_name == "local"
+        warned.append(capsys.readouterr().err.count("warning: "))
+    assert warned == [1, 0, 0]
+    monkeypatch.setenv("SLURMKIT_PROFILE", "local")
+    monkeypatch.setenv("PATH", f"{Path(sbatch).parent}:/bin")
+    resolve(spec)
+    assert capsys.readouterr().err == ""

@@ -83,7 +83,7 @@ def test_a_ray_run_is_refused_at_submit_when_its_python_has_no_ray(tmp_path: Pat
 
     from slurmkit.common.errors import PreflightError
     from slurmkit.config.loader import resolve
-    from slurmkit.slurm.preflight import check_ray_importable
+    from slurmkit.slurm.imports import check_ray_importable
 
     venv = tmp_path / "noray"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

@@ -23,10 +23,13 @@ SetOpt = Annotated[
     typer.Option("--set", help="Override KEY=VALUE (e.g. resources.nodes=2, profile.partition=gpu); repeatable."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+VerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="On a failure, the rank's whole traceback (slurmkit's frames too) and its last output.")]
 
 
 def user_errors(fn: F) -> F:
-    """Turn a SlurmkitError into one line on stderr and its exit code, never a traceback."""
+    """Turn a SlurmkitError into one line on stderr and its exit code, never a traceback; under it a
+    failed job's own frames (its whole traceback and last output where the command has `--verbose`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -34,7 +37,7 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except SlurmkitError as exc:
             typer.echo(f"error: {exc.one_line()}", err=True)
-            for line in exc.details():
+            for line in exc.details(verbose=bool(kwargs.get("verbose"))):
                 typer.echo(f"  {line}", err=True)
             raise typer.Exit(exc.exit_code) from None
 

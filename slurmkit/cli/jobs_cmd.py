@@ -15,6 +15,7 @@ from slurmkit.cli.common import (
     JsonOpt,
     ProfileOpt,
     SetOpt,
+    VerboseOpt,
     dependency_for,
     print_json,
     run_root_for,
@@ -39,6 +40,7 @@ def submit(
     after_any: AfterAnyOpt = None,
     after_notok: AfterNotOkOpt = None,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Submit RUNSPEC; print its run id and job id."""
     from slurmkit.config.loader import resolve
@@ -80,6 +82,7 @@ def resubmit(
     partition: Annotated[str | None, typer.Option("--partition", help="Run the new job here instead.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the run to end and print its result.")] = False,
     as_json: JsonOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Submit an ended run again under its run id; it resumes from its newest checkpoint."""
     from slurmkit.runs import jobs
@@ -161,7 +164,7 @@ def cancel(run: RunArg, profile: ProfileOpt = None) -> None:
 
 
 @user_errors
-def result(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
+def result(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False, verbose: VerboseOpt = False) -> None:
     """Print the run's return value; on failure, the tail of the failing rank's log (exit 4)."""
     from slurmkit.runs import jobs
     from slurmkit.runs.lookup import find as find_run

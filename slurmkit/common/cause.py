@@ -18,6 +18,8 @@ from collections.abc import Iterable
 MAX_FRAMES = 5
 MAX_LINES = 10
 _TRACEBACK = "Traceback (most recent call last):"
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+"""torch.distributed's excepthook prints an uncaught exception's lines as `[rank0]: ...`."""
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)$')
 Frame = tuple[str, int, str, str]
 """(file, line, function, code)"""
@@ -53,7 +55,7 @@ def of_exception(exc: BaseException) -> tuple[str, list[str]]:
 def in_text(text: str) -> tuple[str, list[str]] | None:
     """The last Python traceback printed in `text` (a command's stderr): its exception line and the
     user's frames; None where there is none."""
-    lines = text.splitlines()
+    lines = [_RANK_PREFIX.sub("", ln) for ln in text.splitlines()]
     starts = [i for i, ln in enumerate(lines) if ln.strip() == _TRACEBACK]
     if not starts:
         return None

@@ -27,7 +27,7 @@ class SlurmkitError(Exception):
             parts.append(self.valid)
         return " ".join(parts).replace("\n", " ")
 
-    def details(self) -> list[str]:
+    def details(self, verbose: bool = False) -> list[str]:
         """Lines shown under the one line (a failed job's frames); none for a user error."""
         return []
 
@@ -57,20 +57,27 @@ class RunNotFoundError(SlurmkitError):
 class JobFailedError(SlurmkitError):
     """The job ran and failed. The message leads with the failing rank and its cause (the exception
     line, or a command's exit code); `trace` holds the last frames of the user's own code, `log_tail`
-    the last lines of that rank's output (stdout, then stderr)."""
+    the last lines of that rank's output (stdout, then stderr), `full` the rank's whole traceback,
+    slurmkit's and submitit's frames included (what `--verbose` shows)."""
 
     exit_code = 4
 
     def __init__(self, message: str, *, where: str | None = None, valid: str | None = None,
-                 log_tail: str = "", rank: int | None = None, cause: str = "", trace: tuple[str, ...] = ()) -> None:
+                 log_tail: str = "", rank: int | None = None, cause: str = "", trace: tuple[str, ...] = (),
+                 full: str = "") -> None:
         self.log_tail = log_tail
         self.rank = rank
         self.cause = cause
         self.trace = trace
+        self.full = full
         super().__init__(message, where=where, valid=valid)
 
-    def details(self) -> list[str]:
-        return [ln for frame in self.trace for ln in frame.splitlines()]
+    def details(self, verbose: bool = False) -> list[str]:
+        """The user's own last frames; verbose: the whole traceback, then the rank's last output."""
+        if not verbose:
+            return [ln for frame in self.trace for ln in frame.splitlines()]
+        tail = [f"-- rank {self.rank}'s last output --", *self.log_tail.splitlines()] if self.log_tail else []
+        return [*self.full.rstrip().splitlines(), *tail]
 
     def __str__(self) -> str:
         return "\n".join([self.one_line(), *(f"  {ln}" for ln in self.details())])

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from slurmkit.common.errors import ConfigError, clip, cut, did_you_mean
+from slurmkit.common.errors import ConfigError, clip, cut, did_you_mean, warn
 from slurmkit.config.fields import gres_gpus
 from slurmkit.config.overrides import deep_merge, split_sets
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
@@ -20,6 +20,7 @@ from slurmkit.config.runspec import RunSpec
 from slurmkit.config.train import TrainConfig
 from slurmkit.config.yamlio import read_yaml
 from slurmkit.resources import shipped_dir
+from slurmkit.slurm.commands import slurm_here
 
 DEFAULT_PROFILE = "local"
 PROFILE_PATH_ENV = "SLURMKIT_PROFILE_PATH"
@@ -341,4 +342,9 @@ def resolve(spec: str | Path | dict[str, Any], profile: str | None = None, sets:
     layers = spec_layers(spec)
     if spec_sets:
         layers.append(("--set", spec_sets))
-    return resolve_layers(layers, load_profile(name, profile_sets), name)
+    resolved = resolve_layers(layers, load_profile(name, profile_sets), name)
+    if not (profile or os.environ.get("SLURMKIT_PROFILE")) and slurm_here():
+        # On a login node the default would start the ranks right here, beside everyone's shells.
+        warn(f"no profile named: the ranks run on this machine ({DEFAULT_PROFILE} profile), not on Slurm; "
+             "name one with -p NAME or $SLURMKIT_PROFILE (`slurmkit profiles list`)")
+    return resolved

@@ -23,6 +23,8 @@ class Failure:
     """The last frames of the user's own code (a command's last stderr lines), newest last."""
     log_tail: str
     """The rank's last lines of stdout, then of stderr (where a traceback ends), newlines kept."""
+    full: str = ""
+    """The rank's whole traceback as it recorded it, slurmkit's and submitit's frames included."""
 
     @property
     def headline(self) -> str:
@@ -55,7 +57,7 @@ def failure(paths: RunPaths, job_id: str) -> Failure:
     tail = "\n".join([*out[-LOG_TAIL_LINES:], *err[-LOG_TAIL_LINES:]]) or "(no log)"
     if outcome is None:
         return Failure(rank, NO_RECORD, tuple(err[-5:]), tail)
-    return Failure(rank, outcome.cause or outcome.error_line, tuple(outcome.trace), tail)
+    return Failure(rank, outcome.cause or outcome.error_line, tuple(outcome.trace), tail, outcome.error)
 
 
 def _lines(paths: RunPaths, job_id: str, rank: int, stream: str) -> list[str]:

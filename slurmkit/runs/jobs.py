@@ -374,4 +374,4 @@ def result(paths: RunPaths, rank: int = 0) -> Any:
     failed = failure(paths, st.job_id)
     raise JobFailedError(f"run ended {st.state} (job {st.job_id}): {failed.headline}", where=paths.run_id,
                          valid=f"every rank's output: `slurmkit logs {paths.run_id}`", log_tail=failed.log_tail,
-                         rank=failed.rank, cause=failed.cause, trace=failed.trace)
+                         rank=failed.rank, cause=failed.cause, trace=failed.trace, full=failed.full)

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 from slurmkit.common.errors import PreflightError
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
-from slurmkit.slurm import commands
+from slurmkit.slurm import commands, imports
 
 
 def _max_minutes(max_time: str) -> int | None:
@@ -18,32 +14,10 @@ def _max_minutes(max_time: str) -> int | None:
     return time_to_minutes(max_time)
 
 
-PYTHON_PROBE_TIMEOUT_S = 30
-
-
-def check_ray_importable(resolved: Resolved) -> None:
-    """A `ray:` run needs `ray` in the ranks' interpreter: ask that interpreter now, where the login
-    node has it (the same path on a shared filesystem), rather than fail on the compute node.
-    Inside a container the interpreter is the image's, which the login node cannot ask."""
-    if resolved.spec.ray is None or resolved.profile.container is not None:
-        return
-    python = os.path.expanduser(resolved.profile.python or sys.executable)
-    if not os.access(python, os.X_OK):
-        return  # only on the compute nodes: nothing to ask here
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('ray') is None)"
-    try:
-        missing = subprocess.run([python, "-P", "-c", probe], capture_output=True,
-                                 timeout=PYTHON_PROBE_TIMEOUT_S).returncode != 0
-    except (OSError, subprocess.TimeoutExpired):
-        return
-    if missing:
-        raise PreflightError(f"ray is not importable by the ranks' python {python}", where="profile:python",
-                             valid=f"valid: an interpreter with Ray: {python} -m pip install 'ray[default]'")
-
-
 def check(resolved: Resolved, array_size: int | None = None) -> str:
     """Raise PreflightError if the job cannot run on the live cluster; return the partition used."""
-    check_ray_importable(resolved)
+    imports.check_ray_importable(resolved)
+    imports.check_command_imports(resolved, resolved.spec_source)
     r = resolved.resources
     partitions = commands.show_partitions()
     name = resolved.profile.partition

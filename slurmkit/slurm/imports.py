@@ -1,0 +1,128 @@
+"""What the ranks' interpreter imports, asked on the login node before anything is queued: `ray` for
+a `ray:` run, and the top-level imports of a command's Python script (`command: python train.py`).
+A missing module then costs one line at submit, not a queue wait and a traceback on a compute node.
+
+The interpreter is asked where the login node has it (the same path on a shared filesystem); one
+that exists only on the compute nodes, or inside a container image, cannot be asked here and is not.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from slurmkit.common.errors import PreflightError
+from slurmkit.config.loader import Resolved
+
+PYTHON_PROBE_TIMEOUT_S = 30
+_MISSING_PROBE = ("import importlib.util, json, sys; "
+                  "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))")
+
+
+def _ranks_python(resolved: Resolved) -> str | None:
+    """The ranks' interpreter, where it can be asked here: not in a container, executable on this host."""
+    if resolved.profile.container is not None:
+        return None
+    python = os.path.expanduser(resolved.profile.python or sys.executable)
+    return python if os.access(python, os.X_OK) else None
+
+
+def missing(python: str, modules: list[str], path: list[str] | None = None) -> list[str] | None:
+    """Those of `modules` that `python` cannot import (found on sys.path, nothing run); None where
+    the interpreter could not be asked. `path` goes first on its sys.path, as a script's folder does."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)} if path else None
+    try:
+        proc = subprocess.run([python, "-P", "-c", _MISSING_PROBE, *modules], capture_output=True, text=True,
+                              timeout=PYTHON_PROBE_TIMEOUT_S, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    found: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return found
+
+
+def check_ray_importable(resolved: Resolved) -> None:
+    """A `ray:` run needs `ray` in the ranks' interpreter."""
+    python = _ranks_python(resolved)
+    if resolved.spec.ray is None or python is None:
+        return
+    if missing(python, ["ray"]):
+        raise PreflightError(f"ray is not importable by the ranks' python {python}", where="profile:python",
+                             valid=f"valid: an interpreter with Ray: {python} -m pip install 'ray[default]'")
+
+
+def command_python(command: str, ranks_python: str) -> tuple[str, list[str]] | None:
+    """(the interpreter a command runs, its arguments) where the command starts with one (`python`,
+    `python3.12`, a path to one); else None. A bare name is looked up as the rank does: in the ranks'
+    interpreter's folder first (worker.entry.own_python_first), then on PATH."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    while words and "=" in words[0] and not words[0].startswith("="):  # VAR=value python ...
+        words = words[1:]
+    if not words or not os.path.basename(words[0]).startswith("python"):
+        return None
+    name = words[0]
+    if os.sep in name:
+        return os.path.expanduser(name), words[1:]
+    beside = Path(ranks_python).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    return (found, words[1:]) if found else None
+
+
+def script_imports(script: Path) -> list[str]:
+    """The top-level packages a script imports unconditionally (module-level statements; one inside
+    `try:` or a function may be optional and is not counted), in order, each once."""
+    tree = ast.parse(script.read_text(errors="replace"), filename=str(script))
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module.split(".")[0])
+    return [n for n in dict.fromkeys(names) if n != "__future__"]
+
+
+def _imports_asked(args: list[str]) -> tuple[list[str], list[str], str] | None:
+    """(modules, sys.path head, what) for `python [-opts] script.py` or `python -m module`."""
+    for i, arg in enumerate(args):
+        if arg == "-m" and i + 1 < len(args):
+            return [args[i + 1].split(".")[0]], [os.getcwd()], f"-m {args[i + 1]}"
+        if arg == "-c":
+            return None
+        if not arg.startswith("-"):
+            script = Path(arg)
+            if script.suffix != ".py" or not script.is_file():
+                return None
+            try:
+                return script_imports(script), [str(script.resolve().parent)], arg
+            except (SyntaxError, ValueError, OSError):
+                return None  # the rank's own Python will say what is wrong with it
+    return None
+
+
+def check_command_imports(resolved: Resolved, where: str) -> None:
+    """A command run's Python script: every module it imports at its top level is importable by the
+    interpreter the command names (its `python` is the ranks' own where that folder has one)."""
+    ranks_python = _ranks_python(resolved)
+    if resolved.spec.command is None or ranks_python is None:
+        return
+    found = command_python(resolved.spec.command, ranks_python)
+    asked = _imports_asked(found[1]) if found else None
+    if found is None or asked is None or not asked[0]:
+        return
+    modules, path, what = asked
+    gone = missing(found[0], modules, path)
+    if gone:
+        raise PreflightError(
+            f"{what} imports {', '.join(gone)}, which the command's python {found[0]} cannot import",
+            where=f"{where}:command",
+            valid=f"valid: install it there ({found[0]} -m pip install ...), or name the interpreter that has it")
