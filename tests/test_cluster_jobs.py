@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from slurmkit.runs.procs import pid_alive
 from slurmkit.slurm import commands
 from tests.conftest import ROOT, steady, write_spec
 from tests.test_cluster_faults import wait_until
+from tests.test_command_stop import ranks_script_pid
 
 pytestmark = pytest.mark.cluster
 runner = CliRunner()
@@ -324,6 +326,63 @@ def test_a_users_own_ddp_script_from_the_python_api(cluster: None, dev_profile: 
         ["python", str(USER_DDP), "--steps", "3"])
     outs = job.results(timeout=180)
     assert [o["stdout"].strip().splitlines()[-1] for o in outs] == _ddp_lines(2, 1, 3)
+
+
+RESUMABLE = Path(__file__).parent / "user_code" / "ddp_toy_resumable.py"
+RESUMABLE_STEPS = 120
+
+
+def _rank0_steps(paths: RunPaths, job_id: str) -> list[int]:
+    """Every step rank 0 of the user's script ran, in order, over every incarnation and in-job attempt."""
+    return [int(n) for n in re.findall(r"^rank=0 step=(\d+) ", paths.rank_log(job_id, 0).read_text(), re.MULTILINE)]
+
+
+def _checksums(text: str) -> list[str]:
+    return re.findall(r"^rank=\d+ checksum=(\S+)$", text, re.MULTILINE)
+
+
+def _uninterrupted_checksums(local_profile: Path, world: int) -> list[str]:
+    """The same script, never stopped, on `world` local ranks: the final weights to match bit for bit."""
+    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=world, name="reference").submit_command(
+        ["python", str(RESUMABLE), "--steps", str(RESUMABLE_STEPS)])
+    return [c for out in job.results(timeout=300) for c in _checksums(out["stdout"])]
+
+
+@pytest.mark.parametrize("launcher, per_node", [("srun", 1), ("torchrun", 2)])
+def test_a_users_script_with_a_checkpoint_preempted_loses_no_step(cluster: None, tmp_path: Path, dev_profile: Path,
+                                                                  local_profile: Path, launcher: str,
+                                                                  per_node: int) -> None:
+    """tests/user_code/ddp_toy_resumable.py (the user's DDP script plus ten lines) as a command on 2
+    nodes: preempted, its ranks stop at one agreed step and save it, the requeued job goes on from
+    there, and the final weights equal an uninterrupted run's. Under srun, a kill -9 of rank 1's
+    script after that is restarted in the job from the last commit."""
+    spec = write_spec(tmp_path, name="resumable", resources={"nodes": 2, "tasks_per_node": per_node,
+                                                             "time": "00:10:00"},
+                      command=f"python {RESUMABLE} --steps {RESUMABLE_STEPS} --step-time 0.1")
+    sub = submit(spec, dev_profile, f"launcher={launcher}")
+    paths, job_id = RunPaths(Path(sub["run_dir"])), sub["job_id"]
+    log = paths.rank_log(job_id, 0)
+    wait_until(lambda: log.exists() and len(_rank0_steps(paths, job_id)) >= 30, 120, "step 30", poll_s=0.3)
+    commands.run(["scancel", "--batch", "--signal=USR2", job_id])  # the supervisor passes it on to the ranks
+    wait_until(lambda: len(RunFile(paths).read().restarts) == 1 and len(_rank0_steps(paths, job_id)) >= 70
+               or not jobs.is_active(jobs.run_state(paths).state), 240, "the resumed run at step 70", poll_s=0.3)
+    killed = None
+    if launcher == "srun":
+        killed = _rank0_steps(paths, job_id)[-1]
+        script = ranks_script_pid(paths.command_stop(job_id, 1))
+        assert script is not None
+        os.kill(script, signal.SIGKILL)
+    assert finish(sub["run_dir"], timeout_s=300).state == "COMPLETED"
+    record = RunFile(paths).read()
+    assert [(r.kind, r.cause) for r in record.restarts] == [("requeue", "preemption")] + (
+        [("in_job", "crash")] if killed else [])
+    done = _rank0_steps(paths, job_id)
+    before_kill = done[:done.index(killed) + 1] if killed else done
+    assert before_kill == list(range(1, len(before_kill) + 1))  # preempted: no step lost, none run twice
+    assert sorted(set(done)) == list(range(1, RESUMABLE_STEPS + 1))
+    world = 2 * per_node
+    out = "\n".join(paths.rank_log(job_id, r).read_text() for r in range(world))
+    assert _checksums(out) == _uninterrupted_checksums(local_profile, world)  # one a rank, at its end
 
 
 def test_submit_wait_shows_the_pending_reason_and_each_transition(cluster: None, tmp_path: Path,

@@ -197,6 +197,36 @@ def test_a_submitit_checkpointable_preempted_goes_on_where_it_stopped(cluster: N
     assert [r.cause for r in record.restarts] == ["preemption"]
 
 
+SUBMITIT_EXAMPLES = """
+    import json, sys
+    import slurmkit  # was: import submitit
+
+    def add(a, b):
+        return a + b
+
+    if __name__ == "__main__":
+        # submitit's README: an executor, update_parameters(timeout_min=1, slurm_partition=...), submit, result.
+        executor = slurmkit.Executor(profile=sys.argv[1], time=1, partition="debug")  # was: AutoExecutor + update
+        job = executor.submit(add, 5, 7)
+        output = job.result()
+        assert output == 12
+        # submitit's job-array docs: slurm_array_parallelism=2, then map_array over two lists.
+        executor = slurmkit.Executor(profile=sys.argv[1], max_parallel=2)  # was: update_parameters(...=2)
+        jobs = executor.map_array(add, [1, 2, 3, 4], [10, 20, 30, 40])
+        print(json.dumps({"single": output, "mapped": [j.result() for j in jobs],
+                          "array_ids": sorted({j.job_id.split("_")[0] for j in jobs})}))
+"""
+
+
+def test_submitits_documented_examples_run_with_only_the_import_and_executor_lines_changed(
+        cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path) -> None:
+    out = run_script(tmp_path, SUBMITIT_EXAMPLES, str(dev_profile))
+    assert out["single"] == 12 and out["mapped"] == [11, 22, 33, 44]
+    assert len(out["array_ids"]) == 1  # one Slurm job array, as submitit's map_array makes
+    (sweep,) = list_sweeps(str(run_root))
+    assert [a.array for a in ArrayLog(sweep).read().arrays] == ["0-3%2"]  # the executor's max_parallel
+
+
 SNAPSHOT_DRIVER = """
     import json, subprocess, sys
     import slurmkit

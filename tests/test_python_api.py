@@ -173,7 +173,7 @@ def test_checkpoint_stops_at_the_step_of_the_signal_and_resumes_there(
             ran.append(step + 1)
             if step + 1 == signal_at:
                 os.kill(os.getpid(), signal.SIGUSR2)  # the handler only sets the flag
-            ckpt.step(step + 1, state)
+            ckpt.step(step + 1, state, rank_state={"seen": torch.tensor([step + 1])})
         ckpt.close()
         return ran, state["w"]
 
@@ -182,7 +182,9 @@ def test_checkpoint_stops_at_the_step_of_the_signal_and_resumes_there(
         body(first, 20, signal_at=7)
     assert stop.value.step == 7 and stop.value.requeue
     assert first.store.committed()[0] == 7 and first.store.is_valid(7) and first.store.is_valid(4)
-    ran, w = body(Checkpoint(uri, every=4), 20, signal_at=None)
+    again = Checkpoint(uri, every=4)
+    ran, w = body(again, 20, signal_at=None)
+    assert again.rank_state is not None and again.rank_state["seen"].item() == 7  # this rank's own part
     assert ran == list(range(8, 21))  # nothing lost, nothing recomputed
     assert torch.equal(w, torch.full((3,), float(sum(range(20)))))
 

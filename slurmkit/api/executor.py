@@ -107,9 +107,11 @@ class Executor:
 
     def __init__(self, profile: str | None = None, *, name: str | None = None, env: dict[str, str] | None = None,
                  set: list[str] | None = None, snapshot: bool | None = None, launcher: str | None = None,
-                 **fields: Any) -> None:
+                 max_parallel: int | None = None, **fields: Any) -> None:
         self._kw: dict[str, Any] = {"name": name, "env": env, "set": set, "snapshot": snapshot, "launcher": launcher,
-                                    **fields}
+                                    "max_parallel": max_parallel, **fields}
+        self.max_parallel = max_parallel
+        """map_array's throttle where its call names none (submitit's slurm_array_parallelism)."""
         self.profile_name = profile_name(profile)
         unknown = [k for k in fields if k not in RESOURCE_FIELDS and k not in ClusterProfile.model_fields]
         if unknown:
@@ -178,13 +180,14 @@ class Executor:
     def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any], max_parallel: int | None = None,
                   max_array_size: int | None = None) -> list[Job]:
         """fn(*items) for each tuple of items, as ONE Slurm job array (several only above MaxArraySize),
-        throttled to max_parallel running at once; one Job per item, in order."""
+        throttled to max_parallel (else the executor's) running at once; one Job per item, in order."""
         items = [tuple(t) for t in zip(*iterables, strict=True)] if len(iterables) > 1 else [
             (x,) for x in (iterables[0] if iterables else [])]
         if not items:
             return []
         check_call(jobs.Call(fn, items[0]))
-        return mapped.submit(self.resolve(fn), fn, items, max_parallel, max_array_size)
+        throttle = self.max_parallel if max_parallel is None else max_parallel
+        return mapped.submit(self.resolve(fn), fn, items, throttle, max_array_size)
 
 
 def sweep(spec: str | Path | dict[str, Any], profile: str | None = None, grid: dict[str, list[Any]] | None = None,

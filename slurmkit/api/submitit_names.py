@@ -9,7 +9,7 @@ EXECUTOR_KEYWORDS = {
     "mem_gb": 'mem (Slurm\'s form, e.g. mem="16G")',
     "slurm_mem": 'mem (e.g. mem="16G")',
     "slurm_time": "time",
-    "slurm_array_parallelism": "map_array(fn, items, max_parallel=N)",
+    "slurm_array_parallelism": "max_parallel (Executor(max_parallel=N), or map_array(fn, items, max_parallel=N))",
     "slurm_additional_parameters": 'sbatch_extra (a list of sbatch options, e.g. ["--mail-type=END"])',
     "slurm_setup": 'setup (a profile field: setup={"commands": [...]})',
     "slurm_job_name": "name",

@@ -123,6 +123,10 @@ class RunPaths:
         """A one-shot fault injected at `step` has fired (config.faults.transient_error_at_steps)."""
         return self.run_dir / f"injected-step{step}"
 
+    def command_stop(self, job_id: str, rank: int) -> Path:
+        """Rank `rank`'s command announces its slurmkit.Checkpoint here, then the step it stopped at."""
+        return self.run_dir / f"command-stop-{job_id}.{rank}.json"
+
     def health_marker(self, node: str) -> Path:
         """Why `node` failed the health gate (written by the gate, read by the requeue)."""
         return self.run_dir / f"health-{node}.json"

@@ -9,6 +9,9 @@ writes it and who reads it, and the only code that reads or writes them. RunPath
   the policy after the step failed (cause hang).
 - health-NODE.json (HealthReport): written by the health gate on a node that fails it
   (worker.health); read and removed by the policy (ft.policy.after_health_gate).
+- command-stop-JOB.RANK.json (CommandStop): written by a command run's script, from its
+  slurmkit.Checkpoint (announced when made, the step at the agreed stop); read by that rank's
+  worker (worker.command), which clears it before it starts the command.
 
 - standby-go-JOB.N.K (StandbyGo, empty): touched by the supervisor when its standby ranks take
   attempt K of incarnation N; waited for by those ranks (ft.standby), looked for by devcluster.ranks.
@@ -171,3 +174,35 @@ class InjectedFault:
             return False
         trust.touch(marker)
         return True
+
+
+COMMAND_STOP_ENV = "SLURMKIT_COMMAND_STOP"
+"""Set by a command rank's worker for the command: the path of its CommandStop marker."""
+
+
+@dataclass(frozen=True)
+class CommandStop:
+    """A command run's script has a slurmkit.Checkpoint, so it stops at an agreed step rather than be
+    terminated (`step` None: announced, still running); `step` once it stopped there and saved."""
+
+    step: int | None = None
+    requeue: bool = False
+    """The stop was the requeue signal (else SIGTERM)."""
+
+    def write(self, path: Path) -> None:
+        atomic_write_text(path, json.dumps(asdict(self)) + "\n")
+
+    @staticmethod
+    def read(path: Path) -> CommandStop | None:
+        found = _read_json(path)
+        if found is None:
+            return None
+        step = found.get("step")
+        return CommandStop(step if isinstance(step, int) else None, found.get("requeue") is True)
+
+    @staticmethod
+    def prepared(paths: RunPaths, job_id: str, rank: int) -> Path:
+        """Rank `rank`'s marker path, with what an earlier incarnation of the job left there removed."""
+        path = paths.command_stop(job_id, rank)
+        path.unlink(missing_ok=True)
+        return path

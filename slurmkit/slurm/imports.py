@@ -61,7 +61,7 @@ def check_ray_importable(resolved: Resolved) -> None:
 def command_python(command: str, ranks_python: str) -> tuple[str, list[str]] | None:
     """(the interpreter a command runs, its arguments) where the command starts with one (`python`,
     `python3.12`, a path to one); else None. A bare name is looked up as the rank does: in the ranks'
-    interpreter's folder first (worker.entry.own_python_first), then on PATH."""
+    interpreter's folder first (worker.command.own_python_first), then on PATH."""
     try:
         words = shlex.split(command)
     except ValueError:

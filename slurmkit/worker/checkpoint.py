@@ -20,6 +20,11 @@ the next `step()` every rank agrees (one small all-reduce), the state of that st
 committed, and rank 0 requeues within the profile's budget. The next incarnation's `restore()`
 returns that state, so no finished step is lost. Rank 0 writes the state: the ranks of a
 data-parallel function hold the same one. Torch is imported on first use.
+
+In a `command` run's script (`python train.py` under srun or torchrun, the script's own
+init_process_group()), a Checkpoint tells the rank's worker that the script agrees stops
+(slurmkit.worker.command): the stop signal then only sets the flag, and at the agreed step, once
+its state is saved, the script exits with status 0 (SystemExit) and the worker requeues.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker.ckptstore import CheckpointStore
 from slurmkit.worker.dist import Ranks
-from slurmkit.worker.ft.checkpointer import Checkpointer, checkpoint_uri
+from slurmkit.worker.ft.checkpointer import Checkpointer, StepFiles, checkpoint_uri
 from slurmkit.worker.ft.stop import AgreedStop, Stop, StopCoordinator, StopFlag
 
 STATE_FILE = "state.pt"
@@ -46,6 +53,11 @@ class Checkpoint:
         self.uri, self.every, self.keep, self.async_save = uri or _run_folder_uri(), every, keep_latest_k, async_save
         self.flag = StopFlag().install()  # now: a signal before the first step is not lost
         self._parts: tuple[Checkpointer, StopCoordinator] | None = None
+        self.rank_state: Any | None = None
+        """This rank's own part of the restored step (`rank_state=` of its save), or None."""
+        self._command_stop = Path(os.environ[COMMAND_STOP_ENV]) if os.environ.get(COMMAND_STOP_ENV) else None
+        if self._command_stop is not None:  # a command run's script: its worker now passes the signal on
+            CommandStop().write(self._command_stop)
 
     @property
     def _ckpt(self) -> Checkpointer:
@@ -71,34 +83,53 @@ class Checkpoint:
         return self._ckpt.resumed_step
 
     def restore(self) -> Any | None:
-        """The newest valid state (rank 0 picks the step, every rank loads it), or None: a fresh start."""
-        found = self._ckpt.restore(lambda files: files.load(STATE_FILE))
+        """The newest valid state (rank 0 picks the step, every rank loads it), or None: a fresh start.
+        This rank's own part of it, where it saved one, is then `rank_state`."""
+        ckpt = self._ckpt
+        mine = _rank_file(ckpt.ranks.rank)
+
+        def load(files: StepFiles) -> Any:
+            self.rank_state = files.load(mine) if mine in files.names else None
+            return files.load(STATE_FILE)
+
+        found = ckpt.restore(load)
         return found[1] if found else None
 
-    def save(self, step: int, state: Any | Callable[[], Any], wait: bool = False) -> None:
+    def save(self, step: int, state: Any | Callable[[], Any], wait: bool = False, rank_state: Any = None) -> None:
         """Save `state` as step-N, on every rank (rank 0 writes it): in the background, committed at a
-        later boundary, or now with `wait`. A function returning the state is called on rank 0 only."""
+        later boundary, or now with `wait`. A function returning the state is called on rank 0 only.
+        `rank_state`: this rank's own part (its RNG, its data position), written by each rank."""
         ckpt = self._ckpt
         files = {STATE_FILE: state() if callable(state) else state} if ckpt.ranks.is_main else {}
+        if rank_state is not None:
+            files[_rank_file(ckpt.ranks.rank)] = rank_state
         ckpt.save(step, files, wait or not self.async_save)
 
-    def step(self, step: int, state: Any | Callable[[], Any]) -> None:
+    def step(self, step: int, state: Any | Callable[[], Any], rank_state: Any = None) -> None:
         """The step boundary after `step` finished steps, on every rank. `state`, or a function
-        returning it (called only when a save is due), is what restore() gives back."""
+        returning it (called only when a save is due), is what restore() gives back; `rank_state`
+        this rank's own part, restored as `rank_state`."""
         ckpt, stop = self._made()
         agreed = stop.agree(ckpt.ranks)
         ckpt.at_boundary(agreed.writing)
         if agreed.stop:
-            self.save(step, state, wait=True)  # committed on every rank before any leaves
+            self.save(step, state, wait=True, rank_state=rank_state)  # committed on every rank before any leaves
             stop.stop(step, agreed.stop)
+            if self._command_stop is not None:  # the script ends here; its worker acts on the stop
+                CommandStop(step, agreed.stop == Stop.REQUEUE).write(self._command_stop)
+                raise SystemExit(0)
             raise AgreedStop(agreed.stop == Stop.REQUEUE, step)
         if self.every and step % self.every == 0:
-            self.save(step, state)
+            self.save(step, state, rank_state=rank_state)
 
     def close(self) -> None:
         """Commit a save still in flight (the function returned)."""
         if self._parts is not None:
             self._ckpt.finish()
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank{rank}.pt"
 
 
 def _run_folder_uri() -> str:
@@ -131,8 +162,8 @@ def restore() -> Any | None:
     return default().restore()
 
 
-def step(n: int, state: Any | Callable[[], Any]) -> None:
-    default().step(n, state)
+def step(n: int, state: Any | Callable[[], Any], rank_state: Any = None) -> None:
+    default().step(n, state, rank_state)
 
 
 def save(n: int, state: Any, wait: bool = False) -> None:

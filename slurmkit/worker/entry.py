@@ -7,32 +7,22 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
 import sys
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slurmkit.common import cause, outcomes
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import CommandStop
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.worker import checkpoint, ray_driver
+from slurmkit.worker.command import CommandFailed, run_command
 from slurmkit.worker.dist import detect, rank_env
 from slurmkit.worker.ft import checkpointable, restarts
 from slurmkit.worker.ft.interrupt import Interrupted, requeue_on_signal
 
-STDOUT_TAIL_LINES = 200
 STDERR_TAIL_BYTES = 64 * 1024
-COMMAND_GRACE_S = 5.0
-
-
-class CommandFailed(RuntimeError):
-    """A shell command run by a rank exited non-zero."""
-
-    def __init__(self, returncode: int, command: str) -> None:
-        self.returncode = returncode
-        super().__init__(f"command exited with code {returncode}: {command}")
 
 
 @dataclass
@@ -87,7 +77,7 @@ class Run:
         user_imports()
         with requeue_on_signal(self.run_dir):
             if self.spec.get("command") is not None:
-                return run_command(self.spec["command"])
+                return run_command(self.spec["command"], _command_marker(self.run_dir))
             if self.spec.get("ray") is not None:
                 return ray_driver.run(self.spec["ray"])
             # The env:// rendezvous variables, as a command gets them: a function that calls
@@ -99,14 +89,23 @@ class Run:
             return call_function(*checkpointable.load(paths, self.fn, self.args, self.kwargs), paths)
 
 
-def _rank_files(run_dir: str) -> tuple[Path, Path]:
-    """This rank's outcome record, named as submitit names its result (job id, global rank), and its stderr log."""
+def _rank_id() -> tuple[str, int]:
+    """(job id, global rank), as submitit names this rank's result and logs."""
     import submitit
 
     env = submitit.JobEnvironment()
+    return str(env.job_id), env.global_rank
+
+
+def _rank_files(run_dir: str) -> tuple[Path, Path]:
+    """This rank's outcome record and its stderr log."""
     paths = RunPaths(Path(run_dir))
-    return (paths.outcome_file(str(env.job_id), env.global_rank),
-            paths.rank_log(str(env.job_id), env.global_rank, "err"))
+    return paths.outcome_file(*_rank_id()), paths.rank_log(*_rank_id(), "err")
+
+
+def _command_marker(run_dir: str) -> Path:
+    """This rank's CommandStop marker, named as its outcome record is."""
+    return CommandStop.prepared(RunPaths(Path(run_dir)), *_rank_id())
 
 
 def _tail(path: Path, size: int = STDERR_TAIL_BYTES) -> str:
@@ -171,42 +170,3 @@ def _leave_group(together: bool) -> None:
         dist.shutdown()
     else:
         dist.abandon()
-
-
-def own_python_first(path: str) -> str:
-    """PATH with this rank's interpreter's folder first, where that folder's `python` is this
-    interpreter (a venv's bin/, as `activate` does): a command's `python` is the profile's, not
-    whichever one the batch shell's PATH finds first (a system Python without torch)."""
-    folder = os.path.dirname(sys.executable)
-    python = os.path.join(folder, "python")
-    if not os.path.exists(python) or not os.path.samefile(python, sys.executable):
-        return path
-    return os.pathsep.join([folder, *(p for p in path.split(os.pathsep) if p and p != folder)])
-
-
-def run_command(command: str) -> dict[str, Any]:
-    """Run with bash -c (with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and
-    LOCAL_WORLD_SIZE exported), echo its output to the rank log as it comes, return its tail."""
-    tail: deque[str] = deque(maxlen=STDOUT_TAIL_LINES)
-    # The env:// rendezvous variables, so that a user's own `python train.py` with
-    # init_process_group() works under srun without slurmkit's worker.
-    env = {**os.environ, **rank_env(detect()), "PATH": own_python_first(os.environ.get("PATH", ""))}
-    with subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=None, text=True, env=env) as proc:
-        assert proc.stdout is not None
-        try:
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-                tail.append(line)
-        except BaseException:
-            # Interrupted (a stop signal): the command goes too, before Popen's exit waits for it.
-            proc.terminate()
-            try:
-                proc.wait(timeout=COMMAND_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
-        rc = proc.wait()
-    if rc != 0:
-        raise CommandFailed(rc, command)
-    return {"returncode": rc, "stdout": "".join(tail)}

@@ -1,0 +1,68 @@
+"""A command run's own script with a slurmkit.Checkpoint (tests/user_code/ddp_toy_resumable.py: the
+user's DDP script plus the lines marked `# slurmkit: N`): the stop signal only sets its flag, its
+ranks stop at one agreed step and save it (issue 33, item 3). Local profile, two ranks, gloo; the
+requeue and the resume under Slurm are tests/test_cluster_jobs.py's."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import signal
+from pathlib import Path
+
+import slurmkit
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
+from slurmkit.worker.checkpoint import STATE_FILE
+from slurmkit.worker.ckptstore import CheckpointStore
+from tests.test_cluster_faults import wait_until
+
+USER_CODE = Path(__file__).parent / "user_code"
+
+
+def test_the_lines_a_user_adds_are_ten_and_marked() -> None:
+    """docs/fault-tolerance.md promises ten lines: every line the resumable script adds or changes
+    (its header aside) carries its `# slurmkit: N` mark, or continues the statement before it."""
+    plain = (USER_CODE / "ddp_toy.py").read_text().splitlines()
+    resumable = (USER_CODE / "ddp_toy_resumable.py").read_text().splitlines()
+    changed = [ln for ln in difflib.ndiff(plain, resumable) if ln.startswith("+ ") and not ln.startswith("+ #")]
+    marks = [int(m) for ln in changed for m in re.findall(r"# slurmkit: (\d+)", ln)]
+    assert marks == list(range(1, 11))
+    unmarked = [ln for ln in changed if "# slurmkit:" not in ln and ln.strip("+ ")]
+    assert unmarked == ['+                           "step": i + 1}, rank_state=gen.get_state())']
+    doc = (Path(__file__).parent.parent / "docs" / "fault-tolerance.md").read_text()
+    assert all(ln[2:].split("  # slurmkit")[0].strip() in doc for ln in changed if ln.strip("+ "))
+
+
+def ranks_script_pid(marker: Path) -> int | None:
+    """The user's script process (python ddp_toy_resumable.py) the rank's worker handed `marker` to
+    (the dev cluster's nodes share this machine's /proc)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"ddp_toy_resumable.py") for a in argv) and f"{COMMAND_STOP_ENV}={marker}".encode() in env:
+            return int(entry.name)
+    return None
+
+
+def test_a_signalled_script_stops_at_one_agreed_step_saved_on_every_rank(local_profile: Path) -> None:
+    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2, name="resumable").submit_command(
+        ["python", str(USER_CODE / "ddp_toy_resumable.py"), "--steps", "100000", "--step-time", "0.01"])
+    paths = RunPaths(Path(job.run_dir))
+    log = paths.rank_log(job.job_id, 0)
+    wait_until(lambda: log.exists() and "step=30 " in log.read_text(), 120, "step 30", poll_s=0.2)
+    pid = ranks_script_pid(paths.command_stop(job.job_id, 1))
+    assert pid is not None
+    os.kill(pid, signal.SIGUSR2)  # one rank's signal: both stop, at the same step
+    job.wait(timeout=120)
+    stops = [CommandStop.read(paths.command_stop(job.job_id, rank)) for rank in (0, 1)]
+    assert stops[0] is not None and stops[0].step is not None and stops[0].requeue
+    assert stops[0] == stops[1]
+    store = CheckpointStore(paths.checkpoint_uri(None), (STATE_FILE,))
+    assert store.latest_valid() == stops[0].step  # its save committed before the script ended
+    last = [int(m) for m in re.findall(r"rank=0 step=(\d+) ", log.read_text())][-1]
+    assert last == stops[0].step  # no step ran past the agreed one
