@@ -1,6 +1,6 @@
 """Checkpoint figures, each as a ratio to a baseline measured in the same run.
 
-1. commit throughput of a 256 MB state (serialise, sha256, write, fsync, rename, marker) vs
+1. commit throughput of a 256 MB state (serialise, checksum, write, fsync, rename, marker) vs
    `dd conv=fsync` of the same size on the same disk (goal >= 0.8);
 2. training stall of async saves vs sync saves, same run config (goal <= 4%);
 3. crash consistency: SIGKILLs at random moments during saves, then how many checkpoints

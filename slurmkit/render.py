@@ -29,6 +29,11 @@ class Shell(str):
     """Text that is already valid shell: quoted by `q`, or trusted by `raw`."""
 
 
+RESERVED_WORDS = frozenset({"if", "then", "else", "elif", "fi", "case", "esac", "for", "select", "while", "until",
+                            "do", "done", "in", "function", "time", "coproc", "{", "}", "!", "[[", "]]"})
+"""bash's reserved words: safe as arguments, but shellcheck reads some of them as syntax."""
+
+
 def shell_quote(value: Any) -> Shell:
     if isinstance(value, Shell):
         return value
@@ -38,6 +43,9 @@ def shell_quote(value: Any) -> Shell:
     if "\\" in text:
         # '\' is correct bash, but shellcheck flags it (SC1003); $'...' says the same unambiguously.
         return Shell("$'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'")
+    if text in RESERVED_WORDS:
+        # `module load then` is correct bash, but shellcheck reads the keyword (SC1010): quoted, it is a word.
+        return Shell(f"'{text}'")
     return Shell(shlex.quote(text))
 
 

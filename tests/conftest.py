@@ -117,3 +117,23 @@ def write_spec(tmp_path: Path, *, filename: str = "spec.yaml", **fields: Any) ->
     path = tmp_path / filename
     path.write_text(yaml.safe_dump(fields))
     return path
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Any:
+    """tests/s3_server.py on the loopback address, its AWS_* variables set for the whole session (the
+    ranks of a local run inherit them; s3fs caches its client by arguments, not by environment)."""
+    from tests.s3_server import serving
+
+    with serving("127.0.0.1") as s3, pytest.MonkeyPatch.context() as mp:
+        for key, value in s3.env.items():
+            mp.setenv(key, value)
+        yield s3
+
+
+@pytest.fixture(scope="session")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real interpreter with nothing installed (a fresh venv): torch, ray, s3fs all missing."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return venv / "bin" / "python"

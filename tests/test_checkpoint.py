@@ -197,3 +197,27 @@ def test_a_manifest_without_a_required_file_is_not_valid(tmp_path: Path) -> None
     assert store.manifest(5) is None and store.latest_valid() is None
     store.commit(6, [store.write(6, name, b"x") for name in TRAINER_FILES])
     assert store.latest_valid() == 6
+
+
+def test_the_checksum_catches_a_changed_byte_and_sha256_manifests_still_verify(tmp_path: Path) -> None:
+    """xxh3-128 in new manifests; a manifest written with sha256 (before 2026-12-04) still verifies."""
+    import hashlib
+    import json
+
+    store = CheckpointStore(str(tmp_path / "ck"), ("a.bin",))
+    data = os.urandom(1 << 20)
+    entry = store.write(1, "a.bin", data)
+    store.commit(1, [entry])
+    assert json.loads((tmp_path / "ck/step-1" / MARKER).read_text())["files"]["a.bin"] == {
+        "xxh3_128": entry.digest, "bytes": len(data)}
+    legacy = {"step": 2, "files": {"a.bin": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}}
+    store.write(2, "a.bin", data)
+    store.write(2, MARKER, json.dumps(legacy).encode())
+    fresh = CheckpointStore(str(tmp_path / "ck"), ("a.bin",))
+    assert fresh.verify(1) is not None and fresh.verify(2) is not None
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 1
+    for step in (1, 2):
+        (tmp_path / f"ck/step-{step}/a.bin").write_bytes(bytes(flipped))
+    fresh = CheckpointStore(str(tmp_path / "ck"), ("a.bin",))
+    assert fresh.verify(1) is None and fresh.verify(2) is None and fresh.latest_valid() is None

@@ -162,6 +162,27 @@ def check_report_of_a_run_preempted_once(paths: RunPaths, job_id: str, dev_profi
     assert "data:image/png;base64," in html.read_text() and "preemption" in html.read_text()
 
 
+def test_preempted_with_checkpoints_on_s3_resumes_bitwise(cluster: None, dev_profile: Path,
+                                                          reference: dict[str, Any]) -> None:
+    """checkpoint_root on an S3 server (tests/s3_server.py) that the nodes reach over the dev
+    cluster's private network, with the credentials and endpoint in the run's env: the agreed stop's
+    save goes there, the requeued job restores from it, and the weights equal an uninterrupted run's."""
+    from slurmkit.devcluster.names import CONTROLLER_IP
+    from tests.s3_server import BUCKET, serving
+
+    with serving(CONTROLLER_IP) as s3:
+        paths, job = start(dev_profile, f"profile.checkpoint_root=s3://{BUCKET}/runs",
+                           *(f"env.{k}={v}" for k, v in s3.env.items()))
+        wait_step(paths, 60)
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        result = check(paths, reference, max_lost=0)
+        assert result["restart_causes"] == ["preemption"]
+        committed = sorted(p.rsplit("/", 2)[-2] for p in s3.fs().find(f"{BUCKET}/runs/{paths.run_id}")
+                           if p.endswith("/COMMITTED.json"))
+        assert f"step-{STEPS}" in committed and len(committed) >= 2  # the stop's save and the final one, on S3
+        assert not paths.checkpoints.exists()  # nothing went to the run folder instead
+
+
 def test_scontrol_requeue_resumes_from_the_last_checkpoint(cluster: None, dev_profile: Path,
                                                            reference: dict[str, Any]) -> None:
     paths, job = start(dev_profile)

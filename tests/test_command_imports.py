@@ -4,7 +4,6 @@ importable by the interpreter the command names, else one line before anything i
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,13 +35,6 @@ def script(tmp_path: Path) -> Path:
     path = tmp_path / "run.py"
     path.write_text(SCRIPT)
     return path
-
-
-@pytest.fixture(scope="module")
-def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    venv = tmp_path_factory.mktemp("bare") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    return venv / "bin" / "python"
 
 
 def test_a_scripts_top_level_imports_are_what_it_needs_unconditionally(script: Path) -> None:

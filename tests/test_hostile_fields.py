@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from slurmkit.common.errors import SlurmkitError
 from slurmkit.config.loader import resolve
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.runspec import RunSpec
+from slurmkit.render import RESERVED_WORDS
 from tests.test_quoting import HOSTILE, PRINTABLE
 from tests.test_render import check_shell, render_profile
 
@@ -87,6 +89,12 @@ def test_a_hostile_value_in_any_string_field(tmp_path: Path) -> None:
 
     check()
     assert seen["refused"] > 0 and seen["rendered"] > 0, seen  # both branches were really taken
+
+
+@pytest.mark.parametrize("word", sorted(RESERVED_WORDS))
+def test_a_shell_keyword_as_a_value_renders_as_a_word(tmp_path: Path, word: str) -> None:
+    """Found by the test above: `module load then` is bash, but shellcheck read the keyword (SC1010)."""
+    assert _one_example(tmp_path, ("profile.setup.modules", "list"), word, "K") == "rendered"
 
 
 def _one_example(tmp_path: Path, field: tuple[str, str], value: str, key: str) -> str:

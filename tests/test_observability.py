@@ -4,6 +4,9 @@ and the report of a real local training run."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ from typer.testing import CliRunner
 from slurmkit.cli.app import app
 from slurmkit.insight import goodput
 from slurmkit.slurm.parse import Incarnation
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, ROOT
 
 runner = CliRunner()
 
@@ -43,13 +46,21 @@ def test_bench_fs_refuses_a_bad_or_tiny_size_in_one_line(tmp_path: Path, size: s
     assert result.output.startswith("error: --size:") and list(tmp_path.iterdir()) == []
 
 
+WITHOUT_S3FS = ("import sys; sys.modules['s3fs'] = None; "  # Python's own way to make an import fail: not installed
+                "from slurmkit.cli.app import main; sys.argv[0] = 'slurmkit'; main()")
+
+
 def test_bench_fs_and_doctor_on_s3_without_s3fs_say_so_in_one_line(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["bench", "fs", "s3://bucket/ckpt", "--size", "1MiB"])
-    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
-    assert "slurmkit[s3]" in result.output
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    bench = subprocess.run([sys.executable, "-c", WITHOUT_S3FS, "bench", "fs", "s3://bucket/ckpt", "--size", "1MiB"],
+                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert bench.returncode == 2 and len(bench.stderr.strip().splitlines()) == 1, bench.stderr
+    assert "slurmkit[s3]" in bench.stderr
     profile = tmp_path / "s3.yaml"
     profile.write_text(f"extends: local\nrun_root: {tmp_path / 'runs'}\ncheckpoint_root: s3://bucket/ckpt\n")
-    checks = {c["name"]: c for c in json.loads(runner.invoke(app, ["doctor", "-p", str(profile), "--json"]).stdout)}
+    doctor = subprocess.run([sys.executable, "-c", WITHOUT_S3FS, "doctor", "-p", str(profile), "--json"],
+                            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)}
     assert checks["checkpoint_root"]["status"] == "FAIL" and "slurmkit[s3]" in checks["checkpoint_root"]["detail"]
 
 

@@ -210,7 +210,7 @@ def test_a_function_checkpoint_that_verifies_but_does_not_load_falls_back_to_the
     buf = io.BytesIO()
     pickle.dump(Path("/etc"), buf)  # whole and hashed, but not tensors: weights_only refuses it
     evil = ckpt.store.write(8, STATE_FILE, buf.getvalue())
-    ckpt.store.commit(8, [Entry(evil.name, evil.sha256, evil.bytes)])
+    ckpt.store.commit(8, [Entry(evil.name, evil.digest, evil.bytes)])
     assert ckpt.store.latest_valid() == 8
     again = Checkpoint(uri, every=4)
     state = again.restore()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker.ckptstore import CheckpointStore, Entry, to_bytes
+from slurmkit.worker.ckptstore import DIGEST, CheckpointStore, Entry, to_bytes
 from slurmkit.worker.dist import distributed
 from slurmkit.worker.ft.faults import InjectedError
 from slurmkit.worker.ft.incarnation import Incarnation
@@ -53,7 +53,7 @@ def replace_file(store: CheckpointStore, step: int, name: str, obj: Any) -> None
     manifest = store.manifest(step)
     assert manifest is not None
     new = store.write(step, name, to_bytes(obj))
-    others = [Entry(n, f["sha256"], f["bytes"]) for n, f in manifest["files"].items() if n != name]
+    others = [Entry(n, f[DIGEST], f["bytes"]) for n, f in manifest["files"].items() if n != name]
     store.commit(step, [new, *others])
 
 

@@ -1,9 +1,9 @@
 """`slurmkit bench fs URI`: checkpoint-style write and read throughput through fsspec, against `dd`.
 
 The write is exactly a checkpoint file's write (CheckpointStore: temp file, 1 MiB writes, fsync,
-rename, folder fsync, sha256 alongside), so the estimate of a save's duration is the real path.
+rename, folder fsync, checksum alongside), so the estimate of a save's duration is the real path.
 On a local or parallel filesystem the baseline is `dd bs=1M conv=fsync` into the same folder, in
-the same run; an object store has no dd baseline.
+the same run; on an object store it is the client's own upload (`fs.pipe_file`) of the same bytes.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, A
     size -= size % CHUNK  # whole MiB: dd writes the same bytes, in 1 MiB blocks
     block = os.urandom(min(size, 64 * CHUNK))  # incompressible, cheap to make
     data = (block * (size // len(block) + 1))[:size]
+    put_s = None
     try:
         t0 = time.perf_counter()
         store.write(0, "bench.bin", data)
@@ -80,6 +81,10 @@ def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, A
             while f.readinto(buf):
                 pass
         read_s = time.perf_counter() - t0
+        if store.object_store:  # the baseline: the client's own upload of the same bytes, nothing of slurmkit's
+            t0 = time.perf_counter()
+            store.fs.pipe_file(f"{store.root}/raw-put.bin", data)
+            put_s = time.perf_counter() - t0
     except (OSError, CheckpointError) as exc:
         raise SlurmkitError(f"cannot write or read there: {exc}", where=uri) from exc
     finally:
@@ -91,6 +96,8 @@ def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, A
         dd_write, dd_read = _dd(os.path.dirname(store.root), size)
         out.update(dd_write_MBps=round(size / dd_write / 1e6, 1), dd_read_MBps=round(size / dd_read / 1e6, 1),
                    write_vs_dd=round(dd_write / write_s, 2), read_vs_dd=round(dd_read / read_s, 2))
+    elif put_s is not None:
+        out.update(put_write_MBps=round(size / put_s / 1e6, 1), write_vs_put=round(put_s / write_s, 2))
     else:
         out.update(baseline="none: dd needs a local or mounted path")
     ckpt = checkpoint_bytes or size

@@ -67,6 +67,9 @@ def fs(
     if "write_vs_dd" in result:
         typer.echo(f"  dd on the same path: write {result['dd_write_MBps']} MB/s, read {result['dd_read_MBps']} MB/s"
                    f" -> write {result['write_vs_dd']}x, read {result['read_vs_dd']}x of dd")
+    elif "write_vs_put" in result:
+        typer.echo(f"  the client's own upload of the same bytes: {result['put_write_MBps']} MB/s"
+                   f" -> write {result['write_vs_put']}x of it")
     else:
         typer.echo(f"  {result['baseline']}")
     typer.echo(f"  a {result['checkpoint_bytes'] / 1e9:.2f} GB checkpoint would take about "

@@ -32,6 +32,11 @@ def expand_vars(value: str, field: str) -> str:
     return expanded
 
 
+OBJECT_STORES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
+                 "abfss": "adlfs"}
+"""fsspec protocols whose root's first part is a bucket, and the package each needs."""
+
+
 def expand_checkpoint_root(checkpoint_root: str) -> str:
     """checkpoint_root with $VARS expanded (a path or an fsspec URL), without a trailing /."""
     return expand_vars(checkpoint_root, "checkpoint_root").rstrip("/")

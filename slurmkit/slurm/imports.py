@@ -1,5 +1,7 @@
 """What the ranks' interpreter imports, asked on the login node before anything is queued: `ray` for
-a `ray:` run, and the top-level imports of a command's Python script (`command: python train.py`).
+a `ray:` run, the top-level imports of a command's Python script (`command: python train.py`), and
+for a `checkpoint_root` on an object store its client package and the bucket, with the run's
+environment (credentials, endpoint).
 A missing module then costs one line at submit, not a queue wait and a traceback on a compute node.
 
 The interpreter is asked where the login node has it (the same path on a shared filesystem); one
@@ -18,9 +20,13 @@ import sys
 from pathlib import Path
 
 from slurmkit.common.errors import PreflightError
+from slurmkit.common.layout import OBJECT_STORES, expand_checkpoint_root
 from slurmkit.config.loader import Resolved
 
 PYTHON_PROBE_TIMEOUT_S = 30
+_STORE_PROBE = ("import sys\nfrom slurmkit.worker.ckptstore import CheckpointError, CheckpointStore\n"
+                "try:\n    CheckpointStore(sys.argv[1])\nexcept CheckpointError as exc:\n    print(exc)\n"
+                "    sys.exit(3)\n")
 _MISSING_PROBE = ("import importlib.util, json, sys; "
                   "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))")
 
@@ -126,3 +132,28 @@ def check_command_imports(resolved: Resolved, where: str) -> None:
             f"{what} imports {', '.join(gone)}, which the command's python {found[0]} cannot import",
             where=f"{where}:command",
             valid=f"valid: install it there ({found[0]} -m pip install ...), or name the interpreter that has it")
+
+
+def check_storage(resolved: Resolved) -> None:
+    """A checkpoint_root on an object store: the ranks' interpreter has its client (s3fs for s3://)
+    and, with the run's environment, reaches the bucket (one listing, as the ranks' first save would)."""
+    root = resolved.profile.checkpoint_root
+    python = _ranks_python(resolved)
+    protocol = root.split("://", 1)[0] if root and "://" in root else ""
+    if python is None or root is None or protocol not in OBJECT_STORES:
+        return
+    package = OBJECT_STORES[protocol]
+    if missing(python, [package]):
+        raise PreflightError(f"checkpoint_root {root} needs {package}, which the ranks' python {python} cannot "
+                             "import", where="profile:checkpoint_root",
+                             valid=f"valid: {python} -m pip install 'slurmkit[s3]' (or {package})")
+    env = {**os.environ, **resolved.profile.setup.env, **resolved.spec.env}
+    try:
+        proc = subprocess.run([python, "-P", "-c", _STORE_PROBE, expand_checkpoint_root(root)], capture_output=True,
+                              text=True, timeout=PYTHON_PROBE_TIMEOUT_S, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if proc.returncode == 3:
+        raise PreflightError(proc.stdout.strip().splitlines()[-1], where="profile:checkpoint_root",
+                             valid="valid: a bucket the ranks can reach with the run's environment "
+                                   "(`slurmkit doctor` asks from a compute node)")

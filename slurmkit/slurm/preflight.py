@@ -18,6 +18,7 @@ def check(resolved: Resolved, array_size: int | None = None) -> str:
     """Raise PreflightError if the job cannot run on the live cluster; return the partition used."""
     imports.check_ray_importable(resolved)
     imports.check_command_imports(resolved, resolved.spec_source)
+    imports.check_storage(resolved)
     r = resolved.resources
     partitions = commands.show_partitions()
     name = resolved.profile.partition

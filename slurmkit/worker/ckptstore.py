@@ -1,10 +1,13 @@
 """Checkpoints over any fsspec URI: step-N folders, valid only once their commit marker exists.
 
-Layout: <root>/step-N/<files> and <root>/step-N/COMMITTED.json, written last, holding the
-sha256 and size of every file. On a local or parallel filesystem every file is written to a
-temp file in the same folder, fsynced, renamed, and the folder fsynced (fsspec's local
-"transaction" does neither). On an object store each file is one PUT and the marker is the last.
+Layout: <root>/step-N/<files> and <root>/step-N/COMMITTED.json, written last, holding the checksum
+and size of every file. On a local or parallel filesystem every file is written to a temp file in
+the same folder, fsynced, renamed, and the folder fsynced (fsspec's local "transaction" does
+neither). On an object store (s3://, gs://, az://) each file is one upload and the marker is the
+last; its bucket must answer when the store is opened (one line says why not), and is never created.
 Loads use torch.load(weights_only=True): nothing from a shared filesystem is fully unpickled.
+The checksum, xxh3-128, catches accidents (torn, truncated or misplaced files, flipped bits), not
+forgers, as sha256 did not either (docs/fault-tolerance.md says why); sha256 manifests still verify.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+import xxhash
 from fsspec.implementations.local import LocalFileSystem
 
 from slurmkit.common import trust
 from slurmkit.common.atomic import atomic_write
+from slurmkit.common.errors import squash
+from slurmkit.common.layout import OBJECT_STORES
 
 MARKER = "COMMITTED.json"
 TRAINER_FILES = ("model.pt", "optim.pt", "trainer.pt")
@@ -37,10 +43,28 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; older committed checkpoints are untouched."""
 
 
+DIGEST = "xxh3_128"
+"""The manifest's key for each file's checksum (hex)."""
+
+
+def digest(data: bytes) -> str:
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def _matches(data: bytes, want: dict[str, Any]) -> bool:
+    """A file's bytes against its manifest entry: size, then the checksum it was written with."""
+    if len(data) != want.get("bytes"):
+        return False
+    if DIGEST in want:
+        return digest(data) == want[DIGEST]
+    return "sha256" in want and hashlib.sha256(data).hexdigest() == want["sha256"]
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str
-    sha256: str
+    digest: str
+    """xxh3-128, hex."""
     bytes: int
 
 
@@ -77,10 +101,29 @@ class CheckpointStore:
             raise CheckpointError(f"{exc}; valid: a folder, file://, s3:// or another fsspec URI") from exc
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self.object_store = protocol in OBJECT_STORES
         self.required = required
         self._valid: set[int] = set()  # steps this process committed or verified: their files are final
         if self.local:
             self._claim()
+        elif self.object_store:
+            self._reach(protocol)
+
+    def _reach(self, protocol: str) -> None:
+        """The bucket exists and answers, with this process's credentials: one listing, now, rather
+        than a traceback from the first save's thread."""
+        bucket = self.root.split("/", 1)[0]
+        try:
+            self.fs.ls(bucket, detail=False)
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"bucket {protocol}://{bucket} does not exist; valid: a bucket that exists "
+                                  "(slurmkit never creates one)") from exc
+        except Exception as exc:  # noqa: BLE001 - botocore's and the other clients' own errors, in one line
+            hint = (" (credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials or an "
+                    "instance role; a store other than AWS: AWS_ENDPOINT_URL)") if protocol.startswith("s3") else ""
+            raise CheckpointError(f"cannot reach {protocol}://{bucket}: {type(exc).__name__}: "
+                                  f"{squash(str(exc), 200)}{hint}") from exc
 
     def _claim(self) -> None:
         """The checkpoint folder is the run's own: made here by a plain mkdir (0700, or 0750 under a
@@ -110,26 +153,27 @@ class CheckpointStore:
         folder = self.step_dir(step)
         path = f"{folder}/{name}"
         self._valid.discard(step)
-        # Hash while writing: hashlib releases the GIL, and hashing alone costs as much as a fast disk.
-        digest: list[str] = []
-        hasher = threading.Thread(target=lambda: digest.append(hashlib.sha256(data).hexdigest()))
+        # Checksum while writing (xxhash releases the GIL on large inputs).
+        digests: list[str] = []
+        hasher = threading.Thread(target=lambda: digests.append(digest(data)))
         hasher.start()
         try:
             if self.local:
                 # 0666 narrowed by the umask: the job's (perms.UMASK) keeps checkpoints off other users.
                 atomic_write(path, data, mode=0o666)
             else:
-                self.fs.makedirs(folder, exist_ok=True)
+                if not self.object_store:  # a bucket's "folders" are key prefixes; its makedirs would create buckets
+                    self.fs.makedirs(folder, exist_ok=True)
                 self.fs.pipe_file(path, data)
         except OSError as exc:
             raise CheckpointError(f"checkpoint step {step}: cannot write {name}: {_explain(exc, path)}") from exc
         finally:
             hasher.join()
-        return Entry(name, digest[0], len(data))
+        return Entry(name, digests[0], len(data))
 
     def commit(self, step: int, entries: list[Entry], meta: dict[str, Any] | None = None) -> None:
         """Write the marker last: from now on step-N is a valid checkpoint."""
-        manifest = {"step": step, "files": {e.name: {"sha256": e.sha256, "bytes": e.bytes} for e in entries},
+        manifest = {"step": step, "files": {e.name: {DIGEST: e.digest, "bytes": e.bytes} for e in entries},
                     **(meta or {})}
         self.write(step, MARKER, json.dumps(manifest, indent=1, sort_keys=True).encode())
         self._valid.add(step)  # hashed as written; no need to read it back
@@ -158,7 +202,7 @@ class CheckpointStore:
         return [s for s in self.steps() if self.fs.exists(f"{self.step_dir(s)}/{MARKER}")]
 
     def verify(self, step: int, keep: dict[str, bytes] | None = None) -> dict[str, Any] | None:
-        """The manifest if every file exists with its recorded size and sha256, else None.
+        """The manifest if every file exists with its recorded size and checksum, else None.
 
         With `keep`, the verified bytes are kept there (up to KEEP_MAX_BYTES in all), so loading
         them does not read the files a second time.
@@ -172,7 +216,7 @@ class CheckpointStore:
                 data = self.fs.cat_file(f"{self.step_dir(step)}/{name}")
             except OSError:
                 return None
-            if len(data) != want["bytes"] or hashlib.sha256(data).hexdigest() != want["sha256"]:
+            if not _matches(data, want):
                 return None
             if keep is not None and kept + len(data) <= KEEP_MAX_BYTES:
                 keep[name], kept = data, kept + len(data)
@@ -262,7 +306,7 @@ def cpu_copy(obj: Any, buffers: dict[str, Any] | None = None, _key: str = "") ->
 class Prefetch:
     """latest_valid() run in a thread while the process does other start-up work.
 
-    File reads and sha256 release the GIL, so on a restart this overlaps with torch.distributed's
+    File reads and checksums release the GIL, so on a restart this overlaps with torch.distributed's
     rendezvous and building the model; the verified bytes are then loaded without a second read.
     """
 
