@@ -40,7 +40,9 @@ def serving(ip: str) -> Iterator[S3]:
         host, port = server.get_host_and_port()
         s3 = S3(f"http://{host}:{port}", {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
                                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
-        s3.fs().mkdir(BUCKET)
+        fs = s3.fs()
+        if not fs.exists(BUCKET):  # moto keeps its buckets per process: an earlier server of this run made it
+            fs.mkdir(BUCKET)
         yield s3
     finally:
         server.stop()

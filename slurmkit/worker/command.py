@@ -6,7 +6,8 @@ command whose script has made a slurmkit.Checkpoint has announced it in its mark
 (markers.CommandStop): it is not terminated; the signal is passed on to it (its Checkpoint only sets
 a flag), and this process waits while its ranks agree on a step, save it and exit. The step it
 stopped at comes back as AgreedStop, which the run's entry acts on as for a function (rank 0
-requeues). A command without one is terminated, as SIGINT would, and the stop goes on as Interrupted.
+requeues); one that finished its work meanwhile (exit 0, no step) has completed. A command without
+one is terminated, as SIGINT would, and the stop goes on as Interrupted.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def run_command(command: str, marker: Path) -> dict[str, Any]:
     stopped = CommandStop.read(marker)
     if stopped is not None and stopped.step is not None:
         raise AgreedStop(stopped.requeue, stopped.step)
-    if asked is not None:  # it had a Checkpoint but ended without agreeing on a step: the stop goes on
+    if asked is not None and rc != 0:  # it had a Checkpoint but failed before a step was agreed: the stop goes on
         raise asked
     if rc != 0:
         raise CommandFailed(rc, command)
