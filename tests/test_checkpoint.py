@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from slurmkit.worker.ckptstore import MARKER, TRAINER_FILES, AsyncWriter, CheckpointError, CheckpointStore, cpu_copy
+from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy
+from slurmkit.worker.ckptstore import MARKER, TRAINER_FILES, CheckpointError, CheckpointStore
 
 
 def _uris(tmp_path: Path) -> list[str]:
@@ -53,11 +54,11 @@ def test_uncommitted_and_corrupt_checkpoints_are_skipped(tmp_path: Path, kind: i
 @pytest.mark.parametrize("kind", [0, 2], ids=["plain-path", "memory"])
 def test_prefetch_verifies_in_the_background_and_keeps_only_the_chosen_bytes(tmp_path: Path, kind: int) -> None:
     store = CheckpointStore(_uris(tmp_path)[kind])
-    assert store.prefetch().result() == (None, {})
+    assert Prefetch(store).result() == (None, {})
     _save(store, 10, 1.0)
     _save(store, 20, 2.0)
     store.fs.pipe_file(f"{store.step_dir(20)}/model.pt", b"bit rot")
-    prefetch = store.prefetch()
+    prefetch = Prefetch(store)
     step, data = prefetch.result()
     assert step == 10 and set(data) == {"model.pt", "rank0.pt"}
     assert any("step-20" in m for m in prefetch.messages)
@@ -131,7 +132,8 @@ def test_cpu_copy_is_a_copy() -> None:
 
 KILLER = """
 import sys, torch
-from slurmkit.worker.ckptstore import AsyncWriter, CheckpointStore
+from slurmkit.worker.ckpt_threads import AsyncWriter
+from slurmkit.worker.ckptstore import CheckpointStore
 store = CheckpointStore(sys.argv[1])
 step = int(sys.argv[2])
 w = AsyncWriter(store)

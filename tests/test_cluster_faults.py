@@ -538,3 +538,24 @@ def test_torchrun_launcher_trains_like_srun_and_survives_preemption(
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     result = check(paths, reference, max_lost=0)  # same ranks, same data: the srun run's digest
     assert result["restart_causes"] == ["preemption"] and result["world_size"] == 2
+
+
+def test_fsdp_preempted_on_two_nodes_loses_no_step_and_ends_bitwise_the_uninterrupted_run(
+        cluster: None, dev_profile: Path) -> None:
+    """config.parallel=fsdp: FSDP2 over 2 nodes (gloo), sharded checkpoints through DCP; USR2 at
+    step 60: every rank stops at one step and writes its shard, the requeued job reshards nothing
+    (same ranks) and goes on; the end equals an uninterrupted FSDP run's, every parameter bitwise."""
+    fsdp = ("config.parallel=fsdp", "config.steps=120")
+    whole, _ = start(dev_profile, *fsdp)
+    assert finish(whole) == "COMPLETED", failure(whole, RunFile(whole).read().job_ids[-1]).log_tail
+    paths, job = start(dev_profile, *fsdp)
+    wait_step(paths, 60)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    assert finish(paths) == "COMPLETED", failure(paths, RunFile(paths).read().job_ids[-1]).log_tail
+    reference, results = jobs.result(whole), [jobs.result(paths, rank=r) for r in (0, 1)]
+    assert results[0]["params_sha256"] == results[1]["params_sha256"] == reference["params_sha256"]
+    assert results[0]["restart_causes"] == ["preemption"] and executed_steps(paths.metrics) == list(range(1, 121))
+    store = CheckpointStore(str(paths.checkpoints))
+    manifest = store.manifest(store.committed()[0])  # step-100 (every 50), after the stop's
+    assert manifest is not None and manifest["format"] == "dcp" and {"__0_0.distcp", "__1_0.distcp"} <= set(
+        manifest["files"])

@@ -43,7 +43,8 @@ def test_a_step_on_s3_counts_only_once_its_marker_is_written(s3_server: S3) -> N
 
 KILLED_SAVE = """
 import os, signal, sys, torch
-from slurmkit.worker.ckptstore import AsyncWriter, CheckpointStore
+from slurmkit.worker.ckpt_threads import AsyncWriter
+from slurmkit.worker.ckptstore import CheckpointStore
 store = CheckpointStore(sys.argv[1], ("a.pt", "b.pt"))
 first = AsyncWriter(store)
 first.start(5, {"a.pt": torch.ones(2), "b.pt": torch.ones(2)})

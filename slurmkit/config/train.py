@@ -34,6 +34,11 @@ class TrainConfig(Strict):
 
     model: Literal["digits", "gpt"] = "digits"
     """digits: an MLP classifier on scikit-learn's bundled digits; gpt: a small GPT on synthetic tokens."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """ddp: every rank holds the whole model (DistributedDataParallel); fsdp: FSDP2 (fully_shard), every
+    rank holds a shard of parameters, gradients and optimizer state, and checkpoints are sharded
+    (torch.distributed.checkpoint), each rank writing its own and a resume on another number of ranks
+    resharding them. fsdp has no warm restart: an exception restarts the ranks' processes."""
     steps: int = Field(300, ge=1)
     """Optimizer steps to train for."""
     batch_size: int = Field(64, ge=1)

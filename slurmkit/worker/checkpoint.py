@@ -18,8 +18,10 @@ written (slurmkit.worker.ckptstore), a save every `every` steps written in the b
 newest `keep_latest_k` valid steps kept, and the stop: the signal handler only sets a flag; at
 the next `step()` every rank agrees (one small all-reduce), the state of that step is saved and
 committed, and rank 0 requeues within the profile's budget. The next incarnation's `restore()`
-returns that state, so no finished step is lost. Rank 0 writes the state: the ranks of a
-data-parallel function hold the same one. Torch is imported on first use.
+returns that state, so no finished step is lost. Rank 0 writes a plain state: the ranks of a
+data-parallel function hold the same one. A sharded state (FSDP2's DTensors) is written by every
+rank, its own shard, through torch.distributed.checkpoint, and `restore(like=state)` reshards it
+to the run's ranks (slurmkit.worker.sharded). Torch is imported on first use.
 
 In a `command` run's script (`python train.py` under srun or torchrun, the script's own
 init_process_group()), a Checkpoint tells the rank's worker that the script agrees stops
@@ -36,12 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
-from slurmkit.worker.ckptstore import CheckpointStore
+from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
 from slurmkit.worker.dist import Ranks
 from slurmkit.worker.ft.checkpointer import Checkpointer, StepFiles, checkpoint_uri
 from slurmkit.worker.ft.stop import AgreedStop, Stop, StopCoordinator, StopFlag
 
 STATE_FILE = "state.pt"
+SHARDED_KEY = "state"
+"""A sharded state's top-level key in its DCP checkpoint (DCP takes a dict; a state need not be one)."""
 DEFAULT_EVERY = 100
 __all__ = ["AgreedStop", "Checkpoint", "default", "finish", "restore", "save", "step", "wants_checkpoint"]
 
@@ -68,7 +72,8 @@ class Checkpoint:
         as it is at each call: a function may bring its group up after it first restored."""
         ranks = Ranks.current()
         if self._parts is None:
-            ckpt = Checkpointer(self.uri, ranks, (STATE_FILE,), keep_latest_k=self.keep)
+            # Nothing required by name: a step holds state.pt, or a sharded state's DCP files.
+            ckpt = Checkpointer(self.uri, ranks, keep_latest_k=self.keep)
             self._parts = ckpt, StopCoordinator(lambda: ckpt.writing, self.flag)
         self._parts[0].ranks = ranks
         return self._parts
@@ -82,27 +87,45 @@ class Checkpoint:
     def resumed_step(self) -> int | None:
         return self._ckpt.resumed_step
 
-    def restore(self) -> Any | None:
+    def restore(self, like: Any = None) -> Any | None:
         """The newest valid state (rank 0 picks the step, every rank loads it), or None: a fresh start.
-        This rank's own part of it, where it saved one, is then `rank_state`."""
+        This rank's own part of it, where it saved one, is then `rank_state`. A sharded state (one
+        holding DTensors: FSDP2's, from torch.distributed.checkpoint.state_dict.get_state_dict) is
+        loaded into `like`, this run's state of the same keys, and resharded to its layout whatever
+        number of ranks saved it; pass it, and apply what comes back (set_state_dict)."""
         ckpt = self._ckpt
         mine = _rank_file(ckpt.ranks.rank)
 
         def load(files: StepFiles) -> Any:
             self.rank_state = files.load(mine) if mine in files.names else None
-            return files.load(STATE_FILE)
+            if not files.sharded:
+                return files.load(STATE_FILE)
+            if like is None:
+                raise CheckpointError(f"step-{files.step} holds a sharded state: restore(like=state) takes this "
+                                      "run's state (get_state_dict's) to load it into")
+            wrapped = {SHARDED_KEY: like}
+            files.load_sharded(wrapped)
+            return wrapped[SHARDED_KEY]
 
         found = ckpt.restore(load)
         return found[1] if found else None
 
     def save(self, step: int, state: Any | Callable[[], Any], wait: bool = False, rank_state: Any = None) -> None:
-        """Save `state` as step-N, on every rank (rank 0 writes it): in the background, committed at a
-        later boundary, or now with `wait`. A function returning the state is called on rank 0 only.
-        `rank_state`: this rank's own part (its RNG, its data position), written by each rank."""
+        """Save `state` as step-N, on every rank: in the background, committed at a later boundary, or
+        now with `wait`. A function returning the state is called when the save is due. A plain state
+        (every rank holds the same) is written by rank 0; a sharded one (DTensors anywhere in it) by
+        every rank, its own shard (torch.distributed.checkpoint). `rank_state`: this rank's own part
+        (its RNG, its data position), written by each rank."""
+        from slurmkit.worker.sharded import is_sharded  # torch: on first use
+
         ckpt = self._ckpt
-        files = {STATE_FILE: state() if callable(state) else state} if ckpt.ranks.is_main else {}
-        if rank_state is not None:
-            files[_rank_file(ckpt.ranks.rank)] = rank_state
+        value = state() if callable(state) else state
+        files = {_rank_file(ckpt.ranks.rank): rank_state} if rank_state is not None else {}
+        if is_sharded(value):
+            ckpt.save(step, files, wait or not self.async_save, sharded={SHARDED_KEY: value})
+            return
+        if ckpt.ranks.is_main:
+            files[STATE_FILE] = value
         ckpt.save(step, files, wait or not self.async_save)
 
     def step(self, step: int, state: Any | Callable[[], Any], rank_state: Any = None) -> None:

@@ -43,6 +43,18 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; older committed checkpoints are untouched."""
 
 
+SHARDED = "dcp"
+"""The manifest's `format` of a sharded step (slurmkit.worker.sharded); absent: one file per name."""
+SHARDED_INDEX = ".metadata"
+"""DCP's index of a sharded step (which rank's file holds which slice)."""
+
+
+def trainer_files(parallel: str) -> tuple[str, ...]:
+    """What a Trainer checkpoint of this kind (config `parallel`) needs to resume: under fsdp the
+    model and optimizer are DCP shards, indexed by SHARDED_INDEX."""
+    return ("trainer.pt", SHARDED_INDEX) if parallel == "fsdp" else TRAINER_FILES
+
+
 DIGEST = "xxh3_128"
 """The manifest's key for each file's checksum (hex)."""
 
@@ -105,6 +117,7 @@ class CheckpointStore:
         self.object_store = protocol in OBJECT_STORES
         self.required = required
         self._valid: set[int] = set()  # steps this process committed or verified: their files are final
+        self._rejected: set[int] = set()
         if self.local:
             self._claim()
         elif self.object_store:
@@ -145,6 +158,11 @@ class CheckpointStore:
 
     def step_dir(self, step: int) -> str:
         return f"{self.root}/step-{step}"
+
+    def step_uri(self, step: int) -> str:
+        """step_dir with its protocol (s3://...), for code that opens its own filesystem (DCP's)."""
+        uri: str = self.fs.unstrip_protocol(self.step_dir(step))
+        return uri
 
     # ------------------------------------------------------------------ writing
 
@@ -210,6 +228,8 @@ class CheckpointStore:
         manifest = self.manifest(step)
         if manifest is None:
             return None
+        if manifest.get("format") == SHARDED:
+            return self._verify_sharded(step, manifest)
         kept = 0
         for name, want in manifest["files"].items():
             try:
@@ -223,9 +243,40 @@ class CheckpointStore:
         self._valid.add(step)
         return manifest
 
+    def _verify_sharded(self, step: int, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """A sharded step (slurmkit.worker.sharded): every file there with its size, and DCP's index
+        checksummed; the shards' checksums are checked at load, each by one rank (one read in all,
+        not one per rank)."""
+        try:
+            sizes = {os.path.basename(i["name"].rstrip("/")): i["size"]
+                     for i in self.fs.ls(self.step_dir(step), detail=True)}
+        except OSError:
+            return None
+        files: dict[str, Any] = manifest["files"]
+        if any(sizes.get(name) != want.get("bytes") for name, want in files.items()):
+            return None
+        index = SHARDED_INDEX
+        if index not in files or not self.file_matches(step, index, files[index]):
+            return None
+        self._valid.add(step)
+        return manifest
+
+    def file_matches(self, step: int, name: str, want: dict[str, Any]) -> bool:
+        """One file of step-N against its manifest entry (size and checksum)."""
+        try:
+            return _matches(self.fs.cat_file(f"{self.step_dir(step)}/{name}"), want)
+        except OSError:
+            return False
+
+    def reject(self, step: int) -> None:
+        """A step that failed to load (a shard's checksum, found by the rank that checked it) is not
+        valid for this process, whatever verify() said: keep_latest_k does not count it."""
+        self._valid.discard(step)
+        self._rejected.add(step)
+
     def is_valid(self, step: int) -> bool:
         """verify(), remembered: a step's files never change once committed."""
-        return step in self._valid or self.verify(step) is not None
+        return step not in self._rejected and (step in self._valid or self.verify(step) is not None)
 
     def latest_valid(self, log: Callable[[str], None] | None = None,
                      keep: dict[str, bytes] | None = None, below: int | None = None) -> int | None:
@@ -246,10 +297,6 @@ class CheckpointStore:
     def load(self, step: int, name: str, data: bytes | None = None) -> Any:
         """One file of step-N as tensors (weights_only); `data`: its bytes, already read and verified."""
         return from_bytes(data if data is not None else self.fs.cat_file(f"{self.step_dir(step)}/{name}"))
-
-    def prefetch(self) -> Prefetch:
-        """Start finding, reading and verifying the newest valid checkpoint in the background."""
-        return Prefetch(self)
 
     # ------------------------------------------------------------------ pruning
 
@@ -275,126 +322,3 @@ class CheckpointStore:
                 self.fs.rm(marker)
             self.fs.rm(folder, recursive=True)
         return removed
-
-
-def cpu_copy(obj: Any, buffers: dict[str, Any] | None = None, _key: str = "") -> Any:
-    """A CPU copy of a (nested) state, taken at a step boundary so training may go on.
-
-    With `buffers`, tensors are copied into the memory of an earlier copy taken with the same
-    buffers when shapes match: fresh allocations (page faults) cost more than the copy itself. The
-    caller keeps a set of buffers out of use while its copy is being written or kept.
-    """
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        src = obj.detach()
-        old = buffers.get(_key) if buffers is not None else None
-        if old is not None and old.shape == src.shape and old.dtype == src.dtype:
-            return old.copy_(src)
-        copy = src.to("cpu", copy=True)
-        if buffers is not None:
-            buffers[_key] = copy
-        return copy
-    if isinstance(obj, dict):
-        return {k: cpu_copy(v, buffers, f"{_key}/{k}") for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        items = [cpu_copy(v, buffers, f"{_key}/{i}") for i, v in enumerate(obj)]
-        return items if isinstance(obj, list) else tuple(items)
-    return obj
-
-
-class Prefetch:
-    """latest_valid() run in a thread while the process does other start-up work.
-
-    File reads and checksums release the GIL, so on a restart this overlaps with torch.distributed's
-    rendezvous and building the model; the verified bytes are then loaded without a second read.
-    """
-
-    def __init__(self, store: CheckpointStore) -> None:
-        self.store = store
-        self.messages: list[str] = []
-        self._data: dict[str, bytes] = {}
-        self._step: int | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="slurmkit-ckpt-prefetch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._step = self.store.latest_valid(self.messages.append, self._data)
-        except BaseException as exc:  # raised by result(), in the thread that asks
-            self._error = exc
-
-    def result(self) -> tuple[int | None, dict[str, bytes]]:
-        """The newest valid step (None: none) and its verified file bytes, by name."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._step, self._data
-
-
-class AsyncWriter:
-    """This rank's share of a save, written in a background thread; at most one save in flight.
-
-    A failure in the background is kept and raised by the next call to `result()`, `wait()` or
-    `start()`, so it is never silently lost.
-    """
-
-    def __init__(self, store: CheckpointStore, on_file: Callable[[int, str], None] | None = None) -> None:
-        """`on_file(step, name)` runs in the writer thread after each file is written (fault injection)."""
-        self.store = store
-        self.on_file = on_file
-        self._thread: threading.Thread | None = None
-        self._entries: list[Entry] = []
-        self._error: BaseException | None = None
-        self.step: int | None = None
-
-    @property
-    def pending(self) -> bool:
-        return self.step is not None
-
-    @property
-    def done(self) -> bool:
-        return self._thread is None or not self._thread.is_alive()
-
-    def start(self, step: int, files: dict[str, Any]) -> None:
-        self.wait()
-        self.step, self._entries, self._error = step, [], None
-
-        def work() -> None:
-            try:
-                for name, obj in files.items():
-                    self._entries.append(self.store.write(step, name, to_bytes(obj)))
-                    if self.on_file is not None:
-                        self.on_file(step, name)
-            except BaseException as exc:  # kept, and raised in the training thread
-                self._error = exc
-
-        self._thread = threading.Thread(target=work, name=f"slurmkit-ckpt-{step}", daemon=True)
-        self._thread.start()
-
-    def wait(self, heartbeat: Callable[[], None] | None = None) -> None:
-        """Join the writer; `heartbeat` is called every second meanwhile (a save is progress)."""
-        while self._thread is not None and self._thread.is_alive():
-            self._thread.join(1.0)
-            if heartbeat is not None:
-                heartbeat()
-
-    def abandon(self) -> None:
-        """Drop the save in flight, uncommitted (its folder has no marker: never read), once its
-        thread is done with the copy; an error it had is dropped with it."""
-        self.wait()
-        self.step, self._error = None, None
-
-    def result(self, heartbeat: Callable[[], None] | None = None) -> list[Entry]:
-        """This rank's entries of the finished save (raising its background error, if any)."""
-        self.wait(heartbeat)
-        error, self._error = self._error, None
-        if error is not None:
-            self.step = None
-            if isinstance(error, CheckpointError):
-                raise error
-            raise CheckpointError(f"checkpoint write failed: {error}") from error
-        entries = list(self._entries)
-        self.step = None
-        return entries

@@ -1,4 +1,4 @@
-"""A small data-parallel Trainer: DDP wrapping, seeded distributed sampling, accumulation, metrics.
+"""A small data-parallel Trainer: DDP or FSDP2, seeded distributed sampling, accumulation, metrics.
 
 Bring a model, an optimizer, a dataset and a loss function; call fit(). Usable from any callable
 that runs inside `slurmkit.worker.dist.distributed()`.
@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -32,12 +34,40 @@ _NULL = contextlib.nullcontext()  # reusable: it holds no state
 
 def params_sha256(model: nn.Module) -> str:
     """Digest of every parameter and buffer (0-d ones too: batch norm counts), by name: equal digests
-    mean bitwise-equal weights."""
+    mean bitwise-equal weights. A sharded (FSDP) model's are gathered whole: every rank calls it."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
+        whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(whole.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+PARALLEL = ("ddp", "fsdp")
+"""ddp: every rank holds the whole model, gradients all-reduced; fsdp: FSDP2's fully_shard, every
+rank holds a shard of parameters, gradients and optimizer state (checkpoints through DCP)."""
+
+
+def parallelize(model: nn.Module, parallel: str, device: torch.device | str) -> nn.Module:
+    """The model on `device`, and under fsdp sharded in place with FSDP2 (its blocks, then the root),
+    before an optimizer is made over its parameters (fully_shard replaces them with DTensors)."""
+    model = model.to(device)
+    if parallel == "fsdp" and not isinstance(model, FSDPModule):
+        for unit in shard_units(model):
+            fully_shard(unit)
+        fully_shard(model)
+    return model
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 shards as units of their own before the root: a model's repeated blocks
+    (`blocks` or `layers`, as GPT-style models name them), so one block's parameters are gathered
+    at a time; a model without them is one unit."""
+    for name in ("blocks", "layers"):
+        found = getattr(model, name, None)
+        if isinstance(found, (nn.ModuleList, nn.Sequential)):
+            return list(found)
+    return []
 
 
 def warmup_cosine(steps: int, warmup_frac: float = 0.05, floor: float = 0.1) -> Callable[[int], float]:
@@ -105,6 +135,8 @@ class TrainerOptions:
     aggregate the steps between them (slurmkit.common.metrics)."""
     autocast_dtype: torch.dtype | None = None
     """Mixed precision (torch.autocast) dtype, or None for full precision."""
+    parallel: str = "ddp"
+    """How the model is spread over the ranks: one of PARALLEL."""
 
 
 Vote = Callable[[], int]
@@ -158,10 +190,23 @@ class Trainer:
             raise ValueError(f"dataset of {len(dataset)} (per rank {len(self.sampler)}) "  # type: ignore[arg-type]
                              f"is smaller than one micro-batch of {options.micro_batch}")
 
+    @property
+    def sharded(self) -> bool:
+        """Parameters and optimizer state are DTensor shards (FSDP2): checkpoints go through DCP."""
+        return self.options.parallel == "fsdp"
+
     def wrap(self) -> None:
         """DDP over the current process group, with the agreement riding on its gradients; called
-        again after a warm restart rebuilt the group (the old wrapper holds the old one)."""
-        if self.dist.world_size > 1:
+        again after a warm restart rebuilt the group (the old wrapper holds the old one). Under
+        fsdp, FSDP2's fully_shard, in place and once (at one rank too: its checkpoints are sharded,
+        so a resume on more ranks reshards them); the agreement takes a small all-reduce of its own."""
+        if self.options.parallel not in PARALLEL:
+            raise ValueError(f"parallel={self.options.parallel!r}; valid: {', '.join(PARALLEL)}")
+        if self.sharded:
+            if not isinstance(self.raw_model, FSDPModule):  # its optimizer would hold the unsharded parameters
+                raise ValueError("parallel='fsdp' needs the model sharded before its optimizer is made: "
+                                 "model = slurmkit.worker.trainer.parallelize(model, 'fsdp', device) first")
+        elif self.dist.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = DistributedDataParallel(self.raw_model, device_ids=ids)
         self.agreement = agreement.Agreement(self.model, self.dist.world_size)
@@ -232,6 +277,8 @@ class Trainer:
             last = micro == accum - 1
             # Gradients are all-reduced once per optimizer step, on the last micro-batch.
             sync = self.model.no_sync() if not last and isinstance(self.model, DistributedDataParallel) else _NULL
+            if isinstance(self.model, FSDPModule) and accum > 1:  # FSDP2's no_sync: reduce-scatter on the last
+                self.model.set_requires_gradient_sync(last)
             with sync:
                 with self._autocast():
                     loss = self.loss_fn(self.model, batch)

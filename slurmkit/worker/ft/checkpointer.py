@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 from slurmkit.common.errors import squash
 from slurmkit.common.layout import RunPaths
-from slurmkit.worker.ckptstore import AsyncWriter, CheckpointError, CheckpointStore, Entry, Prefetch, cpu_copy
+from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy
+from slurmkit.worker.ckptstore import SHARDED, CheckpointError, CheckpointStore, Entry
 from slurmkit.worker.dist import Ranks
 
 T = TypeVar("T")
@@ -52,13 +53,33 @@ class HostCopy:
 class StepFiles:
     """The files of one committed step, for a `load` callback: their names, and each one loaded."""
 
-    def __init__(self, store: CheckpointStore, step: int, verified: dict[str, bytes]) -> None:
-        self.store, self.step, self._verified = store, step, verified
-        self.names: frozenset[str] = frozenset((store.manifest(step) or {}).get("files", {}))
+    def __init__(self, store: CheckpointStore, step: int, verified: dict[str, bytes], ranks: Ranks) -> None:
+        self.store, self.step, self._verified, self.ranks = store, step, verified, ranks
+        self._manifest = store.manifest(step) or {}
+        self.names: frozenset[str] = frozenset(self._manifest.get("files", {}))
 
     def load(self, name: str) -> Any:
         """One file as tensors (weights_only), from the bytes already verified where there are any."""
         return self.store.load(self.step, name, self._verified.pop(name, None))
+
+    @property
+    def sharded(self) -> bool:
+        """The step holds a DCP checkpoint (load it with load_sharded)."""
+        return self._manifest.get("format") == SHARDED
+
+    def load_sharded(self, state: dict[str, Any]) -> None:
+        """Fill `state` (DTensors of this run's sharding, as get_state_dict gives them) from the step's
+        DCP shards, resharded from whatever world size saved them; every rank calls it."""
+        from slurmkit.worker import sharded as dcp_io
+
+        if not self.sharded:
+            raise CheckpointError(f"step-{self.step} holds no sharded state (saved without DTensors)")
+        # Each rank checksums its share of the files: the step is read once in all, not once a rank.
+        damage = dcp_io.damage(self.store, self.step, self._manifest, self.ranks.rank, self.ranks.world_size)
+        found = [d for d in self.ranks.gather(damage) if d]
+        if found:
+            raise CheckpointError(found[0])
+        dcp_io.load(state, self.store, self.step, self._manifest)
 
 
 class Checkpointer:
@@ -80,6 +101,9 @@ class Checkpointer:
         # Two sets of copy memory: the host copy's stays untouched while the next save is taken.
         self._buffers: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         self._slot = 0
+        self._shard_buffers: dict[str, Any] = {}  # a sharded save's host copy, the same memory each save
+        self._sharded = False  # the save in flight has DCP shards
+        self._group: Any = None
 
     @property
     def writing(self) -> bool:
@@ -90,7 +114,7 @@ class Checkpointer:
 
     def restore(self, load: Callable[[StepFiles], T]) -> tuple[int, T] | None:
         """The newest valid step and what `load` made of it on this rank, or None: a fresh start."""
-        prefetch, self.prefetch = self.prefetch or self.store.prefetch(), None
+        prefetch, self.prefetch = self.prefetch or Prefetch(self.store), None
         found, verified = prefetch.result()
         if self.ranks.is_main:
             for message in prefetch.messages:
@@ -101,7 +125,7 @@ class Checkpointer:
                 verified = {}
             value: Any = None
             try:
-                value = load(StepFiles(self.store, step, verified))
+                value = load(StepFiles(self.store, step, verified, self.ranks))
                 error = ""
             except Exception as exc:  # noqa: BLE001 - any load failure means: try an older checkpoint
                 error = f"{type(exc).__name__}: {squash(str(exc), 200, tail=False)}"
@@ -111,6 +135,7 @@ class Checkpointer:
                 if self.ranks.is_main:
                     print(f"slurmkit: resumed from checkpoint step-{step}", flush=True)
                 return step, value
+            self.store.reject(step)
             older = self.store.latest_valid(below=step) if self.ranks.is_main else None
             if self.ranks.is_main:
                 print(f"slurmkit: checkpoint step-{step} does not load ({errors[0]}); falling back to "
@@ -136,20 +161,39 @@ class Checkpointer:
 
     # --------------------------------------------------------------- save and commit
 
-    def save(self, step: int, files: dict[str, Any], wait: bool, mine: Collection[str] | None = None) -> None:
+    def save(self, step: int, files: dict[str, Any], wait: bool, mine: Collection[str] | None = None,
+             sharded: dict[str, Any] | None = None) -> None:
         """Start this rank's share of step's save: `files` copied to host memory, those named in `mine`
-        (all by default) written in the background. Every rank calls it at the same step; `wait`
-        commits before returning. A save still pending is committed first."""
+        (all by default) written in the background, and `sharded` (a state of DTensors) as this
+        rank's shard of a DCP checkpoint in the same step (slurmkit.worker.sharded). Every rank calls
+        it at the same step; `wait` commits before returning. A save still pending is committed first."""
         t0 = time.perf_counter()
         if self.writer.pending:
             self._commit()
         taken = cpu_copy(files, self._buffers[self._slot])
         if self.host_copy:
             self._in_flight = HostCopy(step, taken, True)
-        self.writer.start(step, taken if mine is None else {n: taken[n] for n in mine})
+        shards = None
+        if sharded is not None:
+            from slurmkit.worker import sharded as dcp_io  # torch.distributed.checkpoint: only where used
+
+            staged, group = cpu_copy(sharded, self._shard_buffers), self._dcp_group()
+            shards = lambda: dcp_io.save(staged, self.store, step, group)  # noqa: E731 - runs in the writer thread
+        self._sharded = sharded is not None
+        self.writer.start(step, taken if mine is None else {n: taken[n] for n in mine}, shards)
         if wait:
             self._commit()
         self.stall_s += time.perf_counter() - t0
+
+    def _dcp_group(self) -> Any:
+        """A gloo group of the same ranks for DCP's collectives in the writer thread: on the training
+        thread's group they would interleave with its own. Made at the first sharded save, which every
+        rank reaches at the same step."""
+        import torch.distributed as tdist
+
+        if self._group is None and self.ranks.world_size > 1:
+            self._group = tdist.new_group(backend="gloo")
+        return self._group
 
     def at_boundary(self, any_writing: bool) -> None:
         """Commit the save in flight once no rank is still writing it (as the ranks agreed)."""
@@ -174,7 +218,9 @@ class Checkpointer:
                 try:
                     assert step is not None
                     all_entries = [Entry(**e) for rank_entries, _ in gathered for e in rank_entries]
-                    self.store.commit(step, all_entries, {"world_size": self.ranks.world_size, "time": time.time()})
+                    meta = {"world_size": self.ranks.world_size, "time": time.time(),
+                            **({"format": SHARDED} if self._sharded else {})}
+                    self.store.commit(step, all_entries, meta)
                     self.store.prune(self.keep, protect=(step, self.resumed_step))
                 except (CheckpointError, OSError) as exc:
                     commit_error = str(exc)

@@ -15,7 +15,8 @@ from slurmkit.common.markers import HangMarker, StopMarker
 from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker.ckptstore import TRAINER_FILES, CheckpointStore, Prefetch
+from slurmkit.worker.ckpt_threads import Prefetch
+from slurmkit.worker.ckptstore import CheckpointStore, trainer_files
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.ft import policy, requeue, restarts, warm
 from slurmkit.worker.ft.checkpointer import checkpoint_uri
@@ -26,10 +27,10 @@ from slurmkit.worker.ft.trainer_ft import TrainerFT
 from slurmkit.worker.trainer import Trainer
 
 
-def start_prefetch(run_dir: str | None) -> Prefetch | None:
+def start_prefetch(run_dir: str | None, parallel: str = "ddp") -> Prefetch | None:
     """Begin reading the newest valid checkpoint now, before torch.distributed and the model are up."""
     uri = checkpoint_uri(run_dir)
-    return CheckpointStore(uri, TRAINER_FILES).prefetch() if uri else None
+    return Prefetch(CheckpointStore(uri, trainer_files(parallel))) if uri else None
 
 
 class BudgetSpent(RuntimeError):
@@ -45,11 +46,14 @@ class Incarnation:
         self.job_id = (slurm_job_id() or None) if dist.env.launcher in ("slurm", "torchrun") else None
         self.faults = FaultInjection(cfg.faults, run_dir, dist.is_main)
         uri = checkpoint_uri(run_dir)
-        self.warm = bool(cfg.warm_restart and uri and self.paths and self.job_id and warm.possible(dist))
+        # FSDP2's modules hold the process group they were sharded over: a rebuilt group would need a
+        # new model, so an exception under fsdp restarts the processes (cold).
+        self.warm = bool(cfg.warm_restart and uri and self.paths and self.job_id and warm.possible(dist)
+                         and cfg.parallel == "ddp")
         """Exceptions restart in the process (slurmkit.worker.ft.warm); Slurm's policy decides, so only in a job."""
         self.ft = TrainerFT(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
                             cfg.hang_timeout_s or None, self._on_hang, prefetch, self.faults, self._on_stop,
-                            host_copy=self.warm) if uri else None
+                            host_copy=self.warm, sharded=cfg.parallel == "fsdp") if uri else None
         self.restart: RestartEntry | None = None
 
     def _on_stop(self, step: int) -> None:

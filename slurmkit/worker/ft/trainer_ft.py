@@ -17,8 +17,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from slurmkit.worker.ckptstore import TRAINER_FILES, Prefetch, cpu_copy
+from slurmkit.worker.ckpt_threads import Prefetch, cpu_copy
+from slurmkit.worker.ckptstore import trainer_files
 from slurmkit.worker.dist import Dist, Ranks
 from slurmkit.worker.ft.checkpointer import Checkpointer, HostCopy, StepFiles
 from slurmkit.worker.ft.faults import FaultInjection
@@ -77,9 +79,25 @@ def _apply_meta(trainer: Trainer, meta: dict[str, Any], rng: dict[str, Any] | No
 
 def _apply(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any], meta: dict[str, Any],
            rng: dict[str, Any] | None) -> None:
-    trainer.raw_model.load_state_dict(model)
-    trainer.optimizer.load_state_dict(optim)
+    _set_weights(trainer, model, optim)
     _apply_meta(trainer, meta, rng)
+
+
+def _weights(trainer: Trainer) -> dict[str, Any]:
+    """Model and optimizer state, not copied: under fsdp this rank's DTensor shards, with the
+    optimizer's keyed by parameter name (torch.distributed.checkpoint.state_dict), so they reshard."""
+    if trainer.sharded:
+        model, optim = get_state_dict(trainer.raw_model, trainer.optimizer)
+        return {"model": model, "optim": optim}
+    return {"model": trainer.raw_model.state_dict(), "optim": trainer.optimizer.state_dict()}
+
+
+def _set_weights(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any]) -> None:
+    if trainer.sharded:
+        set_state_dict(trainer.raw_model, trainer.optimizer, model_state_dict=model, optim_state_dict=optim)
+    else:
+        trainer.raw_model.load_state_dict(model)
+        trainer.optimizer.load_state_dict(optim)
 
 
 def _kept(tensors: Iterable[tuple[str, torch.Tensor]], memory: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -104,13 +122,16 @@ class TrainerFT:
     def __init__(self, dist: Dist, uri: str, every: int, keep_latest_k: int = 3, async_save: bool = True,
                  hang_timeout_s: float | None = None, on_hang: Any = None, prefetch: Prefetch | None = None,
                  faults: FaultInjection | None = None, on_stop: Callable[[int], None] | None = None,
-                 host_copy: bool = False) -> None:
+                 host_copy: bool = False, sharded: bool = False) -> None:
         """on_stop(step): told the agreed stop step before its final save starts; host_copy: every
-        rank keeps the last committed state in memory (warm restarts)."""
+        rank keeps the last committed state in memory (warm restarts); sharded: the Trainer is FSDP's,
+        model and optimizer are saved as DCP shards (every rank its own) and reshard on restore."""
+        assert not (host_copy and sharded), "a warm restart keeps whole copies: DDP only"
         self.dist, self.faults, self.on_stop = dist, faults, on_stop
         self.every, self.async_save = every, async_save
         self.watchdog = Watchdog(hang_timeout_s, on_hang).start()
-        self.ckpt = Checkpointer(uri, Ranks.of(dist), TRAINER_FILES, keep_latest_k=keep_latest_k, prefetch=prefetch,
+        required = trainer_files("fsdp" if sharded else "ddp")
+        self.ckpt = Checkpointer(uri, Ranks.of(dist), required, keep_latest_k=keep_latest_k, prefetch=prefetch,
                                  on_file=faults.on_file if faults and faults.in_saves else None,
                                  heartbeat=self.watchdog.progress, host_copy=host_copy)
         self.stop = StopCoordinator(lambda: self.ckpt.writing)
@@ -131,15 +152,19 @@ class TrainerFT:
         def load(files: StepFiles) -> None:
             """Every file is read first, then applied: an unreadable one changes nothing."""
             if not initial:
-                initial.update(cpu_copy({"model": trainer.raw_model.state_dict(),
-                                         "optim": trainer.optimizer.state_dict()}))
-            model, optim, meta = files.load("model.pt"), files.load("optim.pt"), files.load("trainer.pt")
+                initial.update(cpu_copy(_weights(trainer)))
+            meta = files.load("trainer.pt")
+            if trainer.sharded:
+                weights = _weights(trainer)  # this run's sharding: DCP fills it, resharding what it reads
+                files.load_sharded(weights)
+                model, optim = weights["model"], weights["optim"]
+            else:
+                model, optim = files.load("model.pt"), files.load("optim.pt")
             _apply(trainer, model, optim, meta, files.load(self.rng_file) if self.rng_file in files.names else None)
 
         found = self.ckpt.restore(load)
         if found is None and initial:  # a failed load may have changed some tensors already
-            trainer.raw_model.load_state_dict(initial["model"])
-            trainer.optimizer.load_state_dict(initial["optim"])
+            _set_weights(trainer, initial["model"], initial["optim"])
         step = found[0] if found else None
         if self.faults is not None:
             self.faults.resumed = step is not None
@@ -192,17 +217,23 @@ class TrainerFT:
         """The live state as a save names it (not yet copied); without `whole`, this rank's rng only."""
         state: dict[str, Any] = {self.rng_file: rng_state()}
         if whole:
-            state["model.pt"] = trainer.raw_model.state_dict()
-            state["optim.pt"] = trainer.optimizer.state_dict()
+            weights = _weights(trainer)
+            state["model.pt"], state["optim.pt"] = weights["model"], weights["optim"]
             state["trainer.pt"] = trainer_meta(trainer)
         return state
 
     def save(self, trainer: Trainer, wait: bool) -> None:
         """This rank's share of a save: rank 0 writes model, optimizer and trainer state, every rank its
-        rng. With a host copy every rank takes the whole state, kept in memory once the save commits."""
+        rng. With a host copy every rank takes the whole state, kept in memory once the save commits.
+        Sharded (fsdp): every rank writes its shard of model and optimizer, rank 0 the trainer state."""
+        wait = wait or not self.async_save
+        if trainer.sharded:
+            files = {self.rng_file: rng_state(), **({"trainer.pt": trainer_meta(trainer)} if self.dist.is_main else {})}
+            w = _weights(trainer)
+            self.ckpt.save(trainer.state.step, files, wait, sharded={"model": w["model"], "optim": w["optim"]})
+            return
         files = self._state(trainer, self.dist.is_main or self.ckpt.host_copy)
-        self.ckpt.save(trainer.state.step, files, wait or not self.async_save,
-                       mine=None if self.dist.is_main else (self.rng_file,))
+        self.ckpt.save(trainer.state.step, files, wait, mine=None if self.dist.is_main else (self.rng_file,))
 
     # --------------------------------------------------------------- the step boundary
 

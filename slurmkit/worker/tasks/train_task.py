@@ -19,7 +19,7 @@ from slurmkit.worker.flops import peak_flops
 from slurmkit.worker.ft import incarnation
 from slurmkit.worker.gpu import GpuSampler
 from slurmkit.worker.tasks import digits, gpt
-from slurmkit.worker.trainer import Trainer, TrainerOptions, warmup_cosine
+from slurmkit.worker.trainer import Trainer, TrainerOptions, parallelize, warmup_cosine
 
 
 def _dtype(cfg: TrainConfig, dist: Dist) -> torch.dtype | None:
@@ -45,6 +45,7 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     device_name = torch.cuda.get_device_name() if dist.device_str.startswith("cuda") else None
     peak, source = peak_flops(device_name, torch.get_num_threads(), cfg.peak_flops)
     extras["peak_flops"], extras["peak_source"] = peak, source
+    net = parallelize(net, cfg.parallel, dist.device_str)
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.steps))
     metrics = MetricsWriter(RunPaths(run_dir).metrics if run_dir else None, dist.is_main)
@@ -52,7 +53,7 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
                              grad_accum=cfg.grad_accum, seed=cfg.seed, flops_per_sample=per_sample,
                              tokens_per_sample=tokens, peak_flops=peak, log_every=cfg.log_every,
                              log_min_interval_s=cfg.log_min_interval_s,
-                             autocast_dtype=_dtype(cfg, dist))
+                             autocast_dtype=_dtype(cfg, dist), parallel=cfg.parallel)
     trainer = Trainer(net, optimizer, train_set, loss, dist, options, scheduler=scheduler, metrics=metrics)
     return trainer, extras
 
@@ -60,7 +61,7 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
 def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """Train on every rank; each rank returns the summary (with its own parameter digest)."""
     cfg = TrainConfig.model_validate(config)
-    prefetch = incarnation.start_prefetch(run_dir) if cfg.prefetch_checkpoint else None
+    prefetch = incarnation.start_prefetch(run_dir, cfg.parallel) if cfg.prefetch_checkpoint else None
     startup.mark("imports")
     with distributed() as dist:
         startup.mark("rendezvous")

@@ -1,0 +1,118 @@
+"""Sharded save throughput: an FSDP2 state of `--mb` MB over 2 gloo ranks saved through slurmkit's
+Checkpointer (DCP shards, checksummed in the stream, fsynced, the commit marker last), against two
+concurrent `dd conv=fsync` writers of the same bytes on the same disk, in the same run.
+
+The figure is the aggregate commit throughput (bytes of the step / seconds from the save's call to
+its committed marker, the slower rank's) over dd's (bytes / seconds until both dd's have exited); the
+goal is >= 0.9. A warm-up save is made first and not counted (DCP plans its first save).
+
+    python benchmarks/bench_sharded.py [--mb 256] [--dir /tmp] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from slurmkit.worker.dist import Ranks  # noqa: E402
+from slurmkit.worker.ft.checkpointer import Checkpointer  # noqa: E402
+
+
+def _rank(rank: int, world: int, port: int, mb: int, root: str, repeat: int, out: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    width = 2048
+    layers = max(1, (mb << 20) // (4 * width * width))
+    model = nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers)))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    state = {"model": get_state_dict(model, [])[0]}
+    ckpt = Checkpointer(root, Ranks(rank, world), keep_latest_k=repeat + 1)  # no pruning timed
+    times = []
+    for step in range(repeat + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        ckpt.save(step + 1, {}, wait=True, sharded=state)
+        times.append(time.perf_counter() - t0)
+    gathered: list[list[float]] = [[] for _ in range(world)]
+    dist.all_gather_object(gathered, times)
+    slowest = [max(t[i] for t in gathered) for i in range(len(times))]
+    plain = []  # DCP's own save of the same state (FileSystemWriter, fsync on): what slurmkit adds is the rest
+    for step in range(repeat):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dcp.save(state, storage_writer=FileSystemWriter(f"{root}-dcp/{step}"))
+        dist.barrier()
+        plain.append(time.perf_counter() - t0)
+    if rank == 0:
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())  # the whole model
+        Path(out).write_text(f"{nbytes} {' '.join(map(str, slowest[1:]))}\n{' '.join(map(str, plain))}")
+    dist.destroy_process_group()
+
+
+def dd_pair(folder: Path, each_mb: int) -> float:
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(["dd", "if=/dev/zero", f"of={folder / f'dd{i}'}", "bs=1M", f"count={each_mb}",
+                               "conv=fsync"], stderr=subprocess.DEVNULL) for i in range(2)]
+    for p in procs:
+        p.wait()
+    elapsed = time.perf_counter() - t0
+    for i in range(2):
+        (folder / f"dd{i}").unlink()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mb", type=int, default=256)
+    parser.add_argument("--dir", default=tempfile.gettempdir())
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    root = Path(tempfile.mkdtemp(dir=args.dir, prefix="bench-sharded-"))
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = root / "out"
+        mp.spawn(_rank, args=(2, port, args.mb, str(root / "ck"), args.repeat, str(out)), nprocs=2)
+        ours_line, dcp_line = out.read_text().splitlines()
+        nbytes_s, *times = ours_line.split()
+        nbytes = int(nbytes_s)
+        dcp_best = nbytes / min(map(float, dcp_line.split())) / 1e6
+        dd = [dd_pair(root, nbytes // 2 >> 20) for _ in range(args.repeat)]
+        ours = nbytes / min(map(float, times)) / 1e6
+        theirs = nbytes / min(dd) / 1e6
+        print(f"state {nbytes / 1e6:.0f} MB over 2 ranks; sharded save to commit: best of {args.repeat} "
+              f"{ours:.0f} MB/s ({', '.join(f'{float(t):.2f}' for t in times)} s)")
+        dd_times = ", ".join(f"{t:.2f}" for t in dd)
+        print(f"two concurrent dd conv=fsync of the same bytes: {theirs:.0f} MB/s ({dd_times} s)")
+        print(f"DCP's own dcp.save of the same state: {dcp_best:.0f} MB/s")
+        print(f"ratio (goal >= 0.9): {ours / theirs:.2f}; against DCP alone: {ours / dcp_best:.2f}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(f"{root / 'ck'}-dcp", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""FSDP2 training with sharded (DCP) checkpoints, on real gloo process groups of 1, 2 and 4 ranks here:
+an agreed stop resumes bitwise, a resume on another number of ranks reshards, a damaged shard is
+found by the rank that checks it and every rank falls back together, and nothing in a checkpoint
+is unpickled beyond DCP's metadata classes and tensors."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from slurmkit.worker import sharded
+from slurmkit.worker.ckptstore import SHARDED, CheckpointError, CheckpointStore
+from tests.s3_server import BUCKET, S3
+
+STEPS = 30
+GPT: dict[str, Any] = {"model": "gpt", "parallel": "fsdp", "steps": STEPS, "seed": 5, "checkpoint_every": 10,
+                       "batch_size": 8, "n_layer": 2, "d_model": 32, "n_head": 2, "seq_len": 16, "vocab_size": 64,
+                       "dataset_size": 256, "log_every": 5}
+SHRINK_TOLERANCE = 1e-2
+"""|resharded - uninterrupted| / |uninterrupted| per tensor: the bound docs/fault-tolerance.md gives an
+elastic shrink of a DDP run (the mean gradient summed in another order)."""
+
+pytestmark = pytest.mark.usefixtures("single_process")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, world: int, port: int, config: dict[str, Any], run_dir: str, stop_at: int | None) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from tests.test_resume import incarnation
+
+    incarnation(config, Path(run_dir), stop_at)
+
+
+def train(world: int, run_dir: Path, stop_at: int | None = None, **changes: Any) -> None:
+    """One incarnation on `world` gloo ranks (processes of their own), USR2-stopped at `stop_at`."""
+    mp.spawn(_rank, args=(world, _free_port(), {**GPT, **changes}, str(run_dir), stop_at), nprocs=world)
+
+
+def final(run_dir: Path) -> dict[str, torch.Tensor]:
+    store = CheckpointStore(str(run_dir / "checkpoints"))
+    return sharded.full_state(store, STEPS)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted 2-rank run, and one stopped at step 13 (its checkpoints: step-10, step-13)."""
+    root = tmp_path_factory.mktemp("fsdp")
+    with pytest.MonkeyPatch.context() as mpatch:
+        for key in ("SLURM_PROCID", "SLURM_NTASKS", "SLURMKIT_CHECKPOINT_URI"):
+            mpatch.delenv(key, raising=False)
+        train(2, root / "whole")
+        train(2, root / "stopped", stop_at=13)
+    return root
+
+
+def _resumed(runs: Path, name: str) -> Path:
+    run = runs / name
+    shutil.copytree(runs / "stopped", run)
+    return run
+
+
+def test_a_sharded_step_holds_every_ranks_shard_and_dcp_index_under_the_commit_marker(runs: Path) -> None:
+    store = CheckpointStore(str(runs / "stopped" / "checkpoints"))
+    assert store.committed() == [13, 10]
+    manifest = store.verify(13)
+    assert manifest is not None and manifest["format"] == SHARDED and manifest["world_size"] == 2
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "trainer.pt", "rng-rank0.pt", "rng-rank1.pt"} == set(
+        manifest["files"])
+    for name in manifest["files"]:  # the checksums taken in the write stream are those of the bytes on disk
+        assert store.file_matches(13, name, manifest["files"][name]), name
+
+
+def test_fsdp_stopped_and_resumed_on_two_ranks_is_bitwise_the_uninterrupted_run(runs: Path) -> None:
+    run = _resumed(runs, "again2")
+    train(2, run)
+    whole, resumed = final(runs / "whole"), final(run)
+    assert whole.keys() == resumed.keys() and any(k.startswith("optim.state.") for k in whole)
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_fsdp_resumed_on_another_number_of_ranks_reshards(runs: Path, world: int) -> None:
+    run = _resumed(runs, f"on{world}")
+    train(world, run)
+    store = CheckpointStore(str(run / "checkpoints"))
+    manifest = store.manifest(STEPS)
+    assert manifest is not None and manifest["world_size"] == world
+    assert len([n for n in manifest["files"] if n.endswith(".distcp")]) == world
+    whole, resumed = final(runs / "whole"), final(run)
+    for key, want in whole.items():
+        if key.startswith("model."):
+            assert float((resumed[key] - want).norm() / want.norm().clamp_min(1e-12)) < SHRINK_TOLERANCE, key
+
+
+def test_a_damaged_shard_is_found_at_load_and_every_rank_falls_back_to_the_older_step(runs: Path) -> None:
+    run = _resumed(runs, "damaged")
+    shard = run / "checkpoints" / "step-13" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum, taken by the rank whose share it is, sees it
+    shard.write_bytes(bytes(data))
+    train(2, run)
+    store = CheckpointStore(str(run / "checkpoints"))
+    # Resumed from step-10 (step-13 skipped by both ranks), and ran on to the uninterrupted run's end;
+    # keep_latest_k (3) did not count the damaged step-13, so step-10 is kept.
+    assert store.committed() == [30, 20, 13, 10]
+    whole, resumed = final(runs / "whole"), final(run)
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+def test_fsdp_checkpoints_on_s3_stop_and_resume_bitwise(runs: Path, s3_server: S3, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """DCP's shards and index through fsspec to an S3 server (moto's, tests/s3_server.py), the marker last."""
+    uri = f"s3://{BUCKET}/fsdp/{tmp_path.name}"
+    monkeypatch.setenv("SLURMKIT_CHECKPOINT_URI", uri)
+    train(2, tmp_path / "run", stop_at=13)
+    train(2, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing went to the run folder instead
+    store = CheckpointStore(uri)
+    assert store.committed() == [30, 20, 13]  # keep_latest_k: 3
+    names = set((store.manifest(13) or {}).get("files", {}))
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= names
+    whole, resumed = final(runs / "whole"), sharded.full_state(store, STEPS)
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("true",))
+
+
+def test_dcp_metadata_naming_anything_but_dcps_classes_is_refused(runs: Path) -> None:
+    evil = pickle.dumps(_Evil())
+    with pytest.raises(pickle.UnpicklingError):
+        sharded._MetadataUnpickler(io.BytesIO(evil)).load()
+    real = (runs / "stopped" / "checkpoints" / "step-13" / ".metadata").read_bytes()
+    assert sharded._MetadataUnpickler(io.BytesIO(real)).load().state_dict_metadata
+
+
+def test_a_metadata_file_that_is_not_the_committed_one_is_refused_before_it_is_read(runs: Path) -> None:
+    run = _resumed(runs, "swapped")
+    step = run / "checkpoints" / "step-13"
+    (step / ".metadata").write_bytes((run / "checkpoints" / "step-10" / ".metadata").read_bytes())
+    with pytest.raises(CheckpointError, match="checksum"):
+        sharded.ShardReader(str(step), "0" * 32).read_metadata()
+    assert CheckpointStore(str(run / "checkpoints")).verify(13) is None  # its size or checksum differs
+
+
+def test_is_sharded_sees_dtensors_anywhere_in_a_state() -> None:
+    assert not sharded.is_sharded({"a": torch.zeros(2), "b": [1, {"c": torch.ones(1)}]})
+    assert sharded.share(["e", "a", "c", "b", "d"], 1, 2) == ["b", "d"]
+
+
+# --- slurmkit.Checkpoint in a loop of the user's own (FSDP2, their own init_process_group) ---------
+
+
+def _own_fsdp_loop(rank: int, world: int, port: int, uri: str, stop_at: int | None, out: str) -> None:
+    """A user's FSDP2 loop with the few lines slurmkit.Checkpoint takes (restore(like=...), step())."""
+    import signal
+
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    import slurmkit
+    from slurmkit.worker.ft.stop import AgreedStop
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def state(step: int) -> dict[str, Any]:
+        msd, osd = get_state_dict(model, opt)
+        return {"model": msd, "optim": osd, "step": step}
+
+    ckpt = slurmkit.Checkpoint(uri, every=4)
+    restored = ckpt.restore(like=state(0))
+    start = 0
+    if restored is not None:
+        set_state_dict(model, opt, model_state_dict=restored["model"], optim_state_dict=restored["optim"])
+        start = restored["step"]
+    whole = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save({"start": start, "weights": whole}, f"{out}.start")
+    for step in range(start, 12):
+        gen = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randn(16, 8, generator=gen)
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        if step + 1 == stop_at:
+            os.kill(os.getpid(), signal.SIGUSR2)  # as Slurm would, before the limit
+        try:
+            ckpt.step(step + 1, lambda n=step + 1: state(n))
+        except AgreedStop:  # what a slurmkit run's entry turns into the requeue
+            return
+    ckpt.close()
+    whole = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save({"start": start, "weights": whole}, f"{out}.end")
+    dist.destroy_process_group()
+
+
+def _own(world: int, uri: Path, stop_at: int | None, out: Path) -> None:
+    mp.spawn(_own_fsdp_loop, args=(world, _free_port(), str(uri), stop_at, str(out)), nprocs=world)
+
+
+def test_checkpoint_in_a_users_own_fsdp_loop_stops_at_one_step_and_reshards_on_restore(tmp_path: Path) -> None:
+    _own(2, tmp_path / "whole", None, tmp_path / "whole")
+    _own(2, tmp_path / "ck", 6, tmp_path / "stopped")
+    store = CheckpointStore(str(tmp_path / "ck"))
+    assert store.committed() == [6, 4]  # every=4, then the agreed stop's step
+    manifest = store.manifest(6)
+    assert manifest is not None and manifest["format"] == SHARDED
+    # On the same two ranks: resumed at step 6, the end is bitwise the uninterrupted run's.
+    again = tmp_path / "again"
+    shutil.copytree(tmp_path / "ck", again)
+    _own(2, again, None, tmp_path / "resumed")
+    end, whole_end = torch.load(f"{tmp_path / 'resumed'}.end"), torch.load(f"{tmp_path / 'whole'}.end")
+    assert end["start"] == 6 and all(torch.equal(end["weights"][k], whole_end["weights"][k]) for k in end["weights"])
+    # On one rank: the 2-rank shards come back whole, equal to what was saved.
+    shutil.copytree(tmp_path / "ck", tmp_path / "on1")
+    _own(1, tmp_path / "on1", None, tmp_path / "one")
+    loaded = torch.load(f"{tmp_path / 'one'}.start")
+    saved = sharded.full_state(store, 6)
+    assert loaded["start"] == 6
+    assert all(torch.equal(loaded["weights"][k], saved[f"state.model.{k}"]) for k in loaded["weights"])
+
+
+def test_an_fsdp_trainer_over_an_unsharded_model_is_refused_before_its_optimizer_goes_wrong() -> None:
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from slurmkit.worker.dist import distributed
+    from slurmkit.worker.trainer import Trainer, TrainerOptions
+
+    model = nn.Linear(2, 1)
+    data = TensorDataset(torch.zeros(4, 2), torch.zeros(4, 1))
+    with distributed() as dist, pytest.raises(ValueError):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), data, lambda m, b: m(b[0]).sum(), dist,
+                TrainerOptions(steps=1, micro_batch=2, parallel="fsdp"))
