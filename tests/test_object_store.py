@@ -69,6 +69,64 @@ def test_a_kill_during_a_save_to_s3_leaves_no_committed_step(s3_server: S3) -> N
     assert store.latest_valid() == 5
 
 
+KILLED_UPLOAD = """
+import os, signal, sys, torch
+from slurmkit.worker import ckptstore
+store = ckptstore.CheckpointStore(sys.argv[1])
+store.commit(5, [store.write_obj(5, "a.pt", torch.ones(2))])
+write = ckptstore.HashingStream.write
+def dying(self, data):  # die inside the upload, once more than two parts have gone out
+    n = write(self, data)
+    if self.size > 2 * ckptstore.UPLOAD_PART + (1 << 20):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return n
+ckptstore.HashingStream.write = dying
+store.write_obj(10, "a.pt", torch.zeros(5 * ckptstore.UPLOAD_PART // 4))
+"""
+
+
+def test_a_kill_inside_one_files_upload_leaves_no_object_and_no_committed_step(s3_server: S3) -> None:
+    uri = f"s3://{BUCKET}/killed-upload/ckpt"
+    proc = subprocess.run([sys.executable, "-c", KILLED_UPLOAD, uri], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    fs = s3_server.fs()
+    uploads = fs.list_multipart_uploads(BUCKET)
+    # The file was going out in parts (a multipart upload begun, never completed) and is not an object.
+    assert any(u["Key"] == "killed-upload/ckpt/step-10/a.pt" for u in uploads), uploads
+    assert not fs.exists(f"{BUCKET}/killed-upload/ckpt/step-10/a.pt")
+    assert CheckpointStore(uri).latest_valid() == 5
+
+
+STREAMED = """
+import json, sys, tracemalloc, torch
+from slurmkit.worker.ckptstore import UPLOAD_PART, CheckpointStore
+store = CheckpointStore(sys.argv[1])
+tensor = torch.arange(2 * UPLOAD_PART, dtype=torch.float32)  # 8 parts' worth (128 MiB)
+tracemalloc.start()
+entry = store.write_obj(1, "w.pt", tensor)
+peak = tracemalloc.get_traced_memory()[1]
+store.commit(1, [entry])
+print(json.dumps({"peak": peak, "bytes": entry.bytes, "tensor": tensor.numel() * 4}))
+"""
+
+
+def test_a_file_streamed_to_s3_is_never_whole_in_memory_a_second_time(s3_server: S3) -> None:
+    """In a process of its own (the S3 server keeps what it receives in this one's memory)."""
+    import torch
+
+    uri = f"s3://{BUCKET}/streamed/ckpt"
+    proc = subprocess.run([sys.executable, "-c", STREAMED, uri], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    # The Python-side buffers (the part being filled, its upload: about 3 parts, 51 MB measured) stay
+    # far below the file's size; whole, as bytes and in the client's buffer, it was 3 times the file.
+    assert out["bytes"] > out["tensor"] and out["peak"] < out["tensor"] // 2, out
+    store = CheckpointStore(uri)
+    assert store.verify(1) is not None and torch.equal(store.load(1, "w.pt"), torch.arange(out["tensor"] // 4.0))
+
+
 def test_the_agreed_stop_saves_to_s3_and_the_restore_goes_on_bitwise(s3_server: S3, single_process: None) -> None:
     import torch
 

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore, Entry, to_bytes
+from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore, Entry
 
 
 def cpu_copy(obj: Any, buffers: dict[str, Any] | None = None, _key: str = "") -> Any:
@@ -101,7 +101,7 @@ class AsyncWriter:
                 if before is not None:
                     self._entries.extend(before())
                 for name, obj in files.items():
-                    self._entries.append(self.store.write(step, name, to_bytes(obj)))
+                    self._entries.append(self.store.write_obj(step, name, obj))
                     if self.on_file is not None:
                         self.on_file(step, name)
             except BaseException as exc:  # kept, and raised in the training thread

@@ -3,8 +3,9 @@
 Layout: <root>/step-N/<files> and <root>/step-N/COMMITTED.json, written last, holding the checksum
 and size of every file. On a local or parallel filesystem every file is written to a temp file in
 the same folder, fsynced, renamed, and the folder fsynced (fsspec's local "transaction" does
-neither). On an object store (s3://, gs://, az://) each file is one upload and the marker is the
-last; its bucket must answer when the store is opened (one line says why not), and is never created.
+neither). On an object store (s3://, gs://, az://) each file is one upload, streamed in parts as
+torch.save writes it (never whole in memory twice), and the marker is the last; its bucket must
+answer when the store is opened (one line says why not), and is never created.
 Loads use torch.load(weights_only=True): nothing from a shared filesystem is fully unpickled.
 The checksum, xxh3-128, catches accidents (torn, truncated or misplaced files, flipped bits), not
 forgers, as sha256 did not either (docs/fault-tolerance.md says why); sha256 manifests still verify.
@@ -21,7 +22,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any, cast
 
 import fsspec
 import xxhash
@@ -70,6 +71,44 @@ def _matches(data: bytes, want: dict[str, Any]) -> bool:
     if DIGEST in want:
         return digest(data) == want[DIGEST]
     return "sha256" in want and hashlib.sha256(data).hexdigest() == want["sha256"]
+
+
+class HashingStream(io.RawIOBase):
+    """A write stream that checksums what passes through it, for writers that go front to back
+    (torch.save, DCP): the checksum is taken as the bytes go out, with no second read."""
+
+    def __init__(self, raw: Any, chunk: int = 0) -> None:
+        """chunk: hand `raw` at most this many bytes a write (0: as given), so a client that buffers
+        each write whole (s3fs) holds about one part at a time, not a whole tensor."""
+        super().__init__()
+        self.raw, self.hasher, self.size, self.chunk = raw, xxhash.xxh3_128(), 0, chunk
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.hasher.update(view)
+        self.size += len(view)
+        step = self.chunk or len(view) or 1
+        for start in range(0, len(view), step):
+            self.raw.write(view[start:start + step])
+        return len(view)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def fileno(self) -> int:
+        fileno: int = self.raw.fileno()
+        return fileno
+
+
+UPLOAD_PART = 16 << 20
+"""An object store's upload goes out in parts of this size as torch.save writes (multipart): a
+file is never whole in memory a second time, and one killed midway leaves no object."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +227,23 @@ class CheckpointStore:
         finally:
             hasher.join()
         return Entry(name, digests[0], len(data))
+
+    def write_obj(self, step: int, name: str, obj: Any) -> Entry:
+        """Write one object of a checkpoint (torch.save'd), atomically as write() does; to an object
+        store it is streamed, in parts of UPLOAD_PART, checksummed on the way."""
+        if not self.object_store:
+            return self.write(step, name, to_bytes(obj))
+        import torch
+
+        path = f"{self.step_dir(step)}/{name}"
+        self._valid.discard(step)
+        try:
+            with self.fs.open(path, "wb", block_size=UPLOAD_PART) as raw:
+                stream = HashingStream(raw, chunk=UPLOAD_PART)
+                torch.save(obj, cast(IO[bytes], stream))
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint step {step}: cannot write {name}: {_explain(exc, path)}") from exc
+        return Entry(name, stream.hasher.hexdigest(), stream.size)
 
     def commit(self, step: int, entries: list[Entry], meta: dict[str, Any] | None = None) -> None:
         """Write the marker last: from now on step-N is a valid checkpoint."""

@@ -26,14 +26,23 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
-import xxhash
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.tensor import DTensor
 
-from slurmkit.worker.ckptstore import DIGEST, SHARDED, SHARDED_INDEX, CheckpointError, CheckpointStore, Entry, digest
+from slurmkit.worker.ckptstore import (
+    DIGEST,
+    SHARDED,
+    SHARDED_INDEX,
+    UPLOAD_PART,
+    CheckpointError,
+    CheckpointStore,
+    Entry,
+    HashingStream,
+    digest,
+)
 
 
 def is_sharded(state: Any) -> bool:
@@ -45,34 +54,6 @@ def is_sharded(state: Any) -> bool:
     if isinstance(state, (list, tuple)):
         return any(is_sharded(v) for v in state)
     return False
-
-
-class _Hashing(io.RawIOBase):
-    """A write stream that checksums what passes through it (DCP writes each file front to back)."""
-
-    def __init__(self, raw: Any) -> None:
-        super().__init__()
-        self.raw, self.hasher, self.size = raw, xxhash.xxh3_128(), 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self.hasher.update(view)
-        self.size += len(view)
-        written: int = self.raw.write(view)
-        return written
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        self.raw.flush()
-
-    def fileno(self) -> int:
-        fileno: int = self.raw.fileno()
-        return fileno
 
 
 class ShardWriter(FsspecWriter):
@@ -91,7 +72,7 @@ class ShardWriter(FsspecWriter):
         @contextmanager
         def create_stream(p: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
             with opened(p, mode) as raw:
-                stream = _Hashing(raw)
+                stream = HashingStream(raw, chunk=UPLOAD_PART)
                 yield stream
             name = os.path.basename(os.fspath(p)).removesuffix(".tmp")
             with lock:
