@@ -1,12 +1,16 @@
-"""Sharded save throughput: an FSDP2 state of `--mb` MB over 2 gloo ranks saved through slurmkit's
-Checkpointer (DCP shards, checksummed in the stream, fsynced, the commit marker last), against two
-concurrent `dd conv=fsync` writers of the same bytes on the same disk, in the same run.
+"""Sharded checkpoints (FSDP2 over 2 gloo ranks), each figure against a baseline of the same run.
 
-The figure is the aggregate commit throughput (bytes of the step / seconds from the save's call to
-its committed marker, the slower rank's) over dd's (bytes / seconds until both dd's have exited); the
-goal is >= 0.9. A warm-up save is made first and not counted (DCP plans its first save).
+1. Save throughput: a state of `--mb` MB saved through slurmkit's Checkpointer (DCP shards,
+   checksummed in the stream, fsynced, the commit marker last), against two concurrent `dd
+   conv=fsync` writers of the same bytes on the same disk: the aggregate commit throughput (bytes /
+   seconds from the save's call to its committed marker, the slower rank's) over dd's; goal >= 0.9.
+   A warm-up save is made first and not counted (DCP plans its first save). DCP's own dcp.save of
+   the same state is printed beside it.
+2. Async save stall: the GPT example under FSDP, a checkpoint every `--every` steps in the
+   background, the training thread's time in saves as a share of its step time (goal <= 2%),
+   against DCP's own async_save in the same loop (the call, and the wait for the previous save).
 
-    python benchmarks/bench_sharded.py [--mb 256] [--dir /tmp] [--repeat 3]
+    python benchmarks/bench_sharded.py [--mb 256] [--dir /tmp] [--repeat 3] [--steps 60] [--every 10]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,6 +75,51 @@ def _rank(rank: int, world: int, port: int, mb: int, root: str, repeat: int, out
     dist.destroy_process_group()
 
 
+GPT = {"model": "gpt", "parallel": "fsdp", "batch_size": 16, "n_layer": 4, "d_model": 256, "n_head": 4,
+       "seq_len": 128, "vocab_size": 512, "dataset_size": 2048, "log_every": 1000, "seed": 0}
+
+
+def _stall_rank(rank: int, world: int, port: int, root: str, steps: int, every: int, out: str) -> None:
+    """Both loops on the same ranks: slurmkit's (the Trainer and its Checkpointer), then DCP's async_save."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from slurmkit.worker.tasks import train_task
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMKIT_CHECKPOINT_URI=f"{root}/ours")
+    ours = train_task.run({**GPT, "steps": steps, "checkpoint_every": every, "prefetch_checkpoint": False})
+    os.environ.pop("SLURMKIT_CHECKPOINT_URI")
+    with train_task.distributed() as dist:
+        trainer, _ = train_task.build(train_task.TrainConfig.model_validate({**GPT, "steps": steps}), dist, None)
+        group = torch.distributed.new_group(backend="gloo")
+        pending: list[Any] = []
+        stall = [0.0]
+
+        def save(t: Any, record: dict[str, Any]) -> None:
+            if t.state.step % every:
+                return
+            t0 = time.perf_counter()
+            if pending:
+                pending.pop().result()
+            model_sd, optim_sd = get_state_dict(t.raw_model, t.optimizer)
+            pending.append(dcp.async_save({"model": model_sd, "optim": optim_sd}, process_group=group,
+                                          storage_writer=FileSystemWriter(f"{root}/dcp/step-{t.state.step}")))
+            stall[0] += time.perf_counter() - t0
+
+        trainer.hooks.append(save)
+        theirs = trainer.fit()
+        if pending:
+            pending.pop().result()
+    if rank == 0:
+        def share(stall_s: float, summary: dict[str, Any]) -> float:
+            return stall_s / (summary["median_step_s"] * summary["steps"])
+
+        Path(out).write_text(f"{share(ours['checkpoint_stall_s'], ours)} {share(stall[0], theirs)} "
+                             f"{ours['median_step_s']} {theirs['median_step_s']}")
+
+
 def dd_pair(folder: Path, each_mb: int) -> float:
     t0 = time.perf_counter()
     procs = [subprocess.Popen(["dd", "if=/dev/zero", f"of={folder / f'dd{i}'}", "bs=1M", f"count={each_mb}",
@@ -82,20 +132,25 @@ def dd_pair(folder: Path, each_mb: int) -> float:
     return elapsed
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=256)
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=10)
     args = parser.parse_args()
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(dir=args.dir, prefix="bench-sharded-"))
     try:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         out = root / "out"
-        mp.spawn(_rank, args=(2, port, args.mb, str(root / "ck"), args.repeat, str(out)), nprocs=2)
+        mp.spawn(_rank, args=(2, _free_port(), args.mb, str(root / "ck"), args.repeat, str(out)), nprocs=2)
         ours_line, dcp_line = out.read_text().splitlines()
         nbytes_s, *times = ours_line.split()
         nbytes = int(nbytes_s)
@@ -109,6 +164,12 @@ def main() -> None:
         print(f"two concurrent dd conv=fsync of the same bytes: {theirs:.0f} MB/s ({dd_times} s)")
         print(f"DCP's own dcp.save of the same state: {dcp_best:.0f} MB/s")
         print(f"ratio (goal >= 0.9): {ours / theirs:.2f}; against DCP alone: {ours / dcp_best:.2f}")
+        stall_out = root / "stall"
+        mp.spawn(_stall_rank, args=(2, _free_port(), str(root), args.steps, args.every, str(stall_out)), nprocs=2)
+        mine, dcps, step_a, step_b = map(float, stall_out.read_text().split())
+        print(f"async save stall, GPT under FSDP, a save every {args.every} of {args.steps} steps: slurmkit "
+              f"{mine:.1%} of step time (median step {step_a:.3f} s), DCP's async_save {dcps:.1%} "
+              f"({step_b:.3f} s) (goal <= 2%)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(f"{root / 'ck'}-dcp", ignore_errors=True)

@@ -528,33 +528,27 @@ def test_a_save_longer_than_grace_time_resumes_from_the_last_commit_and_says_wha
     assert report.collect(paths).summary["lost_steps"] == [restart.lost_steps]  # what `slurmkit report` says
 
 
-def test_torchrun_launcher_trains_like_srun_and_survives_preemption(
-        cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
-    """`launcher: torchrun`: one torchrun per node; the requeue signal reaches the ranks through the
-    node's shell (torchrun would die of it), they stop at one step, save, and rank 0 requeues."""
-    paths, job = start(dev_profile, "launcher=torchrun")
-    assert "torch.distributed.run" in paths.script.read_text()
-    wait_step(paths, 60)
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    result = check(paths, reference, max_lost=0)  # same ranks, same data: the srun run's digest
-    assert result["restart_causes"] == ["preemption"] and result["world_size"] == 2
-
-
-def test_fsdp_preempted_on_two_nodes_loses_no_step_and_ends_bitwise_the_uninterrupted_run(
+def test_fsdp_under_torchrun_preempted_loses_no_step_and_ends_bitwise_the_uninterrupted_srun_run(
         cluster: None, dev_profile: Path) -> None:
-    """config.parallel=fsdp: FSDP2 over 2 nodes (gloo), sharded checkpoints through DCP; USR2 at
-    step 60: every rank stops at one step and writes its shard, the requeued job reshards nothing
-    (same ranks) and goes on; the end equals an uninterrupted FSDP run's, every parameter bitwise."""
+    """config.parallel=fsdp: FSDP2 over 2 nodes (gloo), sharded checkpoints through DCP, and
+    `launcher: torchrun`: one torchrun per node, the requeue signal reaching the ranks through the
+    node's shell (torchrun would die of it). USR2 at step 60: every rank stops at one step and writes
+    its shard, rank 0 requeues, the next job goes on; the end equals an uninterrupted FSDP run's under
+    srun (same ranks, same data), every parameter bitwise. One run for both: the launcher and the
+    Trainer's parallelism are independent (DDP under torchrun: the user-script tests in
+    test_cluster_jobs.py; FSDP under srun: this reference)."""
     fsdp = ("config.parallel=fsdp", "config.steps=120")
     whole, _ = start(dev_profile, *fsdp)
     assert finish(whole) == "COMPLETED", failure(whole, RunFile(whole).read().job_ids[-1]).log_tail
-    paths, job = start(dev_profile, *fsdp)
+    paths, job = start(dev_profile, *fsdp, "launcher=torchrun")
+    assert "torch.distributed.run" in paths.script.read_text()
     wait_step(paths, 60)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     assert finish(paths) == "COMPLETED", failure(paths, RunFile(paths).read().job_ids[-1]).log_tail
     reference, results = jobs.result(whole), [jobs.result(paths, rank=r) for r in (0, 1)]
     assert results[0]["params_sha256"] == results[1]["params_sha256"] == reference["params_sha256"]
-    assert results[0]["restart_causes"] == ["preemption"] and executed_steps(paths.metrics) == list(range(1, 121))
+    assert results[0]["restart_causes"] == ["preemption"] and results[0]["world_size"] == 2
+    assert executed_steps(paths.metrics) == list(range(1, 121))  # no step lost, none run twice
     store = CheckpointStore(str(paths.checkpoints))
     manifest = store.manifest(store.committed()[0])  # step-100 (every 50), after the stop's
     assert manifest is not None and manifest["format"] == "dcp" and {"__0_0.distcp", "__1_0.distcp"} <= set(

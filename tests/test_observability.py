@@ -161,3 +161,43 @@ def test_doctor_warns_what_is_degraded_without_accounting_stand_in_scontrol_and_
         assert check.status == doctor.PASS
     else:
         assert check.status == doctor.WARN and says in check.detail and "run folders" in check.detail
+
+
+def _report_data(gpu: list[dict[str, Any]]) -> Any:
+    """A run of 200 steps in records of 10, its loss falling from 4 to 0.04, restarted at step 120."""
+    from slurmkit.insight import report
+
+    curve = report.Curve()
+    records = [{"step": s, "steps": 10, "loss": 4.0 * 0.977 ** s, "loss_min": 3.0 * 0.977 ** s,
+                "loss_max": 5.0 * 0.977 ** s, "step_s": 0.1, "step_s_sum": 1.0, "samples_per_s": 640.0,
+                "mfu": 0.01, "time": 1000.0 + s / 10} for s in range(10, 201, 10)]
+    for rec in reversed(records):
+        curve.add(rec)
+    acc = goodput.of_records(records, []).result()
+    seg = report.Segment("7", 0, 990.0, 1000.0, 1020.0, "COMPLETED", "node[1-2]")
+    return report.ReportData("r1", curve.points(), gpu, [seg], acc, {}, [(120, "preemption")])
+
+
+def test_the_report_draws_loss_as_a_line_with_its_spread_on_a_log_scale_and_marks_every_restart() -> None:
+    from matplotlib.collections import PolyCollection
+
+    from slurmkit.insight import report
+
+    fig = report.figure(_report_data([]))
+    loss_ax = next(ax for ax in fig.axes if ax.get_ylabel() == "loss")
+    assert loss_ax.get_yscale() == "log"
+    (line,) = [ln for ln in loss_ax.get_lines() if ln.get_gid() != "restart"]
+    assert line.get_linestyle() == "-" and len(line.get_xdata()) == 20  # a line, one point a record
+    (band,) = [c for c in loss_ax.collections if isinstance(c, PolyCollection)]
+    vertices: Any = band.get_paths()[0].vertices  # numpy's stubs type the array loosely
+    lows = [float(y) for _, y in vertices]
+    assert min(lows) == pytest.approx(3.0 * 0.977 ** 200, rel=1e-6)  # the band reaches the interval's min
+    # The restart is marked at its step on both curves, its cause written on the loss.
+    marked = [ax for ax in fig.axes if any(ln.get_gid() == "restart" and ln.get_xdata()[0] == 120
+                                           for ln in ax.get_lines())]
+    assert len(marked) == 2 and [t.get_text() for t in loss_ax.texts] == ["preemption"]
+    # No panel without data: no GPU panel on a run without GPU samples; wall time on the loss's top axis.
+    assert not any("GPU" in ax.get_ylabel() for ax in fig.axes)
+    assert any("wall seconds" in ax.get_xlabel() for ax in loss_ax.child_axes)
+    with_gpu = report.figure(_report_data([{"host": "node1", "time": 1005.0, "gpus": [{"util_pct": 80}]}]))
+    assert any("GPU" in ax.get_ylabel() for ax in with_gpu.axes)

@@ -108,6 +108,7 @@ class Interval:
         self._step = 0
         self._times: list[float] = []
         self._loss = 0.0
+        self._losses: list[float] = []
         self._stall = 0.0
         self._extra: dict[str, Any] = {}
 
@@ -117,6 +118,7 @@ class Interval:
         self._step = step
         self._times.append(step_s)
         self._loss += loss
+        self._losses.append(loss)
         if extra:
             for key, value in extra.items():
                 if key == "ckpt_stall_s":
@@ -137,9 +139,10 @@ class Interval:
         # A hook's own keys never replace the aggregates.
         record = {**self._extra, "step": self._step, "steps": n, "loss": self._loss / n,
                   "step_s": times[0] if n == 1 else statistics.median(times),
+                  "loss_min": min(self._losses), "loss_max": max(self._losses),
                   "step_s_min": min(times), "step_s_max": max(times), "step_s_sum": total,
                   "ckpt_stall_s": self._stall}
-        self._times, self._loss, self._stall, self._extra = [], 0.0, 0.0, {}
+        self._times, self._loss, self._losses, self._stall, self._extra = [], 0.0, [], 0.0, {}
         self._last_flush = time.monotonic()
         return record
 

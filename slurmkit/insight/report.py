@@ -1,5 +1,7 @@
-"""`slurmkit report RUN`: one picture of a run (loss, throughput and MFU, GPU use, the timeline of every
-job and incarnation with what ended each) and its goodput accounting. matplotlib is imported only here.
+"""`slurmkit report RUN`: one picture of a run (loss as a line with its interval's spread, on a log
+scale, steps below and wall time above; throughput and MFU; GPU use where there are GPU samples; every
+restart marked on the curves with its cause; the timeline of every job and incarnation with what
+ended each) and its goodput accounting. matplotlib is imported only here.
 """
 
 from __future__ import annotations
@@ -53,23 +55,28 @@ class Curve:
 
     def __init__(self) -> None:
         self.width = 0
-        self._buckets: dict[int, list[float]] = {}  # bucket -> steps, loss x steps, busy, samples/s x busy, mfu x busy
+        # bucket -> steps, loss x steps, busy, samples/s x busy, mfu x busy, loss min, loss max, time
+        self._buckets: dict[int, list[float]] = {}
 
     def add(self, rec: dict[str, Any]) -> None:
         if "step" not in rec or "loss" not in rec:
             return
         step = int(rec["step"])
         self.width = self.width or max(1, -(-step // MAX_POINTS))  # the newest step sets the bucket width
-        n, busy = steps_of(rec), busy_s(rec)
-        b = self._buckets.setdefault(step // self.width, [0.0, 0.0, 0.0, 0.0, 0.0])
+        n, busy, loss = steps_of(rec), busy_s(rec), float(rec["loss"])
+        inf = float("inf")
+        b = self._buckets.setdefault(step // self.width, [0.0, 0.0, 0.0, 0.0, 0.0, inf, -inf, 0.0])
         b[0] += n
-        b[1] += float(rec["loss"]) * n
+        b[1] += loss * n
         b[2] += busy
         b[3] += float(rec.get("samples_per_s", 0.0)) * busy
         b[4] += float(rec.get("mfu", 0.0)) * busy
+        b[5] = min(b[5], float(rec.get("loss_min", loss)))
+        b[6] = max(b[6], float(rec.get("loss_max", loss)))
+        b[7] = max(b[7], float(rec.get("time", 0.0)))
 
     def points(self) -> list[dict[str, float]]:
-        return [{"step": k * self.width, "loss": b[1] / b[0],
+        return [{"step": k * self.width, "loss": b[1] / b[0], "loss_min": b[5], "loss_max": b[6], "time": b[7],
                  "samples_per_s": b[3] / b[2] if b[2] else 0.0, "mfu": b[4] / b[2] if b[2] else 0.0}
                 for k, b in sorted(self._buckets.items())]
 
@@ -83,6 +90,9 @@ class ReportData:
     segments: list[Segment]
     accounting: goodput.Goodput
     summary: dict[str, Any] = field(default_factory=dict)
+    restarts: list[tuple[int, str]] = field(default_factory=list)
+    """Every restart at the step training went on from (the checkpoint resumed, or the failed step's
+    start for an in-job one), with its cause: marked on the curves."""
 
 
 def collect(paths: RunPaths) -> ReportData:
@@ -111,7 +121,10 @@ def collect(paths: RunPaths) -> ReportData:
     return ReportData(paths.run_id, curve.points(), gpu, segments, acc.result(),
                       {"restarts": len(restarts), "restart_causes": [r.cause for r in restarts],
                        "in_job": [bool(r.in_job) for r in restarts], "name": record.name,
-                       "lost_steps": [r.lost_steps for r in restarts], "snapshot": record.snapshot})
+                       "lost_steps": [r.lost_steps for r in restarts], "snapshot": record.snapshot},
+                      [(step, r.cause + ("" if r.kind == "requeue" else f", {r.kind.replace('_', '-')}"))
+                       for r in restarts if (step := r.resumed_step if r.resumed_step is not None else r.step)
+                       is not None])
 
 
 def _epoch(iso: Any) -> float | None:
@@ -154,21 +167,50 @@ def _timeline(ax: Any, data: ReportData, t0: float) -> None:
     ax.set_title("timeline: queued (grey), running (colour by how it ended), in-job restarts (x)", fontsize=9)
 
 
-def render_png(data: ReportData) -> bytes:
+def _loss(ax: Any, data: ReportData) -> None:
+    """The loss as a line, its interval's min to max as a band, on a log scale where it is positive."""
+    steps = [p["step"] for p in data.steps]
+    ax.fill_between(steps, [p["loss_min"] for p in data.steps], [p["loss_max"] for p in data.steps],
+                    color="#1565c0", alpha=0.2, linewidth=0, label="min to max of each interval")
+    ax.plot(steps, [p["loss"] for p in data.steps], "-", linewidth=1.0, color="#1565c0", label="loss (interval mean)")
+    if data.steps and min(p["loss_min"] for p in data.steps) > 0:
+        ax.set_yscale("log")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=7, loc="upper right")
+    times = [p["time"] for p in data.steps]
+    if len(steps) > 1 and all(times):  # the wall clock on the top axis: seconds since the first record
+        import numpy as np
+
+        t = np.maximum.accumulate(np.asarray(times) - times[0])
+        top = ax.secondary_xaxis("top", functions=(lambda x: np.interp(x, steps, t), lambda y: np.interp(y, t, steps)))
+        top.set_xlabel("wall seconds since the first record", fontsize=8)
+
+
+def _restart_marks(axes: list[Any], data: ReportData) -> None:
+    """A vertical line at every restart's step, on every curve; its cause written on the first."""
+    for step, cause in data.restarts:
+        for ax in axes:
+            ax.axvline(step, color="#c62828", linewidth=0.8, linestyle="--", gid="restart")
+        axes[0].annotate(cause, (step, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+                         va="top", ha="right", color="#c62828")
+
+
+def figure(data: ReportData) -> Any:
+    """The report's matplotlib figure: loss, throughput and MFU, GPU use (only with GPU samples), timeline."""
     plt = _plt()
-    fig, axes = plt.subplots(4, 1, figsize=(10, 12), constrained_layout=True)
+    panels = 4 if data.gpu else 3
+    fig, axes = plt.subplots(panels, 1, figsize=(10, 3 * panels), constrained_layout=True)
     t0 = min([s.queued or s.start or 0.0 for s in data.segments] or [0.0])
     steps = [s["step"] for s in data.steps]
-    axes[0].plot(steps, [s["loss"] for s in data.steps], ".", markersize=2, color="#1565c0")
-    axes[0].set_ylabel("loss")
-    axes[0].set_title(f"run {data.run_id}", fontsize=10)
+    _loss(axes[0], data)
     # MFU is samples/s times a constant of the model: one curve, two scales.
     axes[1].plot(steps, [s.get("samples_per_s", 0.0) for s in data.steps], "-", linewidth=0.8, color="#2e7d32")
-    axes[1].set_ylabel("samples/s (line)")
+    axes[1].set_ylabel("samples/s")
     mfu_ax = axes[1].twinx()
-    mfu_ax.plot(steps, [100 * s.get("mfu", 0.0) for s in data.steps], ".", markersize=2, color="#ef6c00")
-    mfu_ax.set_ylabel("MFU % (dots)")
+    mfu_ax.plot(steps, [100 * s.get("mfu", 0.0) for s in data.steps], "-", linewidth=0.8, color="#ef6c00", alpha=0.6)
+    mfu_ax.set_ylabel("MFU % (orange)")
     axes[1].set_xlabel("step")
+    _restart_marks([axes[0], axes[1]], data)
     if data.gpu:
         for host in sorted({g["host"] for g in data.gpu}):
             rows = [g for g in data.gpu if g["host"] == host]
@@ -176,17 +218,21 @@ def render_png(data: ReportData) -> bytes:
             axes[2].plot([g["time"] - t0 for g in rows], util, label=host)
         axes[2].legend(fontsize=7)
         axes[2].set_ylabel("GPU util % (mean)")
-    else:
-        axes[2].text(0.5, 0.5, "no GPU samples (no GPU on these nodes)", ha="center", va="center")
-        axes[2].set_yticks([])
-    _timeline(axes[3], data, t0)
+        axes[2].set_xlabel("seconds since the first submit")
+    _timeline(axes[-1], data, t0)
     a = data.accounting
-    fig.suptitle(f"goodput {a.goodput:.1%} of {a.wall_s:.0f} s wall; lost: queue {a.queue_wait_s:.0f} s, restarts "
-                 f"{a.restart_overhead_s:.0f} s, recomputed {a.recomputed_s:.0f} s, checkpoint stalls "
-                 f"{a.checkpoint_stall_s:.0f} s, other {a.other_s:.0f} s", fontsize=9)
+    fig.suptitle(f"run {data.run_id}: goodput {a.goodput:.1%} of {a.wall_s:.0f} s wall; lost: queue "
+                 f"{a.queue_wait_s:.0f} s, restarts {a.restart_overhead_s:.0f} s, recomputed "
+                 f"{a.recomputed_s:.0f} s, checkpoint stalls {a.checkpoint_stall_s:.0f} s, other {a.other_s:.0f} s",
+                 fontsize=9)
+    return fig
+
+
+def render_png(data: ReportData) -> bytes:
+    fig = figure(data)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
+    _plt().close(fig)
     return buf.getvalue()
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker.dist import detect, rank_env
 from slurmkit.worker.ft.interrupt import Interrupted
-from slurmkit.worker.ft.stop import DEFAULT_SIGNAL, AgreedStop
+from slurmkit.worker.ft.stop import AgreedStop, requeue_signal
 
 STDOUT_TAIL_LINES = 200
 COMMAND_GRACE_S = 5.0
@@ -49,8 +49,7 @@ def own_python_first(path: str) -> str:
 
 
 def _stop_signal(stop: Interrupted) -> int:
-    name = os.environ.get("SLURMKIT_SIGNAL", DEFAULT_SIGNAL) if stop.requeue else "TERM"
-    return int(signal.Signals[f"SIG{name}"])
+    return int(requeue_signal() if stop.requeue else signal.SIGTERM)
 
 
 def _terminate(proc: subprocess.Popen[str]) -> None:

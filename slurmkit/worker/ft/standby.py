@@ -32,6 +32,7 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import StandbyGo
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.worker import startup
+from slurmkit.worker.ft.stop import requeue_signal
 
 POLL_S = 0.01
 NICE = 10
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--attempt", type=int, required=True, help="the in-job attempt these ranks take over")
     parser.add_argument("folder", help="submitit's job folder")
     args = parser.parse_args(argv)
-    stop_signal = getattr(signal, f"SIG{os.environ.get('SLURMKIT_SIGNAL', 'USR2')}")
+    stop_signal = requeue_signal()
     signal.signal(stop_signal, signal.SIG_IGN)
     priority = os.getpriority(os.PRIO_PROCESS, 0)
     _renice(priority + NICE)

@@ -38,11 +38,15 @@ class Stop(IntEnum):
     TERMINATE = 2
 
 
+def requeue_signal(name: str | None = None) -> signal.Signals:
+    """The signal that means "save, then requeue": `name`, else the profile's (SLURMKIT_SIGNAL), else USR2."""
+    return signal.Signals[f"SIG{name or os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}"]
+
+
 def install_handlers(on_requeue: Callable[[int, FrameType | None], None],
                      on_terminate: Callable[[int, FrameType | None], None], name: str | None = None) -> None:
-    """The profile's signal (SLURMKIT_SIGNAL, else USR2) means requeue; SIGTERM, unless it is that signal,
-    means terminate."""
-    requeue_sig = getattr(signal, f"SIG{name or os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}")
+    """The profile's signal (requeue_signal) means requeue; SIGTERM, unless it is that signal, means terminate."""
+    requeue_sig = requeue_signal(name)
     signal.signal(requeue_sig, on_requeue)
     if requeue_sig != signal.SIGTERM:
         signal.signal(signal.SIGTERM, on_terminate)
