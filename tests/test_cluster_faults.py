@@ -157,6 +157,13 @@ def check_report_of_a_run_preempted_once(paths: RunPaths, job_id: str, dev_profi
     assert gp.productive_s < gp.wall_s and gp.queue_wait_s > 0
     status = json.loads(runner.invoke(app, ["status", paths.run_id, "-p", str(dev_profile), "--json"]).output)
     assert status[0]["restarts"] == 1 and status[0]["goodput"] == pytest.approx(gp.goodput, abs=0.05)
+    # What it cost: sacct's own elapsed seconds times nodes, both incarnations summed; a CPU run: no GPU-hours.
+    rows = subprocess.run(["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "ElapsedRaw,NNodes"],
+                          check=True, capture_output=True, text=True).stdout.split()
+    node_s = sum(int(e) * int(n) for e, n in (row.split("|") for row in rows))
+    assert len(rows) == 2 and status[0]["node_hours"] == pytest.approx(node_s / 3600, abs=1e-3)
+    assert status[0]["gpu_hours"] == 0 and 0 < status[0]["lost_node_hours"] < status[0]["node_hours"]
+    assert info["cost"]["node_hours"] == pytest.approx(status[0]["node_hours"], abs=1e-3)
     html = tmp_path / "report.html"
     assert runner.invoke(app, ["report", paths.run_id, "-p", str(dev_profile), "-o", str(html)]).exit_code == 0
     assert "data:image/png;base64," in html.read_text() and "preemption" in html.read_text()

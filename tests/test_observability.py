@@ -201,3 +201,16 @@ def test_the_report_draws_loss_as_a_line_with_its_spread_on_a_log_scale_and_mark
     assert any("wall seconds" in ax.get_xlabel() for ax in loss_ax.child_axes)
     with_gpu = report.figure(_report_data([{"host": "node1", "time": 1005.0, "gpus": [{"util_pct": 80}]}]))
     assert any("GPU" in ax.get_ylabel() for ax in with_gpu.axes)
+
+
+def test_cost_sums_every_incarnations_node_hours_and_splits_out_what_was_lost() -> None:
+    from slurmkit.insight import cost
+
+    incs = [Incarnation("7", 0.0, 100.0, 460.0, "REQUEUED", "node[1-2]"),  # 360 s on 2 nodes
+            Incarnation("7", 470.0, 500.0, 680.0, "COMPLETED", "node[1-2]"),  # 180 s on 2 nodes
+            Incarnation("8", 690.0, None, None, "CANCELLED", "")]  # never ran: costs nothing
+    spent = cost.of_run(incs, cost.gpus_per_node({"gpus_per_task": 2, "tasks_per_node": 4}), productive_s=432.0)
+    assert spent.node_hours == pytest.approx(2 * 540 / 3600)
+    assert spent.gpu_hours == pytest.approx(8 * spent.node_hours)
+    assert spent.lost_node_hours == pytest.approx(2 * (540 - 432) / 3600)  # held 540 s a node, 432 s of steps
+    assert cost.of_run(incs, 0, 0.0).gpu_hours == 0  # a CPU run

@@ -107,13 +107,14 @@ def status(
     from rich.console import Console
     from rich.table import Column, Table
 
-    table = Table("job", "state", "nodes", "elapsed", "restarts", "goodput", "jobs")
+    table = Table("job", "state", "nodes", "elapsed", "restarts", "goodput", "node-h (lost)", "jobs")
     # The run id is what a user types next: never cut, whatever the terminal's width.
     table.columns.insert(0, Column("run", no_wrap=True, min_width=max((len(r.run_id) for r in rows), default=3)))
     for r in rows:
         gp = f"{r.goodput:.0%}" if r.goodput is not None else ""
         state = f"{r.state} ({r.reason})" if r.reason else r.state
-        table.add_row(r.run_id, r.job_id, state, r.nodes, r.elapsed, str(r.restarts), gp, str(r.jobs))
+        spent = f"{r.node_hours:.2f} ({r.lost_node_hours or 0:.2f})" if r.node_hours is not None else ""
+        table.add_row(r.run_id, r.job_id, state, r.nodes, r.elapsed, str(r.restarts), gp, spent, str(r.jobs))
     console = Console()
     console.print(table)
     for r in rows:

@@ -30,13 +30,17 @@ def report(
         print_json({"report": str(target), "goodput": a.as_dict(), "incarnations": len(data.segments),
                     "restart_causes": data.summary["restart_causes"], "lost_steps": data.summary["lost_steps"],
                     "in_job": data.summary["in_job"], "startup_s": [seg.startup for seg in data.segments],
-                    "snapshot": data.summary["snapshot"]})
+                    "snapshot": data.summary["snapshot"], "cost": data.summary["cost"]})
         return
     typer.echo(f"{target}")
     typer.echo(f"goodput {a.goodput:.1%} ({a.productive_s:.0f} s productive of {a.wall_s:.0f} s wall, "
                f"{len(data.segments)} incarnation(s))")
     typer.echo(f"lost: queue {a.queue_wait_s:.1f} s, restarts {a.restart_overhead_s:.1f} s, recomputed steps "
                f"{a.recomputed_s:.1f} s, checkpoint stalls {a.checkpoint_stall_s:.1f} s, other {a.other_s:.1f} s")
+    spent = data.summary["cost"]
+    if spent["node_hours"]:
+        typer.echo(f"cost: {spent['node_hours']:.3f} node-hours ({spent['gpu_hours']:.3f} GPU-hours), "
+                   f"{spent['lost_node_hours']:.3f} of them lost")
     if n_in_job := sum(data.summary["in_job"]):
         typer.echo(f"in-job restarts (no requeue): {n_in_job}")
     if any(data.summary["lost_steps"]):

@@ -176,6 +176,17 @@ def gres_gpus(gres: str | None) -> int:
     return total
 
 
+def node_gpus(gpus_per_node: int | None, gpus_per_task: int | None, tasks_per_node: int | None,
+              gres: str | None) -> int:
+    """GPUs each node gets, however resources ask for them: gpus_per_node, gpus_per_task x
+    tasks_per_node, or a gpu gres."""
+    if gpus_per_node:
+        return gpus_per_node
+    if gpus_per_task:
+        return gpus_per_task * (tasks_per_node or 1)
+    return gres_gpus(gres)
+
+
 SbatchValue = Annotated[str, AfterValidator(sbatch_safe)]
 SbatchPath = Annotated[str, AfterValidator(sbatch_safe), AfterValidator(_tilde_resolves)]
 """A path that reaches an #SBATCH line (run_root: the logs' folder), expanded where it is used."""

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from slurmkit.common.errors import ConfigError, clip, cut, did_you_mean, warn
-from slurmkit.config.fields import gres_gpus
+from slurmkit.config.fields import gres_gpus, node_gpus
 from slurmkit.config.overrides import deep_merge, split_sets
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
@@ -60,11 +60,7 @@ class Resolved:
         """GPUs each node gets, however resources ask for them: gpus_per_node, gpus_per_task x
         tasks_per_node, or a gpu gres. The health gate, container GPU flags, pre-flight and Ray use it."""
         r = self.resources
-        if r.gpus_per_node:
-            return r.gpus_per_node
-        if r.gpus_per_task:
-            return r.gpus_per_task * (r.tasks_per_node or 1)
-        return gres_gpus(r.gres)
+        return node_gpus(r.gpus_per_node, r.gpus_per_task, r.tasks_per_node, r.gres)
 
     @property
     def snapshot(self) -> bool:

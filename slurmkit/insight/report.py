@@ -20,7 +20,7 @@ from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, steps_of
 from slurmkit.common.record import RunFile
-from slurmkit.insight import goodput
+from slurmkit.insight import cost, goodput
 
 STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
                 "PREEMPTED": "#ef6c00", "TIMEOUT": "#ef6c00", "NODE_FAIL": "#c62828", "FAILED": "#c62828",
@@ -118,10 +118,14 @@ def collect(paths: RunPaths) -> ReportData:
         inside = [(t, c) for t, c in in_job if (inc.start or 0.0) <= t <= (inc.end or float("inf"))]
         segments.append(Segment(inc.job_id, n, queued, inc.start, inc.end, inc.state, inc.nodes, cause,
                                 startups.get(id(inc), {}), inside))
-    return ReportData(paths.run_id, curve.points(), gpu, segments, acc.result(),
+    result = acc.result()
+    spent = cost.of_run(incs if record.executor == "slurm" else [], cost.gpus_per_node(record.resources),
+                        result.productive_s)
+    return ReportData(paths.run_id, curve.points(), gpu, segments, result,
                       {"restarts": len(restarts), "restart_causes": [r.cause for r in restarts],
                        "in_job": [bool(r.in_job) for r in restarts], "name": record.name,
-                       "lost_steps": [r.lost_steps for r in restarts], "snapshot": record.snapshot},
+                       "lost_steps": [r.lost_steps for r in restarts], "snapshot": record.snapshot,
+                       "cost": spent.as_dict()},
                       [(step, r.cause + ("" if r.kind == "requeue" else f", {r.kind.replace('_', '-')}"))
                        for r in restarts if (step := r.resumed_step if r.resumed_step is not None else r.step)
                        is not None])
@@ -237,7 +241,8 @@ def render_png(data: ReportData) -> bytes:
 
 
 def render_html(data: ReportData, png: bytes) -> str:
-    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in data.accounting.as_dict().items())
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>"
+                   for k, v in {**data.accounting.as_dict(), **data.summary.get("cost", {})}.items())
     segs = "".join(f"<tr><td>#{s.n}</td><td>{html.escape(s.job_id)}</td><td>{html.escape(s.nodes)}</td>"
                    f"<td>{html.escape(s.state)}</td><td>{html.escape(s.cause)}</td>"
                    f"<td>{html.escape(', '.join(c for _, c in s.in_job))}</td>"

@@ -16,7 +16,7 @@ from slurmkit.common.errors import ConfigError, JobFailedError, SlurmError, Slur
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RestartEntry, RunFile, RunRecord
 from slurmkit.config.loader import Resolved
-from slurmkit.insight import goodput
+from slurmkit.insight import cost, goodput
 from slurmkit.runs import procs, registry, snapshot
 from slurmkit.runs.failure import failure, headline
 from slurmkit.runs.lookup import find, list_runs, read_records
@@ -186,6 +186,11 @@ class RunStatus:
     created: str
     goodput: float | None = None
     """Productive step time / wall time, once the run has ended on Slurm (see slurmkit.insight.goodput)."""
+    node_hours: float | None = None
+    """What the last job cost, every incarnation summed, once it has ended on Slurm (slurmkit.insight.cost)."""
+    gpu_hours: float | None = None
+    lost_node_hours: float | None = None
+    """Of node_hours, those not spent on steps that count (start-up, restarts, steps run again, stalls)."""
     snapshot: dict[str, Any] | None = None
     """The code snapshot the run runs from (slurmkit.runs.snapshot), if it took one."""
     reason: str = ""
@@ -238,9 +243,10 @@ def statuses(runs: list[tuple[RunPaths, RunRecord]]) -> list[RunStatus]:
                 state = "PREEMPTED"  # it saved and exited within GraceTime, so Slurm says COMPLETED
         # run.json knows every restart and its cause, whichever incarnation is live now.
         restarts = max(len(rec.restarts), infos[jid].restarts if jid in infos else 0)
+        acct = _accounting(paths, rec, infos.get(jid)) if not is_active(state) else {}
         out.append(RunStatus(paths.run_id, rec.name, jid, state, nodes, elapsed, restarts,
-                             len(rec.job_ids), str(paths.run_dir), rec.created,
-                             _goodput(paths, rec, infos.get(jid)) if not is_active(state) else None,
+                             len(rec.job_ids), str(paths.run_dir), rec.created, acct.get("goodput"),
+                             acct.get("node_hours"), acct.get("gpu_hours"), acct.get("lost_node_hours"),
                              rec.snapshot, _pending_reason(infos.get(jid)),
                              headline(paths, jid, rec.num_tasks) if state in FAILED_STATES else ""))
     return out
@@ -250,18 +256,20 @@ def _pending_reason(info: commands.JobInfo | None) -> str:
     return info.reason if info is not None and info.state == "PENDING" and info.reason not in ("", "None") else ""
 
 
-def _goodput(paths: RunPaths, rec: RunRecord, info: commands.JobInfo | None) -> float | None:
-    """A finished training run's goodput, from the sacct answer status already has; cached in run.json."""
+def _accounting(paths: RunPaths, rec: RunRecord, info: commands.JobInfo | None) -> dict[str, Any]:
+    """A finished run's goodput (a training run's) and cost, from the sacct answer status already has;
+    cached in run.json."""
     cached = rec.goodput or {}
     if info is None or cached.get("job_id") == info.job_id:
-        return cached.get("goodput")
+        return cached
     if not info.history or info.active or any(i.end is None for i in info.history):
-        return None  # accounting has not recorded the end yet
-
+        return {}  # accounting has not recorded the end yet
     acc = goodput.of_file(paths.metrics, list(info.history))
-    value = acc.result().as_dict() if acc.newest is not None else {"goodput": None}
-    RunFile(paths).update(goodput={**value, "job_id": info.job_id})
-    return value["goodput"]
+    result = acc.result() if acc.newest is not None else None
+    spent = cost.of_run(list(info.history), cost.gpus_per_node(rec.resources), result.productive_s if result else 0.0)
+    value = {**(result.as_dict() if result else {"goodput": None}), **spent.as_dict(), "job_id": info.job_id}
+    RunFile(paths).update(goodput=value)
+    return value
 
 
 def status(run_root: str, runs: list[str] | None = None) -> list[RunStatus]:
