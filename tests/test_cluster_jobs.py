@@ -213,6 +213,41 @@ def test_preflight_refuses_array_over_max_array_size(cluster: None, tmp_path: Pa
         preflight.check(res, array_size=1002)
 
 
+@pytest.fixture
+def qos_one_node_twenty_minutes(cluster: None) -> Any:
+    """The dev cluster's QOS `normal` with limits a site sets (one node per job, 20 minutes), put back after."""
+    commands.run(["sacctmgr", "-i", "modify", "qos", "normal", "set", "MaxTRESPerJob=node=1", "MaxWall=00:20:00"])
+    try:
+        yield
+    finally:
+        commands.run(["sacctmgr", "-i", "modify", "qos", "normal", "set", "MaxTRESPerJob=node=-1", "MaxWall=-1"])
+
+
+def test_preflight_refuses_what_the_qos_would_keep_pending_forever(qos_one_node_twenty_minutes: None,
+                                                                   tmp_path: Path, dev_profile: Path) -> None:
+    """QOSMaxNodePerJobLimit and QOSMaxWallDurationPerJobLimit: Slurm would queue such a job and never
+    start it; pre-flight reads the association's QOS (sacctmgr) and refuses it in one line instead."""
+    from slurmkit.common.errors import PreflightError
+    from slurmkit.config.loader import resolve
+    from slurmkit.insight import doctor
+    from slurmkit.slurm import limits, preflight
+
+    def resolved(nodes: int, limit: str) -> Any:
+        spec = write_spec(tmp_path, name="qos", command="true", resources={"nodes": nodes, "time": limit})
+        return resolve(spec, str(dev_profile))
+
+    for nodes, limit, where in ((2, "00:10:00", "resources.nodes"), (1, "00:30:00", "resources.time")):
+        with pytest.raises(PreflightError) as refused:
+            preflight.check(resolved(nodes, limit))
+        assert refused.value.where == where
+    fits = resolved(1, "00:10:00")
+    assert preflight.check(fits) == "debug"
+    qos = limits.check(fits)
+    assert qos is not None and (qos.name, qos.per_job, qos.max_wall) == ("normal", {"node": 1}, "00:20:00")
+    share = doctor._share(fits)
+    assert share.status == doctor.PASS and limits.fairshare("root") is not None
+
+
 def test_dry_run_touches_no_slurm_daemon(cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path) -> None:
     spec = write_spec(tmp_path, name="dry", command="true")
     with commands.counting() as calls:

@@ -126,3 +126,11 @@ def test_unusable_nodes_between_two_steps() -> None:
     odd = "node1 alloc\nnode2 down\nnode3 mix*\nnode4 drng\nnode5 fail\nnode6 idle~\nnode7 comp\nnode8 drain\n"
     assert parse.unusable_nodes(odd) == ["node2", "node3", "node4", "node5", "node8"]
     assert parse.unusable_nodes("sinfo: error: Unable to contact slurm controller\n") == []
+
+
+def test_tres_limits_read_nodes_cpus_and_every_gpu_gres() -> None:
+    from slurmkit.slurm.limits import parse_tres
+
+    assert parse_tres("cpu=8,mem=100G,node=2,gres/gpu=4") == {"cpu": 8, "node": 2, "gres/gpu": 4}
+    assert parse_tres("gres/gpu:a100=2,gres/gpu:h100=1,billing=9") == {"gres/gpu": 3}
+    assert parse_tres("") == {}

@@ -7,6 +7,7 @@ no compute-node job is tried while slurmctld is down.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import re
 import shlex
@@ -19,7 +20,7 @@ from slurmkit.common.errors import SlurmError, SlurmkitError, squash
 from slurmkit.common.layout import expand_checkpoint_root
 from slurmkit.config.loader import Resolved
 from slurmkit.runs.registry import expand_root
-from slurmkit.slurm import commands, preflight
+from slurmkit.slurm import commands, limits, preflight
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 PROBE_TIMEOUT_S = 90
@@ -54,7 +55,24 @@ def _slurm(resolved: Resolved) -> list[Check]:
     except SlurmkitError as exc:
         out.append(Check("partition", FAIL, exc.one_line(), "fix the profile field named above (`slurmkit profiles "
                                                             "show`), or pick a partition from `sinfo -s`"))
+    out.append(_share(resolved))
     return out
+
+
+def _share(resolved: Resolved) -> Check:
+    """The QOS a job runs under, its limits, and the user's fairshare (what decides how long it waits)."""
+    user = getpass.getuser()
+    qos = limits.qos_of(user, resolved.profile.qos)
+    share = limits.fairshare(user)
+    if qos is None and share is None:
+        return Check("qos/fairshare", SKIP, "accounting has no association for you (or no accounting)")
+    parts = [f"fairshare {share:.3f}" if share is not None else "fairshare unknown"]
+    if qos is not None:
+        caps = ", ".join([f"per job {k}<={v}" for k, v in qos.per_job.items()]
+                         + [f"per user {k}<={v}" for k, v in qos.per_user.items()]
+                         + ([f"MaxWall {qos.max_wall}"] if qos.max_wall else []))
+        parts.append(f"QOS '{qos.name}': {caps or 'no TRES or wall-time limits'}")
+    return Check("qos/fairshare", PASS, "; ".join(parts))
 
 
 ACCOUNTING_DEGRADED = ("without it, finished jobs are judged by their run folders: status, result, wait and the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from slurmkit.common.errors import PreflightError
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
-from slurmkit.slurm import commands, imports
+from slurmkit.slurm import commands, imports, limits
 
 
 def _max_minutes(max_time: str) -> int | None:
@@ -52,6 +52,7 @@ def check(resolved: Resolved, array_size: int | None = None) -> str:
             raise PreflightError(
                 f"{form}={getattr(r, form)} but partition '{name}' has no GRES gpu",
                 where=f"resources.{form}", valid=f"GRES there: {', '.join(gres) or 'none'}")
+    limits.check(resolved)
     if array_size is not None:
         max_array = int(commands.show_config().get("MaxArraySize", "1001"))
         if array_size > max_array:
