@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,14 @@ def test_a_failed_config_is_resubmitted_alone_and_the_sweep_completes(
     first = manifest.arrays[0].job_id
     assert [s.job_id for s in states] == [f"{first}_0", f"{manifest.arrays[1].job_id}_1", f"{first}_2"]
     assert results.counts(states) == {"COMPLETED": 3}
+    # What it cost: each task's newest job, sacct's own elapsed seconds times nodes, summed over the sweep.
+    rows = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(s.job_id for s in states), "-o",
+                           "JobID,ElapsedRaw,NNodes"], check=True, capture_output=True, text=True).stdout.split()
+    node_s = {j: int(e) * int(n) for j, e, n in (row.split("|") for row in rows)}
+    assert [s.node_hours for s in states] == [pytest.approx(node_s[s.job_id] / 3600, abs=1e-4) for s in states]
+    shown = invoke("sweep", "status", paths.sweep_id, "-p", str(dev_profile))
+    assert shown["cost"]["node_hours"] == pytest.approx(sum(node_s.values()) / 3600, abs=1e-3)
+    assert shown["cost"]["gpu_hours"] == 0
 
 
 def test_a_sweep_over_the_array_limit_is_split_into_chained_arrays(

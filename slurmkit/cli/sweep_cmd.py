@@ -116,10 +116,13 @@ def status(sweep: SweepArg, profile: ProfileOpt = None, as_json: JsonOpt = False
     paths = store.find_sweep(run_root_for(profile), sweep)
     states = results.task_states(paths)
     if as_json:
-        print_json({"sweep_id": paths.sweep_id, "counts": results.counts(states),
+        print_json({"sweep_id": paths.sweep_id, "counts": results.counts(states), "cost": results.total_cost(states),
                     "tasks": [s.as_dict() for s in states]})
         return
-    typer.echo(f"sweep {paths.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items()))
+    spent = results.total_cost(states)
+    typer.echo(f"sweep {paths.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items())
+               + (f"  ({spent['node_hours']:.3f} node-hours, {spent['gpu_hours']:.3f} GPU-hours so far)"
+                  if spent["node_hours"] else ""))
     _table(["index", "job", "state", "nodes", "elapsed", "restarts"],
            [{"index": s.index, "job": s.job_id, "state": s.state, "nodes": s.nodes, "elapsed": s.elapsed,
              "restarts": s.restarts} for s in states])

@@ -16,6 +16,7 @@ from slurmkit.common.errors import SlurmkitError, did_you_mean
 from slurmkit.common.metrics import last_record
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayLog, Manifest, SweepManifest, SweepPaths, task_entry
+from slurmkit.insight import cost
 from slurmkit.runs.jobs import is_active, local_state, outcome_state
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.procs import same_process
@@ -36,6 +37,9 @@ class TaskState:
     nodes: str = ""
     elapsed: str = ""
     restarts: int = 0
+    node_hours: float = 0.0
+    """What the task's newest job held, once it has ended (slurmkit.insight.cost); 0 before."""
+    gpu_hours: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,8 +92,18 @@ def task_states(paths: SweepPaths, manifest: SweepManifest | None = None) -> lis
             out.append(TaskState(index, _by_outcomes(paths, manifest, index, jid, pending) if jid else NOT_SUBMITTED,
                                  jid or ""))
         else:
-            out.append(TaskState(index, info.state, jid or "", info.nodes, info.elapsed, info.restarts))
+            gpus = cost.gpus_per_node(manifest.groups[manifest.tasks[index].group].resources)
+            ended = info.history and not info.active
+            spent = cost.of_run(list(info.history), gpus, 0.0) if ended else cost.Cost(0.0, 0.0, 0.0)
+            out.append(TaskState(index, info.state, jid or "", info.nodes, info.elapsed, info.restarts,
+                                 round(spent.node_hours, 4), round(spent.gpu_hours, 4)))
     return out
+
+
+def total_cost(states: list[TaskState]) -> dict[str, float]:
+    """The sweep's node-hours and GPU-hours: its ended tasks' summed."""
+    return {"node_hours": round(sum(s.node_hours for s in states), 4),
+            "gpu_hours": round(sum(s.gpu_hours for s in states), 4)}
 
 
 def wait(paths: SweepPaths, poll_s: float = 2.0, timeout_s: float | None = None,
