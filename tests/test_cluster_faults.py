@@ -560,3 +560,34 @@ def test_fsdp_under_torchrun_preempted_loses_no_step_and_ends_bitwise_the_uninte
     manifest = store.manifest(store.committed()[0])  # step-100 (every 50), after the stop's
     assert manifest is not None and manifest["format"] == "dcp" and {"__0_0.distcp", "__1_0.distcp"} <= set(
         manifest["files"])
+
+
+def test_stack_shows_every_ranks_training_loop_and_says_a_stopped_rank_is_stopped(
+        cluster: None, dev_profile: Path) -> None:
+    """`slurmkit stack`: each rank answers from the signal (faulthandler) with its threads' stacks,
+    the run going on; a SIGSTOPped rank cannot answer, and is said to be stopped where it runs."""
+    from typer.testing import CliRunner
+
+    from slurmkit.cli.app import app
+    from slurmkit.runs.stack import stacks
+
+    paths, job = start(dev_profile, "config.steps=100000", *FINE_LOG)
+    try:
+        wait_step(paths, 20)
+        shown = CliRunner().invoke(app, ["stack", paths.run_id, "-p", str(dev_profile), "--json"])
+        assert shown.exit_code == 0, shown.output
+        found = json.loads(shown.stdout)
+        assert [(s["rank"], s["answered"]) for s in found] == [(0, True), (1, True)]
+        assert all(" in train_step" in s["stack"] or " in fit" in s["stack"] for s in found), found
+        before = steps_done(paths)[-1]
+        wait_step(paths, before + 5)  # the run went on after it answered
+        pid = rank_pid(paths, 1)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            rank0, rank1 = stacks(paths, wait_s=3)
+            assert rank0.answered and not rank1.answered
+            assert (rank1.state, rank1.pid) == ("stopped", pid)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        subprocess.run(["scancel", job], check=True)

@@ -16,6 +16,7 @@ from slurmkit.cli import (
     profiles_cmd,
     render_cmd,
     report_cmd,
+    stack_cmd,
     sweep_cmd,
 )
 
@@ -61,6 +62,7 @@ app.command("list")(jobs_cmd.list_runs)
 app.command("logs")(jobs_cmd.logs)
 app.command("cancel")(jobs_cmd.cancel)
 app.command("result")(jobs_cmd.result)
+app.command("stack")(stack_cmd.stack)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("report")(report_cmd.report)
 app.add_typer(sweep_cmd.app, name="sweep")

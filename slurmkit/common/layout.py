@@ -132,6 +132,10 @@ class RunPaths:
         """Rank `rank`'s command announces its slurmkit.Checkpoint here, then the step it stopped at."""
         return self.run_dir / f"command-stop-{job_id}.{rank}.json"
 
+    def rank_process(self, job_id: str, rank: int) -> Path:
+        """Where rank `rank` of job `job_id` runs (host and pid), for `slurmkit stack`."""
+        return self.run_dir / f"rank-process-{job_id}.{rank}.json"
+
     def health_marker(self, node: str) -> Path:
         """Why `node` failed the health gate (written by the gate, read by the requeue)."""
         return self.run_dir / f"health-{node}.json"

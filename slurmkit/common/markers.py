@@ -13,6 +13,10 @@ writes it and who reads it, and the only code that reads or writes them. RunPath
   slurmkit.Checkpoint (announced when made, the step at the agreed stop); read by that rank's
   worker (worker.command), which clears it before it starts the command.
 
+- rank-process-JOB.RANK.json (RankProcess): written by each rank process when it starts
+  (worker.rank); read by `slurmkit stack` (runs.stack) to tell a rank that did not answer from one
+  that is stopped or gone.
+
 - standby-go-JOB.N.K (StandbyGo, empty): touched by the supervisor when its standby ranks take
   attempt K of incarnation N; waited for by those ranks (ft.standby), looked for by devcluster.ranks.
 - injected-stepS (InjectedFault, empty): touched by the fault injection (ft.faults) when a one-shot
@@ -206,3 +210,28 @@ class CommandStop:
         path = paths.command_stop(job_id, rank)
         path.unlink(missing_ok=True)
         return path
+
+
+STACK_SIGNAL = "WINCH"
+"""What `slurmkit stack` sends a job's processes: each rank process dumps every thread's Python
+stack to its log (faulthandler, registered by worker.rank). Its default action is to ignore it, so
+a process that does not handle it (a launcher, a user's command, the batch shell) is not harmed."""
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """Where a rank process runs: what `slurmkit stack` looks at when the rank does not answer."""
+
+    host: str
+    pid: int
+    time: float
+
+    def write(self, paths: RunPaths, job_id: str, rank: int) -> None:
+        atomic_write_text(paths.rank_process(job_id, rank), json.dumps(asdict(self)) + "\n")
+
+    @staticmethod
+    def read(paths: RunPaths, job_id: str, rank: int) -> RankProcess | None:
+        found = _read_json(paths.rank_process(job_id, rank))
+        if found is None or not isinstance(found.get("pid"), int):
+            return None
+        return RankProcess(str(found.get("host", "")), found["pid"], float(found.get("time", 0.0)))

@@ -24,18 +24,38 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import os
 import runpy
+import signal
+import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 from submitit.core import utils as submitit_utils
 
 from slurmkit.common import trust
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import STACK_SIGNAL, RankProcess
+from slurmkit.common.slurm_env import slurm_job_id
 
 ENTRY = "submitit.core._submit"
+
+
+def _answer_stack_requests() -> None:
+    """`slurmkit stack` (runs.stack): every thread's Python stack to this rank's log on STACK_SIGNAL,
+    written by faulthandler from the signal itself (it answers while the main thread is stuck in a
+    collective); and where this rank runs, for when it cannot answer (stopped, gone)."""
+    faulthandler.register(getattr(signal, f"SIG{STACK_SIGNAL}"), file=sys.stderr, all_threads=True, chain=False)
+    run_dir, job_id = os.environ.get("SLURMKIT_RUN_DIR"), slurm_job_id()
+    rank = os.environ.get("SLURM_PROCID", "")
+    if run_dir and job_id and rank.isdigit():
+        with contextlib.suppress(OSError):  # a run folder gone is the job's business, not this marker's
+            RankProcess(socket.gethostname(), os.getpid(), time.time()).write(RunPaths(Path(run_dir)), job_id,
+                                                                              int(rank))
 
 
 def exit_status(code: object) -> int:
@@ -56,6 +76,7 @@ def run(folder: str) -> NoReturn:
     file). This interpreter was started with -P; PYTHONSAFEPATH, where a launcher set it for that,
     is dropped so a user's own command started from here keeps Python's usual rules."""
     os.environ.pop("PYTHONSAFEPATH", None)
+    _answer_stack_requests()
     submitit_utils.pickle_load = _own_pickle
     sys.argv = [ENTRY, folder]
     try:
