@@ -157,7 +157,8 @@ def _cli_command(words: list[str]) -> tuple[object, list[str]] | None:
 FOREIGN_NAMES = {"GraceTime", "ExcNodeList", "SchedulerParameters", "MaxArraySize", "MaxJobCount", "StrictUndefined",
                  "MinJobAge", "MaxSubmitJobs", "MaxJobs", "PriorityTier", "PreemptMode", "PreemptTime", "PreemptType",
                  "EndTime", "KillWait", "SlurmctldParameters", "PreemptParameters", "AccountingStorageType",
-                 "DistributedDataParallel", "DistributedSampler", "TimeoutError", "NodeList"}
+                 "DistributedDataParallel", "DistributedSampler", "TimeoutError", "NodeList", "MaxTRESPerJob",
+                 "MaxTRESPerUser", "MaxWall", "AccountingStorageEnforce", "FairShare", "ElapsedRaw", "NNodes"}
 
 
 def test_every_class_module_and_cli_option_named_in_docs_exists() -> None:

@@ -70,11 +70,9 @@ def _state(job_id: str, where: RankProcess | None) -> str:
     if where is None:
         return "unknown (the rank left no record of where it runs)"
     try:
-        stat = commands.run(["srun", "--overlap", f"--jobid={job_id}", "-w", where.host, "-N1", "-n1",
-                             "cat", f"/proc/{where.pid}/stat"], timeout=30, check=False)
+        code = commands.process_state(job_id, where.host, where.pid)
     except SlurmkitError as exc:
         return f"unknown ({exc.what})"
-    code = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else ""  # the field after the command's name
     return STATES.get(code, code or f"gone (no process {where.pid} on {where.host})")
 
 

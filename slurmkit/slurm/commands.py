@@ -324,6 +324,14 @@ def incarnation_states(job_id: str) -> list[str]:
     return [i.state for i in info.history] if info else []
 
 
+def process_state(job_id: str, host: str, pid: int) -> str:
+    """The state letter of process `pid` on `host` (/proc/PID/stat: R, S, D, T, ...), read by one srun
+    step beside the job's own (--overlap); "" where there is no such process."""
+    stat = run(["srun", "--overlap", f"--jobid={_ids([job_id])[0]}", "-w", host, "-N1", "-n1", "cat",
+                f"/proc/{int(pid)}/stat"], timeout=30, check=False)
+    return stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else ""  # the field after the command's name
+
+
 def show_config() -> dict[str, str]:
     return parse.config(run(["scontrol", "show", "config"], query=True))
 
