@@ -569,6 +569,7 @@ def test_stack_shows_every_ranks_training_loop_and_says_a_stopped_rank_is_stoppe
     from typer.testing import CliRunner
 
     from slurmkit.cli.app import app
+    from slurmkit.common.markers import RankProcess
     from slurmkit.runs.stack import stacks
 
     paths, job = start(dev_profile, "config.steps=100000", *FINE_LOG)
@@ -581,7 +582,9 @@ def test_stack_shows_every_ranks_training_loop_and_says_a_stopped_rank_is_stoppe
         assert all(" in train_step" in s["stack"] or " in fit" in s["stack"] for s in found), found
         before = steps_done(paths)[-1]
         wait_step(paths, before + 5)  # the run went on after it answered
-        pid = rank_pid(paths, 1)
+        where = RankProcess.read(paths, job, 1)  # what the rank recorded of itself when it started
+        assert where is not None
+        pid = where.pid
         os.kill(pid, signal.SIGSTOP)
         try:
             rank0, rank1 = stacks(paths, wait_s=3)

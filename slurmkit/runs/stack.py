@@ -1,7 +1,7 @@
 """`slurmkit stack RUN`: every rank's Python stack now, without stopping the run; for a hung run the
 first thing to look at.
 
-The job's processes are sent STACK_SIGNAL (scancel --signal); each rank process answers from the
+The job steps' processes are sent STACK_SIGNAL (scancel --signal, by number); each rank process answers from the
 signal itself (faulthandler, registered by worker.rank), every thread's stack appended to its log,
 so a rank stuck in a collective answers too. What a rank appended since the signal is its answer. A
 rank that does not answer within the wait is looked at where it runs (its RankProcess marker; one
@@ -10,6 +10,7 @@ rank that does not answer within the wait is looked at where it runs (its RankPr
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -85,7 +86,8 @@ def stacks(paths: RunPaths, wait_s: float = 10.0) -> list[RankStack]:
                             valid="stack looks at a live Slurm run: `slurmkit status` lists them")
     job_id, ranks = record.job_ids[-1], range(record.num_tasks)
     offsets = {r: _size(paths, job_id, r) for r in ranks}
-    commands.scancel([job_id], signal=STACK_SIGNAL)
+    # By number: scancel knows only a few signals by name (not WINCH); 28 on every Linux.
+    commands.scancel([job_id], signal=str(int(getattr(signal, f"SIG{STACK_SIGNAL}"))), steps_only=True)
     answers: dict[int, str] = {}
     deadline, pause = time.monotonic() + wait_s, 0.05
     while len(answers) < len(offsets) and time.monotonic() < deadline:

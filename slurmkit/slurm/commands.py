@@ -174,10 +174,13 @@ def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
     return found
 
 
-def scancel(job_ids: list[str], signal: str | None = None) -> None:
+def scancel(job_ids: list[str], signal: str | None = None, steps_only: bool = False) -> None:
+    """Cancel, or with `signal` signal every process of the job (the batch shell too, unless
+    steps_only: Slurm 22.05 then delivers a signal it knows only by number to the steps' tasks,
+    which --full does not)."""
     argv = ["scancel"]
     if signal:
-        argv += ["--full", f"--signal={signal}"]
+        argv += ([] if steps_only else ["--full"]) + [f"--signal={signal}"]
     run(argv + _ids(job_ids))
 
 

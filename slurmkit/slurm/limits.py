@@ -55,7 +55,7 @@ def qos_of(user: str, asked: str | None) -> Qos | None:
         rows = _query(["sacctmgr", "-n", "-P", "show", "qos", name, "format=Name,MaxTRES,MaxTRESPU,MaxWall"])
     except SlurmError:
         return None
-    for qname, per_job, per_user, wall in (r + [""] * 4 for r in rows):
+    for qname, per_job, per_user, wall in ((r + [""] * 4)[:4] for r in rows):
         if qname == name:
             return Qos(name, parse_tres(per_job), parse_tres(per_user), wall)
     return None

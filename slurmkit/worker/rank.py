@@ -45,17 +45,17 @@ from slurmkit.common.slurm_env import slurm_job_id
 ENTRY = "submitit.core._submit"
 
 
-def _answer_stack_requests() -> None:
+def _answer_stack_requests(folder: str) -> None:
     """`slurmkit stack` (runs.stack): every thread's Python stack to this rank's log on STACK_SIGNAL,
     written by faulthandler from the signal itself (it answers while the main thread is stuck in a
-    collective); and where this rank runs, for when it cannot answer (stopped, gone)."""
+    collective); and where this rank runs, for when it cannot answer (stopped, gone). A run's job
+    folder is RunPaths' job_folder, inside the run folder (a sweep task's is not: no marker there)."""
     faulthandler.register(getattr(signal, f"SIG{STACK_SIGNAL}"), file=sys.stderr, all_threads=True, chain=False)
-    run_dir, job_id = os.environ.get("SLURMKIT_RUN_DIR"), slurm_job_id()
+    paths, job_id = RunPaths(Path(folder).parent), slurm_job_id()
     rank = os.environ.get("SLURM_PROCID", "")
-    if run_dir and job_id and rank.isdigit():
+    if paths.job_folder == Path(folder) and paths.record.exists() and job_id and rank.isdigit():
         with contextlib.suppress(OSError):  # a run folder gone is the job's business, not this marker's
-            RankProcess(socket.gethostname(), os.getpid(), time.time()).write(RunPaths(Path(run_dir)), job_id,
-                                                                              int(rank))
+            RankProcess(socket.gethostname(), os.getpid(), time.time()).write(paths, job_id, int(rank))
 
 
 def exit_status(code: object) -> int:
@@ -76,7 +76,7 @@ def run(folder: str) -> NoReturn:
     file). This interpreter was started with -P; PYTHONSAFEPATH, where a launcher set it for that,
     is dropped so a user's own command started from here keeps Python's usual rules."""
     os.environ.pop("PYTHONSAFEPATH", None)
-    _answer_stack_requests()
+    _answer_stack_requests(folder)
     submitit_utils.pickle_load = _own_pickle
     sys.argv = [ENTRY, folder]
     try:
