@@ -132,9 +132,18 @@ def test_a_failed_config_is_resubmitted_alone_and_the_sweep_completes(
     assert [s.job_id for s in states] == [f"{first}_0", f"{manifest.arrays[1].job_id}_1", f"{first}_2"]
     assert results.counts(states) == {"COMPLETED": 3}
     # What it cost: each task's newest job, sacct's own elapsed seconds times nodes, summed over the sweep.
-    rows = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(s.job_id for s in states), "-o",
-                           "JobID,ElapsedRaw,NNodes"], check=True, capture_output=True, text=True).stdout.split()
-    node_s = {j: int(e) * int(n) for j, e, n in (row.split("|") for row in rows)}
+    node_s: dict[str, int] = {}
+
+    def accounted() -> bool:  # slurmdbd records an end a moment after squeue shows it
+        rows = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(s.job_id for s in states), "-o",
+                               "JobID,State,ElapsedRaw,NNodes"], check=True, capture_output=True, text=True).stdout
+        node_s.clear()
+        node_s.update({j: int(e) * int(n) for j, st, e, n in (row.split("|") for row in rows.split())
+                       if st == "COMPLETED"})
+        return all(s.job_id in node_s for s in states)
+
+    wait_until(accounted, 60, "sacct to record every task's end", poll_s=0.5)
+    states = results.task_states(paths)
     assert [s.node_hours for s in states] == [pytest.approx(node_s[s.job_id] / 3600, abs=1e-4) for s in states]
     shown = invoke("sweep", "status", paths.sweep_id, "-p", str(dev_profile))
     assert shown["cost"]["node_hours"] == pytest.approx(sum(node_s.values()) / 3600, abs=1e-3)

@@ -82,12 +82,14 @@ def task_states(paths: SweepPaths, manifest: SweepManifest | None = None) -> lis
         return [TaskState(i, NOT_SUBMITTED, "") for i in latest]
     live = commands.squeue_all()
     # sacct on an array's base id lists all of its tasks: one call covers every finished task.
-    finished_arrays = sorted({commands.base_id(j) for j in latest.values() if j and j not in live})
+    # A task squeue still shows as ended (MinJobAge) is asked of sacct too: its history is the cost's.
+    finished_arrays = sorted({commands.base_id(j) for j in latest.values() if j and (j not in live or
+                                                                                    not live[j].active)})
     done = commands.sacct_or_warn(finished_arrays) if finished_arrays else {}
     pending = {commands.base_id(j) for j, info in live.items() if info.state == "PENDING"}
     out = []
     for index, jid in latest.items():
-        info = (live.get(jid) or done.get(jid)) if jid else None
+        info = (done.get(jid) or live.get(jid)) if jid else None
         if info is None:
             out.append(TaskState(index, _by_outcomes(paths, manifest, index, jid, pending) if jid else NOT_SUBMITTED,
                                  jid or ""))
