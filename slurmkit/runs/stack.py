@@ -19,7 +19,7 @@ from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import STACK_SIGNAL, RankProcess
 from slurmkit.common.record import RunFile
-from slurmkit.runs.jobs import is_active, run_state
+from slurmkit.runs.jobs import is_active, statuses
 from slurmkit.slurm import commands
 
 DUMP_HEAD = "(most recent call first):"
@@ -80,7 +80,7 @@ def _state(job_id: str, where: RankProcess | None) -> str:
 def stacks(paths: RunPaths, wait_s: float = 10.0) -> list[RankStack]:
     """Every rank's stack now; ranks that do not answer within `wait_s` come with their process state."""
     record = RunFile(paths).read()
-    state = run_state(paths)
+    state = statuses([(paths, record)])[0]  # the record read once
     if record.executor != "slurm" or not record.job_ids or not is_active(state.state):
         raise SlurmkitError(f"run {paths.run_id} is not running on Slurm (state {state.state})",
                             valid="stack looks at a live Slurm run: `slurmkit status` lists them")
