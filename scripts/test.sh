@@ -19,4 +19,17 @@ else
   echo "!! not root: the dev cluster cannot start; cluster tests will be SKIPPED" >&2
 fi
 echo "== pytest"
-python -m pytest "$@"
+if [ $# -gt 0 ]; then exec python -m pytest "$@"; fi
+# The cluster tests share the one dev cluster and mostly wait on Slurm: the other tests run beside
+# them in a second pytest, whose output follows theirs.
+rest_log=$(mktemp)
+python -m pytest -m "not cluster" -p no:cacheprovider >"$rest_log" 2>&1 &
+rest=$!
+cluster_rc=0
+python -m pytest -m cluster || cluster_rc=$?
+rest_rc=0
+wait "$rest" || rest_rc=$?
+echo "== pytest: the tests without the cluster (run beside the cluster tests)"
+cat "$rest_log"
+rm -f "$rest_log"
+exit $((cluster_rc || rest_rc))

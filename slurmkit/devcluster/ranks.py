@@ -27,7 +27,9 @@ def rank_pid(paths: RunPaths, rank: int) -> int:
             env = _environ(proc) if folder in argv else {}
         except OSError:  # gone meanwhile, or not ours
             continue
-        if env.get("SLURM_PROCID") != str(rank):
+        # srun's own argv names the rank module too, and the batch step's environment holds
+        # SLURM_PROCID=0: only an interpreter is a rank.
+        if env.get("SLURM_PROCID") != str(rank) or "python" not in Path(argv[0]).name:
             continue
         if RANK_MODULE in argv:
             return int(proc.name)

@@ -77,11 +77,14 @@ class HashingStream(io.RawIOBase):
     """A write stream that checksums what passes through it, for writers that go front to back
     (torch.save, DCP): the checksum is taken as the bytes go out, with no second read."""
 
-    def __init__(self, raw: Any, chunk: int = 0) -> None:
+    def __init__(self, raw: Any, chunk: int = 0, writeback: bool = False) -> None:
         """chunk: hand `raw` at most this many bytes a write (0: as given), so a client that buffers
-        each write whole (s3fs) holds about one part at a time, not a whole tensor."""
+        each write whole (s3fs) holds about one part at a time, not a whole tensor.
+        writeback: `raw` is a file to be fsynced at the end: each chunk's writeback to the disk starts
+        as soon as it is written, so the disk works while the next chunk is copied, and the final fsync
+        waits for the last chunk's, not the whole file's (a save's file is not read again soon)."""
         super().__init__()
-        self.raw, self.hasher, self.size, self.chunk = raw, xxhash.xxh3_128(), 0, chunk
+        self.raw, self.hasher, self.size, self.chunk, self.writeback = raw, xxhash.xxh3_128(), 0, chunk, writeback
 
     def writable(self) -> bool:
         return True
@@ -93,6 +96,10 @@ class HashingStream(io.RawIOBase):
         step = self.chunk or len(view) or 1
         for start in range(0, len(view), step):
             self.raw.write(view[start:start + step])
+        if self.writeback and len(view) >= WRITEBACK_MIN:
+            self.raw.flush()
+            # POSIX_FADV_DONTNEED starts the range's writeback (Linux; a hint elsewhere).
+            os.posix_fadvise(self.raw.fileno(), self.size - len(view), len(view), os.POSIX_FADV_DONTNEED)
         return len(view)
 
     def tell(self) -> int:
@@ -105,6 +112,9 @@ class HashingStream(io.RawIOBase):
         fileno: int = self.raw.fileno()
         return fileno
 
+
+WRITEBACK_MIN = 1 << 20
+"""Smaller writes (a tensor's header, a small tensor) are left to the final fsync."""
 
 UPLOAD_PART = 16 << 20
 """An object store's upload goes out in parts of this size as torch.save writes (multipart): a

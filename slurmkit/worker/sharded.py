@@ -72,7 +72,7 @@ class ShardWriter(FsspecWriter):
         @contextmanager
         def create_stream(p: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
             with opened(p, mode) as raw:
-                stream = HashingStream(raw, chunk=UPLOAD_PART)
+                stream = HashingStream(raw, chunk=UPLOAD_PART, writeback=durable)
                 yield stream
             name = os.path.basename(os.fspath(p)).removesuffix(".tmp")
             with lock:
