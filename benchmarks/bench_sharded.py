@@ -9,15 +9,23 @@
 2. Async save stall: the GPT example under FSDP, a checkpoint every `--every` steps in the
    background, the training thread's time in saves as a share of its step time (goal <= 2%),
    against DCP's own async_save in the same loop (the call, and the wait for the previous save).
+3. Crash consistency of sharded saves: `--kills` times, two ranks (forked from this process, torch
+   already imported) save an FSDP2 state in a loop and are SIGKILLed together at a random moment;
+   then the newest committed step must load whole (every file's checksum, then DCP's load of every
+   tensor). Counted: the kills that left a step folder without its commit marker (the kill landed
+   inside a save), and the committed steps that would be accepted corrupt (goal 0).
 
-    python benchmarks/bench_sharded.py [--mb 256] [--dir /tmp] [--repeat 3] [--steps 60] [--every 10]
+    python benchmarks/bench_sharded.py [--mb 256] [--dir /tmp] [--repeat 3] [--steps 60] [--every 10] [--kills 200]
+        [--parts crash,save,stall]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -120,6 +128,66 @@ def _stall_rank(rank: int, world: int, port: int, root: str, steps: int, every: 
                              f"{ours['median_step_s']} {theirs['median_step_s']}")
 
 
+def _saving_forever(rank: int, root: Path, first_step: int, store_file: Path) -> None:
+    """A forked rank: saves a sharded state at every step until it is killed."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    torch.manual_seed(first_step)
+    model = nn.Sequential(*(nn.Linear(512, 512) for _ in range(8)))  # 8.4 MB, 16 tensors a side
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    ckpt = Checkpointer(str(root), Ranks(rank, 2), keep_latest_k=2)
+    step = first_step
+    while True:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)  # every step's values differ: a mix of two steps' shards would not load equal
+        ckpt.save(step, {}, wait=True, sharded={"model": model.state_dict()})
+        step += 1
+
+
+def crash_consistency(folder: Path, kills: int) -> dict[str, int]:
+    from slurmkit.worker import sharded
+    from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
+
+    root, rng = folder / "crash", random.Random(0)
+    inside_a_save = checks = corrupt = torn_markers = 0
+    for k in range(kills):
+        store_file = folder / f"store-{k}"
+        pids = []
+        for rank in range(2):
+            pid = os.fork()
+            if pid == 0:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # rank 0's "committed" line at every step
+                try:
+                    _saving_forever(rank, root, (k + 1) * 1000, store_file)
+                finally:
+                    os._exit(1)
+            pids.append(pid)
+        time.sleep(rng.uniform(1.0, 3.0))  # past the start (~1 s), into the saves
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        store_file.unlink(missing_ok=True)
+        store = CheckpointStore(str(root))  # nothing remembered from the last check
+        steps, committed = store.steps(), store.committed()
+        inside_a_save += int(bool(steps) and steps[0] not in committed)
+        newest = store.latest_valid()  # the step a restart would load
+        torn_markers += int(bool(committed) and newest != committed[0])
+        if newest is not None:
+            checks += 1
+            try:  # every file checksummed, then every tensor loaded
+                sharded.full_state(store, newest)
+            except (CheckpointError, RuntimeError, ValueError, OSError):
+                corrupt += 1
+    return {"kills": kills, "inside_a_save": inside_a_save, "checks": checks, "accepted_corrupt": corrupt,
+            "marker_over_bad_files": torn_markers}
+
+
 def dd_pair(folder: Path, each_mb: int) -> float:
     t0 = time.perf_counter()
     procs = [subprocess.Popen(["dd", "if=/dev/zero", f"of={folder / f'dd{i}'}", "bs=1M", f"count={each_mb}",
@@ -145,34 +213,49 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--kills", type=int, default=200)
+    parser.add_argument("--parts", default="crash,save,stall", help="which of the figures, comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(dir=args.dir, prefix="bench-sharded-"))
+    parts = args.parts.split(",")
     try:
-        out = root / "out"
-        mp.spawn(_rank, args=(2, _free_port(), args.mb, str(root / "ck"), args.repeat, str(out)), nprocs=2)
-        ours_line, dcp_line = out.read_text().splitlines()
-        nbytes_s, *times = ours_line.split()
-        nbytes = int(nbytes_s)
-        dcp_best = nbytes / min(map(float, dcp_line.split())) / 1e6
-        dd = [dd_pair(root, nbytes // 2 >> 20) for _ in range(args.repeat)]
-        ours = nbytes / min(map(float, times)) / 1e6
-        theirs = nbytes / min(dd) / 1e6
-        print(f"state {nbytes / 1e6:.0f} MB over 2 ranks; sharded save to commit: best of {args.repeat} "
-              f"{ours:.0f} MB/s ({', '.join(f'{float(t):.2f}' for t in times)} s)")
-        dd_times = ", ".join(f"{t:.2f}" for t in dd)
-        print(f"two concurrent dd conv=fsync of the same bytes: {theirs:.0f} MB/s ({dd_times} s)")
-        print(f"DCP's own dcp.save of the same state: {dcp_best:.0f} MB/s")
-        print(f"ratio (goal >= 0.9): {ours / theirs:.2f}; against DCP alone: {ours / dcp_best:.2f}")
-        stall_out = root / "stall"
-        mp.spawn(_stall_rank, args=(2, _free_port(), str(root), args.steps, args.every, str(stall_out)), nprocs=2)
-        mine, dcps, step_a, step_b = map(float, stall_out.read_text().split())
-        print(f"async save stall, GPT under FSDP, a save every {args.every} of {args.steps} steps: slurmkit "
-              f"{mine:.1%} of step time (median step {step_a:.3f} s), DCP's async_save {dcps:.1%} "
-              f"({step_b:.3f} s) (goal <= 2%)")
+        if "crash" in parts:  # first: its ranks are forked from this process, before it has any other child
+            crash = crash_consistency(root, args.kills)
+            print(f"crash consistency: {crash['kills']} SIGKILLs of both ranks, {crash['inside_a_save']} inside a "
+                  f"save (a step folder left without its marker); the step a restart would load, loaded whole, "
+                  f"{crash['checks']} times: {crash['accepted_corrupt']} accepted corrupt (goal 0); a marker over "
+                  f"files that do not verify: {crash['marker_over_bad_files']}", flush=True)
+        if "save" in parts:
+            save_throughput(root, args.mb, args.repeat)
+        if "stall" in parts:
+            stall_out = root / "stall"
+            mp.spawn(_stall_rank, args=(2, _free_port(), str(root), args.steps, args.every, str(stall_out)),
+                     nprocs=2)
+            mine, dcps, step_a, step_b = map(float, stall_out.read_text().split())
+            print(f"async save stall, GPT under FSDP, a save every {args.every} of {args.steps} steps: slurmkit "
+                  f"{mine:.1%} of step time (median step {step_a:.3f} s), DCP's async_save {dcps:.1%} "
+                  f"({step_b:.3f} s) (goal <= 2%)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(f"{root / 'ck'}-dcp", ignore_errors=True)
+
+
+def save_throughput(root: Path, mb: int, repeat: int) -> None:
+    out = root / "out"
+    mp.spawn(_rank, args=(2, _free_port(), mb, str(root / "ck"), repeat, str(out)), nprocs=2)
+    ours_line, dcp_line = out.read_text().splitlines()
+    nbytes_s, *times = ours_line.split()
+    nbytes = int(nbytes_s)
+    dcp_best = nbytes / min(map(float, dcp_line.split())) / 1e6
+    dd = [dd_pair(root, nbytes // 2 >> 20) for _ in range(repeat)]
+    ours = nbytes / min(map(float, times)) / 1e6
+    theirs = nbytes / min(dd) / 1e6
+    print(f"state {nbytes / 1e6:.0f} MB over 2 ranks; sharded save to commit: best of {repeat} "
+          f"{ours:.0f} MB/s ({', '.join(f'{float(t):.2f}' for t in times)} s)")
+    print(f"two concurrent dd conv=fsync of the same bytes: {theirs:.0f} MB/s ({', '.join(f'{t:.2f}' for t in dd)} s)")
+    print(f"DCP's own dcp.save of the same state: {dcp_best:.0f} MB/s")
+    print(f"ratio (goal >= 0.9): {ours / theirs:.2f}; against DCP alone: {ours / dcp_best:.2f}", flush=True)
 
 
 if __name__ == "__main__":

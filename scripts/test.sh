@@ -3,11 +3,12 @@
 # Debian's slurm + munge + mariadb, the Python environment, a 2-node dev cluster, lint, types, tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" = 0 ] && ! command -v slurmctld >/dev/null; then
+# tmux: the tests type into `slurmkit attach` through a real terminal.
+if [ "$(id -u)" = 0 ] && ! { command -v slurmctld && command -v tmux; } >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge slurmdbd \
-    mariadb-server iproute2 procps util-linux >/dev/null
+    mariadb-server iproute2 procps util-linux tmux >/dev/null
 fi
 bash scripts/bootstrap.sh test
 export PATH="$PWD/.venv/bin:$PATH"
@@ -23,7 +24,9 @@ if [ $# -gt 0 ]; then exec python -m pytest "$@"; fi
 # The cluster tests share the one dev cluster and mostly wait on Slurm: the other tests run beside
 # them in a second pytest, whose output follows theirs.
 rest_log=$(mktemp)
-python -m pytest -m "not cluster" -p no:cacheprovider >"$rest_log" 2>&1 &
+# A background command of a script starts with SIGINT and SIGQUIT ignored, and so would every
+# process the tests start (a local run's cancel is a SIGINT): env gives them their defaults back.
+env --default-signal=INT,QUIT python -m pytest -m "not cluster" -p no:cacheprovider >"$rest_log" 2>&1 &
 rest=$!
 cluster_rc=0
 python -m pytest -m cluster || cluster_rc=$?

@@ -9,6 +9,7 @@ import typer.core
 
 from slurmkit import __version__
 from slurmkit.cli import (
+    attach_cmd,
     bench_cmd,
     devcluster_cmd,
     doctor_cmd,
@@ -63,6 +64,7 @@ app.command("logs")(jobs_cmd.logs)
 app.command("cancel")(jobs_cmd.cancel)
 app.command("result")(jobs_cmd.result)
 app.command("stack")(stack_cmd.stack)
+app.command("attach")(attach_cmd.attach)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("report")(report_cmd.report)
 app.add_typer(sweep_cmd.app, name="sweep")
