@@ -238,3 +238,15 @@ def render(inp: RenderInput) -> str:
         where = getattr(exc, "filename", None) or getattr(exc, "name", None) or ENTRY_TEMPLATE
         lineno = getattr(exc, "lineno", None)
         raise RenderError(f"template error: {exc.message}", where=f"{where}:{lineno}" if lineno else where) from exc
+
+
+SHELL_RC_TEMPLATE = "shell_rc.sh.j2"
+
+
+def render_shell_rc(resolved: Resolved) -> str:
+    """`slurmkit shell`'s rc file: the profile's setup (modules, venv, variables, commands)."""
+    env = make_environment(resolved.profile.template_dir)
+    try:
+        return env.get_template(SHELL_RC_TEMPLATE).render({"profile": resolved.profile, "env": resolved.spec.env})
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"template error: {exc.message}", where=SHELL_RC_TEMPLATE) from exc

@@ -1,6 +1,7 @@
 """Watching and touching a live run on the dev cluster: `slurmkit stack` (every rank's stack, a
 stopped rank said to be stopped) and `slurmkit attach` (a shell on a rank's node, inside the job),
-through a real terminal (tmux), one training run for both."""
+one training run for both; and `slurmkit shell` (an interactive allocation with the profile's
+setup). The shells are typed into through a real terminal (tmux)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import RankProcess
 from slurmkit.runs.stack import stacks
+from slurmkit.slurm import interactive
 from tests.test_cluster_faults import FINE_LOG, start, steps_done, wait_step, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -121,3 +124,34 @@ def test_attach_to_a_run_that_is_not_running_is_one_line(cluster: None, tmp_path
     shown = CliRunner().invoke(app, ["attach", run_id, "-p", str(dev_profile)])
     assert shown.exit_code == 2 and "Traceback" not in shown.output
     assert len(shown.output.strip().splitlines()) == 1
+
+
+def test_shell_is_an_allocation_with_the_profiles_setup_ended_by_exit(cluster: None, tmp_path: Path,
+                                                                       run_root: Path) -> None:
+    """`slurmkit shell`, typed into a terminal: salloc, then a shell on the allocation's node with the
+    profile's variables (a value that would run a command, if it were not quoted, among them);
+    `exit` ends the shell and the allocation, and its rc file's folder is gone."""
+    profile = tmp_path / "shellprof.yaml"
+    profile.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(run_root),
+                                       "setup": {"env": {"PROBE": "from the profile $(echo not run)"}}}))
+    command = shlex.join([sys.executable, "-m", "slurmkit", "shell", "-p", str(profile), "--nodes", "1",
+                          "--time", "00:05:00"])
+    term = Terminal("shell", f"PATH={shlex.quote(os.environ['PATH'])} {command}; echo SHELL-ENDED-$?; sleep 60")
+    try:
+        wait_until(lambda: any(ln.startswith("slurmkit: shell on ") for ln in term.lines()), 90, "the shell", 0.2)
+        term.type('echo "ON=$SLURMD_NODENAME:$SLURM_JOB_NUM_NODES:$PROBE"')
+        wait_until(lambda: any(ln.startswith("ON=node") for ln in term.lines()), 60, "the shell's answer", 0.2)
+        (answer,) = [ln for ln in term.lines() if ln.startswith("ON=node")]
+        assert re.fullmatch(r"ON=node[12]:1:from the profile \$\(echo not run\)", answer), answer
+        job = next(j for j, name in _my_jobs().items() if name == interactive.SHELL_JOB_NAME)
+        term.type("exit")
+        wait_until(lambda: "SHELL-ENDED-0" in term.lines(), 60, "shell to end with its shell", 0.2)
+    finally:
+        term.close()
+    wait_until(lambda: job not in _my_jobs(), 60, "the allocation to end", 0.5)
+    assert not [p for p in run_root.iterdir() if p.name.startswith("shell-")]  # its rc file's folder removed
+
+
+def _my_jobs() -> dict[str, str]:
+    out = subprocess.run(["squeue", "--me", "-h", "-o", "%i %j"], capture_output=True, text=True, check=True).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines() if line.strip())

@@ -17,6 +17,7 @@ from slurmkit.cli import (
     profiles_cmd,
     render_cmd,
     report_cmd,
+    shell_cmd,
     stack_cmd,
     sweep_cmd,
 )
@@ -65,6 +66,7 @@ app.command("cancel")(jobs_cmd.cancel)
 app.command("result")(jobs_cmd.result)
 app.command("stack")(stack_cmd.stack)
 app.command("attach")(attach_cmd.attach)
+app.command("shell")(shell_cmd.shell)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("report")(report_cmd.report)
 app.add_typer(sweep_cmd.app, name="sweep")

@@ -19,9 +19,9 @@ def attach(run: RunArg, profile: ProfileOpt = None,
     the run folder: its files and processes as the ranks see them. Leave it with `exit`."""
     from slurmkit.runs.attach import target
     from slurmkit.runs.lookup import find as find_run
-    from slurmkit.slurm import commands
+    from slurmkit.slurm import interactive
 
     to = target(find_run(run_root_for(profile), run), rank)
     typer.echo(f"slurmkit: attaching to job {to.job_id} on {to.host} (rank {to.rank}); `exit` leaves", err=True)
     env = {**os.environ, "SLURMKIT_RUN_DIR": to.run_dir, "SLURMKIT_RANK": str(to.rank)}
-    commands.exec_interactive(commands.attach_argv(to.job_id, to.host, to.run_dir), env)
+    interactive.exec_interactive(interactive.attach_argv(to.job_id, to.host, to.run_dir), env)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -10,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from typing import Any
 
 from slurmkit.common import trust
 from slurmkit.common.errors import SlurmError, squash, warn
@@ -334,19 +333,6 @@ def process_state(job_id: str, host: str, pid: int) -> str:
     stat = run(["srun", "--overlap", f"--jobid={_ids([job_id])[0]}", "-w", host, "-N1", "-n1", "cat",
                 f"/proc/{int(pid)}/stat"], timeout=30, check=False)
     return stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else ""  # the field after the command's name
-
-
-def attach_argv(job_id: str, host: str, chdir: str, shell: str = "bash") -> list[str]:
-    """An interactive shell on `host` inside job `job_id`'s allocation, beside its steps (--overlap),
-    on a terminal (--pty). The caller's environment goes along (srun's --export=ALL)."""
-    return ["srun", "--overlap", f"--jobid={_ids([job_id])[0]}", "-w", host, "-N1", "-n1", "--pty",
-            f"--chdir={chdir}", shell, "-i"]
-
-
-def exec_interactive(argv: list[str], env: dict[str, str]) -> NoReturn:
-    """Become `argv` (an interactive Slurm command: the terminal is its own until the user leaves it,
-    so it has no timeout but the user's)."""
-    os.execvpe(argv[0], argv, env)
 
 
 def show_config() -> dict[str, str]:
