@@ -8,7 +8,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import shlex
 import signal
 from pathlib import Path
 
@@ -67,49 +66,3 @@ def test_a_signalled_script_stops_at_one_agreed_step_saved_on_every_rank(local_p
     assert store.latest_valid() == stops[0].step  # its save committed before the script ended
     last = [int(m) for m in re.findall(r"rank=0 step=(\d+) ", log.read_text())][-1]
     assert last == stops[0].step  # no step ran past the agreed one
-
-
-def _command_processes(marker: Path) -> dict[int, bytes]:
-    """The processes of a command run's rank (the marker's variable in their environment): pid -> argv."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes()
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"{COMMAND_STOP_ENV}={marker}".encode() in env:
-            found[int(entry.name)] = argv
-    return found
-
-
-def test_torchrun_inside_the_command_outlives_the_signal_and_its_ranks_stop_at_one_step(local_profile: Path) -> None:
-    """`command: torchrun ... train.py` (the launcher inside the user's command, not slurmkit's): the
-    requeue signal reaches every process of the command, torchrun included, as Slurm sends it. torchrun
-    ignores it (it would die of it, its ranks with it), the script's two ranks agree on a step, save it
-    and end, torchrun exits 0. (The rank's own worker is a submitit local job here, whose handler the
-    signal is not sent to: under Slurm it passes the signal on, as tests/test_cluster_jobs.py checks.)"""
-    torchrun = shlex.join(["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(USER_CODE / "ddp_toy_resumable.py"), "--steps", "100000", "--step-time", "0.01"])
-    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=1, name="torchrun-inside").submit_command(
-        f'{torchrun}; echo "torchrun exited $?"')
-    paths = RunPaths(Path(job.run_dir))
-    log, marker = paths.rank_log(job.job_id, 0), paths.command_stop(job.job_id, 0)
-    try:
-        wait_until(lambda: log.exists() and "rank=1 step=30 " in log.read_text(), 120, "step 30", poll_s=0.2)
-        assert CommandStop.read(marker) == CommandStop()  # announced, running
-        processes = _command_processes(marker)  # the command's bash, torchrun and its two ranks
-        assert sum(b"\0torch.distributed.run\0" in argv for argv in processes.values()) == 1 and len(processes) == 4
-        for pid in processes:  # every one of them, as Slurm's process tracking sends it
-            os.kill(pid, signal.SIGUSR2)
-        job.wait(timeout=120)
-    finally:
-        job.cancel()  # a failed wait leaves no ranks behind
-    stop = CommandStop.read(marker)
-    assert stop is not None and stop.step is not None and stop.requeue
-    store = CheckpointStore(paths.checkpoint_uri(None), (STATE_FILE,))
-    assert store.latest_valid() == stop.step  # its save committed before the script ended
-    text = log.read_text()
-    assert "torchrun exited 0" in text  # it outlived the signal, and its ranks ended well
-    for rank in (0, 1):  # both of torchrun's ranks ran to the agreed step, and no further
-        assert [int(m) for m in re.findall(rf"rank={rank} step=(\d+) ", text)][-1] == stop.step

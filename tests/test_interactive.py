@@ -21,7 +21,7 @@ from tests.test_render import check_shell
 def test_attach_is_one_overlapping_step_with_a_terminal_on_the_ranks_node_in_the_run_folder() -> None:
     argv = interactive.attach_argv("4711", "node2", "/runs/a b")
     assert argv[:3] == ["srun", "--overlap", "--jobid=4711"]
-    assert argv[argv.index("-w") + 1] == "node2" and "--pty" in argv and "--chdir=/runs/a b" in argv
+    assert "--nodelist=node2" in argv and "--pty" in argv and "--chdir=/runs/a b" in argv
     assert argv[-2:] == ["bash", "-i"]
 
 

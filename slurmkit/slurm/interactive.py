@@ -18,8 +18,8 @@ SHELL_JOB_NAME = "slurmkit-shell"
 def attach_argv(job_id: str, host: str, chdir: str, shell: str = "bash") -> list[str]:
     """An interactive shell on `host` inside job `job_id`'s allocation, beside its steps (--overlap),
     on a terminal (--pty). The caller's environment goes along (srun's --export=ALL)."""
-    return ["srun", "--overlap", f"--jobid={trust.job_id(job_id, 'job id')}", "-w", host, "-N1", "-n1", "--pty",
-            f"--chdir={chdir}", shell, "-i"]
+    return ["srun", "--overlap", f"--jobid={trust.job_id(job_id, 'job id')}", f"--nodelist={host}", "-N1", "-n1",
+            "--pty", f"--chdir={chdir}", shell, "-i"]
 
 
 def exec_interactive(argv: list[str], env: dict[str, str]) -> NoReturn:

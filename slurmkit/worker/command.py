@@ -7,14 +7,11 @@ command whose script has made a slurmkit.Checkpoint has announced it in its mark
 a flag), and this process waits while its ranks agree on a step, save it and exit. The step it
 stopped at comes back as AgreedStop, which the run's entry acts on as for a function (rank 0
 requeues); one that finished its work meanwhile (exit 0, no step) has completed. A command without
-one is terminated (SIGTERM to its every process), and the stop goes on as Interrupted. The
-requeue signal is ignored by the command's processes that do not handle it, so a launcher inside
-the command (torchrun) outlives it and its ranks stop at the agreed step.
+one is terminated, as SIGINT would, and the stop goes on as Interrupted.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -55,52 +52,12 @@ def _stop_signal(stop: Interrupted) -> int:
     return int(requeue_signal() if stop.requeue else signal.SIGTERM)
 
 
-def _tree(root: int) -> list[int]:
-    """`root` and every process below it now (/proc's parent links): a launcher in the command
-    (torchrun) starts its ranks in sessions of their own, out of the command's process group."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):  # gone meanwhile
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def _signal_command(proc: subprocess.Popen[str], signum: int) -> None:
-    """To every process of the command, as Slurm's process tracking does, not to bash alone (where
-    there is no /proc, to bash)."""
-    for pid in _tree(proc.pid) if os.path.isdir("/proc") else [proc.pid]:
-        with contextlib.suppress(ProcessLookupError):  # exited meanwhile
-            os.kill(pid, signum)
-
-
 def _terminate(proc: subprocess.Popen[str]) -> None:
-    _signal_command(proc, signal.SIGTERM)
+    proc.terminate()
     try:
         proc.wait(timeout=COMMAND_GRACE_S)
     except subprocess.TimeoutExpired:
-        _signal_command(proc, signal.SIGKILL)
-        proc.wait()
-
-
-def _script(command: str) -> str:
-    """The command, with the requeue signal ignored in its processes but those that handle it (a
-    slurmkit.Checkpoint's flag): a launcher inside the command (`torchrun ... train.py`) would die of
-    it and take its ranks along before they agreed on a step. An ignored signal stays ignored across
-    exec, and a handler installed later replaces it. SIGTERM keeps its meaning."""
-    requeue = requeue_signal()
-    if requeue == signal.SIGTERM:
-        return command
-    return f"trap '' {requeue.name.removeprefix('SIG')}\n{command}"
+        proc.kill()
 
 
 def _echo(proc: subprocess.Popen[str], tail: deque[str], marker: Path) -> Interrupted | None:
@@ -120,8 +77,7 @@ def _echo(proc: subprocess.Popen[str], tail: deque[str], marker: Path) -> Interr
             if CommandStop.read(marker) is None:
                 _terminate(proc)
                 raise
-            # The step's signal may not have reached them all (Slurm's proctrack decides): say it once more.
-            _signal_command(proc, _stop_signal(stop))
+            proc.send_signal(_stop_signal(stop))  # the step's signal may not have reached it: say it once more
             asked = stop if asked is None or not stop.requeue else asked
         except BaseException:
             _terminate(proc)
@@ -137,9 +93,7 @@ def run_command(command: str, marker: Path) -> dict[str, Any]:
     # init_process_group() works under srun without slurmkit's worker.
     env = {**os.environ, **rank_env(detect()), "PATH": own_python_first(os.environ.get("PATH", "")),
            COMMAND_STOP_ENV: str(marker)}
-    # In this task's process group, which slurmstepd kills whole when the task ends.
-    with subprocess.Popen(["bash", "-c", _script(command)], stdout=subprocess.PIPE, stderr=None, text=True,
-                          env=env) as proc:
+    with subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=None, text=True, env=env) as proc:
         asked = _echo(proc, tail, marker)
         rc = proc.wait()
     stopped = CommandStop.read(marker)
