@@ -7,9 +7,7 @@ from typing import Annotated
 
 import typer
 
-from slurmkit.cli.common import ProfileOpt, run_root_for, user_errors
-
-RunArg = Annotated[str, typer.Argument(help="Run id, unique prefix, or run folder.")]
+from slurmkit.cli.common import ProfileOpt, RunArg, run_root_for, user_errors
 
 
 @user_errors

@@ -22,6 +22,7 @@ SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override KEY=VALUE (e.g. resources.nodes=2, profile.partition=gpu); repeatable."),
 ]
+RunArg = Annotated[str, typer.Argument(help="Run id, unique prefix, or run folder.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 VerboseOpt = Annotated[bool, typer.Option(
     "--verbose", "-v", help="On a failure, the rank's whole traceback (slurmkit's frames too) and its last output.")]

@@ -14,6 +14,7 @@ from slurmkit.cli.common import (
     AfterOpt,
     JsonOpt,
     ProfileOpt,
+    RunArg,
     SetOpt,
     VerboseOpt,
     dependency_for,
@@ -26,7 +27,6 @@ from slurmkit.cli.common import (
 if TYPE_CHECKING:
     from slurmkit.runs.jobs import Submitted
 
-RunArg = Annotated[str, typer.Argument(help="Run id, unique prefix, or run folder.")]
 
 
 @user_errors

@@ -6,9 +6,7 @@ from typing import Annotated
 
 import typer
 
-from slurmkit.cli.common import JsonOpt, ProfileOpt, print_json, run_root_for, user_errors
-
-RunArg = Annotated[str, typer.Argument(help="Run id, unique prefix, or run folder.")]
+from slurmkit.cli.common import JsonOpt, ProfileOpt, RunArg, print_json, run_root_for, user_errors
 
 
 @user_errors
