@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+import socket
+
 import pytest
 
 from slurmkit.bench.allreduce import busbw, sizes
-from slurmkit.common.ports import training_port
+from slurmkit.common.ports import TRAINING, free_local_port, training_port
 from slurmkit.worker import dist
 from slurmkit.worker.flops import (
     PEAK_BF16_FLOPS,
@@ -66,6 +69,19 @@ def test_master_port_is_derived_from_the_job_id_in_range() -> None:
     assert training_port("45000") == 20000
     picked = {training_port(str(j)) for j in range(0, 100000, 7)}
     assert min(picked) >= 20000 and max(picked) <= 24999
+
+
+def test_a_local_runs_port_is_never_one_something_on_the_machine_listens_on() -> None:
+    base, span = TRAINING
+    start = base + random.Random(7).randrange(span)
+    for host in ("127.0.0.1", ""):  # a loopback listener, and one on every interface (a dev-cluster node's)
+        with socket.socket() as held:
+            held.bind((host, start))
+            held.listen(1)
+            picked = free_local_port(random.Random(7))
+            assert picked != start and base <= picked < base + span
+    with socket.socket() as again:  # and the pick itself was free
+        again.bind(("127.0.0.1", picked))
 
 
 def test_master_addr_is_the_first_host_of_the_nodelist_without_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,9 +7,11 @@ range and tests/test_executor_hook.py fails if the hook stops being used.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import submitit
 from submitit.core.utils import DelayedSubmission, JobPaths
 
-from slurmkit.common import perms, trust
+from slurmkit.common import perms, ports, trust
 from slurmkit.common.atomic import atomic_write, atomic_write_text
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
@@ -241,15 +243,29 @@ class SafeLocalExecutor(submitit.LocalExecutor):
         return submitit_command(self.python, self.folder)
 
     def _internal_process_submissions(self, delayed_submissions: list[DelayedSubmission]) -> list[submitit.Job[Any]]:
-        before = os.environ.get("PYTHONSAFEPATH")
-        os.environ["PYTHONSAFEPATH"] = "1"
-        try:
+        with _environ(PYTHONSAFEPATH="1"):
             return super()._internal_process_submissions(delayed_submissions)
-        finally:
-            if before is None:
-                os.environ.pop("PYTHONSAFEPATH", None)
+
+    def _submit_command(self, command: str) -> Any:
+        # Each job (each task of a local array too) its own rendezvous port, free when it starts
+        # (common/ports.py): a pid-derived one could be a Slurm job's on the same host.
+        with _environ(MASTER_PORT=str(ports.free_local_port())):
+            return super()._submit_command(command)
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """os.environ with `values` set while submitit starts its controller (which copies it)."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
             else:
-                os.environ["PYTHONSAFEPATH"] = before
+                os.environ[k] = v
 
 
 def local_executor(folder: Path, resolved: Resolved) -> Any:
