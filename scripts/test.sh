@@ -8,7 +8,7 @@ if [ "$(id -u)" = 0 ] && ! { command -v slurmctld && command -v tmux; } >/dev/nu
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge slurmdbd \
-    mariadb-server iproute2 procps util-linux tmux >/dev/null
+    mariadb-server iproute2 procps util-linux tmux openssh-server >/dev/null
 fi
 bash scripts/bootstrap.sh test
 export PATH="$PWD/.venv/bin:$PATH"

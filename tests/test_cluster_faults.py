@@ -53,7 +53,8 @@ def start(profile: Path, *extra: str) -> tuple[RunPaths, str]:
 
 def steps_done(paths: RunPaths) -> list[int]:
     try:
-        return [json.loads(ln)["step"] for ln in paths.metrics.read_text().splitlines() if ln.strip()]
+        # Only whole lines: the last one may be half written while the rank appends it.
+        return [json.loads(ln)["step"] for ln in paths.metrics.read_text().split("\n")[:-1] if ln.strip()]
     except FileNotFoundError:
         return []
 

@@ -43,6 +43,17 @@ def test_profiles_doc_inheritance_example_validates(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+def test_remote_doc_profile_example_validates_with_its_login_host(tmp_path: Path) -> None:
+    from slurmkit.config.loader import load_profile
+
+    text = (ROOT / "docs/remote.md").read_text()
+    path = tmp_path / "site.yaml"
+    path.write_text(text.split("# site.yaml, in a folder on SLURMKIT_PROFILE_PATH\n", 1)[1].split("```", 1)[0])
+    prof = load_profile(str(path))
+    assert prof.login is not None and prof.login.destination == "alice@hpc.example.org"
+    assert prof.run_root == "~/slurmkit-runs" and prof.partition == "gpu"
+
+
 def test_templates_doc_override_example_renders(tmp_path: Path) -> None:
     text = (DOCS / "templates.md").read_text()
     example = text.split("{# my-templates/sbatch.sh.j2 #}\n", 1)[1].split("```", 1)[0]
@@ -158,7 +169,8 @@ FOREIGN_NAMES = {"GraceTime", "ExcNodeList", "SchedulerParameters", "MaxArraySiz
                  "MinJobAge", "MaxSubmitJobs", "MaxJobs", "PriorityTier", "PreemptMode", "PreemptTime", "PreemptType",
                  "EndTime", "KillWait", "SlurmctldParameters", "PreemptParameters", "AccountingStorageType",
                  "DistributedDataParallel", "DistributedSampler", "TimeoutError", "NodeList", "MaxTRESPerJob",
-                 "MaxTRESPerUser", "MaxWall", "AccountingStorageEnforce", "FairShare", "ElapsedRaw", "NNodes"}
+                 "MaxTRESPerUser", "MaxWall", "AccountingStorageEnforce", "FairShare", "ElapsedRaw", "NNodes",
+                 "BatchMode", "ControlMaster", "ControlPersist"}
 
 
 def test_every_class_module_and_cli_option_named_in_docs_exists() -> None:

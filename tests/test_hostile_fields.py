@@ -29,8 +29,10 @@ from tests.test_render import check_shell, render_profile
 
 # Not rendered as values: raw shell by contract (setup.commands), or looked up as files first.
 # The container and ray blocks need their other fields to validate at all: tests/test_containers.py
-# and test_ray_spec.py render their values.
-NOT_VALUES = {"profile.setup.commands", "profile.extends", "profile.template_dir", "profile.container", "spec.ray"}
+# and test_ray_spec.py render their values. The login block is never rendered: it reaches ssh's argv
+# (tests/test_remote.py), and its host and user are refused unless they are names.
+NOT_VALUES = {"profile.setup.commands", "profile.extends", "profile.template_dir", "profile.container", "spec.ray",
+              "profile.login"}
 
 
 def _string_fields(model: type[BaseModel], prefix: str) -> list[tuple[str, str]]:

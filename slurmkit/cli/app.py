@@ -15,12 +15,14 @@ from slurmkit.cli import (
     doctor_cmd,
     jobs_cmd,
     profiles_cmd,
+    remote_cmd,
     render_cmd,
     report_cmd,
     shell_cmd,
     stack_cmd,
     sweep_cmd,
 )
+from slurmkit.cli.common import user_errors
 
 _shown_type = typer.core.TyperOption.display_type_rich
 
@@ -33,8 +35,27 @@ def _flags_read_as_flags(self: typer.core.TyperOption, ctx: Any) -> str | None:
 
 typer.core.TyperOption.display_type_rich = _flags_read_as_flags  # type: ignore[method-assign]
 
+class ForwardingGroup(typer.core.TyperGroup):
+    """The root group: a command whose profile names a login host runs there (slurmkit.remote),
+    before this side parses it; its exit status is this one's."""
+
+    def invoke(self, ctx: Any) -> Any:
+        code = _forwarded([*ctx._protected_args, *ctx.args])  # click keeps the command line here
+        if code is not None:
+            raise typer.Exit(code)
+        return super().invoke(ctx)
+
+
+@user_errors
+def _forwarded(argv: list[str]) -> int | None:
+    from slurmkit.remote.forward import forward
+
+    return forward(argv)
+
+
 app = typer.Typer(
     name="slurmkit",
+    cls=ForwardingGroup,
     no_args_is_help=True,
     help="Slurm-native job orchestration: multi-node PyTorch jobs, requeue on preemption, sweeps.",
     pretty_exceptions_enable=False,
@@ -64,6 +85,9 @@ app.command("list")(jobs_cmd.list_runs)
 app.command("logs")(jobs_cmd.logs)
 app.command("cancel")(jobs_cmd.cancel)
 app.command("result")(jobs_cmd.result)
+app.command("wait")(jobs_cmd.wait)
+app.command("connect")(remote_cmd.connect)
+app.command("disconnect")(remote_cmd.disconnect)
 app.command("stack")(stack_cmd.stack)
 app.command("attach")(attach_cmd.attach)
 app.command("shell")(shell_cmd.shell)

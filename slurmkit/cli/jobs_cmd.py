@@ -25,6 +25,7 @@ from slurmkit.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from slurmkit.common.layout import RunPaths
     from slurmkit.runs.jobs import Submitted
 
 
@@ -57,22 +58,35 @@ def submit(
 def _announce(sub: Submitted, wait: bool, as_json: bool) -> None:
     """Print a submitted run; with wait, follow it to its end and print its result."""
     from slurmkit.common.layout import RunPaths
-    from slurmkit.runs import jobs
 
     if as_json and not wait:
         print_json({"run_id": sub.run_id, "job_id": sub.job_id, "run_dir": sub.run_dir})
     elif not as_json:
         typer.echo(f"run {sub.run_id}  job {sub.job_id}  {sub.run_dir}")
     if wait:
-        paths = RunPaths(Path(sub.run_dir))
-        final = jobs.wait(paths, on_answer=transitions(jobs.describe))
-        value = jobs.result(paths)
-        if as_json:
-            print_json({"run_id": sub.run_id, "job_id": sub.job_id, "run_dir": sub.run_dir, "state": final.state,
-                        "result": value})
-        else:
-            typer.echo(f"{final.state}")
-            _print_value(value)
+        _wait_and_print(RunPaths(Path(sub.run_dir)), as_json)
+
+
+def _wait_and_print(paths: RunPaths, as_json: bool) -> None:
+    """Follow a run to its end; print its state and result (a failure: one line, its exit code)."""
+    from slurmkit.runs import jobs
+
+    final = jobs.wait(paths, on_answer=transitions(jobs.describe))
+    value = jobs.result(paths)
+    if as_json:
+        print_json({"run_id": paths.run_dir.name, "job_id": final.job_id, "run_dir": str(paths.run_dir),
+                    "state": final.state, "result": value})
+    else:
+        typer.echo(f"{final.state}")
+        _print_value(value)
+
+
+@user_errors
+def wait(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False, verbose: VerboseOpt = False) -> None:
+    """Wait for a run to end (it may be pending, running or requeued); print its state and result."""
+    from slurmkit.runs.lookup import find as find_run
+
+    _wait_and_print(find_run(run_root_for(profile), run), as_json)
 
 
 @user_errors

@@ -19,6 +19,7 @@ from slurmkit.config.fields import (
     Strict,
     TildePath,
 )
+from slurmkit.config.login import LoginHost
 
 SWEEP_MAX_TASKS = 1_000_000
 
@@ -163,5 +164,8 @@ class ClusterProfile(Strict):
     sweep_max_tasks: int = Field(SWEEP_MAX_TASKS, ge=1)
     """The most tasks one sweep may make; a larger grid x list x random is refused at submit, counted before a
     task is made, so a typo of a few zeros cannot exhaust the login node's memory."""
+    login: LoginHost | None = None
+    """The login host, when slurmkit runs elsewhere (a laptop): every command then runs there over one SSH
+    connection (docs/remote.md)."""
     template_dir: TildePath | None = None
     """Folder whose templates override the shipped ones, file by file or block by block."""

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from slurmkit.config.container import Container
+from slurmkit.config.login import LoginHost
 from slurmkit.config.profile import ClusterProfile, RequeueBudget, Resources, Setup
 from slurmkit.config.train import Faults, TrainConfig
 
@@ -18,7 +19,7 @@ BEGIN = "<!-- BEGIN FIELD REFERENCE (generated: python -m slurmkit.config.refere
 END = "<!-- END FIELD REFERENCE -->"
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("profile", ClusterProfile), ("resources", Resources), ("requeue", RequeueBudget), ("setup", Setup),
-    ("container", Container),
+    ("container", Container), ("login", LoginHost),
 ]
 TRAIN_SECTIONS: list[tuple[str, type[BaseModel]]] = [("config", TrainConfig), ("config.faults", Faults)]
 DOCS = {"docs/profiles.md": SECTIONS, "docs/training.md": TRAIN_SECTIONS}

@@ -15,6 +15,7 @@ timeout, so a hung NFS mount is one error line rather than a hung submit.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -29,6 +30,7 @@ from slurmkit.common.errors import ConfigError
 GIT_TIMEOUT_S = 30
 MB = 1 << 20
 SHOWN_LARGEST = 3
+ORIGIN_ENV = "SLURMKIT_SNAPSHOT_ORIGIN"
 
 
 @dataclass(frozen=True)
@@ -80,16 +82,41 @@ def _plain_files(folder: Path) -> list[str]:
 
 def source_of(module_file: str | None) -> Path:
     """The folder to snapshot: the git work tree of the working directory, else the callable's
-    module folder, else the working directory."""
+    module folder, else the working directory. A command forwarded from a laptop runs in the
+    code it sent along: that folder, never a git tree around it on the login host."""
     cwd = Path.cwd()
+    if ORIGIN_ENV in os.environ:
+        return cwd
     top = _git(cwd, "rev-parse", "--show-toplevel")
     if top:
         return Path(top.strip())
     return Path(module_file).resolve().parent if module_file else cwd
 
 
-def take(dest: Path, source: Path, max_mb: int) -> Snapshot:
-    """Copy the snapshot of `source` into `dest` (which must not exist yet)."""
+@dataclass(frozen=True)
+class Listing:
+    """What a snapshot of `source` holds: (size, relative path) per file, links counted as 0."""
+
+    source: Path
+    in_git: bool
+    sizes: list[tuple[int, str]]
+
+    @property
+    def total(self) -> int:
+        return sum(s for s, _ in self.sizes)
+
+    def origin(self) -> dict[str, Any]:
+        """Where the code comes from: its folder, and in git its commit and whether it differs from it."""
+        commit = dirty = None
+        if self.in_git:
+            commit = (_git(self.source, "rev-parse", "HEAD") or "").strip() or None
+            status = _git(self.source, "status", "--porcelain", "--untracked-files=no")
+            dirty = bool(status and status.strip())
+        return {"source": str(self.source), "git_commit": commit, "dirty": dirty}
+
+
+def listing(source: Path, max_mb: int) -> Listing:
+    """The files a snapshot of `source` copies, refused over `max_mb` before a byte is copied."""
     in_git = _git(source, "rev-parse", "--is-inside-work-tree") is not None
     names = _git_files(source) if in_git else _plain_files(source)
     sizes: list[tuple[int, str]] = []
@@ -99,22 +126,25 @@ def take(dest: Path, source: Path, max_mb: int) -> Snapshot:
         except FileNotFoundError:
             continue  # tracked but deleted on disk: the snapshot is the disk
         sizes.append((0 if (source / rel).is_symlink() else st.st_size, rel))
-    total = sum(s for s, _ in sizes)
-    if total > max_mb * MB:
+    found = Listing(source, in_git, sizes)
+    if found.total > max_mb * MB:
         largest = ", ".join(f"{rel} ({s / MB:.0f} MB)" for s, rel in sorted(sizes, reverse=True)[:SHOWN_LARGEST])
-        raise ConfigError(f"code snapshot of {source} is {total / MB:.0f} MB in {len(sizes)} files, over "
+        raise ConfigError(f"code snapshot of {source} is {found.total / MB:.0f} MB in {len(sizes)} files, over "
                           f"snapshot_max_mb={max_mb}; largest: {largest}", where="profile:snapshot_max_mb",
                           valid="valid: raise snapshot_max_mb, git-ignore data files, or snapshot: false")
+    return found
+
+
+def take(dest: Path, source: Path, max_mb: int) -> Snapshot:
+    """Copy the snapshot of `source` into `dest` (which must not exist yet). Where the code came
+    from a laptop (slurmkit.remote), $SLURMKIT_SNAPSHOT_ORIGIN says where it came from there."""
+    found = listing(source, max_mb)
     kind = perms.folder_kind(dest.parent)
     _folder(dest, kind)
-    for _, rel in sizes:
+    for _, rel in found.sizes:
         _copy(source / rel, dest / rel, dest, kind)
-    commit = dirty = None
-    if in_git:
-        commit = (_git(source, "rev-parse", "HEAD") or "").strip() or None
-        status = _git(source, "status", "--porcelain", "--untracked-files=no")
-        dirty = bool(status and status.strip())
-    return Snapshot(str(source), commit, dirty, len(sizes), total)
+    origin = json.loads(os.environ[ORIGIN_ENV]) if ORIGIN_ENV in os.environ else found.origin()
+    return Snapshot(origin["source"], origin["git_commit"], origin["dirty"], len(found.sizes), found.total)
 
 
 def _folder(path: Path, kind: str) -> None:

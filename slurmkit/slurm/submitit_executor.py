@@ -249,8 +249,28 @@ class SafeLocalExecutor(submitit.LocalExecutor):
     def _submit_command(self, command: str) -> Any:
         # Each job (each task of a local array too) its own rendezvous port, free when it starts
         # (common/ports.py): a pid-derived one could be a Slurm job's on the same host.
-        with _environ(MASTER_PORT=str(ports.free_local_port())):
+        with _environ(MASTER_PORT=str(ports.free_local_port())), _detached_stdio():
             return super()._submit_command(command)
+
+
+@contextlib.contextmanager
+def _detached_stdio() -> Iterator[None]:
+    """The controller starts with /dev/null for stdin, stdout and stderr (its ranks write to the
+    job folder): a detached job must not hold the submitting command's terminal or pipes, or an
+    `ssh HOST slurmkit submit` (slurmkit.remote) would not end until the job does."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        yield
+    finally:
+        for fd, copy in zip((0, 1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(null)
 
 
 @contextlib.contextmanager

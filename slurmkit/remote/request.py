@@ -1,0 +1,90 @@
+"""What the laptop sends the login host with each forwarded command (one SSH argument, base64
+JSON): the operation, the command line, the profile's layers, the versions to compare, whether
+a tar stream of files follows on stdin."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from slurmkit.common.errors import SlurmkitError
+
+STAGE_PREFIX = "slurmkit-stage:"
+"""An argument that names a file sent along: its path in the stage, there."""
+_STAGE_ID = re.compile(r"^[0-9a-f]{32}$")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class VersionMismatchError(SlurmkitError):
+    """The login host's slurmkit (or, for a pickled function, Python) is not the laptop's."""
+
+
+@dataclass
+class Request:
+    op: Literal["run", "hello", "fetch"]
+    argv: list[str] = field(default_factory=list)
+    profile: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """The profile's layers, ancestors first: (file name, mapping), `extends` and `login` taken out."""
+    files: bool = False
+    """A tar stream follows on stdin: work/ (the code, for a snapshot) and files/ (arguments)."""
+    origin: dict[str, Any] | None = None
+    """Where the snapshot's code came from on the laptop (folder, git commit, dirty)."""
+    workdir: str = ""
+    """The working folder, relative to the code sent along (a subfolder of a git tree)."""
+    command: str = ""
+    pickled: bool = False
+    """Something pickled here is loaded there (a function from Python): Python must match too."""
+    slurmkit: str = ""
+    python: str = ""
+    stage_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def encode(self) -> str:
+        return base64.urlsafe_b64encode(json.dumps(asdict(self)).encode()).decode()
+
+    @classmethod
+    def decode(cls, text: str) -> Request:
+        try:
+            data = json.loads(base64.urlsafe_b64decode(text.encode()))
+            req = cls(**data)
+            req.profile = [(str(n), dict(d)) for n, d in req.profile]
+        except (ValueError, TypeError, binascii.Error) as exc:
+            raise SlurmkitError(f"not a slurmkit request: {exc}", where="slurmkit.remote.serve",
+                                valid="valid: what slurmkit on a laptop sends") from None
+        cls.checked_stage_id(req.stage_id)
+        if not req.profile and req.op == "run":
+            raise SlurmkitError("a request without its profile", where="slurmkit.remote.serve")
+        for name, _ in req.profile:
+            if not _FILE_NAME.match(name) or name in (".", ".."):
+                raise SlurmkitError(f"bad profile file name {name!r}", where="slurmkit.remote.serve",
+                                    valid="valid: a file name without /")
+        if req.workdir.startswith("/") or ".." in req.workdir.split("/"):
+            raise SlurmkitError(f"bad working folder {req.workdir!r}", where="slurmkit.remote.serve",
+                                valid="valid: a folder inside the code sent along")
+        return req
+
+    @staticmethod
+    def checked_stage_id(stage_id: str) -> str:
+        if not _STAGE_ID.match(stage_id):
+            raise SlurmkitError("bad stage id", where="slurmkit.remote.serve", valid="valid: 32 hex digits")
+        return stage_id
+
+    def check_versions(self, here: dict[str, str]) -> None:
+        """slurmkit must be the same on both sides (they read each other's records); Python's
+        major.minor too when what is pickled on one side is loaded on the other."""
+        if self.slurmkit != here["slurmkit"]:
+            raise VersionMismatchError(f"slurmkit {self.slurmkit} here, {here['slurmkit']} on the login host",
+                                       where="profile:login.python",
+                                       valid=f"valid: install slurmkit {self.slurmkit} for that interpreter")
+        if self.pickled and minor(self.python) != minor(here["python"]):
+            raise VersionMismatchError(f"Python {self.python} here, {here['python']} on the login host",
+                                       where="profile:login.python",
+                                       valid=f"valid: an interpreter of Python {minor(self.python)} there")
+
+
+def minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])

@@ -1,0 +1,120 @@
+"""The login host's side of a forwarded command: `python -P -m slurmkit.remote.serve REQUEST`.
+
+REQUEST (base64 JSON, slurmkit.remote.request) carries the command line, the profile's layers as
+the laptop read them (without `login`) and, where files go with the command, says a tar stream
+follows on stdin. This writes them into a private stage folder (~/.cache/slurmkit/remote/ID,
+0700), runs the command there in this process, and removes the stage; a command's output files
+(report -o) wait in the stage's out/ until the laptop fetches them (`fetch ID`, one tar stream).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import yaml
+
+from slurmkit import __version__
+from slurmkit.cli.app import app
+from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.errors import SlurmkitError
+from slurmkit.remote.connection import private_cache
+from slurmkit.remote.request import STAGE_PREFIX, Request
+from slurmkit.runs import snapshot
+
+
+def stage_root() -> Path:
+    return private_cache("remote")
+
+
+def hello() -> dict[str, str]:
+    """What `connect` compares with the laptop's."""
+    return {"slurmkit": __version__, "python": platform.python_version(), "executable": sys.executable}
+
+
+def _stage(req: Request) -> Path:
+    stage = stage_root() / req.stage_id
+    stage.mkdir(mode=0o700)  # an existing one is not ours to reuse
+    if req.files:
+        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
+            tar.extractall(stage, filter="data")  # no absolute names, no .., no links out of the stage
+    return stage
+
+
+def profile_file(req: Request) -> Path:
+    """The profile as the laptop read it, written where it stays (run.json and a sweep's manifest
+    name it; a later command rewrites it whole): ~/.cache/slurmkit/profiles/NAME/, one file a layer."""
+    folder = private_cache("profiles") / Path(req.profile[-1][0]).stem
+    folder.mkdir(mode=0o700, exist_ok=True)
+    parent: str | None = None
+    for i, (name, data) in enumerate(req.profile):
+        target = folder / f"{i}-{name}"
+        atomic_write_text(target, yaml.safe_dump({**data, **({"extends": parent} if parent else {})},
+                                                 sort_keys=False))
+        parent = target.name
+    return folder / str(parent)
+
+
+def _argv(req: Request, stage: Path) -> list[str]:
+    argv = [str(stage / a[len(STAGE_PREFIX):]) if a.startswith(STAGE_PREFIX) else a for a in req.argv]
+    return [*argv, "-p", str(profile_file(req))]
+
+
+def run(req: Request) -> int:
+    """The command, run here with the files sent along in the stage; its exit status."""
+    req.check_versions(hello())
+    stage = _stage(req)
+    keep = False
+    try:
+        # A run without the code sent along starts in the login account's home, as `ssh HOST sbatch`
+        # would: never in the stage, which is gone once the command returns.
+        os.chdir(stage / "work" / req.workdir if (stage / "work").is_dir() else Path.home())
+        if req.origin:
+            os.environ[snapshot.ORIGIN_ENV] = json.dumps(req.origin)
+        try:
+            app(args=_argv(req, stage), prog_name="slurmkit", standalone_mode=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        keep = (stage / "out").is_dir()
+        return code
+    finally:
+        os.chdir("/")
+        if not keep:
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def fetch(stage_id: str) -> int:
+    """The stage's out/ as one tar stream on stdout, then the stage removed."""
+    stage = stage_root() / Request.checked_stage_id(stage_id)
+    try:
+        with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+            if (stage / "out").is_dir():
+                tar.add(stage / "out", arcname="out")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    sys.stdout.flush()
+    return 0
+
+
+def main(args: list[str]) -> int:
+    try:
+        req = Request.decode(args[0] if args else "")
+        if req.op == "hello":
+            print(json.dumps(hello()))
+            return 0
+        if req.op == "fetch":
+            return fetch(req.stage_id)
+        return run(req)
+    except SlurmkitError as exc:
+        print(f"error: {exc.one_line()}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

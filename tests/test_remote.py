@@ -1,0 +1,191 @@
+"""Commands from a laptop (another unix user) over one SSH connection to a real sshd on the loopback
+address, the login host; here its profile runs jobs with the local executor (no Slurm), so these
+tests are not cluster tests (tests/test_cluster_remote.py has the dev cluster's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurmkit.config.login import LoginHost
+from slurmkit.remote.connection import Connection, HostKeyError, HostKeyProblem
+from slurmkit.remote.request import Request, VersionMismatchError
+from tests import sshd as sshd_mod
+from tests.conftest import EXAMPLES
+
+
+@pytest.fixture(scope="module")
+def login_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshd_mod.Sshd]:
+    """The login host: skipped loudly only where it cannot start (not root, no sshd)."""
+    reason = ("not root" if os.geteuid() != 0 else "no /usr/sbin/sshd (openssh-server)"
+              if not Path(sshd_mod.SSHD).exists() else "")
+    if reason:
+        msg = f"LOGIN HOST (sshd) CANNOT START: {reason}; remote tests are SKIPPED"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)
+        warnings.warn(msg, stacklevel=1)
+        pytest.skip(msg)
+    with sshd_mod.serving(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def laptop(login_host: sshd_mod.Sshd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshd_mod.Laptop]:
+    with sshd_mod.laptop(login_host, sshd_mod.laptop_python(tmp_path_factory.mktemp("wheel"))) as user:
+        yield user
+
+
+@pytest.fixture(scope="module")
+def cluster_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cluster account's run root: under pytest's root-only folder, out of the laptop's reach."""
+    return tmp_path_factory.mktemp("cluster") / "runs"
+
+
+@pytest.fixture(scope="module")
+def site(laptop: sshd_mod.Laptop, login_host: sshd_mod.Sshd, cluster_runs: Path) -> Path:
+    return laptop.profile("site", login_host, extends="local", run_root=str(cluster_runs))
+
+
+def sk(laptop: sshd_mod.Laptop, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    done = laptop.slurmkit(*args, cwd=cwd)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def answer(done: subprocess.CompletedProcess[str]) -> object:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_series_of_commands_goes_over_one_authenticated_connection(
+        laptop: sshd_mod.Laptop, login_host: sshd_mod.Sshd, site: Path, cluster_runs: Path) -> None:
+    before = login_host.accepted()
+    hello = answer(sk(laptop, "connect", "-p", str(site), "--json"))
+    assert isinstance(hello, dict) and hello["slurmkit"] and hello["python_note"] is None
+    spec = laptop.write("work/hello.yaml", "name: hello\ncommand: echo hello from $(id -un)\n")
+    done = answer(sk(laptop, "submit", str(spec), "-p", str(site), "--wait", "--json"))
+    assert isinstance(done, dict) and done["state"] == "COMPLETED"
+    run_id = done["run_id"]
+    assert Path(done["run_dir"]).parent == cluster_runs
+    # The run folder is the cluster account's: the laptop user cannot read it but through slurmkit.
+    assert subprocess.run(["runuser", "-u", laptop.user, "--", "test", "-r", done["run_dir"]]).returncode != 0
+    rows = answer(sk(laptop, "status", run_id, "-p", str(site), "--json"))
+    assert isinstance(rows, list) and [r["state"] for r in rows] == ["COMPLETED"]
+    logs = sk(laptop, "logs", run_id, "-p", str(site))
+    assert logs.returncode == 0 and logs.stdout.startswith("[0] ")
+    result = answer(sk(laptop, "result", run_id, "-p", str(site), "--json"))
+    assert isinstance(result, dict) and result["returncode"] == 0 and result["stdout"] == "hello from root\n"
+    listed = answer(sk(laptop, "list", "-p", str(site), "--json"))
+    assert isinstance(listed, list) and run_id in [r["run_id"] for r in listed]
+    assert login_host.accepted() - before == 1  # connect's; five commands after it authenticated none
+
+
+def test_the_code_goes_with_the_submit_in_a_snapshot(laptop: sshd_mod.Laptop, site: Path) -> None:
+    code = laptop.home / "project"
+    laptop.write("project/src/marker.py", "print('code from the laptop', 41 + 1)\n")
+    spec = laptop.write("project/run.yaml", "name: snap\ncommand: python -P src/marker.py\nsnapshot: true\n")
+    done = answer(sk(laptop, "submit", "run.yaml", "-p", str(site), "--wait", "--json", cwd=code))
+    assert isinstance(done, dict) and done["state"] == "COMPLETED"
+    assert spec.exists()
+    assert "code from the laptop 42" in done["result"]["stdout"]
+    rows = answer(sk(laptop, "status", done["run_id"], "-p", str(site), "--json"))
+    assert isinstance(rows, list) and len(rows) == 1
+    row = rows[0]
+    assert row["snapshot"]["source"] == str(code) and row["snapshot"]["files"] == 2
+
+
+def test_a_report_comes_back_to_the_laptop(laptop: sshd_mod.Laptop, site: Path) -> None:
+    spec = laptop.write("work/gpt.yaml", (EXAMPLES / "train_gpt.yaml").read_text())
+    done = answer(sk(laptop, "submit", str(spec), "-p", str(site), "--set", "config.steps=20", "--wait", "--json"))
+    assert isinstance(done, dict) and done["state"] == "COMPLETED"
+    out = laptop.home / "work" / "gpt.png"
+    rep = answer(sk(laptop, "report", done["run_id"], "-p", str(site), "-o", str(out), "--json"))
+    assert isinstance(rep, dict) and rep["incarnations"] == 1
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_uid == laptop.home.stat().st_uid
+
+
+def master_pid(laptop: sshd_mod.Laptop) -> int | None:
+    found = subprocess.run(["pgrep", "-u", laptop.user, "-f", "ControlMaster=yes"], capture_output=True, text=True)
+    pids = [int(p) for p in found.stdout.split()]
+    return pids[0] if pids else None
+
+
+def test_a_wait_outlives_the_connection_killed_under_it(laptop: sshd_mod.Laptop, login_host: sshd_mod.Sshd,
+                                                        site: Path, cluster_runs: Path) -> None:
+    flag = cluster_runs.parent / "go"
+    spec = laptop.write("work/slow.yaml", f"name: slow\ncommand: while [ ! -e {flag} ]; do sleep 0.2; done; "
+                                          "echo went on\n")
+    waiter = subprocess.Popen(laptop.argv("submit", str(spec), "-p", str(site), "--wait"), cwd=laptop.home,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert waiter.stdout is not None
+    first = waiter.stdout.readline()  # `run ID  job J  DIR`: the submit is done, the wait has begun
+    assert first.startswith("run "), waiter.stderr.read() if waiter.stderr else ""
+    pid = master_pid(laptop)
+    assert pid is not None
+    before = login_host.accepted()
+    os.kill(pid, signal.SIGKILL)
+    while master_pid(laptop) in (None, pid):  # the wait reopens it
+        assert waiter.poll() is None, waiter.communicate()
+        time.sleep(0.2)
+    flag.touch()  # only now may the run end: it ended after the reconnect, seen by the second wait
+    out, err = waiter.communicate(timeout=300)
+    assert waiter.returncode == 0, err
+    assert out.splitlines()[0] == "COMPLETED"
+    assert login_host.accepted() - before == 1
+
+
+def test_an_unknown_or_changed_host_key_is_refused(login_host: sshd_mod.Sshd, tmp_path: Path) -> None:
+    identity = tmp_path / "id"
+    sshd_mod.keygen(identity)
+    known = tmp_path / "known_hosts"
+    login = LoginHost(host="127.0.0.1", port=login_host.port, user="root", identity=str(identity),
+                      known_hosts=str(known))
+    before = login_host.accepted()
+    known.write_text("")
+    with pytest.raises(HostKeyError) as unknown:
+        Connection(login, "site").open(interactive=False)
+    other = tmp_path / "other_host_key"
+    known.write_text(f"[127.0.0.1]:{login_host.port} {' '.join(sshd_mod.keygen(other).split()[:2])}\n")
+    with pytest.raises(HostKeyError) as changed:
+        Connection(login, "site").open(interactive=False)
+    assert (unknown.value.problem, changed.value.problem) == (HostKeyProblem.UNKNOWN, HostKeyProblem.CHANGED)
+    assert known.read_text().count("\n") == 1  # nothing was added
+    assert login_host.accepted() == before
+
+
+def test_a_laptop_command_refused_for_its_host_key_exits_3(laptop: sshd_mod.Laptop, login_host: sshd_mod.Sshd,
+                                                           cluster_runs: Path) -> None:
+    empty = laptop.write("empty_known_hosts", "")
+    profile = laptop.write("profiles/stranger.yaml", Path(laptop.profile("s", login_host, extends="local",
+                                                                          run_root=str(cluster_runs))).read_text()
+                           .replace(str(laptop.known_hosts), str(empty)))
+    done = laptop.slurmkit("status", "-p", str(profile))
+    assert done.returncode == 3 and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_versions_are_compared_on_the_login_host() -> None:
+    here = {"slurmkit": "0.1.0", "python": "3.11.7"}
+    Request("run", slurmkit="0.1.0", python="3.12.1").check_versions(here)  # a spec: Python may differ
+    with pytest.raises(VersionMismatchError):
+        Request("run", slurmkit="0.2.0", python="3.11.7").check_versions(here)
+    with pytest.raises(VersionMismatchError):
+        Request("run", slurmkit="0.1.0", python="3.12.1", pickled=True).check_versions(here)
+    Request("run", slurmkit="0.1.0", python="3.11.2", pickled=True).check_versions(here)
+
+
+def test_the_laptop_never_imports_torch_to_forward(laptop: sshd_mod.Laptop, site: Path) -> None:
+    probe = laptop.write("probe.py", "import sys, runpy\nsys.argv = ['slurmkit'] + sys.argv[1:]\n"
+                                     "try:\n    runpy.run_module('slurmkit', run_name='__main__')\n"
+                                     "except SystemExit:\n    pass\nprint('torch' in sys.modules)\n")
+    done = subprocess.run(["runuser", "-u", laptop.user, "--", "env", "-i",
+                           *(f"{k}={v}" for k, v in laptop.env().items()), str(laptop.python), "-P", str(probe),
+                           "status", "-p", str(site)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stderr
