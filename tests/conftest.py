@@ -132,6 +132,24 @@ def s3_server() -> Any:
 
 
 @pytest.fixture(scope="session")
+def login_host(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """tests/sshd.py's OpenSSH server on the loopback address, the login host of the remote tests;
+    skipped loudly only where it cannot start (not root, no sshd), a failure under CI=true."""
+    from tests import sshd
+
+    reason = ("not root" if os.geteuid() != 0 else "no /usr/sbin/sshd (openssh-server)"
+              if not Path(sshd.SSHD).exists() else "")
+    if reason:
+        msg = f"LOGIN HOST (sshd) CANNOT START: {reason}; remote tests are SKIPPED"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)
+        warnings.warn(msg, stacklevel=1)
+        pytest.skip(msg)
+    with sshd.serving(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real interpreter with nothing installed (a fresh venv): torch, ray, s3fs all missing."""
     venv = tmp_path_factory.mktemp("bare") / "venv"

@@ -18,10 +18,8 @@ from pathlib import Path
 
 import yaml
 
-LAPTOP_USER = "sklaptop"
 SSHD = "/usr/sbin/sshd"
 ROOT = Path(__file__).resolve().parent.parent
-LAPTOP_VENV = Path("/opt/slurmkit-test-laptop")
 # What a laptop installs to drive a cluster: slurmkit without torch (it never imports it there).
 LAPTOP_DEPS = ("submitit>=1.5.1,<1.6", "jinja2>=3.1", "pydantic>=2.7", "typer>=0.12", "rich>=13", "fsspec>=2023.6",
                "xxhash>=3", "pyyaml>=6", "tenacity>=8.2")
@@ -126,34 +124,37 @@ class Laptop:
         return self.write(f"profiles/{name}.yaml", yaml.safe_dump({**fields, "login": login}))
 
 
-def laptop_python(wheel_dir: Path) -> Path:
+def laptop_python(user: str, wheel_dir: Path) -> Path:
     """The laptop's own interpreter (Debian's Python, not the cluster side's) in a venv with
-    slurmkit's wheel and its light dependencies: no torch."""
-    python = LAPTOP_VENV / "bin" / "python"
+    slurmkit's wheel and its light dependencies: no torch. One venv a laptop user: the cluster
+    tests' pytest and the others' run side by side."""
+    venv = Path(f"/opt/slurmkit-test-{user}")
+    python = venv / "bin" / "python"
     if not python.exists():
-        subprocess.run(["/usr/bin/python3", "-m", "venv", str(LAPTOP_VENV)], check=True, timeout=300)
+        subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=300)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *LAPTOP_DEPS], check=True, timeout=600)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(wheel_dir), str(ROOT)], check=True, timeout=300)
     wheel = next(wheel_dir.glob("slurmkit-*.whl"))
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
                    check=True, timeout=300)
-    os.chmod(LAPTOP_VENV, 0o755)
+    os.chmod(venv, 0o755)
     return python
 
 
 @contextmanager
-def laptop(sshd: Sshd, python: Path) -> Iterator[Laptop]:
+def laptop(sshd: Sshd, user: str, wheel_dir: Path) -> Iterator[Laptop]:
     """The laptop user (made once), a fresh home, its key in the cluster account's authorized_keys;
     every process of it ended after (its connection's master among them)."""
     if shutil.which("runuser") is None:
         raise RuntimeError("runuser (util-linux) is missing")
     try:
-        pwd.getpwnam(LAPTOP_USER)
+        pwd.getpwnam(user)
     except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", LAPTOP_USER], check=True, timeout=60)
-    subprocess.run(["pkill", "-KILL", "-u", LAPTOP_USER], check=False, timeout=30)  # a former session's
-    pw = pwd.getpwnam(LAPTOP_USER)
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user], check=True, timeout=60)
+    subprocess.run(["pkill", "-KILL", "-u", user], check=False, timeout=30)  # a former session's
+    python = laptop_python(user, wheel_dir)
+    pw = pwd.getpwnam(user)
     home = Path(pw.pw_dir)
     shutil.rmtree(home / ".cache", ignore_errors=True)
     ssh_dir = home / ".ssh"
@@ -167,6 +168,6 @@ def laptop(sshd: Sshd, python: Path) -> Iterator[Laptop]:
     for p in (ssh_dir, identity, identity.with_suffix(".pub"), known):
         os.chown(p, pw.pw_uid, pw.pw_gid)
     try:
-        yield Laptop(LAPTOP_USER, home, identity, known, python)
+        yield Laptop(user, home, identity, known, python)
     finally:
-        subprocess.run(["pkill", "-KILL", "-u", LAPTOP_USER], check=False, timeout=30)
+        subprocess.run(["pkill", "-KILL", "-u", user], check=False, timeout=30)

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,23 +22,8 @@ from tests.conftest import EXAMPLES
 
 
 @pytest.fixture(scope="module")
-def login_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshd_mod.Sshd]:
-    """The login host: skipped loudly only where it cannot start (not root, no sshd)."""
-    reason = ("not root" if os.geteuid() != 0 else "no /usr/sbin/sshd (openssh-server)"
-              if not Path(sshd_mod.SSHD).exists() else "")
-    if reason:
-        msg = f"LOGIN HOST (sshd) CANNOT START: {reason}; remote tests are SKIPPED"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        warnings.warn(msg, stacklevel=1)
-        pytest.skip(msg)
-    with sshd_mod.serving(tmp_path_factory.mktemp("sshd")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def laptop(login_host: sshd_mod.Sshd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshd_mod.Laptop]:
-    with sshd_mod.laptop(login_host, sshd_mod.laptop_python(tmp_path_factory.mktemp("wheel"))) as user:
+    with sshd_mod.laptop(login_host, "sklaptop", tmp_path_factory.mktemp("wheel")) as user:
         yield user
 
 

@@ -9,6 +9,7 @@ follows on stdin. This writes them into a private stage folder (~/.cache/slurmki
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -48,8 +49,10 @@ def _stage(req: Request) -> Path:
 
 def profile_file(req: Request) -> Path:
     """The profile as the laptop read it, written where it stays (run.json and a sweep's manifest
-    name it; a later command rewrites it whole): ~/.cache/slurmkit/profiles/NAME/, one file a layer."""
-    folder = private_cache("profiles") / Path(req.profile[-1][0]).stem
+    name it): ~/.cache/slurmkit/profiles/NAME-HASH/, one file a layer."""
+    # Named by its content too: two laptops' profiles of one name never overwrite each other.
+    digest = hashlib.sha256(json.dumps(req.profile, sort_keys=True).encode()).hexdigest()[:12]
+    folder = private_cache("profiles") / f"{Path(req.profile[-1][0]).stem}-{digest}"
     folder.mkdir(mode=0o700, exist_ok=True)
     parent: str | None = None
     for i, (name, data) in enumerate(req.profile):
