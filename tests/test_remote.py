@@ -96,6 +96,59 @@ def test_a_report_comes_back_to_the_laptop(laptop: sshd_mod.Laptop, site: Path) 
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_uid == laptop.home.stat().st_uid
 
 
+def test_a_sweep_from_the_laptop_with_its_status_and_results(laptop: sshd_mod.Laptop, site: Path) -> None:
+    spec = laptop.write("work/sweep.yaml", "name: sw\ncommand: echo mode=$MODE\nsweep:\n  grid:\n"
+                                           "    env.MODE: [a, b, c]\n  max_parallel: 2\n")
+    done = answer(sk(laptop, "sweep", str(spec), "-p", str(site), "--wait", "--json"))
+    assert isinstance(done, dict) and done["tasks"] == 3
+    sweep_id = Path(done["sweep_dir"]).name
+    rows = answer(sk(laptop, "sweep", "results", sweep_id, "-p", str(site), "--json"))
+    assert isinstance(rows, list)
+    assert [(r["env.MODE"], r["state"], r["returncode"]) for r in rows] == [(m, "COMPLETED", 0) for m in "abc"]
+    status = sk(laptop, "sweep", "status", sweep_id, "-p", str(site))
+    assert status.returncode == 0 and status.stdout.count("COMPLETED") >= 3
+
+
+API_SCRIPT = """\
+import json, sys
+import slurmkit
+
+def square(x):
+    return {"squared": x * x}
+
+profile = sys.argv[1]
+ex = slurmkit.Executor(profile=profile)
+job = ex.submit(square, 7)
+mapped = ex.map_array(square, [1, 2, 3])
+ended = [j.run_id for j in slurmkit.as_completed(mapped)]
+again = slurmkit.Job.from_id(job.run_id, profile=profile)
+failing = ex.submit_command("exit 5")
+try:
+    failing.result()
+    failed = None
+except slurmkit.JobFailedError as exc:
+    failed = {"rank": exc.rank, "cause": exc.cause}
+print(json.dumps({"result": job.result(), "mapped": [j.result() for j in mapped], "ended": sorted(ended),
+                  "ids": sorted(j.run_id for j in mapped), "again": [again.run_id == job.run_id, again.state],
+                  "failed": failed, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_the_python_api_from_the_laptop(laptop: sshd_mod.Laptop, site: Path) -> None:
+    script = laptop.write("work/api_script.py", API_SCRIPT)
+    done = subprocess.run(["runuser", "-u", laptop.user, "--", "env", "-i",
+                           *(f"{k}={v}" for k, v in laptop.env().items()), str(laptop.python), "-P", str(script),
+                           str(site)], cwd=script.parent, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["result"] == {"squared": 49}  # a function defined on the laptop, by value, run there
+    assert out["mapped"] == [{"squared": 1}, {"squared": 4}, {"squared": 9}]
+    assert out["ended"] == out["ids"]  # as_completed gave every task once
+    assert out["again"] == [True, "COMPLETED"]
+    assert out["failed"] is not None and out["failed"]["rank"] == 0  # the typed error came back
+    assert out["torch"] is False
+
+
 def master_pid(laptop: sshd_mod.Laptop) -> int | None:
     found = subprocess.run(["pgrep", "-u", laptop.user, "-f", "ControlMaster=yes"], capture_output=True, text=True)
     pids = [int(p) for p in found.stdout.split()]

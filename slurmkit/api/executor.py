@@ -36,6 +36,8 @@ from slurmkit.config.loader import (
 )
 from slurmkit.config.overrides import split_sets
 from slurmkit.config.profile import ClusterProfile, Resources
+from slurmkit.remote import api as remote_api
+from slurmkit.remote.forward import site_of
 from slurmkit.runs import jobs
 from slurmkit.sweeps import mapped
 from slurmkit.sweeps import spec as sweep_spec
@@ -155,10 +157,20 @@ class Executor:
         """The sbatch script a submit of fn would send (a dry run: nothing is created)."""
         return jobs.dry_run(self.resolve(fn)).script
 
+    def _remote(self, method: str, payload: Any, **params: Any) -> list[Any] | None:
+        """Where the profile names a login host, the method runs there (slurmkit.remote.api)."""
+        if self.profile.login is None:
+            return None
+        site = site_of(self.profile_name)
+        assert site is not None
+        return remote_api.submit(site, self.profile_name, self._kw, method, payload, params)
+
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Job:
         """Run fn(*args, **kwargs) on every rank of one job; rank 0's return value is job.result()."""
         call = jobs.Call(fn, args, kwargs)
         check_call(call)
+        if (remote := self._remote("submit", (fn, (args, kwargs)))) is not None:
+            return remote[0]  # a RemoteJob: a Job's methods, answered there
         resolved = self.resolve(fn)
         # Every submit of an executor asks for the same resources: one pre-flight a minute serves them.
         fresh = self._checked_at is not None and time.monotonic() - self._checked_at < PREFLIGHT_TTL_S
@@ -172,6 +184,8 @@ class Executor:
         MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, so a torchrun-style
         script runs as it is; job.result() is rank 0's {"returncode", "stdout"}."""
         text = command if isinstance(command, str) else shlex.join(command)
+        if (remote := self._remote("submit_command", None, command=text)) is not None:
+            return remote[0]
         words = shlex.split(text) if text.strip() else []
         name = _UNSAFE_NAME.sub("", Path(words[0]).name if words else "") or "command"
         done = jobs.submit(self._resolve({"name": name[:64], "command": text}))
@@ -187,6 +201,10 @@ class Executor:
             return []
         check_call(jobs.Call(fn, items[0]))
         throttle = self.max_parallel if max_parallel is None else max_parallel
+        columns = list(zip(*items, strict=True))
+        remote = self._remote("map_array", (fn, columns), max_parallel=throttle, max_array_size=max_array_size)
+        if remote is not None:
+            return remote
         return mapped.submit(self.resolve(fn), fn, items, throttle, max_array_size)
 
 

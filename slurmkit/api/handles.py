@@ -16,6 +16,9 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.loader import load_profile, profile_name
+from slurmkit.remote import api as remote_api
+from slurmkit.remote.api import RemoteJob
+from slurmkit.remote.forward import site_of
 from slurmkit.runs import jobs
 from slurmkit.runs import logs as run_logs
 from slurmkit.runs.lookup import find
@@ -37,7 +40,10 @@ class Job:
 
     @classmethod
     def from_id(cls, ident: str, profile: str | None = None) -> Job:
-        """Reattach to a run (CLI- or Python-submitted) by run id, unique prefix, folder or Slurm job id."""
+        """Reattach to a run (CLI- or Python-submitted) by run id, unique prefix, folder or Slurm job id.
+        Through a profile's login host, a RemoteJob with the same methods."""
+        if (site := site_of(profile)) is not None:
+            return remote_api.from_id(site, profile_name(profile), ident)  # type: ignore[return-value]
         paths = find(load_profile(profile_name(profile)).run_root, ident)
         rec = RunFile(paths).read()
         return cls(rec.run_id, (rec.job_ids or [""])[-1], str(paths.run_dir))
@@ -123,7 +129,8 @@ def as_completed(handles: Iterable[Job], timeout: float | None = None, poll_s: f
     pending = list(dict.fromkeys(handles))
     poller = Poller(first_s=poll_s)
     while pending:
-        now = states(pending)
+        now: dict[Any, str] = (remote_api.states(pending) if isinstance(pending[0], RemoteJob)  # type: ignore[arg-type]
+                               else states(pending))
         for job in [j for j in pending if not jobs.is_active(now[j])]:
             pending.remove(job)
             yield job

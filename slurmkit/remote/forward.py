@@ -38,6 +38,7 @@ FORWARDED = frozenset({"render", "submit", "resubmit", "status", "list", "logs",
 """Every command that acts on the cluster. Not forwarded: connect, disconnect, profiles, devcluster, bench."""
 WITH_SPEC = frozenset({"render", "submit", "sweep submit"})
 """Commands whose first argument is a spec file here, sent along."""
+SWEEP_COMMANDS = frozenset(c.split()[1] for c in FORWARDED if c.startswith("sweep "))
 TERMINAL = frozenset({"attach", "shell"})
 RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
 
@@ -84,6 +85,13 @@ def split_profile(argv: list[str]) -> tuple[str | None, list[str]]:
     return profile, out
 
 
+def sweep_submit_spelled_out(argv: list[str]) -> list[str]:
+    """`sweep SPEC ...` is `sweep submit SPEC ...` (cli.sweep_cmd), spelled out here to be forwarded."""
+    if argv[:1] == ["sweep"] and len(argv) > 1 and not argv[1].startswith("-") and argv[1] not in SWEEP_COMMANDS:
+        return ["sweep", "submit", *argv[1:]]
+    return argv
+
+
 def command_of(argv: list[str]) -> str:
     words = [a for a in argv[:2] if not a.startswith("-")]
     return " ".join(words[:2]) if words[:1] == ["sweep"] else (words[0] if words else "")
@@ -93,8 +101,9 @@ def forward(argv: list[str]) -> int | None:
     """Run the command on the profile's login host; None when it runs here (no login host, a
     command that is not the cluster's, --help)."""
     profile, rest = split_profile(argv)
+    rest = sweep_submit_spelled_out(rest)
     command = command_of(rest)
-    if command not in FORWARDED or "--help" in rest or os.environ.get("SLURMKIT_REMOTE_SERVE"):
+    if command not in FORWARDED or "--help" in rest:
         return None
     try:
         site = site_of(profile)
@@ -107,12 +116,12 @@ def forward(argv: list[str]) -> int | None:
     if command in ("submit", "resubmit") and "--wait" in rest:
         return _submit_and_wait(site, rest, command)
     req, sender = _request(site, rest, command)
-    code = _run(conn, req, sender, tty=command in TERMINAL and sys.stdin.isatty())
+    code = run_request(conn, req, sender, tty=command in TERMINAL and sys.stdin.isatty())
     if code == LOST:
         raise ConnectError(f"the connection to {site.login.destination} was lost", where="profile:login",
                            valid=f"valid: `slurmkit connect -p {site.name}`, then the command again")
-    if req.stage_id and _outputs(rest):
-        _fetch(conn, site, req.stage_id, _outputs(rest))
+    if command == "report" and (targets := _outputs(rest)):
+        _fetch(conn, site, req.stage_id, targets)
     return code
 
 
@@ -174,7 +183,7 @@ def serve_argv(login: LoginHost, req: Request) -> list[str]:
     return [login.python, "-P", "-m", "slurmkit.remote.serve", req.encode()]
 
 
-def _run(conn: Connection, req: Request, sender: Any, tty: bool = False, stdout: IO[bytes] | None = None) -> int:
+def run_request(conn: Connection, req: Request, sender: Any, tty: bool = False, stdout: IO[bytes] | None = None) -> int:
     """The request on the login host, its output streamed here (or into `stdout`); its exit status."""
     remote = serve_argv(conn.login, req)
     proc = subprocess.Popen(conn.ssh_argv(remote, tty), stdin=subprocess.PIPE if sender else None, stdout=stdout)
@@ -217,7 +226,7 @@ def _submit_and_wait(site: Site, argv: list[str], command: str) -> int:
     req, sender = _request(site, submit_argv, command)
     conn = site.connection
     with tempfile.TemporaryFile() as answer:
-        code = _run(conn, req, sender, stdout=answer)
+        code = run_request(conn, req, sender, stdout=answer)
         if code != 0:
             return code
         answer.seek(0)
@@ -234,7 +243,7 @@ def wait(site: Site, argv: list[str]) -> int:
     conn = site.connection
     for attempt in range(site.login.reconnects + 1):
         req, _ = _request(site, argv, "wait")
-        code = _run(conn, req, None)
+        code = run_request(conn, req, None)
         if code != LOST:
             return code
         if attempt == site.login.reconnects:

@@ -26,7 +26,7 @@ class VersionMismatchError(SlurmkitError):
 
 @dataclass
 class Request:
-    op: Literal["run", "hello", "fetch"]
+    op: Literal["run", "hello", "fetch", "api"]
     argv: list[str] = field(default_factory=list)
     profile: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     """The profile's layers, ancestors first: (file name, mapping), `extends` and `login` taken out."""
@@ -41,6 +41,8 @@ class Request:
     """Something pickled here is loaded there (a function from Python): Python must match too."""
     slurmkit: str = ""
     python: str = ""
+    api: dict[str, Any] | None = None
+    """A Python API method and its parameters (slurmkit.remote.api)."""
     stage_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def encode(self) -> str:
@@ -56,7 +58,7 @@ class Request:
             raise SlurmkitError(f"not a slurmkit request: {exc}", where="slurmkit.remote.serve",
                                 valid="valid: what slurmkit on a laptop sends") from None
         cls.checked_stage_id(req.stage_id)
-        if not req.profile and req.op == "run":
+        if not req.profile and req.op in ("run", "api"):
             raise SlurmkitError("a request without its profile", where="slurmkit.remote.serve")
         for name, _ in req.profile:
             if not _FILE_NAME.match(name) or name in (".", ".."):

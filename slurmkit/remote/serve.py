@@ -24,6 +24,7 @@ from slurmkit import __version__
 from slurmkit.cli.app import app
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import SlurmkitError
+from slurmkit.remote import serve_api
 from slurmkit.remote.connection import private_cache
 from slurmkit.remote.request import STAGE_PREFIX, Request
 from slurmkit.runs import snapshot
@@ -92,6 +93,19 @@ def run(req: Request) -> int:
             shutil.rmtree(stage, ignore_errors=True)
 
 
+def api(req: Request) -> int:
+    """A Python API method (slurmkit.remote.serve_api); the stage holds the function sent along."""
+    req.check_versions(hello())
+    stage = _stage(req)
+    try:
+        os.chdir(Path.home())
+        assert req.api is not None
+        return serve_api.print_answer(req.api, stage, str(profile_file(req)))
+    finally:
+        os.chdir("/")
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 def fetch(stage_id: str) -> int:
     """The stage's out/ as one tar stream on stdout, then the stage removed."""
     stage = stage_root() / Request.checked_stage_id(stage_id)
@@ -113,6 +127,8 @@ def main(args: list[str]) -> int:
             return 0
         if req.op == "fetch":
             return fetch(req.stage_id)
+        if req.op == "api":
+            return api(req)
         return run(req)
     except SlurmkitError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
