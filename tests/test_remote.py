@@ -149,6 +149,17 @@ def test_the_python_api_from_the_laptop(laptop: sshd_mod.Laptop, site: Path) -> 
     assert out["torch"] is False
 
 
+def test_slurmkit_sweep_from_python_through_a_login_host_is_refused_in_one_line(tmp_path: Path) -> None:
+    import slurmkit
+    from slurmkit.common.errors import ConfigError
+
+    profile = tmp_path / "site.yaml"
+    profile.write_text("extends: local\nlogin: {host: hpc.example.org}\n")
+    with pytest.raises(ConfigError) as refused:
+        slurmkit.sweep({"name": "s", "command": "true", "sweep": {"grid": {"env.X": ["1"]}}}, profile=str(profile))
+    assert refused.value.where == f"{profile}:login"
+
+
 def master_pid(laptop: sshd_mod.Laptop) -> int | None:
     found = subprocess.run(["pgrep", "-u", laptop.user, "-f", "ControlMaster=yes"], capture_output=True, text=True)
     pids = [int(p) for p in found.stdout.split()]

@@ -211,7 +211,12 @@ class Executor:
 def sweep(spec: str | Path | dict[str, Any], profile: str | None = None, grid: dict[str, list[Any]] | None = None,
           max_parallel: int | None = None, set: list[str] | None = None) -> SweepHandle:
     """Submit a sweep spec (a file, or a mapping with a `sweep:` section) as `slurmkit sweep` does."""
+    prof = load_profile(profile_name(profile))
+    if prof.login is not None:
+        raise ConfigError("slurmkit.sweep does not run through a login host yet",
+                          where=f"{profile_name(profile)}:login",
+                          valid="valid: `slurmkit sweep SPEC -p PROFILE` (the CLI's sweeps do), docs/remote.md")
     plan = sweep_spec.load(spec if isinstance(spec, dict) else Path(spec), max_parallel=max_parallel,
-                           grid_values=grid, max_tasks=load_profile(profile_name(profile)).sweep_max_tasks)
+                           grid_values=grid, max_tasks=prof.sweep_max_tasks)
     done = submit(plan, profile, set)
     return SweepHandle(SweepPaths(Path(done.sweep_dir)))
