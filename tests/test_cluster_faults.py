@@ -26,6 +26,7 @@ from slurmkit.runs import logs as run_logs
 from slurmkit.runs.failure import failure
 from slurmkit.worker import sharded
 from slurmkit.worker.ckptstore import CheckpointStore
+from tests import sshd
 from tests.conftest import EXAMPLES, executed_steps, steady, supervisor_events
 
 pytestmark = pytest.mark.cluster
@@ -128,35 +129,64 @@ def fsdp_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return uninterrupted(tmp_path_factory, FSDP)
 
 
-def test_preemption_signal_saves_at_the_step_resumes_and_reports_both_segments(
-        cluster: None, dev_profile: Path, tmp_path: Path, reference: dict[str, Any]) -> None:
-    paths, job = start(dev_profile)
+@pytest.fixture(scope="module")
+def laptop(login_host: sshd.Sshd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshd.Laptop]:
+    """Another unix user with its own Python (no torch), driving the cluster over one SSH connection."""
+    with sshd.laptop(login_host, "sklaptop2", tmp_path_factory.mktemp("wheel")) as user:
+        yield user
+
+
+def the_run(run_root: Path) -> RunPaths | None:
+    """The one run under run_root, once its run.json is written."""
+    found = [p for p in run_root.iterdir() if (p / "run.json").exists()] if run_root.exists() else []
+    return RunPaths(found[0]) if found else None
+
+
+def test_preemption_signal_on_a_run_from_a_laptop_saves_at_the_step_resumes_and_reports_both_segments(
+        cluster: None, laptop: sshd.Laptop, login_host: sshd.Sshd, run_root: Path,
+        reference: dict[str, Any]) -> None:
+    """Submitted from a laptop with --wait (docs/remote.md), preempted on the cluster's side: the wait
+    ends COMPLETED, and the run is the preemption case and the observability case."""
+    site = laptop.profile("dev-site", login_host, extends="devcluster", run_root=str(run_root))
+    spec = laptop.write("work/gpt.yaml", (EXAMPLES / "train_gpt.yaml").read_text())
+    before = login_host.accepted()
+    sets = [a for s in SETS for a in ("--set", s)]
+    waiter = subprocess.Popen(laptop.argv("submit", str(spec), "-p", str(site), *sets, "--wait", "--json"),
+                              cwd=laptop.home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: the_run(run_root) is not None, 120, "the run folder")
+    paths = the_run(run_root)
+    assert paths is not None
     wait_step(paths, 60)
+    job = jobs.run_state(paths).job_id
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    out, err = waiter.communicate(timeout=600)
+    assert waiter.returncode == 0, err
+    assert json.loads(out)["state"] == "COMPLETED"
     result = check(paths, reference, max_lost=0)  # the final save is at the stop step
     assert result["restart_causes"] == ["preemption"]
-    assert jobs.run_state(paths).restarts == 1  # what `slurmkit status` shows
     # Checkpoints the ranks wrote, in both incarnations, under the job's umask: never world-readable.
     written = list(paths.checkpoints.rglob("*"))
     assert any(p.name == "model.pt" for p in written)
     assert all(stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in written), [
         (p, oct(p.stat().st_mode)) for p in written]
-    # The same run is the observability case (docs/observability.md): its report shows both job
-    # segments, the restart's start-up phases and the goodput (one preempted run serves both).
-    check_report_of_a_run_preempted_once(paths, job, dev_profile, tmp_path)
+    # The same run is the observability case (docs/observability.md): its report, drawn on the login
+    # host and brought back to the laptop, shows both job segments, the restart's start-up phases
+    # and the goodput (one preempted run serves all three).
+    png = laptop.home / "work" / "report.png"
+    rep = laptop.slurmkit("report", paths.run_id, "-p", str(site), "-o", str(png), "--json")
+    assert rep.returncode == 0, rep.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    status = laptop.slurmkit("status", paths.run_id, "-p", str(site), "--json")
+    assert status.returncode == 0, status.stderr
+    html = laptop.home / "work" / "report.html"
+    assert laptop.slurmkit("report", paths.run_id, "-p", str(site), "-o", str(html)).returncode == 0
+    check_report_of_a_run_preempted_once(paths, job, json.loads(rep.stdout), json.loads(status.stdout)[0],
+                                         html.read_text())
+    assert login_host.accepted() - before == 1  # the submit opened the connection; the rest reused it
 
 
-def check_report_of_a_run_preempted_once(paths: RunPaths, job_id: str, dev_profile: Path, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from slurmkit.cli.app import app
-
-    runner = CliRunner()
-    out = tmp_path / "report.png"
-    result = runner.invoke(app, ["report", paths.run_id, "-p", str(dev_profile), "-o", str(out), "--json"])
-    assert result.exit_code == 0, result.output
-    info = json.loads(result.stdout)
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+def check_report_of_a_run_preempted_once(paths: RunPaths, job_id: str, info: dict[str, Any],
+                                         status: dict[str, Any], html: str) -> None:
     assert info["incarnations"] == 2 and info["restart_causes"] == ["preemption"]
     from slurmkit.insight import report
 
@@ -171,18 +201,15 @@ def check_report_of_a_run_preempted_once(paths: RunPaths, job_id: str, dev_profi
     gp = data.accounting
     assert 0 < gp.goodput < 1 and gp.steps == STEPS
     assert gp.productive_s < gp.wall_s and gp.queue_wait_s > 0
-    status = json.loads(runner.invoke(app, ["status", paths.run_id, "-p", str(dev_profile), "--json"]).output)
-    assert status[0]["restarts"] == 1 and status[0]["goodput"] == pytest.approx(gp.goodput, abs=0.05)
+    assert status["restarts"] == 1 and status["goodput"] == pytest.approx(gp.goodput, abs=0.05)
     # What it cost: sacct's own elapsed seconds times nodes, both incarnations summed; a CPU run: no GPU-hours.
     rows = subprocess.run(["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "ElapsedRaw,NNodes"],
                           check=True, capture_output=True, text=True).stdout.split()
     node_s = sum(int(e) * int(n) for e, n in (row.split("|") for row in rows))
-    assert len(rows) == 2 and status[0]["node_hours"] == pytest.approx(node_s / 3600, abs=1e-3)
-    assert status[0]["gpu_hours"] == 0 and 0 < status[0]["lost_node_hours"] < status[0]["node_hours"]
-    assert info["cost"]["node_hours"] == pytest.approx(status[0]["node_hours"], abs=1e-3)
-    html = tmp_path / "report.html"
-    assert runner.invoke(app, ["report", paths.run_id, "-p", str(dev_profile), "-o", str(html)]).exit_code == 0
-    assert "data:image/png;base64," in html.read_text() and "preemption" in html.read_text()
+    assert len(rows) == 2 and status["node_hours"] == pytest.approx(node_s / 3600, abs=1e-3)
+    assert status["gpu_hours"] == 0 and 0 < status["lost_node_hours"] < status["node_hours"]
+    assert info["cost"]["node_hours"] == pytest.approx(status["node_hours"], abs=1e-3)
+    assert "data:image/png;base64," in html and "preemption" in html
 
 
 def test_preempted_with_checkpoints_on_s3_resumes_bitwise(cluster: None, dev_profile: Path,

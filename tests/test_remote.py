@@ -1,6 +1,6 @@
 """Commands from a laptop (another unix user) over one SSH connection to a real sshd on the loopback
 address, the login host; here its profile runs jobs with the local executor (no Slurm), so these
-tests are not cluster tests (tests/test_cluster_remote.py has the dev cluster's)."""
+tests are not cluster tests (test_cluster_faults.py's preemption test runs from the laptop)."""
 
 from __future__ import annotations
 
@@ -158,6 +158,27 @@ def test_slurmkit_sweep_from_python_through_a_login_host_is_refused_in_one_line(
     with pytest.raises(ConfigError) as refused:
         slurmkit.sweep({"name": "s", "command": "true", "sweep": {"grid": {"env.X": ["1"]}}}, profile=str(profile))
     assert refused.value.where == f"{profile}:login"
+
+
+def test_logs_follow_streams_from_the_login_host_until_the_run_ends(laptop: sshd_mod.Laptop, site: Path,
+                                                                     cluster_runs: Path) -> None:
+    flag = cluster_runs.parent / "follow-go"
+    spec = laptop.write("work/follow.yaml", f"name: follow\ncommand: echo first; while [ ! -e {flag} ]; "
+                                            "do sleep 0.2; done; echo last\n")
+    sub = answer(sk(laptop, "submit", str(spec), "-p", str(site), "--json"))
+    assert isinstance(sub, dict)
+    follower = subprocess.Popen(laptop.argv("logs", sub["run_id"], "-p", str(site), "--follow"), cwd=laptop.home,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert follower.stdout is not None
+    seen: list[str] = []
+    while not any(ln.strip() == "[0] first" for ln in seen):  # streamed while the run still runs
+        line = follower.stdout.readline()
+        assert line, follower.communicate()
+        seen.append(line)
+    flag.touch()
+    rest, err = follower.communicate(timeout=300)
+    assert follower.returncode == 0, err
+    assert "[0] last" in rest.splitlines()
 
 
 def master_pid(laptop: sshd_mod.Laptop) -> int | None:
