@@ -25,8 +25,6 @@ import yaml
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile, RunRecord
-from slurmkit.config.login import LoginHost
-from slurmkit.remote.connection import Connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests import sshd  # noqa: E402  (the test's login host and laptop user)
@@ -43,6 +41,18 @@ def timed(fn: Callable[[], object]) -> float:
         fn()
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
+
+
+def laptop_ssh_argv(ssh: list[str], lap: sshd.Laptop, server: sshd.Sshd, remote: list[str]) -> list[str]:
+    """The ssh line a laptop command uses (its own master's socket, in its home), for `remote`."""
+    code = ("import json, sys; from slurmkit.config.login import LoginHost; "
+            "from slurmkit.remote.connection import Connection; "
+            f"login = LoginHost(host='127.0.0.1', port={server.port}, user='root', identity={str(lap.identity)!r}, "
+            f"known_hosts={str(lap.known_hosts)!r}); "
+            f"print(json.dumps(Connection(login, 'site').ssh_argv({remote!r})))")
+    out = subprocess.run([*ssh, str(lap.python), "-P", "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    return list(json.loads(out))
 
 
 def ok(done: subprocess.CompletedProcess[str]) -> None:
@@ -68,10 +78,8 @@ def main() -> None:
             ok(lap.slurmkit("connect", "-p", str(site)))
             py = [sys.executable, "-P", "-m", "slurmkit"]
             # One round trip through the master, as the laptop user (runuser's cost on both sides).
-            login = LoginHost(host="127.0.0.1", port=server.port, user="root", identity=str(lap.identity),
-                              known_hosts=str(lap.known_hosts))
             ssh = ["runuser", "-u", lap.user, "--", "env", "-i", *(f"{k}={v}" for k, v in lap.env().items())]
-            rtt_argv = [*ssh, *Connection(login, "site").ssh_argv(["true"])]
+            rtt_argv = [*ssh, *laptop_ssh_argv(ssh, lap, server, ["true"])]
             rtt = timed(lambda: subprocess.run(rtt_argv, check=True, timeout=60))
             status_here = timed(lambda: ok(subprocess.run([*py, "status", "-p", str(here), "--json"],
                                                           capture_output=True, text=True, timeout=300)))
@@ -84,7 +92,7 @@ def main() -> None:
             os.chown(blob, lap.home.stat().st_uid, lap.home.stat().st_gid)
             copy = tmp / "project"
             shutil.copytree(code, copy)
-            cat_argv = [*ssh, *Connection(login, "site").ssh_argv(["sh", "-c", f"cat > {tmp / 'raw.bin'}"])]
+            cat_argv = [*ssh, *laptop_ssh_argv(ssh, lap, server, ["sh", "-c", f"cat > {tmp / 'raw.bin'}"])]
 
             def raw_cat() -> None:
                 with blob.open("rb") as f:

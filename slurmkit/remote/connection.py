@@ -104,6 +104,12 @@ class Connection:
         """Whether the master runs."""
         return self._control("check")
 
+    def open_unless_socket(self) -> None:
+        """open(), unless the master's socket is there (no `ssh -O check`: a read-only command
+        that then finds the master dead opens it and is asked again)."""
+        if not Path(self.control_path).exists():
+            self.open(interactive=False)
+
     def open(self, interactive: bool) -> None:
         """Start the master unless it runs: the one authentication. interactive: ssh may ask for a
         password or a code on the terminal; else it may not, and a login that needs one says to

@@ -39,6 +39,9 @@ FORWARDED = frozenset({"render", "submit", "resubmit", "status", "list", "logs",
 WITH_SPEC = frozenset({"render", "submit", "sweep submit"})
 """Commands whose first argument is a spec file here, sent along."""
 SWEEP_COMMANDS = frozenset(c.split()[1] for c in FORWARDED if c.startswith("sweep "))
+READ_ONLY = frozenset({"render", "status", "list", "logs", "result", "wait", "stack", "doctor", "report",
+                       "sweep status", "sweep results", "sweep list"})
+"""Commands that change nothing: asked again once when the master turns out to be gone."""
 TERMINAL = frozenset({"attach", "shell"})
 RECONNECT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
 
@@ -112,11 +115,18 @@ def forward(argv: list[str]) -> int | None:
     if site is None:
         return None
     conn = site.connection
-    conn.open(interactive=False)
+    again = command in READ_ONLY and "--follow" not in rest and "-f" not in rest
+    if again:
+        conn.open_unless_socket()  # no `ssh -O check` first: a dead master costs one retry below
+    else:
+        conn.open(interactive=False)  # a command that changes something runs once, on a live master
     if command in ("submit", "resubmit") and "--wait" in rest:
         return _submit_and_wait(site, rest, command)
     req, sender = _request(site, rest, command)
     code = run_request(conn, req, sender, tty=command in TERMINAL and sys.stdin.isatty())
+    if code == LOST and again and not conn.is_open():  # nothing ran: the master was gone
+        conn.open(interactive=False)
+        code = run_request(conn, req, sender)
     if code == LOST:
         raise ConnectError(f"the connection to {site.login.destination} was lost", where="profile:login",
                            valid=f"valid: `slurmkit connect -p {site.name}`, then the command again")
@@ -177,15 +187,15 @@ def _send(stream: Any, sent: list[tuple[Path, str]], work: snapshot.Listing | No
                 tar.add(work.source / rel, arcname=f"work/{rel}", recursive=False)
 
 
-def serve_argv(login: LoginHost, req: Request) -> list[str]:
+def serve_argv(login: LoginHost, req: Request, module: str = "slurmkit.remote.serve") -> list[str]:
     """The login host's side of a request: its interpreter with -P (never importing from the
     folder it starts in), slurmkit.remote.serve, the request as one argument."""
-    return [login.python, "-P", "-m", "slurmkit.remote.serve", req.encode()]
+    return [login.python, "-P", "-m", module, req.encode()]
 
 
 def run_request(conn: Connection, req: Request, sender: Any, tty: bool = False, stdout: IO[bytes] | None = None) -> int:
     """The request on the login host, its output streamed here (or into `stdout`); its exit status."""
-    remote = serve_argv(conn.login, req)
+    remote = serve_argv(conn.login, req, "slurmkit.remote.serve_api" if req.op == "api" else "slurmkit.remote.serve")
     proc = subprocess.Popen(conn.ssh_argv(remote, tty), stdin=subprocess.PIPE if sender else None, stdout=stdout)
     if sender is None:
         return proc.wait()

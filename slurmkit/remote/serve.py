@@ -16,7 +16,9 @@ import platform
 import shutil
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -24,7 +26,6 @@ from slurmkit import __version__
 from slurmkit.cli.app import app
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import SlurmkitError
-from slurmkit.remote import serve_api
 from slurmkit.remote.connection import private_cache
 from slurmkit.remote.request import STAGE_PREFIX, Request
 from slurmkit.runs import snapshot
@@ -93,14 +94,15 @@ def run(req: Request) -> int:
             shutil.rmtree(stage, ignore_errors=True)
 
 
-def api(req: Request) -> int:
-    """A Python API method (slurmkit.remote.serve_api); the stage holds the function sent along."""
+def api(req: Request, print_answer: Callable[[dict[str, Any], Path, str], int]) -> int:
+    """A Python API method (slurmkit.remote.serve_api's entry, which passes its `print_answer`);
+    the stage holds the function sent along."""
     req.check_versions(hello())
     stage = _stage(req)
     try:
         os.chdir(Path.home())
         assert req.api is not None
-        return serve_api.print_answer(req.api, stage, str(profile_file(req)))
+        return print_answer(req.api, stage, str(profile_file(req)))
     finally:
         os.chdir("/")
         shutil.rmtree(stage, ignore_errors=True)
@@ -128,7 +130,7 @@ def main(args: list[str]) -> int:
         if req.op == "fetch":
             return fetch(req.stage_id)
         if req.op == "api":
-            return api(req)
+            raise SlurmkitError("an API request goes to slurmkit.remote.serve_api", where="slurmkit.remote.serve")
         return run(req)
     except SlurmkitError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)

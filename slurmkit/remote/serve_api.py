@@ -1,9 +1,13 @@
 """The login host's side of the Python API from a laptop (slurmkit.remote.api): one method of an
-Executor or a Job, run here with this side's own library; its answer as one JSON line."""
+Executor or a Job, run here with this side's own library; its answer as one JSON line.
+
+Its own entry (`python -P -m slurmkit.remote.serve_api REQUEST`): the API's imports (the executor,
+the handles) stay out of slurmkit.remote.serve, which every CLI command from a laptop starts."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +15,9 @@ from slurmkit.api.executor import Executor
 from slurmkit.api.handles import Job, states
 from slurmkit.common import trust
 from slurmkit.common.errors import SlurmkitError
+from slurmkit.remote import serve
 from slurmkit.remote.api import CALL_FILE, as_answer, as_error
+from slurmkit.remote.request import Request
 
 
 def answer(api: dict[str, Any], stage: Path, profile: str) -> dict[str, Any]:
@@ -62,3 +68,15 @@ def _value(method: str, params: dict[str, Any], stage: Path, profile: str) -> An
 def print_answer(api: dict[str, Any], stage: Path, profile: str) -> int:
     print(json.dumps(answer(api, stage, profile)), flush=True)
     return 0
+
+
+def main(args: list[str]) -> int:
+    try:
+        return serve.api(Request.decode(args[0] if args else ""), print_answer)
+    except SlurmkitError as exc:
+        print(f"error: {exc.one_line()}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
