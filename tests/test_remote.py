@@ -160,8 +160,8 @@ def test_slurmkit_sweep_from_python_through_a_login_host_is_refused_in_one_line(
     assert refused.value.where == f"{profile}:login"
 
 
-def test_logs_follow_streams_from_the_login_host_until_the_run_ends(laptop: sshd_mod.Laptop, site: Path,
-                                                                     cluster_runs: Path) -> None:
+def test_logs_follow_streams_and_outlives_the_connection_killed_under_it(
+        laptop: sshd_mod.Laptop, site: Path, cluster_runs: Path) -> None:
     flag = cluster_runs.parent / "follow-go"
     spec = laptop.write("work/follow.yaml", f"name: follow\ncommand: echo first; while [ ! -e {flag} ]; "
                                             "do sleep 0.2; done; echo last\n")
@@ -175,10 +175,17 @@ def test_logs_follow_streams_from_the_login_host_until_the_run_ends(laptop: sshd
         line = follower.stdout.readline()
         assert line, follower.communicate()
         seen.append(line)
+    pid = master_pid(laptop)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    while master_pid(laptop) in (None, pid):  # the follow reopens it
+        assert follower.poll() is None, follower.communicate()
+        time.sleep(0.2)
     flag.touch()
     rest, err = follower.communicate(timeout=300)
     assert follower.returncode == 0, err
-    assert "[0] last" in rest.splitlines()
+    lines = [ln.strip() for ln in seen + rest.splitlines()]
+    assert lines.count("[0] first") == 1 and lines.count("[0] last") == 1  # nothing lost, nothing twice
 
 
 def master_pid(laptop: sshd_mod.Laptop) -> int | None:

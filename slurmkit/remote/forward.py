@@ -19,6 +19,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -115,13 +116,16 @@ def forward(argv: list[str]) -> int | None:
     if site is None:
         return None
     conn = site.connection
-    again = command in READ_ONLY and "--follow" not in rest and "-f" not in rest
+    lasting = command == "wait" or (command == "logs" and ("--follow" in rest or "-f" in rest))
+    again = command in READ_ONLY and not lasting
     if again:
         conn.open_unless_socket()  # no `ssh -O check` first: a dead master costs one retry below
     else:
         conn.open(interactive=False)  # a command that changes something runs once, on a live master
     if command in ("submit", "resubmit") and "--wait" in rest:
         return _submit_and_wait(site, rest, command)
+    if lasting:  # they outlive a dropped connection
+        return reconnecting(site, rest, command)
     req, sender = _request(site, rest, command)
     code = run_request(conn, req, sender, tty=command in TERMINAL and sys.stdin.isatty())
     if code == LOST and again and not conn.is_open():  # nothing ran: the master was gone
@@ -245,15 +249,18 @@ def _submit_and_wait(site: Site, argv: list[str], command: str) -> int:
         print(f"run {sub['run_id']}  job {sub['job_id']}  {sub['run_dir']}", flush=True)
     wait_argv = ["wait", sub["run_id"], *(["--json"] if as_json else []),
                  *(["--verbose"] if "--verbose" in argv or "-v" in argv else [])]
-    return wait(site, wait_argv)
+    return reconnecting(site, wait_argv, "wait")
 
 
-def wait(site: Site, argv: list[str]) -> int:
-    """`wait RUN` on the login host until it answers, reopening a dropped connection."""
+def reconnecting(site: Site, argv: list[str], command: str) -> int:
+    """`wait RUN` or `logs RUN --follow` on the login host until it ends, reopening a dropped
+    connection (up to login.reconnects times). What follow printed before a drop is not printed
+    again: the lines asked again are counted off against those already shown (a line may repeat)."""
     conn = site.connection
+    shown: Counter[bytes] = Counter()
     for attempt in range(site.login.reconnects + 1):
-        req, _ = _request(site, argv, "wait")
-        code = run_request(conn, req, None)
+        req, _ = _request(site, argv, command)
+        code = _deduplicated(conn, req, shown) if command == "logs" else run_request(conn, req, None)
         if code != LOST:
             return code
         if attempt == site.login.reconnects:
@@ -266,4 +273,19 @@ def wait(site: Site, argv: list[str]) -> int:
             continue
     raise ConnectError(f"the connection to {site.login.destination} was lost {site.login.reconnects + 1} times; "
                        "the run goes on", where="profile:login.reconnects",
-                       valid=f"valid: `slurmkit wait {argv[1]} -p {site.name}` once it is back")
+                       valid=f"valid: `slurmkit {command} {argv[1]} -p {site.name}` once it is back")
+
+
+def _deduplicated(conn: Connection, req: Request, shown: Counter[bytes]) -> int:
+    proc = subprocess.Popen(conn.ssh_argv(serve_argv(conn.login, req)), stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    again = Counter(shown)
+    out = sys.stdout.buffer
+    for line in proc.stdout:
+        if again[line]:
+            again[line] -= 1
+            continue
+        shown[line] += 1
+        out.write(line)
+        out.flush()
+    return proc.wait()
