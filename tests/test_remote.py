@@ -69,7 +69,11 @@ def test_a_series_of_commands_goes_over_one_authenticated_connection(
     assert isinstance(result, dict) and result["returncode"] == 0 and result["stdout"] == "hello from root\n"
     listed = answer(sk(laptop, "list", "-p", str(site), "--json"))
     assert isinstance(listed, list) and run_id in [r["run_id"] for r in listed]
-    assert login_host.accepted() - before == 1  # connect's; five commands after it authenticated none
+    script = sk(laptop, "render", str(spec), "-p", str(site))  # the script the login host would submit
+    assert script.returncode == 0 and script.stdout.startswith("#!/bin/bash") and str(cluster_runs) in script.stdout
+    doctor = answer(sk(laptop, "doctor", "-p", str(site), "--json"))
+    assert isinstance(doctor, (dict, list)) and doctor
+    assert login_host.accepted() - before == 1  # connect's; the seven commands after it authenticated none
 
 
 def test_the_code_goes_with_the_submit_in_a_snapshot(laptop: sshd_mod.Laptop, site: Path) -> None:
