@@ -251,6 +251,18 @@ def test_a_laptop_command_refused_for_its_host_key_exits_3(laptop: sshd_mod.Lapt
     assert done.returncode == 3 and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
 
 
+def test_every_command_is_either_forwarded_or_one_that_runs_here() -> None:
+    import typer.main
+
+    from slurmkit.cli.app import app
+    from slurmkit.remote.forward import FORWARDED, LOCAL, SWEEP_COMMANDS
+
+    group = typer.main.get_group(app)
+    roots = {c.split()[0] for c in FORWARDED}
+    assert set(group.commands) == roots | LOCAL and not roots & LOCAL
+    assert set(group.commands["sweep"].commands) == SWEEP_COMMANDS  # type: ignore[attr-defined]
+
+
 def test_versions_are_compared_on_the_login_host() -> None:
     here = {"slurmkit": "0.1.0", "python": "3.11.7"}
     Request("run", slurmkit="0.1.0", python="3.12.1").check_versions(here)  # a spec: Python may differ

@@ -36,7 +36,9 @@ from slurmkit.runs import snapshot
 FORWARDED = frozenset({"render", "submit", "resubmit", "status", "list", "logs", "cancel", "result", "wait", "stack",
                        "attach", "shell", "doctor", "report", "sweep submit", "sweep status", "sweep results",
                        "sweep resubmit", "sweep list", "sweep cancel"})
-"""Every command that acts on the cluster. Not forwarded: connect, disconnect, profiles, devcluster, bench."""
+"""Every command that acts on the cluster (tests/test_remote.py holds the CLI to it)."""
+LOCAL = frozenset({"connect", "disconnect", "profiles", "devcluster", "bench"})
+"""The commands that always run here."""
 WITH_SPEC = frozenset({"render", "submit", "sweep submit"})
 """Commands whose first argument is a spec file here, sent along."""
 SWEEP_COMMANDS = frozenset(c.split()[1] for c in FORWARDED if c.startswith("sweep "))
