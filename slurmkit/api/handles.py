@@ -108,19 +108,29 @@ class Job:
         return Job(sub.run_id, str(sub.job_id), sub.run_dir)
 
 
+def _sweep_of(job: Job) -> Path | None:
+    """The sweep folder of a map_array task (<sweep>/tasks/<index>); None for a submitted run."""
+    sweep_dir = Path(job.run_dir).parent.parent
+    return sweep_dir if Path(job.run_dir).parent.name == "tasks" and SweepPaths(sweep_dir).manifest.exists() else None
+
+
 def states(handles: list[Job]) -> dict[Job, str]:
     """The state of many jobs at once: one squeue for the runs (and at most one sacct), and one
-    per map_array whose tasks have not all started."""
-    started = [j for j in handles if j.started]
-    rows = jobs.statuses([(j.paths, RunFile(j.paths).read()) for j in started])
-    out = {j: row.state for j, row in zip(started, rows, strict=True)}
+    per map_array. A map_array task's state is always its sweep's view of it: its folder can exist
+    before its job id is recorded there, and only the sweep knows it is still being submitted."""
     by_sweep: dict[Path, list[Job]] = {}
+    runs = []
     for job in handles:
-        if job not in out:  # only a map_array task has no folder yet: <sweep>/tasks/<index>
-            by_sweep.setdefault(Path(job.run_dir).parent.parent, []).append(job)
-    for sweep_dir, waiting in by_sweep.items():
+        sweep_dir = _sweep_of(job)
+        if sweep_dir is None:
+            runs.append(job)
+        else:
+            by_sweep.setdefault(sweep_dir, []).append(job)
+    rows = jobs.statuses([(j.paths, RunFile(j.paths).read()) for j in runs])
+    out = {j: row.state for j, row in zip(runs, rows, strict=True)}
+    for sweep_dir, tasks in by_sweep.items():
         now = {s.index: s.state for s in task_states(SweepPaths(sweep_dir))}
-        out.update((j, now[int(Path(j.run_dir).name)]) for j in waiting)
+        out.update((j, now[int(Path(j.run_dir).name)]) for j in tasks)
     return out
 
 
