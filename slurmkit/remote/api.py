@@ -117,7 +117,7 @@ class RemoteJob:
         return list(self._ask("cancel"))
 
 
-def jobs_from(site: Site, profile: str, answer: list[dict[str, str]]) -> list[RemoteJob]:
+def jobs_from(profile: str, answer: list[dict[str, str]]) -> list[RemoteJob]:
     return [RemoteJob(a["run_id"], a["job_id"], a["run_dir"], profile) for a in answer]
 
 
@@ -141,19 +141,16 @@ def submit(site: Site, profile: str, executor: dict[str, Any], method: str, payl
 
     pickled = cloudpickle.dumps(payload) if payload is not None else None
     answer = call(site, method, {"executor": executor, **(params or {})}, pickled)
-    return jobs_from(site, profile, answer)
+    return jobs_from(profile, answer)
 
 
 def from_id(site: Site, profile: str, ident: str) -> RemoteJob:
-    return jobs_from(site, profile, [call(site, "from_id", {"ident": ident})])[0]
+    return jobs_from(profile, [call(site, "from_id", {"ident": ident})])[0]
 
 
 def as_answer(value: Any) -> dict[str, Any]:
     """What the login host prints for a value: JSON, or a pickle where JSON cannot carry it."""
-    try:
-        return {"value": json.loads(json.dumps(value))} if _plain(value) else _pickled(value)
-    except (TypeError, ValueError):
-        return _pickled(value)
+    return {"value": value} if _plain(value) else _pickled(value)
 
 
 def _plain(value: Any) -> bool:
