@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -87,8 +88,9 @@ GPT = {"model": "gpt", "parallel": "fsdp", "batch_size": 16, "n_layer": 4, "d_mo
        "seq_len": 128, "vocab_size": 512, "dataset_size": 2048, "log_every": 1000, "seed": 0}
 
 
-def _stall_rank(rank: int, world: int, port: int, root: str, steps: int, every: int, out: str) -> None:
-    """Both loops on the same ranks: slurmkit's (the Trainer and its Checkpointer), then DCP's async_save."""
+def stall_rank(rank: int, world: int, port: int, root: str, gpt: dict[str, Any], every: int, out: str) -> None:
+    """Both loops on the same ranks: slurmkit's (the Trainer and its Checkpointer), then DCP's async_save.
+    Rank 0 writes both stalls as shares of step time, both median steps, then its own summary as JSON."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -97,11 +99,12 @@ def _stall_rank(rank: int, world: int, port: int, root: str, steps: int, every: 
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMKIT_CHECKPOINT_URI=f"{root}/ours")
-    ours = train_task.run({**GPT, "steps": steps, "checkpoint_every": every, "prefetch_checkpoint": False})
+    ours = train_task.run({**gpt, "checkpoint_every": every, "prefetch_checkpoint": False})
     os.environ.pop("SLURMKIT_CHECKPOINT_URI")
     with train_task.distributed() as dist:
-        trainer, _ = train_task.build(train_task.TrainConfig.model_validate({**GPT, "steps": steps}), dist, None)
-        group = torch.distributed.new_group(backend="gloo")
+        trainer, _ = train_task.build(train_task.TrainConfig.model_validate(gpt), dist, None)
+        # one rank has no process group (none is made for one), and DCP then saves without one
+        group = torch.distributed.new_group(backend="gloo") if torch.distributed.is_initialized() else None
         pending: list[Any] = []
         stall = [0.0]
 
@@ -125,7 +128,7 @@ def _stall_rank(rank: int, world: int, port: int, root: str, steps: int, every: 
             return stall_s / (summary["median_step_s"] * summary["steps"])
 
         Path(out).write_text(f"{share(ours['checkpoint_stall_s'], ours)} {share(stall[0], theirs)} "
-                             f"{ours['median_step_s']} {theirs['median_step_s']}")
+                             f"{ours['median_step_s']} {theirs['median_step_s']}\n{json.dumps(ours)}")
 
 
 def _saving_forever(rank: int, root: Path, first_step: int, store_file: Path) -> None:
@@ -200,7 +203,7 @@ def dd_pair(folder: Path, each_mb: int) -> float:
     return elapsed
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -230,9 +233,9 @@ def main() -> None:
             save_throughput(root, args.mb, args.repeat)
         if "stall" in parts:
             stall_out = root / "stall"
-            mp.spawn(_stall_rank, args=(2, _free_port(), str(root), args.steps, args.every, str(stall_out)),
-                     nprocs=2)
-            mine, dcps, step_a, step_b = map(float, stall_out.read_text().split())
+            mp.spawn(stall_rank, args=(2, free_port(), str(root), {**GPT, "steps": args.steps}, args.every,
+                                       str(stall_out)), nprocs=2)
+            mine, dcps, step_a, step_b = map(float, stall_out.read_text().splitlines()[0].split())
             print(f"async save stall, GPT under FSDP, a save every {args.every} of {args.steps} steps: slurmkit "
                   f"{mine:.1%} of step time (median step {step_a:.3f} s), DCP's async_save {dcps:.1%} "
                   f"({step_b:.3f} s) (goal <= 2%)")
@@ -243,7 +246,7 @@ def main() -> None:
 
 def save_throughput(root: Path, mb: int, repeat: int) -> None:
     out = root / "out"
-    mp.spawn(_rank, args=(2, _free_port(), mb, str(root / "ck"), repeat, str(out)), nprocs=2)
+    mp.spawn(_rank, args=(2, free_port(), mb, str(root / "ck"), repeat, str(out)), nprocs=2)
     ours_line, dcp_line = out.read_text().splitlines()
     nbytes_s, *times = ours_line.split()
     nbytes = int(nbytes_s)

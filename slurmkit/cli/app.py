@@ -24,16 +24,18 @@ from slurmkit.cli import (
 )
 from slurmkit.cli.common import user_errors
 
-_shown_type = typer.core.TyperOption.display_type_rich
+_shown_type = getattr(typer.core.TyperOption, "display_type_rich", None)
 
 
 def _flags_read_as_flags(self: typer.core.TyperOption, ctx: Any) -> str | None:
     """typer 0.29 shows every flag as `--wait <bool>`, which reads as if it took a value (and
     `--wait true` is refused): a flag shows no type."""
-    return None if self.is_flag else _shown_type(self, ctx)
+    return None if self.is_flag or _shown_type is None else _shown_type(self, ctx)
 
 
-typer.core.TyperOption.display_type_rich = _flags_read_as_flags  # type: ignore[method-assign]
+if _shown_type is not None:  # older typer (>= 0.12, as pyproject allows) has no such hook and shows no type
+    typer.core.TyperOption.display_type_rich = _flags_read_as_flags  # type: ignore[method-assign]
+
 
 class ForwardingGroup(typer.core.TyperGroup):
     """The root group: a command whose profile names a login host runs there (slurmkit.remote),

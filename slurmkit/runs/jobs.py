@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -12,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import perms
-from slurmkit.common.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash, warn
+from slurmkit.common.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RestartEntry, RunFile, RunRecord
 from slurmkit.config.loader import Resolved
 from slurmkit.insight import cost, goodput
-from slurmkit.runs import procs, registry, snapshot
+from slurmkit.runs import local_checks, procs, registry, snapshot
 from slurmkit.runs.failure import failure, headline
 from slurmkit.runs.lookup import find, list_runs, read_records
 from slurmkit.runs.polling import Poller
@@ -84,7 +83,7 @@ def dry_run(resolved: Resolved, dependency: str | None = None) -> Submitted:
     """Render exactly what submit would, creating nothing and calling no Slurm daemon."""
     from slurmkit.slurm.submitit_executor import rank_python, render_for, submitit_command
 
-    warn_idle_gpus(resolved)
+    local_checks.warn_idle_gpus(resolved)
     paths = RunPaths(expand_root(resolved.profile.run_root) / "<run-id>")
     script = render_for(resolved, paths.job_folder, submitit_command(rank_python(resolved), paths.job_folder),
                         dependency=dependency)
@@ -140,7 +139,7 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
 def _check_request(resolved: Resolved, dependency: str | None, call: Call | None, preflighted: bool) -> bool:
     """What can be checked before anything is created; whether the run goes to Slurm."""
     check_function_kind(resolved, call)
-    warn_idle_gpus(resolved)
+    local_checks.warn_idle_gpus(resolved)
     if resolved.profile.executor == "slurm":
         if not preflighted:
             preflight.check(resolved)
@@ -148,26 +147,8 @@ def _check_request(resolved: Resolved, dependency: str | None, call: Call | None
     if dependency:
         raise SlurmkitError("--after needs the slurm executor", where=resolved.profile_name,
                             valid="valid: a Slurm profile, e.g. -p devcluster")
-    warn_oversubscribed(resolved)
+    local_checks.check(resolved)
     return False
-
-
-def warn_oversubscribed(resolved: Resolved) -> None:
-    """A local run with more ranks than CPUs still runs, slowly: say so."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    ranks = resolved.num_tasks * (resolved.resources.cpus_per_task or 1)
-    if ranks > cpus:
-        warn(f"{resolved.profile_name}: {resolved.num_tasks} local rank(s) x {resolved.resources.cpus_per_task or 1} "
-             f"CPU(s) each on {cpus} CPU(s); ranks will share cores")
-
-
-def warn_idle_gpus(resolved: Resolved) -> None:
-    """A train run drives one GPU a rank: fewer ranks a node than the node's GPUs leaves the rest idle
-    (a spec's tasks_per_node undoing its profile's, as examples/train_gpt.yaml on gpu-pyxis)."""
-    gpus, ranks = resolved.node_gpus, resolved.resources.tasks_per_node or 1
-    if resolved.spec.task == "train" and gpus > ranks:
-        warn(f"{resolved.spec_source}:resources.tasks_per_node={ranks} with {gpus} GPUs a node "
-             f"({resolved.profile_name}): {gpus - ranks} GPU(s) a node idle; set resources.tasks_per_node={gpus}")
 
 
 # ---------------------------------------------------------------- status

@@ -296,6 +296,7 @@ def local_executor(folder: Path, resolved: Resolved) -> Any:
     assert r.time is not None
     # On Slurm a time of 0 means no limit; submitit's local executor would kill the job at once.
     timeout_min = time_to_minutes(r.time) or NO_LIMIT_MIN
-    ex.update_parameters(tasks_per_node=resolved.num_tasks, timeout_min=timeout_min,
+    # submitit sets CUDA_VISIBLE_DEVICES to the first gpus_per_node GPUs, to none when there are none
+    ex.update_parameters(tasks_per_node=resolved.num_tasks, timeout_min=timeout_min, gpus_per_node=resolved.node_gpus,
                          signal_delay_s=resolved.profile.signal_delay_s)
     return ex

@@ -1,0 +1,95 @@
+"""The GPT example on one GPU: NCCL, bf16 autocast, DDP and FSDP2; its MFU and its async-save stall.
+
+Each figure against a baseline measured in the same run:
+1. MFU, as the Trainer reports it (achieved FLOP/s over the device's bf16 datasheet peak, `flops.py`),
+   and the same throughput over a bf16 8192^3 matrix product measured here first (the ceiling this
+   chip reaches on one plain kernel).
+2. The async-save stall under FSDP: the training thread's time in slurmkit's saves as a share of its
+   step time, against DCP's own `async_save` in the same loop on the same rank (bench_sharded's
+   `stall_rank`); and both again under DDP.
+
+Needs CUDA; one rank (NCCL refuses two ranks on one device).
+
+    python -P benchmarks/bench_gpu.py [--steps 300] [--every 100] [--layers 12] [--d-model 1024] [--seq 1024]
+        [--batch 16] [--vocab 32000] [--dir /tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_sharded import free_port, stall_rank  # noqa: E402
+
+
+def matmul_tflops(n: int = 8192, repeat: int = 10) -> float:
+    """bf16 n^3 product on random data: mean of `repeat` after 3 warm-ups, in TFLOP/s."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * repeat / (time.perf_counter() - t0) / 1e12
+
+
+def run(parallel: str, gpt: dict[str, Any], every: int, root: Path) -> tuple[float, float, dict[str, Any]]:
+    out = root / f"stall-{parallel}"
+    mp.spawn(stall_rank, args=(1, free_port(), str(root / parallel), {**gpt, "parallel": parallel}, every, str(out)),
+             nprocs=1)
+    head, summary = out.read_text().split("\n", 1)
+    ours, dcps = map(float, head.split()[:2])
+    return ours, dcps, json.loads(summary)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--every", type=int, default=100)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--d-model", type=int, default=1024)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--dir", default=tempfile.gettempdir())
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_gpu: no CUDA device here")
+    ceiling = matmul_tflops()
+    print(f"{torch.cuda.get_device_name()}: bf16 8192^3 matmul {ceiling:.0f} TFLOP/s (this run's ceiling)", flush=True)
+    gpt = {"model": "gpt", "dtype": "bfloat16", "steps": args.steps, "batch_size": args.batch, "n_layer": args.layers,
+           "d_model": args.d_model, "n_head": args.heads, "seq_len": args.seq, "vocab_size": args.vocab,
+           "dataset_size": args.batch * 64, "log_every": 50, "seed": 0, "gpu_sample_s": 0}
+    root = Path(tempfile.mkdtemp(dir=args.dir, prefix="bench-gpu-"))
+    try:
+        for parallel in ("ddp", "fsdp"):
+            ours, dcps, s = run(parallel, gpt, args.every, root)
+            achieved = s["mfu"] * s["peak_flops"] / 1e12
+            print(f"{parallel}: backend {s['backend']}, {s['tokens_per_s']:,.0f} tokens/s, median step "
+                  f"{s['median_step_s'] * 1e3:.1f} ms, MFU {s['mfu']:.1%} of {s['peak_flops'] / 1e12:.0f} TFLOP/s "
+                  f"({s['peak_source']}); {achieved:.0f} TFLOP/s = {achieved / ceiling:.2f}x the matmul ceiling",
+                  flush=True)
+            print(f"{parallel}: async save every {args.every} of {args.steps} steps: slurmkit stall {ours:.2%} of "
+                  f"step time; DCP's async_save in the same loop {dcps:.2%} (goal <= 2%)", flush=True)
+            shutil.rmtree(root / parallel, ignore_errors=True)  # ~2.6 GB a save at the default size
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU checks as one prepared script, for a machine with one CUDA GPU and no network (an H200 here).
+# Run from the repository root, with .whl/ holding slurmkit's wheel and the light dependencies that
+# machine lacks (benchmarks/README.md says how they were made); results go to $OUT.
+#   1. tests/test_gpu_device.py: pinned staging, nvidia-smi/NVML against torch, NCCL + bf16 under the Trainer
+#   2. benchmarks/bench_gpu.py: MFU of the GPT example (DDP, FSDP2) and the async-save stall against DCP's
+#   3. the product path: `slurmkit submit` of examples/train_gpt.yaml on the local profile, one rank on
+#      NCCL, with the GPU sampler on; its summary, GPU samples and report come back
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+repo=$(pwd)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import torch, slurmkit; print("torch", torch.__version__, "cuda", torch.version.cuda, "slurmkit", slurmkit.__file__)'
+
+echo "== 1. tests/test_gpu_device.py"
+timeout 180 python3 -P -m pytest -q -p no:cacheprovider tests/test_gpu_device.py 2>&1 | tee "$OUT/tests.log" | tail -25
+
+echo "== 2. benchmarks/bench_gpu.py"
+timeout 330 python3 -P benchmarks/bench_gpu.py --steps 500 --every 100 --dir /tmp 2>&1 | tee "$OUT/bench.log" | grep -v '^step \|committed'
+
+echo "== 3. slurmkit submit on the local profile, one rank, NCCL"
+cd /tmp || exit 1
+timeout 150 python3 -P -m slurmkit submit "$repo/examples/train_gpt.yaml" --set resources.tasks_per_node=1 --set resources.gpus_per_node=1 \
+  --set config.steps=300 --set config.n_layer=12 --set config.d_model=1024 --set config.n_head=16 \
+  --set config.seq_len=1024 --set config.vocab_size=32000 --set config.batch_size=16 --set config.dataset_size=1024 \
+  --set config.log_every=20 --set config.gpu_sample_s=1 --set config.checkpoint_every=100 --wait 2>&1 | tee "$OUT/submit.log"
+run=$(awk '$1 == "run" {print $NF; exit}' "$OUT/submit.log")
+cp "$run"/metrics-gpu-*.jsonl "$OUT/" 2>/dev/null
+python3 -P -m slurmkit result "$run" --json > "$OUT/result.json"
+python3 -P -m slurmkit report "$run" -o "$OUT/report.png" 2>&1 | tail -2
+ls "$run" > "$OUT/run_files.txt"
+echo "== done"
