@@ -54,7 +54,12 @@ def test_log_every_100_gives_the_same_steps_losses_and_goodput_as_every_step(tmp
         assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-9, abs=1e-12), key
     # Exact but for the first step's warm-up, counted beyond the median step, a median of medians here.
     assert abs(b.productive_s - a.productive_s) <= abs(acc_a.typical - acc_b.typical) + 1e-9
-    assert acc_b.typical == pytest.approx(acc_a.typical, rel=0.5)
+    # The typical step of folded records is the median over steps of their intervals' medians (this
+    # machine's noise moves it from the per-step median by over half at times, so that is not compared).
+    folded = sorted((r["step_s"], r.get("steps", 1)) for r in fold(every, 100))
+    cumulative = [sum(n for _, n in folded[:i + 1]) for i in range(len(folded))]
+    median = next(v for (v, _), c in zip(folded, cumulative, strict=True) if c > 300 // 2)
+    assert acc_b.typical == pytest.approx(median, abs=1e-6)  # goodput keeps microseconds
 
 
 def fold(records: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from slurmkit.cli import (
     shell_cmd,
     stack_cmd,
     sweep_cmd,
+    track_cmd,
 )
 from slurmkit.cli.common import user_errors
 
@@ -95,6 +96,7 @@ app.command("attach")(attach_cmd.attach)
 app.command("shell")(shell_cmd.shell)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("report")(report_cmd.report)
+app.command("track")(track_cmd.track)
 app.add_typer(sweep_cmd.app, name="sweep")
 app.add_typer(profiles_cmd.app, name="profiles")
 app.add_typer(devcluster_cmd.app, name="devcluster")

@@ -75,6 +75,21 @@ class RunPaths:
         return self.run_dir / f"metrics-gpu-{host}.jsonl"
 
     @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files (tracking.tensorboard), one file per incarnation."""
+        return self.run_dir / "tensorboard"
+
+    @property
+    def tracking_state(self) -> Path:
+        """Rank 0's note of how many of run.json's restarts the trackers were told of (worker.tracking)."""
+        return self.run_dir / "tracking.json"
+
+    @property
+    def tracking_dir(self) -> Path:
+        """Where a tracker keeps its own files for the run: W&B's wandb/ folder is made inside it."""
+        return self.run_dir
+
+    @property
     def code_dir(self) -> Path:
         """The code snapshot every incarnation runs from (profile or spec `snapshot: true`)."""
         return self.run_dir / "code"

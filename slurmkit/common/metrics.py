@@ -23,7 +23,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -152,6 +152,8 @@ class MetricsWriter:
 
     def __init__(self, path: Path | None, enabled: bool) -> None:
         self._file: TextIO | None = None
+        self.sinks: list[Callable[[dict[str, Any]], None]] = []
+        """Each written record is also handed to these (the run's trackers, worker.tracking)."""
         if enabled and path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             # Lives as long as the writer; never through a symlink planted at its name.
@@ -163,7 +165,10 @@ class MetricsWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
-            self._file.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+            stamped = {"time": round(time.time(), 3), **record}
+            self._file.write(json.dumps(stamped) + "\n")
+            for sink in self.sinks:
+                sink(stamped)
 
     def close(self) -> None:
         if self._file is not None:

@@ -17,6 +17,7 @@ from slurmkit.config.fields import gres_gpus, node_gpus
 from slurmkit.config.overrides import deep_merge, split_sets
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
+from slurmkit.config.tracking import Tracking
 from slurmkit.config.train import TrainConfig
 from slurmkit.config.yamlio import read_yaml
 from slurmkit.resources import shipped_dir
@@ -61,6 +62,11 @@ class Resolved:
         tasks_per_node, or a gpu gres. The health gate, container GPU flags, pre-flight and Ray use it."""
         r = self.resources
         return node_gpus(r.gpus_per_node, r.gpus_per_task, r.tasks_per_node, r.gres)
+
+    @property
+    def tracking(self) -> Tracking | None:
+        """The trackers the run logs to: the spec's, else the profile's."""
+        return self.spec.tracking or self.profile.tracking
 
     @property
     def snapshot(self) -> bool:

@@ -20,6 +20,7 @@ from slurmkit.config.fields import (
     TildePath,
 )
 from slurmkit.config.login import LoginHost
+from slurmkit.config.tracking import Tracking
 
 SWEEP_MAX_TASKS = 1_000_000
 
@@ -143,6 +144,8 @@ class ClusterProfile(Strict):
     """The health gate also runs a short all-reduce across the job's nodes (imports torch: a few seconds)."""
     container: Container | None = None
     """Container the ranks run in; unset runs on the host."""
+    tracking: Tracking | None = None
+    """Experiment trackers (MLflow, TensorBoard, W&B) every run of this profile logs to (docs/tracking.md)."""
     run_root: SbatchPath = "~/slurmkit-runs"
     """Folder that holds run folders; must be on a filesystem shared by login and compute nodes. Absolute,
     ~/... or $VAR/... (a variable must be set on the login node)."""

@@ -1,5 +1,5 @@
 """Field references generated from the models, so docs and code never drift: the profile fields in
-docs/profiles.md and the train config keys in docs/training.md.
+docs/profiles.md (tracking's also in a run spec) and the train config keys in docs/training.md.
 
 Regenerate both in place with: python -m slurmkit.config.reference
 """
@@ -13,13 +13,14 @@ from pydantic import BaseModel
 from slurmkit.config.container import Container
 from slurmkit.config.login import LoginHost
 from slurmkit.config.profile import ClusterProfile, RequeueBudget, Resources, Setup
+from slurmkit.config.tracking import Tracking
 from slurmkit.config.train import Faults, TrainConfig
 
 BEGIN = "<!-- BEGIN FIELD REFERENCE (generated: python -m slurmkit.config.reference) -->"
 END = "<!-- END FIELD REFERENCE -->"
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("profile", ClusterProfile), ("resources", Resources), ("requeue", RequeueBudget), ("setup", Setup),
-    ("container", Container), ("login", LoginHost),
+    ("container", Container), ("login", LoginHost), ("tracking", Tracking),
 ]
 TRAIN_SECTIONS: list[tuple[str, type[BaseModel]]] = [("config", TrainConfig), ("config.faults", Faults)]
 DOCS = {"docs/profiles.md": SECTIONS, "docs/training.md": TRAIN_SECTIONS}

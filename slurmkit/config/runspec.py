@@ -11,6 +11,7 @@ from slurmkit.common.errors import clip
 from slurmkit.config.fields import EnvMap, Strict
 from slurmkit.config.profile import Resources
 from slurmkit.config.ray import RaySpec
+from slurmkit.config.tracking import Tracking
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -50,6 +51,8 @@ class RunSpec(Strict):
     launcher: Literal["srun", "torchrun"] = "srun"
     """How ranks start: srun, one task per rank; or torchrun, one per node (an srun task) starting
     tasks_per_node ranks with the c10d rendezvous on the first node (docs/training.md). Slurm profiles only."""
+    tracking: Tracking | None = None
+    """Experiment trackers for this run; replaces the profile's `tracking` (docs/tracking.md)."""
 
     @field_validator("name")
     @classmethod

@@ -34,7 +34,7 @@ from slurmkit.remote.request import STAGE_PREFIX, Request
 from slurmkit.runs import snapshot
 
 FORWARDED = frozenset({"render", "submit", "resubmit", "status", "list", "logs", "cancel", "result", "wait", "stack",
-                       "attach", "shell", "doctor", "report", "sweep submit", "sweep status", "sweep results",
+                       "attach", "shell", "doctor", "report", "track", "sweep submit", "sweep status", "sweep results",
                        "sweep resubmit", "sweep list", "sweep cancel"})
 """Every command that acts on the cluster (tests/test_remote.py holds the CLI to it)."""
 LOCAL = frozenset({"connect", "disconnect", "profiles", "devcluster", "bench"})

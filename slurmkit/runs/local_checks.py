@@ -1,4 +1,5 @@
-"""What a run's resources ask of the machine it runs on, checked at submit: ranks and CPUs, GPUs."""
+"""What a local run asks of the machine it runs on, checked at submit: ranks and CPUs, GPUs, and
+the trackers' packages."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from slurmkit.common.errors import SlurmkitError, warn
 from slurmkit.config.loader import Resolved
+from slurmkit.slurm import imports
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 """One folder a GPU, made by NVIDIA's driver: counting them runs nothing (nvidia-smi takes ~0.1 s)."""
@@ -16,6 +18,7 @@ def check(resolved: Resolved, gpus_here: int | None = None) -> None:
     """A local run's request against this machine (gpus_here: this machine's GPUs, else counted)."""
     warn_oversubscribed(resolved)
     check_local_gpus(resolved, local_gpu_count() if gpus_here is None else gpus_here)
+    imports.check_trackers(resolved)
 
 
 def local_gpu_count(root: Path = NVIDIA_GPUS) -> int:

@@ -1,7 +1,7 @@
 """What the ranks' interpreter imports, asked on the login node before anything is queued: `ray` for
-a `ray:` run, the top-level imports of a command's Python script (`command: python train.py`), and
-for a `checkpoint_root` on an object store its client package and the bucket, with the run's
-environment (credentials, endpoint).
+a `ray:` run, the top-level imports of a command's Python script (`command: python train.py`), the
+packages of the trackers `tracking:` names, and for a `checkpoint_root` on an object store its
+client package and the bucket, with the run's environment (credentials, endpoint).
 A missing module then costs one line at submit, not a queue wait and a traceback on a compute node.
 
 The interpreter is asked where the login node has it (the same path on a shared filesystem); one
@@ -62,6 +62,20 @@ def check_ray_importable(resolved: Resolved) -> None:
     if missing(python, ["ray"]):
         raise PreflightError(f"ray is not importable by the ranks' python {python}", where="profile:python",
                              valid=f"valid: an interpreter with Ray: {python} -m pip install 'ray[default]'")
+
+
+def check_trackers(resolved: Resolved) -> None:
+    """`tracking:` names trackers: the ranks' interpreter has each one's package (rank 0 would
+    otherwise leave it out with one line in its log, and the run would go unrecorded)."""
+    t, python = resolved.tracking, _ranks_python(resolved)
+    if t is None or python is None:
+        return
+    wanted = [name for name, on in (("mlflow", t.mlflow), ("tensorboard", t.tensorboard), ("wandb", t.wandb)) if on]
+    gone = missing(python, wanted) if wanted else None
+    if gone:
+        raise PreflightError(f"tracking names {', '.join(gone)}, which the ranks' python {python} cannot import",
+                             where=f"{resolved.spec_source}:tracking",
+                             valid=f"valid: {python} -m pip install 'slurmkit[tracking]' (or {' '.join(gone)})")
 
 
 def command_python(command: str, ranks_python: str) -> tuple[str, list[str]] | None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import faulthandler
 import json
 import os
 import socket
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +25,8 @@ from slurmkit.common.slurm_env import expand_hostlist
 
 PORT_BASE = ports.TRAINING[0]  # torchrun or a single process without a job id
 DEFAULT_PG_TIMEOUT_S = 600.0
+TEARDOWN_S = 60.0
+"""The longest rank 0 waits for the others to leave, and a teardown runs before its stacks are dumped."""
 # setdefault only: a user's own value always wins.
 NCCL_DEFAULTS = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # tear down the process group on a failed collective
@@ -313,12 +317,40 @@ def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
                                  device_id=device if backend == "nccl" else None)
     elif owns_group:
         group = Group(denv, backend, device, dt.timedelta(seconds=timeout))
+    together = False
     try:
         yield Dist(denv, backend, str(device), group)
         if owns_group:
             # Leave together: a rank whose peers (or the store on rank 0) vanish mid-teardown can
             # abort at exit ("terminate called without an active exception").
             tdist.barrier()
+            together = True
     finally:
-        if owns_group and tdist.is_initialized():
+        if together:
+            _leave(denv, group.store if group is not None else store)
+        elif owns_group and tdist.is_initialized():  # a failure: the peers may be gone, nobody waits
             tdist.destroy_process_group()
+
+
+def _leave(denv: DistEnv, store: Any) -> None:
+    """Destroy the group after a clean end; the rank that hosts the store (rank 0) leaves last.
+
+    CI once saw rank 1 never return from its teardown after rank 0, the store's host, had exited
+    (the job RUNNING with every step done). So every other rank says in the store when its group is
+    gone, and rank 0 waits for them, at most TEARDOWN_S. Should a teardown hang anyway, every thread's
+    stack goes to the rank's log after TEARDOWN_S (faulthandler's own thread: it needs no GIL)."""
+    import torch.distributed as tdist
+
+    faulthandler.dump_traceback_later(TEARDOWN_S, exit=False)
+    try:
+        if tdist.is_initialized():  # a warm restart that failed to rebuild leaves none
+            tdist.destroy_process_group()
+        if denv.rank:
+            store.set(f"slurmkit/left/{denv.rank}", b"1")
+        else:
+            with contextlib.suppress(Exception):  # a rank gone without a word: leave all the same
+                store.wait([f"slurmkit/left/{r}" for r in range(1, denv.world_size)], dt.timedelta(seconds=TEARDOWN_S))
+    except Exception as exc:  # the store's host already gone: nothing to tell it
+        print(f"slurmkit: rank {denv.rank}: teardown: {exc}", file=sys.stderr, flush=True)
+    finally:
+        faulthandler.cancel_dump_traceback_later()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import torch
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import MetricsWriter
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker import startup
+from slurmkit.worker import startup, tracking
 from slurmkit.worker.dist import Dist, distributed
 from slurmkit.worker.flops import peak_flops
 from slurmkit.worker.ft import incarnation
@@ -76,6 +77,7 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
                   f"global_batch={trainer.global_batch} peak={extras['peak_flops']:.3g} ({extras['peak_source']})",
                   flush=True)
         sampler = _gpu_sampler(cfg, dist, run_dir)
+        trackers = _trackers(trainer, dist, run_dir, life.summary().get("resumed_from_step"))
         t0 = time.perf_counter()
         try:
             summary = life.fit(trainer)
@@ -85,10 +87,15 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
             trainer.metrics.close()
             if sampler is not None:
                 sampler.stop()
+            if trackers is not None and (life.stopped or sys.exc_info()[0] is not None):
+                trackers.close()  # the tracker run goes on in the next incarnation
         if life.stopped:
             life.requeue_and_exit(trainer)  # does not return
         summary.update(model=cfg.model, rank=dist.rank, peak_flops=extras["peak_flops"],
                        peak_source=extras["peak_source"], wall_s=time.perf_counter() - t0, **life.summary())
+        if trackers is not None:
+            trackers.finish(summary)
+            trackers.close()
         if "test_set" in extras:
             summary["accuracy"] = digits.accuracy(trainer.raw_model, extras["test_set"], trainer.device)
         if dist.is_main:
@@ -96,6 +103,17 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
                      if k in summary}
             print(f"slurmkit train: done {json.dumps(shown)}", flush=True)
         return summary
+
+
+def _trackers(trainer: Trainer, dist: Dist, run_dir: str | None, resumed: int | None) -> tracking.Trackers | None:
+    """Rank 0's trackers (profile or spec `tracking:`), fed every metrics record; None without any."""
+    if not run_dir or not dist.is_main:
+        return None
+    trackers = tracking.Trackers.open(run_dir, resumed)
+    if trackers is not None:
+        trainer.metrics.sinks.append(trackers.record)
+        tracking.activate(trackers)  # slurmkit.tracking.log() in hooks goes to the same runs
+    return trackers
 
 
 def _gpu_sampler(cfg: TrainConfig, dist: Dist, run_dir: str | None) -> Any:

@@ -1,0 +1,41 @@
+"""`tracking:` in a profile or run spec: the experiment trackers slurmkit feeds, one tracker run per
+slurmkit run, however often it is requeued or restarted (docs/tracking.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from slurmkit.config.fields import Strict
+
+_URI_SCHEMES = ("sqlite:///", "http://", "https://", "file:/", "/")
+
+
+class Tracking(Strict):
+    """Set in the profile (every run of it) or the run spec (that run: it replaces the profile's)."""
+
+    mlflow: str | None = None
+    """MLflow tracking URI: sqlite:///ABSOLUTE/PATH.db, http(s)://server, or a folder (file:/ABSOLUTE/PATH,
+    MLflow's file store, which it keeps in maintenance mode). The run's rank 0 logs to it; with sqlite,
+    many sweep tasks at once contend for one file: prefer a server there."""
+    tensorboard: bool = False
+    """TensorBoard event files in the run folder's tensorboard/ (`tensorboard --logdir RUN_DIR/tensorboard`)."""
+    wandb: Literal["offline", "online"] | None = None
+    """Weights & Biases: offline writes the run under the run folder's wandb/ (no network from the
+    compute nodes), `slurmkit track RUN` syncs it from the login node; online logs as it goes."""
+    project: str | None = Field(None, min_length=1, max_length=128)
+    """The MLflow experiment and the W&B project; unset: the spec's name (which a sweep's tasks share)."""
+    wandb_entity: str | None = Field(None, min_length=1, max_length=128)
+    """The W&B team or user; unset: the logged-in account's default."""
+
+    @model_validator(mode="after")
+    def _uri(self) -> Tracking:
+        if self.mlflow is not None and not self.mlflow.startswith(_URI_SCHEMES):
+            raise ValueError(f"mlflow={self.mlflow!r} is no tracking URI this can use; valid: "
+                             "sqlite:///ABSOLUTE/PATH.db, http(s)://HOST[:PORT], file:/ABSOLUTE/FOLDER or a folder")
+        return self
+
+    @property
+    def any(self) -> bool:
+        return bool(self.mlflow or self.tensorboard or self.wandb)

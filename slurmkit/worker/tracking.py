@@ -1,0 +1,152 @@
+"""The experiment trackers a run logs to (profile or spec `tracking:`), from its rank 0 only.
+
+One tracker run per slurmkit run: each incarnation, each in-job and warm restart, finds the same
+tracker run again. Its id comes from the slurmkit run id (W&B's run id is the run id; MLflow, which
+makes its own ids, finds the run by its `slurmkit/run_id` tag, the oldest such if two incarnations
+raced). Logged without user code: the spec's config and resources and the snapshot's git commit as
+parameters (once), every metrics record at its step, every restart (cause, kind, lost steps) as an
+event at the step training resumed from, and the run's final summary. Steps run again after a
+restart: TensorBoard's are overwritten (the writer purges events past the step resumed from);
+MLflow keeps both values, the restart event at the resume step marking where the second begins;
+W&B keeps the first, dropping any step below the highest it has seen (its own rule).
+
+A tracker that fails is dropped with one line on stderr: training never stops for a tracker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RestartEntry, RunFile
+from slurmkit.common.trust import read_own
+from slurmkit.worker import trackers
+from slurmkit.worker.trackers import Backend, RunInfo
+
+
+def numbers(record: dict[str, Any]) -> dict[str, float]:
+    """A metrics record's values a tracker plots: numbers, not the step bookkeeping."""
+    skip = {"time", "step", "steps"}
+    return {k: float(v) for k, v in record.items()
+            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+@dataclass
+class Trackers:
+    """The run's backends, fanned out. Restarts are read from run.json when it changes."""
+
+    info: RunInfo
+    backends: list[Backend]
+    resumed_from: int = 0
+    last_step: int = 0
+    _seen_restarts: int = 0
+    _record_mtime: float = -1.0
+
+    @classmethod
+    def open(cls, run_dir: str | Path, resumed_from: int | None = None) -> Trackers | None:
+        """The run's trackers, or None when it names none (or has no run.json, as in a bare test)."""
+        paths = RunPaths(Path(run_dir))
+        if not paths.record.exists():
+            return None
+        info = RunInfo.of(paths, RunFile(paths).read())
+        if info is None:
+            return None
+        made: list[Backend] = []
+        for name, make in trackers.for_run(info, resumed_from or 0):
+            try:
+                made.append(make())
+            except Exception as exc:  # a missing package, an unreachable server: said, then left out
+                print(f"slurmkit: tracking: {name} left out: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        opened = cls(info, made, resumed_from or 0, resumed_from or 0, _told(paths))
+        opened.sync_restarts()
+        return opened
+
+    def _each(self, what: str, call: Callable[[Backend], None]) -> None:
+        for backend in list(self.backends):
+            try:
+                call(backend)
+            except Exception as exc:
+                print(f"slurmkit: tracking: {backend.name} {what} failed, left out from here: "
+                      f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                self.backends.remove(backend)
+
+    def record(self, record: dict[str, Any]) -> None:
+        """A metrics record (MetricsWriter's sink)."""
+        if "step" in record:
+            self.log(numbers(record), int(record["step"]))
+        self.sync_restarts()
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.last_step = max(self.last_step, step)
+        self._each("log", lambda b: b.metrics(step, values))
+
+    def sync_restarts(self) -> None:
+        """Each restart run.json holds that no backend was told of yet, as an event."""
+        try:
+            mtime = self.info.paths.record.stat().st_mtime
+        except OSError:
+            return
+        if mtime == self._record_mtime:
+            return
+        self._record_mtime = mtime
+        restarts = RunFile(self.info.paths).read().restarts
+        if len(restarts) <= self._seen_restarts:
+            return
+        for entry in restarts[self._seen_restarts:]:
+            step = entry.resumed_step if entry.resumed_step is not None else (entry.step or self.resumed_from)
+            self._each("event", _event(step, entry))
+        self._seen_restarts = len(restarts)
+        # The next incarnation tells the trackers only of restarts after these.
+        atomic_write_text(self.info.paths.tracking_state, json.dumps({"restarts_told": self._seen_restarts}))
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """The run's end: its summary's numbers, and the tracker run closed as finished."""
+        self._each("finish", lambda b: b.finish(self.last_step, numbers(summary)))
+
+    def close(self) -> None:
+        self._each("close", lambda b: b.close())
+
+
+def _event(step: int, entry: RestartEntry) -> Callable[[Backend], None]:
+    return lambda backend: backend.event(step, entry)
+
+
+def _told(paths: RunPaths) -> int:
+    """Restarts an earlier incarnation told the trackers of."""
+    try:
+        return int(json.loads(read_own(paths.tracking_state, 4096))["restarts_told"])
+    except FileNotFoundError:
+        return 0
+    except (ValueError, KeyError, TypeError):
+        return 0  # a torn or foreign file: the events again, rather than none
+
+
+_active: Trackers | None = None
+_opened = False
+
+
+def activate(trackers: Trackers | None) -> None:
+    """The trackers `log` uses in this process (the train task's own, so both log to one writer)."""
+    global _active, _opened
+    _active, _opened = trackers, True
+
+
+def log(metrics: dict[str, float], step: int) -> None:
+    """Log `metrics` at `step` to the run's trackers from a user's function or command; a no-op on
+    every rank but 0, outside a slurmkit run, and where the run names no tracker."""
+    global _active, _opened
+    if os.environ.get("RANK", "0") != "0":
+        return
+    if not _opened:
+        _opened = True
+        run_dir = os.environ.get("SLURMKIT_RUN_DIR")
+        _active = Trackers.open(run_dir) if run_dir else None
+    if _active is not None:
+        _active.log({k: float(v) for k, v in metrics.items()}, int(step))

@@ -1,0 +1,60 @@
+"""The end of a clean run: the rank that hosts the store (rank 0) leaves only after the others'
+groups are gone. Two real gloo ranks on this machine, under each launcher that makes its own store.
+
+CI once saw rank 1 never return from its teardown after rank 0 had exited, which a teardown that
+still talks to the store would do; here rank 1's teardown is slowed so the order shows.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_agreement import free_port
+
+RANK_CODE = """
+import pathlib, sys, time
+import torch.distributed as tdist
+from slurmkit.worker.dist import distributed
+
+out = pathlib.Path(sys.argv[1])
+real_destroy = tdist.destroy_process_group
+
+def slow_destroy(*args, **kwargs):
+    rank = tdist.get_rank()
+    if rank == 1:
+        time.sleep(2)  # rank 1's teardown is the slow one
+    real_destroy(*args, **kwargs)
+    if rank == 1:
+        (out / "rank1-destroyed").write_text("")
+
+tdist.destroy_process_group = slow_destroy
+with distributed() as dist:
+    rank = dist.rank
+(out / f"rank{rank}-left").write_text(str((out / "rank1-destroyed").exists()))
+"""
+
+
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_rank_0_leaves_after_the_others_groups_are_gone(launcher: str, tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))}
+
+    def rank_env(r: int) -> dict[str, str]:
+        if launcher == "local":  # submitit's local executor: slurmkit's own Group and store
+            return {"SUBMITIT_LOCAL_GLOBALID": str(r), "SUBMITIT_LOCAL_LOCALID": str(r), "SUBMITIT_LOCAL_NTASKS": "2",
+                    "SUBMITIT_LOCAL_JOB_ID": "1", "MASTER_PORT": str(port)}
+        return {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", RANK_CODE, str(tmp_path)], env={**env, **rank_env(r)},
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    assert (tmp_path / "rank0-left").read_text() == "True"  # rank 1's group was gone before rank 0 left
+    assert (tmp_path / "rank1-left").read_text() == "True"

@@ -1,0 +1,193 @@
+"""Experiment trackers, for real: MLflow (a sqlite store) read back with MLflow's own client,
+TensorBoard event files read back with tensorboard's EventAccumulator, W&B in offline mode with its
+run folders checked. One run, two incarnations (a crash at step 25, resumed from step 20): one
+tracker run, every step once where the tracker can overwrite, the restart as an event."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from slurmkit.cli.app import app
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.metrics import read_records
+from slurmkit.common.record import RestartEntry, RunFile, RunRecord, SweepRef
+from slurmkit.config.tracking import Tracking
+from slurmkit.worker import tracking
+from slurmkit.worker.ft.faults import InjectedError
+from slurmkit.worker.tasks.train_task import run as train
+
+pytestmark = pytest.mark.usefixtures("single_process")
+
+CONFIG = {"model": "digits", "steps": 30, "batch_size": 64, "seed": 5, "checkpoint_every": 10, "async_save": False,
+          "log_every": 1, "log_min_interval_s": 0}
+
+
+def run_folder(tmp_path: Path, tracking_cfg: dict[str, Any], run_id: str = "digits-20261204-000000-abcd",
+               sweep: SweepRef | None = None) -> RunPaths:
+    paths = RunPaths(tmp_path / run_id)
+    paths.run_dir.mkdir(mode=0o700)
+    spec = {"name": "digits", "task": "train", "config": CONFIG, "tracking": tracking_cfg}
+    RunFile(paths).create(RunRecord(run_id=run_id, name="digits", run_dir=str(paths.run_dir), sweep=sweep, spec=spec,
+                                    resources={"nodes": 1, "tasks_per_node": 1},
+                                    snapshot={"commit": "0123abc", "dirty": False}))
+    return paths
+
+
+def crash_then_resume(paths: RunPaths) -> None:
+    """Incarnation 1 crashes at step 25 (committed: step-20); incarnation 2 resumes from 20, reruns 21-25."""
+    with pytest.raises(InjectedError):
+        train({**CONFIG, "faults": {"error_at_step": 25}}, str(paths.run_dir))
+    tracking.activate(None)  # a new process would start with none
+    with RunFile(paths).editing() as record:
+        record.restarts.append(RestartEntry(kind="requeue", n=1, job_id="7", cause="crash", time="now",
+                                            resumed_step=20, lost_steps=5))
+    train(CONFIG, str(paths.run_dir))
+    tracking.activate(None)
+
+
+def test_one_mlflow_run_across_incarnations_with_params_every_step_and_the_restart(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    paths = run_folder(tmp_path, {"mlflow": uri, "project": "digits-exp"})
+    crash_then_resume(paths)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("digits-exp")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])  # one tracker run for both incarnations
+    assert run.data.tags[tracking.trackers.RUN_TAG] == paths.run_id and run.info.status == "FINISHED"
+    assert run.data.params["config.steps"] == "30" and run.data.params["git.commit"] == "0123abc"
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
+    # MLflow keeps both values of the steps run again (21-25), marked by the restart at step 20
+    assert steps == sorted([*range(1, 31), *range(21, 26)])
+    (restart,) = client.get_metric_history(run.info.run_id, "slurmkit/restart")
+    assert restart.step == 20
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "slurmkit/lost_steps")] == [5.0]
+    assert any(k.startswith("slurmkit/restart/20/") for k in run.data.tags)
+
+
+def test_tensorboard_event_files_hold_every_step_once_after_a_resume(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    paths = run_folder(tmp_path, {"tensorboard": True})
+    crash_then_resume(paths)
+    assert len(list(paths.tensorboard.iterdir())) == 2  # an event file per incarnation
+    events = EventAccumulator(str(paths.tensorboard))
+    events.Reload()
+    loss = events.Scalars("loss")
+    assert [e.step for e in loss] == list(range(1, 31))  # the first incarnation's 21-25 purged
+    final = {r["step"]: r["loss"] for r in read_records(paths.metrics)}  # the last value of each step
+    assert [e.value for e in loss] == pytest.approx([final[s] for s in range(1, 31)], rel=1e-6)
+    assert [e.step for e in events.Scalars("slurmkit/restart")] == [20]
+
+
+def test_wandb_offline_resumes_the_same_run_id_in_the_run_folder(tmp_path: Path) -> None:
+    paths = run_folder(tmp_path, {"wandb": "offline", "project": "digits-exp"})
+    crash_then_resume(paths)
+    folders = sorted((paths.run_dir / "wandb").glob(f"offline-run-*-{paths.run_id}"))
+    assert len(folders) == 2  # one per incarnation, one W&B run id: `wandb sync` joins them
+    assert all((f / f"run-{paths.run_id}.wandb").stat().st_size > 0 for f in folders)
+    # `slurmkit track RUN` hands both to `wandb sync` on the login node (--dry-run: no network here)
+    result = CliRunner().invoke(app, ["track", str(paths.run_dir), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["folders"] == [str(f) for f in folders]
+
+
+def test_track_says_in_one_line_when_a_run_has_no_offline_wandb_run(tmp_path: Path) -> None:
+    paths = run_folder(tmp_path, {"tensorboard": True})
+    result = CliRunner().invoke(app, ["track", str(paths.run_dir)])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+
+
+def test_a_sweep_task_is_a_child_of_one_parent_run(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for index in (0, 1):
+        paths = run_folder(tmp_path, {"mlflow": uri}, f"digits-20261204-00000{index}-ab{index}d",
+                           SweepRef(sweep_id="sweep-digits-1", index=index, overrides={"config.lr": index}))
+        train({**CONFIG, "steps": 3}, str(paths.run_dir))
+        tracking.activate(None)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("digits").experiment_id])  # type: ignore[union-attr]
+    parents = [r for r in runs if r.data.tags.get("slurmkit/parent") == "1"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(parents) == 1 and len(children) == 2
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert {c.data.params["sweep.index"] for c in children} == {"0", "1"}
+
+
+def test_a_users_own_log_reaches_the_runs_tracker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import slurmkit.tracking
+
+    paths = run_folder(tmp_path, {"tensorboard": True})
+    monkeypatch.setenv("SLURMKIT_RUN_DIR", str(paths.run_dir))
+    monkeypatch.setenv("RANK", "0")
+    tracking.activate(None)
+    monkeypatch.setattr(tracking, "_opened", False)
+    for step in (1, 2, 3):
+        slurmkit.tracking.log({"my_metric": step * 10.0}, step)
+    assert tracking._active is not None
+    tracking._active.close()
+    events = EventAccumulator(str(paths.tensorboard))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("my_metric")] == [(1, 10.0), (2, 20.0), (3, 30.0)]
+    tracking.activate(None)
+
+
+def test_a_tracking_uri_that_is_none_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match="mlflow="):
+        Tracking(mlflow="mlruns")
+    assert Tracking(mlflow="sqlite:////tmp/x.db").any and not Tracking().any
+
+
+def test_a_tracker_the_ranks_python_lacks_is_refused_at_submit(tmp_path: Path) -> None:
+    from slurmkit.common.errors import PreflightError
+    from slurmkit.config.loader import resolve
+    from slurmkit.slurm import imports
+
+    profile = tmp_path / "p.yaml"
+    profile.write_text("extends: local\npython: /usr/bin/python3\n")  # Debian's own: no tracker installed
+    spec = {"name": "t", "task": "train", "tracking": {"wandb": "offline", "tensorboard": True}}
+    with pytest.raises(PreflightError) as refused:
+        imports.check_trackers(resolve(spec, str(profile)))
+    assert str(refused.value.where).endswith(":tracking") and "wandb" in str(refused.value)
+    imports.check_trackers(resolve(spec, "local"))  # this interpreter has them
+
+
+def test_the_docs_example_through_submit_on_the_local_profile(tmp_path: Path) -> None:
+    """The spec in docs/tracking.md, as written but for its store's path and the run root: submitted with
+    the CLI, run by the local executor's two ranks, its tracking reaching rank 0 through run.json."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from slurmkit.runs.lookup import find_run
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "tracking.md").read_text()
+    spec = yaml.safe_load(text.split("# train-tracked.yaml\n", 1)[1].split("```", 1)[0])
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec["tracking"]["mlflow"] = uri
+    (tmp_path / "train-tracked.yaml").write_text(yaml.safe_dump(spec))
+    profile = tmp_path / "p.yaml"
+    profile.write_text(f"extends: local\nrun_root: {tmp_path / 'runs'}\n")
+    result = CliRunner().invoke(app, ["submit", str(tmp_path / "train-tracked.yaml"), "-p", str(profile), "--wait",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    paths = find_run(str(tmp_path / "runs"), json.loads(result.stdout)["run_id"])
+    steps = [r["step"] for r in read_records(paths.metrics)]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("digits").experiment_id])  # type: ignore[union-attr]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == steps
+    assert run.data.params["resources.tasks_per_node"] == "2" and run.info.status == "FINISHED"
+    events = EventAccumulator(str(paths.tensorboard))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == steps
+    assert list((paths.run_dir / "wandb").glob(f"offline-run-*-{paths.run_id}"))
