@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.metrics import iter_records
+from slurmkit.common.metrics import iter_records, read_records
 from slurmkit.common.record import RunFile
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
@@ -233,15 +233,32 @@ def test_preempted_with_checkpoints_on_s3_resumes_bitwise(cluster: None, dev_pro
         assert not paths.checkpoints.exists()  # nothing went to the run folder instead
 
 
-def test_scontrol_requeue_resumes_from_the_last_checkpoint(cluster: None, dev_profile: Path,
-                                                           reference: dict[str, Any]) -> None:
-    paths, job = start(dev_profile)
+def test_scontrol_requeue_resumes_from_the_last_checkpoint_in_one_tracker_run(
+        cluster: None, dev_profile: Path, reference: dict[str, Any], tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    paths, job = start(dev_profile, "tracking.tensorboard=true", f"tracking.mlflow={uri}")
     wait_step(paths, 75)
     subprocess.run(["scontrol", "requeue", job], check=True)
     # Slurm's SIGTERM comes KillWait seconds before SIGKILL: the ranks save at the step they are at.
     result = check(paths, reference, max_lost=0)
     assert result["restart_causes"] == ["requeue"]
     assert "SIGTERM: stopped at step" in "\n".join(run_logs.logs(paths, rank=0))
+    # Both incarnations in one tracker run (docs/tracking.md): every step once, the requeue an event
+    # at the step the second resumed from.
+    (restart,) = RunFile(paths).read().restarts
+    steps = sorted(r["step"] for r in read_records(paths.metrics))
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("train-gpt").experiment_id])  # type: ignore[union-attr]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == steps
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "slurmkit/restart")] == [restart.resumed_step]
+    assert run.info.status == "FINISHED"
+    events = EventAccumulator(str(paths.tensorboard))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == steps
+    assert [e.step for e in events.Scalars("slurmkit/restart")] == [restart.resumed_step]
 
 
 def test_scancel_saves_at_the_step_and_ends_cancelled(cluster: None, dev_profile: Path) -> None:
