@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,8 +23,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_a_gpu_state_is_staged_into_pinned_memory_equal_and_reused() -> None:
-    state = {"w": torch.randn(1024, 1024, device="cuda"), "opt": [torch.randn(7, device="cuda").to(torch.bfloat16)],
-             "step": 3, "cpu": torch.arange(4)}
+    state: dict[str, Any] = {"w": torch.randn(1024, 1024, device="cuda"), "step": 3, "cpu": torch.arange(4),
+                             "opt": [torch.randn(7, device="cuda").to(torch.bfloat16)]}
     buffers: dict[str, torch.Tensor] = {}
     first = cpu_copy(state, buffers)
     assert first["w"].device.type == "cpu" and first["w"].is_pinned()
@@ -79,7 +80,7 @@ def test_a_sharded_gpu_state_is_staged_as_dtensors_over_host_shards(monkeypatch:
     monkeypatch.setenv("MASTER_PORT", str(28500 + os.getpid() % 1000))
     torch.distributed.init_process_group("nccl", rank=0, world_size=1)
     try:
-        model = fully_shard(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 3)).cuda())
+        model: Any = fully_shard(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 3)).cuda())
         buffers: dict[str, torch.Tensor] = {}
         first = cpu_copy(get_state_dict(model, [])[0], buffers)
         weight = first["0.weight"]
@@ -89,7 +90,8 @@ def test_a_sharded_gpu_state_is_staged_as_dtensors_over_host_shards(monkeypatch:
                 param.add_(1.0)
         second = cpu_copy(get_state_dict(model, [])[0], buffers)
         assert second["0.weight"] is weight  # reused
-        for name, value in get_state_dict(model, [])[0].items():
+        now: dict[str, Any] = get_state_dict(model, [])[0]
+        for name, value in now.items():
             assert torch.equal(second[name].to_local(), value.to_local().cpu()), name
     finally:
         torch.distributed.destroy_process_group()

@@ -6,9 +6,7 @@ ended each) and its goodput accounting. matplotlib is imported only here.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import html
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +18,8 @@ from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, steps_of
 from slurmkit.common.record import RunFile
-from slurmkit.insight import cost, goodput
-
-STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
-                "PREEMPTED": "#ef6c00", "TIMEOUT": "#ef6c00", "NODE_FAIL": "#c62828", "FAILED": "#c62828",
-                "CANCELLED": "#757575"}
+from slurmkit.insight import cost, goodput, report_html
+from slurmkit.insight.report_html import STATE_COLORS
 
 
 @dataclass
@@ -240,45 +235,14 @@ def render_png(data: ReportData) -> bytes:
     return buf.getvalue()
 
 
-def render_html(data: ReportData, png: bytes) -> str:
-    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>"
-                   for k, v in {**data.accounting.as_dict(), **data.summary.get("cost", {})}.items())
-    segs = "".join(f"<tr><td>#{s.n}</td><td>{html.escape(s.job_id)}</td><td>{html.escape(s.nodes)}</td>"
-                   f"<td>{html.escape(s.state)}</td><td>{html.escape(s.cause)}</td>"
-                   f"<td>{html.escape(', '.join(c for _, c in s.in_job))}</td>"
-                   f"<td>{html.escape(_spans(s.startup))}</td></tr>" for s in data.segments)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>slurmkit report {html.escape(data.run_id)}"
-            f"</title></head><body><h1>{html.escape(data.run_id)}</h1>"
-            f"<img alt='report' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-            f"<h2>Goodput</h2><table>{rows}</table>"
-            f"<h2>Incarnations</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>state</th><th>restarted "
-            f"because</th><th>in-job restarts</th><th>start-up (s)</th></tr>{segs}</table>"
-            f"{_code(data.summary.get('snapshot'))}"
-            "</body></html>\n")
-
-
-def _code(snap: dict[str, Any] | None) -> str:
-    """The code snapshot every incarnation ran (run.json), if the run took one."""
-    if not snap:
-        return ""
-    rows = "".join(f"<tr><td>{k}</td><td>{html.escape(str(snap.get(k)))}</td></tr>"
-                   for k in ("source", "git_commit", "dirty", "files", "bytes"))
-    return f"<h2>Code snapshot</h2><table>{rows}</table>"
-
-
-def _spans(spans: dict[str, float]) -> str:
-    return ", ".join(f"{phase} {secs:.2f}" for phase, secs in spans.items())
-
-
 def write(paths: RunPaths, output: Path) -> ReportData:
     """Write the report as PNG or HTML (by the file's suffix); returns what it drew."""
     if output.suffix not in (".png", ".html"):
         raise SlurmkitError(f"cannot write a report as {output.suffix or 'a file without suffix'}",
                             where=str(output), valid="valid: a .png or .html file")
     data = collect(paths)
-    png = render_png(data)
+    page = render_png(data) if output.suffix == ".png" else report_html.render(data).encode()
     output.parent.mkdir(parents=True, exist_ok=True)
     # Written beside and renamed over: a symlink planted at the output's name is replaced, never followed.
-    atomic_write(output, png if output.suffix == ".png" else render_html(data, png).encode(),
-                 perms.file_mode(output.parent), durable=False)
+    atomic_write(output, page, perms.file_mode(output.parent), durable=False)
     return data
