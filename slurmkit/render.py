@@ -137,7 +137,7 @@ def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
     """Mounts (the user's, then the run folder, run_root and a local checkpoint root), env names, GPU flag."""
     c = resolved.profile.container
     if c is None:
-        return {"srun": False, "prefix": False}
+        return {"srun": False, "prefix": False, "interactive": False}
 
     root = str(expand_root(resolved.profile.run_root))
     paths = [root] if run_dir.startswith(root.rstrip("/") + "/") else [root, run_dir]
@@ -150,7 +150,7 @@ def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
     env_names = list(dict.fromkeys([*c.env, *prof.setup.env, *resolved.spec.env, *prof.nccl_env]))
     gpus = c.gpus if c.gpus is not None else bool(resolved.node_gpus)
     return {"srun": c.runtime == "pyxis", "prefix": c.runtime != "pyxis", "mounts": mounts,
-            "env_names": env_names, "gpus": gpus}
+            "env_names": env_names, "gpus": gpus, "interactive": False}
 
 
 def torchrun_node(inp: RenderInput) -> str:
@@ -241,6 +241,19 @@ def render(inp: RenderInput) -> str:
 
 
 SHELL_RC_TEMPLATE = "shell_rc.sh.j2"
+INTERACTIVE_TEMPLATE = "interactive.sh.j2"
+
+
+def render_interactive(resolved: Resolved, run_dir: str) -> str:
+    """`slurmkit shell`/`attach`'s launcher into the profile's container (profile.container set):
+    `bash FILE SRUN_OPTION... -- COMMAND...`. The container is the ranks' own: image, mounts (the run
+    folder and run_root among them), variables, GPU flags; docker's gets a terminal (-it)."""
+    env = make_environment(resolved.profile.template_dir)
+    context = {"profile": resolved.profile, "container": {**container_context(resolved, run_dir), "interactive": True}}
+    try:
+        return env.get_template(INTERACTIVE_TEMPLATE).render(context)
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"template error: {exc.message}", where=INTERACTIVE_TEMPLATE) from exc
 
 
 def render_shell_rc(resolved: Resolved) -> str:

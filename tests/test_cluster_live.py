@@ -23,11 +23,14 @@ from typer.testing import CliRunner
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import RankProcess
+from slurmkit.config.loader import resolve
+from slurmkit.runs import jobs
 from slurmkit.runs.stack import stacks
 from slurmkit.slurm import interactive
 from tests.test_cluster_faults import FINE_LOG, start, steps_done, wait_step, wait_until
 
 pytestmark = pytest.mark.cluster
+STANDINS = Path(__file__).resolve().parent / "standins"
 
 
 class Terminal:
@@ -126,17 +129,26 @@ def test_attach_to_a_run_that_is_not_running_is_one_line(cluster: None, tmp_path
     assert len(shown.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("container", [None, "apptainer"])
 def test_shell_is_an_allocation_with_the_profiles_setup_ended_by_exit(cluster: None, tmp_path: Path,
-                                                                       run_root: Path) -> None:
+                                                                       run_root: Path, container: str | None) -> None:
     """`slurmkit shell`, typed into a terminal: salloc, then a shell on the allocation's node with the
     profile's variables (a value that would run a command, if it were not quoted, among them);
-    `exit` ends the shell and the allocation, and its rc file's folder is gone."""
+    `exit` ends the shell and the allocation, and its rc file's folder is gone. With a container
+    (the stand-in apptainer, tests/standins), the shell runs through the ranks' image."""
+    from tests.test_containers import CONTAINERS
+
+    logs = tmp_path / "argv"
+    logs.mkdir()
     profile = tmp_path / "shellprof.yaml"
     profile.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(run_root),
-                                       "setup": {"env": {"PROBE": "from the profile $(echo not run)"}}}))
+                                       "setup": {"env": {"PROBE": "from the profile $(echo not run)"}},
+                                       **({"container": CONTAINERS[container]} if container else {})}))
     command = shlex.join([sys.executable, "-m", "slurmkit", "shell", "-p", str(profile), "--nodes", "1",
                           "--time", "00:05:00"])
-    term = Terminal("shell", f"PATH={shlex.quote(os.environ['PATH'])} {command}; echo SHELL-ENDED-$?; sleep 60")
+    path = f"{STANDINS}:{os.environ['PATH']}" if container else os.environ["PATH"]
+    term = Terminal("shell", f"PATH={shlex.quote(path)} STANDIN_LOG_DIR={shlex.quote(str(logs))} {command}; "
+                             "echo SHELL-ENDED-$?; sleep 60")
     try:
         wait_until(lambda: any(ln.startswith("slurmkit: shell on ") for ln in term.lines()), 90, "the shell", 0.2)
         term.type('echo "ON=$SLURMD_NODENAME:$SLURM_JOB_NUM_NODES:$PROBE"')
@@ -150,6 +162,44 @@ def test_shell_is_an_allocation_with_the_profiles_setup_ended_by_exit(cluster: N
         term.close()
     wait_until(lambda: job not in _my_jobs(), 60, "the allocation to end", 0.5)
     assert not [p for p in run_root.iterdir() if p.name.startswith("shell-")]  # its rc file's folder removed
+    if container:  # the shell went through the image, as the ranks' commands do
+        argv = (logs / f"{container}.0.argv").read_text().splitlines()
+        assert argv[0] == "exec" and CONTAINERS[container]["image"] in argv and argv[-3:-1] == ["bash", "--rcfile"]
+
+
+def test_attach_to_a_run_in_a_container_opens_the_shell_through_its_image(cluster: None, tmp_path: Path) -> None:
+    """A command run in the stand-in apptainer; `slurmkit attach`, typed into a terminal, opens its shell
+    through the same image on rank 0's node, in the run folder, and `exit` leaves the run running."""
+    from tests.conftest import write_spec
+    from tests.test_cluster_containers import container_profile
+    from tests.test_containers import CONTAINERS
+
+    image = CONTAINERS["apptainer"]["image"]
+    profile = container_profile(tmp_path, CONTAINERS["apptainer"])
+    spec = write_spec(tmp_path, name="boxed", command="sleep 300", resources={"nodes": 1, "tasks_per_node": 1})
+    sub = jobs.submit(resolve(spec, str(profile)))
+    assert sub.job_id
+    paths, logs = RunPaths(Path(sub.run_dir)), tmp_path / "argv"
+    term = None
+    try:
+        wait_until(lambda: RankProcess.read(paths, sub.job_id or "", 0) is not None, 90, "rank 0 to start", 0.2)
+        command = shlex.join([sys.executable, "-m", "slurmkit", "attach", str(paths.run_dir), "-p", str(profile)])
+        path = f"{STANDINS}:{os.environ['PATH']}"
+        term = Terminal("attach-boxed", f"PATH={shlex.quote(path)} STANDIN_LOG_DIR={shlex.quote(str(logs))} "
+                                        f"{command}; echo ATTACH-ENDED-$?; sleep 60")
+        term.type('echo "IN=$SLURMKIT_CONTAINER_IMAGE:$SLURMKIT_RANK:$(pwd)"')
+        wait_until(lambda: any(ln.startswith("IN=/") for ln in term.lines()), 90, "the shell's answer", 0.2)
+        (answer,) = [ln for ln in term.lines() if ln.startswith("IN=/")]
+        assert answer == f"IN={image}:0:{paths.run_dir}"
+        argv = (logs / "apptainer.0.argv").read_text().splitlines()  # the attach's own, over rank 0's
+        assert argv[0] == "exec" and image in argv and argv[-2:] == ["bash", "-i"]
+        term.type("exit")
+        wait_until(lambda: "ATTACH-ENDED-0" in term.lines(), 60, "attach to end", 0.2)
+        assert jobs.run_state(paths).state == "RUNNING"
+    finally:
+        if term is not None:
+            term.close()
+        subprocess.run(["scancel", sub.job_id], check=False)
 
 
 def _my_jobs() -> dict[str, str]:

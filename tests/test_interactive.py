@@ -63,3 +63,53 @@ def test_a_shell_on_the_local_profile_is_one_line(tmp_path: Path) -> None:
 
     done = CliRunner().invoke(app, ["shell", "-p", "local"])
     assert done.exit_code == 2 and len(done.output.strip().splitlines()) == 1 and "Traceback" not in done.output
+
+
+STANDIN_SRUN = """#!/bin/bash
+# Stand-in for srun (named so: the cluster's own runs in tests/test_cluster_live.py): records its argv,
+# then runs what follows its options here, as a one-task step on a node would.
+printf '%s\\n' "$@" > "$STANDIN_LOG_DIR/srun.argv"
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+exec "$@"
+"""
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer", "docker"])
+def test_a_shell_in_a_container_profile_goes_through_the_ranks_container(tmp_path: Path, runtime: str) -> None:
+    """The launcher `shell` and `attach` use with a container: checked shell, and run (with stand-in
+    srun, apptainer and docker) it puts the command in the ranks' image, with their mounts."""
+    from slurmkit.runs import shell
+    from tests.test_containers import CONTAINERS, profile_with
+
+    argv, folder = shell.prepare(str(profile_with(tmp_path, CONTAINERS[runtime])), [])
+    launcher = folder / shell.LAUNCHER
+    check_shell(launcher.read_text(), tmp_path)
+    tail = argv[argv.index("bash"):]
+    assert tail == ["bash", str(launcher), "--pty", "-N1", "-n1", "--", "bash", "--rcfile",
+                    str(folder / shell.RC_FILE), "-i"]
+    bin_dir, logs = tmp_path / "bin", tmp_path / "logs"
+    bin_dir.mkdir()
+    logs.mkdir()
+    (bin_dir / "srun").write_text(STANDIN_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    standins = Path(__file__).resolve().parent / "standins"
+    env = {"PATH": f"{bin_dir}:{standins}:/usr/bin:/bin", "STANDIN_LOG_DIR": str(logs), "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(launcher), "--pty", "-N1", "-n1", "--", "echo", "inside"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "inside", done.stderr
+    srun = (logs / "srun.argv").read_text().splitlines()
+    image = CONTAINERS[runtime]["image"]
+    runs = str(tmp_path / "runs")
+    if runtime == "pyxis":
+        assert f"--container-image={image}" in srun and any(runs in a for a in srun if a.startswith("--container-m"))
+    else:
+        container = (logs / f"{runtime}.x.argv").read_text().splitlines()
+        assert image in container and any(f"{runs}:{runs}" in a for a in container)
+        assert container[container.index(image) + 1:] == ["echo", "inside"]
+        assert ("-it" in container) == (runtime == "docker")  # docker needs a terminal of its own
+
+
+def test_attach_to_a_run_in_a_container_goes_through_the_same_launcher(tmp_path: Path) -> None:
+    argv = interactive.attach_argv("42", "node1", "/runs/r", launcher="/runs/r/interactive.sh")
+    assert argv[:2] == ["bash", "/runs/r/interactive.sh"] and argv[-3:] == ["--", "bash", "-i"]
+    assert "--overlap" in argv and "--jobid=42" in argv and "--pty" in argv

@@ -22,4 +22,4 @@ def attach(run: RunArg, profile: ProfileOpt = None,
     to = target(find_run(run_root_for(profile), run), rank)
     typer.echo(f"slurmkit: attaching to job {to.job_id} on {to.host} (rank {to.rank}); `exit` leaves", err=True)
     env = {**os.environ, "SLURMKIT_RUN_DIR": to.run_dir, "SLURMKIT_RANK": str(to.rank)}
-    interactive.exec_interactive(interactive.attach_argv(to.job_id, to.host, to.run_dir), env)
+    interactive.exec_interactive(interactive.attach_argv(to.job_id, to.host, to.run_dir, launcher=to.launcher), env)

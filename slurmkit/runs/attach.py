@@ -1,18 +1,25 @@
 """`slurmkit attach RUN [--rank N]`: an interactive shell inside a live run's allocation, on the node
 where rank N runs, beside the job's own steps (`srun --overlap --pty`): the run's files, its
-processes, its node's GPUs as the ranks see them. The shell starts in the run folder with
-SLURMKIT_RUN_DIR, SLURMKIT_RANK and SLURM_JOB_ID set.
+processes, its node's GPUs as the ranks see them; a run in a container gets the shell in its ranks'
+image with their mounts and variables. The shell starts in the run folder with SLURMKIT_RUN_DIR,
+SLURMKIT_RANK and SLURM_JOB_ID set.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import RankProcess
-from slurmkit.common.record import RunFile
+from slurmkit.common.record import RunFile, RunRecord
+from slurmkit.config.loader import Resolved
+from slurmkit.config.profile import ClusterProfile, Resources
+from slurmkit.config.runspec import RunSpec
+from slurmkit.render import render_interactive
 from slurmkit.runs.jobs import statuses
+from slurmkit.runs.shell import LAUNCHER
 
 
 @dataclass(frozen=True)
@@ -23,6 +30,8 @@ class Target:
     job_id: str
     rank: int
     host: str
+    launcher: str | None = None
+    """A run in a container: the launcher that opens the shell in it (render.render_interactive)."""
 
 
 def target(paths: RunPaths, rank: int = 0) -> Target:
@@ -36,12 +45,21 @@ def target(paths: RunPaths, rank: int = 0) -> Target:
     if not 0 <= rank < record.num_tasks:
         raise SlurmkitError(f"run {paths.run_id} has no rank {rank}", where="--rank",
                             valid=f"its ranks are 0-{record.num_tasks - 1}")
-    if record.profile.get("container"):
-        raise SlurmkitError(f"run {paths.run_id} runs in a container: attach opens a shell on the host only",
-                            valid="a run without a container; `slurmkit stack` works in both")
     job_id = record.job_ids[-1]
     where = RankProcess.read(paths, job_id, rank)
     if where is None:
         raise SlurmkitError(f"rank {rank} of run {paths.run_id} has not started yet (no record of its node)",
                             valid="attach once the run steps (`slurmkit logs -f` shows it)")
-    return Target(str(paths.run_dir), job_id, rank, where.host)
+    return Target(str(paths.run_dir), job_id, rank, where.host, _launcher(paths, record))
+
+
+def _launcher(paths: RunPaths, record: RunRecord) -> str | None:
+    """A run in a container: the launcher into the same image, mounts and variables as its ranks
+    (written into the run folder, which the container mounts); None for a run on the host."""
+    if not record.profile.get("container"):
+        return None
+    resolved = Resolved(RunSpec.model_validate(record.spec), ClusterProfile.model_validate(record.profile),
+                        record.profile_name, Resources.model_validate(record.resources), record.spec_source)
+    launcher = paths.run_dir / LAUNCHER
+    atomic_write_text(launcher, render_interactive(resolved, str(paths.run_dir)))
+    return str(launcher)

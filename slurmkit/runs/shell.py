@@ -1,6 +1,7 @@
 """`slurmkit shell -p P`: an interactive allocation with a profile's resources, and a shell on its
 first node with the profile's modules, venv, variables and setup commands, as a batch job of that
-profile would see them (`salloc`, then `srun --pty bash --rcfile`). The rc file lives in a folder of the
+profile would see them (`salloc`, then `srun --pty bash --rcfile`), in the profile's container when it
+has one (the ranks' image, mounts and variables). The rc file lives in a folder of the
 caller's own under the profile's run_root (the compute node reads it) and is removed when the shell ends."""
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from pathlib import Path
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.config.loader import resolve
-from slurmkit.render import render_shell_rc
+from slurmkit.render import render_interactive, render_shell_rc
 from slurmkit.runs import registry
 from slurmkit.slurm import interactive
 
 SHELL_SPEC = {"name": "shell", "command": "bash"}
 RC_FILE = "shell_rc.sh"
+LAUNCHER = "interactive.sh"
 
 
 def prepare(profile: str | None, sets: list[str]) -> tuple[list[str], Path]:
@@ -26,13 +28,14 @@ def prepare(profile: str | None, sets: list[str]) -> tuple[list[str], Path]:
     if p.executor != "slurm":
         raise SlurmkitError("a shell needs a Slurm cluster", where="profile:executor",
                             valid="valid: a profile with executor: slurm (the local one runs no allocation)")
-    if p.container is not None:
-        raise SlurmkitError("the profile runs its ranks in a container: shell opens one on the host only",
-                            where="profile:container", valid="a profile without a container, for now")
     folder = registry.create(p.run_root, "shell", p.run_mode).run_dir
     rc = folder / RC_FILE
     atomic_write_text(rc, render_shell_rc(resolved))
-    return interactive.salloc_argv(resolved, str(rc)), folder
+    launcher = None
+    if p.container is not None:  # the shell runs in the ranks' container; the folder is mounted in it
+        launcher = str(folder / LAUNCHER)
+        atomic_write_text(launcher, render_interactive(resolved, str(folder)))
+    return interactive.salloc_argv(resolved, str(rc), launcher), folder
 
 
 def open_shell(profile: str | None, sets: list[str]) -> int:

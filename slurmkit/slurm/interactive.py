@@ -15,11 +15,22 @@ from slurmkit.config.loader import Resolved
 SHELL_JOB_NAME = "slurmkit-shell"
 
 
-def attach_argv(job_id: str, host: str, chdir: str, shell: str = "bash") -> list[str]:
+def _srun(launcher: str | None) -> list[str]:
+    """srun itself, or the launcher that runs it with the profile's container (render.render_interactive),
+    its srun options then `--` then the command."""
+    return ["srun"] if launcher is None else ["bash", launcher]
+
+
+def _command(launcher: str | None, command: list[str]) -> list[str]:
+    return command if launcher is None else ["--", *command]
+
+
+def attach_argv(job_id: str, host: str, chdir: str, shell: str = "bash", launcher: str | None = None) -> list[str]:
     """An interactive shell on `host` inside job `job_id`'s allocation, beside its steps (--overlap),
-    on a terminal (--pty). The caller's environment goes along (srun's --export=ALL)."""
-    return ["srun", "--overlap", f"--jobid={trust.job_id(job_id, 'job id')}", f"--nodelist={host}", "-N1", "-n1",
-            "--pty", f"--chdir={chdir}", shell, "-i"]
+    on a terminal (--pty), in the run's container when `launcher` is its launcher. The caller's
+    environment goes along (srun's --export=ALL)."""
+    return [*_srun(launcher), "--overlap", f"--jobid={trust.job_id(job_id, 'job id')}", f"--nodelist={host}", "-N1",
+            "-n1", "--pty", f"--chdir={chdir}", *_command(launcher, [shell, "-i"])]
 
 
 def exec_interactive(argv: list[str], env: dict[str, str]) -> NoReturn:
@@ -27,10 +38,11 @@ def exec_interactive(argv: list[str], env: dict[str, str]) -> NoReturn:
     os.execvpe(argv[0], argv, env)
 
 
-def salloc_argv(resolved: Resolved, rcfile: str) -> list[str]:
+def salloc_argv(resolved: Resolved, rcfile: str, launcher: str | None = None) -> list[str]:
     """`salloc` of the resolved resources with the profile's partition, account, QOS and the rest,
-    then one `srun --pty` bash on its first node reading `rcfile`. Each value is one argument of its
-    own, `--option=value`, so none can read as another option."""
+    then one `srun --pty` bash on its first node reading `rcfile` (in the profile's container when
+    `launcher` is its launcher). Each value is one argument of its own, `--option=value`, so none can
+    read as another option."""
     r, p = resolved.resources, resolved.profile
     values = {"nodes": resolved.alloc_nodes, "ntasks-per-node": r.tasks_per_node, "cpus-per-task": r.cpus_per_task,
               "gpus-per-node": r.gpus_per_node, "gpus-per-task": r.gpus_per_task, "gres": r.gres,
@@ -38,8 +50,8 @@ def salloc_argv(resolved: Resolved, rcfile: str) -> list[str]:
               "partition": p.partition, "account": p.account, "qos": p.qos, "constraint": p.constraint,
               "exclude": p.exclude, "reservation": p.reservation}
     flags = [f"--{key}={value}" for key, value in values.items() if value]
-    return ["salloc", f"--job-name={SHELL_JOB_NAME}", *flags, "srun", "--pty", "-N1", "-n1", "bash", "--rcfile",
-            rcfile, "-i"]
+    return ["salloc", f"--job-name={SHELL_JOB_NAME}", *flags, *_srun(launcher), "--pty", "-N1", "-n1",
+            *_command(launcher, ["bash", "--rcfile", rcfile, "-i"])]
 
 
 def run_interactive(argv: list[str]) -> int:
