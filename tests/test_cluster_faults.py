@@ -21,7 +21,7 @@ from slurmkit.common.metrics import iter_records, read_records
 from slurmkit.common.record import RunFile
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
-from slurmkit.runs import jobs
+from slurmkit.runs import jobs, track
 from slurmkit.runs import logs as run_logs
 from slurmkit.runs.failure import failure
 from slurmkit.worker import sharded
@@ -259,6 +259,11 @@ def test_scontrol_requeue_resumes_from_the_last_checkpoint_in_one_tracker_run(
     events.Reload()
     assert [e.step for e in events.Scalars("loss")] == steps
     assert [e.step for e in events.Scalars("slurmkit/restart")] == [restart.resumed_step]
+    # `slurmkit track`: the goodput accounting sacct gives (as status shows it) joins the same run
+    sent = track.track(paths).accounting
+    assert sent is not None and sent["goodput"] == RunFile(paths).read().goodput["goodput"]  # type: ignore[index]
+    run = client.get_run(run.info.run_id)
+    assert run.data.metrics["final.goodput"] == pytest.approx(sent["goodput"])
 
 
 def test_scancel_saves_at_the_step_and_ends_cancelled(cluster: None, dev_profile: Path) -> None:

@@ -98,10 +98,27 @@ def test_wandb_offline_resumes_the_same_run_id_in_the_run_folder(tmp_path: Path)
     assert json.loads(result.stdout)["folders"] == [str(f) for f in folders]
 
 
-def test_track_says_in_one_line_when_a_run_has_no_offline_wandb_run(tmp_path: Path) -> None:
-    paths = run_folder(tmp_path, {"tensorboard": True})
+def test_track_says_in_one_line_when_a_run_names_no_tracker(tmp_path: Path) -> None:
+    paths = run_folder(tmp_path, {})
     result = CliRunner().invoke(app, ["track", str(paths.run_dir)])
-    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+
+
+def test_track_sends_an_ended_runs_goodput_accounting_to_its_tracker_run(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    paths = run_folder(tmp_path, {"mlflow": uri})
+    crash_then_resume(paths)
+    # What `status` caches in run.json once sacct has the ended job (a local run has no sacct)
+    RunFile(paths).update(goodput={"goodput": 0.82, "queue_wait_s": 12.0, "node_hours": 0.5, "job_id": "7"})
+    result = CliRunner().invoke(app, ["track", str(paths.run_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["accounting"] == {"goodput": 0.82, "queue_wait_s": 12.0, "node_hours": 0.5}
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("digits").experiment_id])  # type: ignore[union-attr]
+    assert run.data.metrics["final.goodput"] == 0.82 and run.data.metrics["final.goodput_queue_wait_s"] == 12.0
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "final.goodput")] == [30]
 
 
 def test_a_sweep_task_is_a_child_of_one_parent_run(tmp_path: Path) -> None:

@@ -13,16 +13,19 @@ from slurmkit.cli.common import JsonOpt, ProfileOpt, RunArg, print_json, run_roo
 def track(run: RunArg, profile: ProfileOpt = None,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be sent; send nothing.")] = False,
           as_json: JsonOpt = False) -> None:
-    """Sync the run's offline Weights & Biases runs (tracking.wandb: offline) to W&B, as one run."""
+    """Send an ended run's goodput accounting to its trackers, and its offline Weights & Biases runs
+    (tracking.wandb: offline) to W&B, as one run."""
     from dataclasses import asdict
 
     from slurmkit.runs.lookup import find as find_run
-    from slurmkit.runs.track import sync
+    from slurmkit.runs.track import track as send
 
-    synced = sync(find_run(run_root_for(profile), run), dry_run)
+    synced = send(find_run(run_root_for(profile), run), dry_run)
     if as_json:
         print_json(asdict(synced))
     else:
+        if synced.accounting is not None:
+            typer.echo(f"goodput accounting sent to the trackers: {len(synced.accounting)} numbers")
         typer.echo(synced.output)
     if synced.returncode:
         raise typer.Exit(synced.returncode)

@@ -1,9 +1,13 @@
-"""`slurmkit track RUN`: a run's offline W&B tracker runs sent from here (the login node), where the
-compute nodes have no network. Each incarnation wrote one folder under the run folder's wandb/, all
-with the run's id, so W&B joins them into one run."""
+"""`slurmkit track RUN`, from the login node, for a run with `tracking:`:
+- an ended run's goodput accounting (computed here from sacct, as `status` does) goes to its
+  trackers as end-of-run numbers, through the ranks' interpreter, which has the trackers' packages;
+- its offline W&B runs are sent, where the compute nodes have no network. Each incarnation wrote one
+  folder under the run folder's wandb/, all with the run's id, so W&B joins them into one run."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -12,6 +16,8 @@ from pathlib import Path
 from slurmkit.common import trust
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunFile
+from slurmkit.runs import jobs
 
 SYNC_TIMEOUT_S = 1800.0
 
@@ -19,8 +25,11 @@ SYNC_TIMEOUT_S = 1800.0
 @dataclass(frozen=True)
 class Synced:
     folders: list[str]
+    """The offline W&B folders sent (none: the run has no offline W&B run)."""
     returncode: int
     output: str
+    accounting: dict[str, float] | None = None
+    """The goodput accounting sent to the trackers; None while the run is active, or without one."""
 
 
 def offline_runs(paths: RunPaths) -> list[Path]:
@@ -31,19 +40,52 @@ def offline_runs(paths: RunPaths) -> list[Path]:
     return found
 
 
-def sync(paths: RunPaths, dry_run: bool = False, python: str = sys.executable) -> Synced:
-    """`wandb sync` of every offline folder of the run (with dry_run: only what it would send)."""
+def track(paths: RunPaths, dry_run: bool = False) -> Synced:
+    """The accounting to the trackers (an ended run), then `wandb sync` of its offline folders
+    (dry_run: nothing sent, `wandb sync --dry-run` says what would be)."""
+    record = RunFile(paths).read()
+    if not (record.spec.get("tracking") or record.profile.get("tracking")):
+        raise SlurmkitError(f"run {paths.run_id} names no tracker", where=str(paths.record),
+                            valid="valid: a run with tracking: in its spec or profile (docs/tracking.md)")
+    python = os.path.expanduser(str(record.profile.get("python") or sys.executable))
+    accounting = None if dry_run else send_accounting(paths, python)
     folders = offline_runs(paths)
     if not folders:
-        raise SlurmkitError("no offline W&B run in the run folder", where=str(paths.run_dir),
-                            valid="valid: a run with tracking.wandb: offline that has logged a step")
+        return Synced([], 0, "no offline W&B run to send", accounting)
+    return _wandb_sync(paths, folders, dry_run, python, accounting)
+
+
+def send_accounting(paths: RunPaths, python: str) -> dict[str, float] | None:
+    """An ended run's goodput and cost (cached in run.json by the status this asks for) to its trackers."""
+    if jobs.is_active(jobs.run_state(paths).state):
+        return None
+    cached = RunFile(paths).read().goodput or {}
+    values = {k: float(v) for k, v in cached.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if not values:
+        return None
+    _run([python, "-P", "-m", "slurmkit.worker.tracking", str(paths.run_dir), json.dumps(values)], paths,
+         "the accounting to the trackers")
+    return values
+
+
+def _wandb_sync(paths: RunPaths, folders: list[Path], dry_run: bool, python: str,
+                accounting: dict[str, float] | None) -> Synced:
     argv = [python, "-P", "-m", "wandb", "sync", *(["--dry-run"] if dry_run else []), *map(str, folders)]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SYNC_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise SlurmkitError(f"wandb sync did not end in {SYNC_TIMEOUT_S:g} s", where=str(paths.run_dir),
-                            valid="valid: try again; the folders stay") from exc
+    proc = _run(argv, paths, "wandb sync", check=False)
     if "No module named wandb" in proc.stderr:
         raise SlurmkitError(f"wandb is not installed for {python}", where="tracking.wandb",
                             valid="valid: pip install 'slurmkit[tracking]' (or wandb) here")
-    return Synced([str(f) for f in folders], proc.returncode, (proc.stdout + proc.stderr).strip())
+    return Synced([str(f) for f in folders], proc.returncode, (proc.stdout + proc.stderr).strip(), accounting)
+
+
+def _run(argv: list[str], paths: RunPaths, what: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SYNC_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmkitError(f"{what} did not end in {SYNC_TIMEOUT_S:g} s", where=str(paths.run_dir),
+                            valid="valid: try again; nothing is lost") from exc
+    if check and proc.returncode:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SlurmkitError(f"{what} failed: {tail}", where=str(paths.run_dir),
+                            valid="valid: the ranks' python with the trackers' packages (slurmkit[tracking])")
+    return proc

@@ -25,6 +25,7 @@ from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.metrics import iter_records_reversed
 from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.common.trust import read_own
 from slurmkit.worker import trackers
@@ -150,3 +151,27 @@ def log(metrics: dict[str, float], step: int) -> None:
         _active = Trackers.open(run_dir) if run_dir else None
     if _active is not None:
         _active.log({k: float(v) for k, v in metrics.items()}, int(step))
+
+
+def send_accounting(run_dir: str, values: dict[str, float]) -> bool:
+    """An ended run's goodput accounting (computed by `slurmkit track` on the login node, from
+    sacct) to its trackers, as their end-of-run numbers; False when the run names no tracker."""
+    paths = RunPaths(Path(run_dir))
+    last = next((int(r["step"]) for r in iter_records_reversed(paths.metrics) if "step" in r), 0)
+    trackers = Trackers.open(run_dir, resumed_from=last)  # as a resumed incarnation: nothing purged
+    if trackers is None:
+        return False
+    trackers.finish({(k if k.startswith("goodput") else f"goodput_{k}"): v for k, v in values.items()})
+    trackers.close()
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -P -m slurmkit.worker.tracking RUN_DIR ACCOUNTING_JSON (run by runs.track with the
+    ranks' interpreter, which has the trackers' packages): exit 3 when the run names no tracker."""
+    run_dir, payload = (argv if argv is not None else sys.argv[1:])[:2]
+    return 0 if send_accounting(run_dir, json.loads(payload)) else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
