@@ -208,3 +208,39 @@ def test_the_docs_example_through_submit_on_the_local_profile(tmp_path: Path) ->
     events.Reload()
     assert [e.step for e in events.Scalars("loss")] == steps
     assert list((paths.run_dir / "wandb").glob(f"offline-run-*-{paths.run_id}"))
+
+
+USER_SCRIPT = """
+import mlflow, wandb
+
+# A user's own loop with the trackers' own API and no run ids of its own: slurmkit's variables say which
+run = wandb.init()
+with mlflow.start_run() as mine:
+    for step in range(1, 4):
+        mlflow.log_metric("user_acc", step / 10, step=step)
+        run.log({"user_acc": step / 10}, step=step)
+run.finish()
+print("logged", run.id, mine.info.run_id)
+"""
+
+
+def test_a_users_command_with_the_trackers_own_api_logs_to_the_runs_tracker_runs(tmp_path: Path) -> None:
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "user_train.py").write_text(USER_SCRIPT)
+    spec = {"name": "mine", "command": f"python {tmp_path / 'user_train.py'}", "resources": {"tasks_per_node": 1},
+            "tracking": {"mlflow": uri, "wandb": "offline"}}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(spec))
+    profile = tmp_path / "p.yaml"
+    profile.write_text(f"extends: local\nrun_root: {tmp_path / 'runs'}\n")
+    result = CliRunner().invoke(app, ["submit", str(tmp_path / "mine.yaml"), "-p", str(profile), "--wait", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    _, wandb_id, mlflow_id = out["result"]["stdout"].split()
+    assert wandb_id == out["run_id"]  # W&B's run is the slurmkit run's
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("mine").experiment_id])  # type: ignore[union-attr]
+    assert run.info.run_id == mlflow_id and run.data.tags[tracking.trackers.RUN_TAG] == out["run_id"]
+    assert [m.step for m in client.get_metric_history(mlflow_id, "user_acc")] == [1, 2, 3]

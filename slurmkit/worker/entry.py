@@ -16,7 +16,7 @@ from slurmkit.common import cause, outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import CommandStop
 from slurmkit.common.slurm_env import slurm_job_id
-from slurmkit.worker import checkpoint, ray_driver
+from slurmkit.worker import checkpoint, ray_driver, tracking
 from slurmkit.worker.command import CommandFailed, run_command
 from slurmkit.worker.dist import detect, rank_env
 from slurmkit.worker.ft import checkpointable, restarts
@@ -74,6 +74,8 @@ class Run:
             return train_task.run(self.spec.get("config") or {}, self.run_dir)
 
         record_restart(self.run_dir)
+        # A function's or command's own wandb.init() / mlflow.start_run() go on with the run's tracker runs
+        os.environ.update(tracking.environment(self.run_dir, detect().rank))
         user_imports()
         with requeue_on_signal(self.run_dir):
             if self.spec.get("command") is not None:

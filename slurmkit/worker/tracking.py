@@ -153,6 +153,31 @@ def log(metrics: dict[str, float], step: int) -> None:
         _active.log({k: float(v) for k, v in metrics.items()}, int(step))
 
 
+def environment(run_dir: str, rank: int) -> dict[str, str]:
+    """The variables with which a user's function or command logs to the run's tracker runs through
+    the trackers' own API: W&B's run id, project, group, folder and mode (a bare `wandb.init()` then
+    resumes the run's W&B run); MLflow's tracking URI and experiment, and on rank 0 the run's MLflow
+    run id, found or made here (a bare `mlflow.start_run()` then goes on with it)."""
+    paths = RunPaths(Path(run_dir))
+    info = RunInfo.of(paths, RunFile(paths).read()) if paths.record.exists() else None
+    if info is None:
+        return {}
+    t, env = info.tracking, dict[str, str]()
+    if t.wandb:
+        env.update(WANDB_RUN_ID=info.run_id, WANDB_RESUME="allow", WANDB_PROJECT=info.project, WANDB_NAME=info.name,
+                   WANDB_DIR=str(paths.tracking_dir), WANDB_MODE=t.wandb)
+        env.update({"WANDB_RUN_GROUP": info.sweep_id} if info.sweep_id else {})
+        env.update({"WANDB_ENTITY": t.wandb_entity} if t.wandb_entity else {})
+    if t.mlflow:
+        env.update(MLFLOW_TRACKING_URI=t.mlflow, MLFLOW_EXPERIMENT_NAME=info.project)
+        if rank == 0:
+            try:
+                env["MLFLOW_RUN_ID"] = trackers.Mlflow(info, t.mlflow).run_id
+            except Exception as exc:  # said, and the user's code makes its own run
+                print(f"slurmkit: tracking: mlflow left out: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    return env
+
+
 def send_accounting(run_dir: str, values: dict[str, float]) -> bool:
     """An ended run's goodput accounting (computed by `slurmkit track` on the login node, from
     sacct) to its trackers, as their end-of-run numbers; False when the run names no tracker."""
