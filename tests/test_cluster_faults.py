@@ -209,7 +209,9 @@ def check_report_of_a_run_preempted_once(paths: RunPaths, job_id: str, info: dic
     assert len(rows) == 2 and status["node_hours"] == pytest.approx(node_s / 3600, abs=1e-3)
     assert status["gpu_hours"] == 0 and 0 < status["lost_node_hours"] < status["node_hours"]
     assert info["cost"]["node_hours"] == pytest.approx(status["node_hours"], abs=1e-3)
-    assert "data:image/png;base64," in html and "preemption" in html
+    # The HTML page carries its panels' data (report_html): the restart and both incarnations came back
+    page = json.loads(html.split("<script type='application/json' id='report-data'>", 1)[1].split("</script>", 1)[0])
+    assert [cause for _, cause in page["restarts"]] == ["preemption"] and len(page["segments"]) == 2
 
 
 def test_preempted_with_checkpoints_on_s3_resumes_bitwise(cluster: None, dev_profile: Path,
