@@ -27,8 +27,9 @@ from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records_reversed
 from slurmkit.common.record import RestartEntry, RunFile
-from slurmkit.common.trust import read_own
+from slurmkit.common.trust import NotOwnError, read_own
 from slurmkit.worker import trackers
+from slurmkit.worker.dist import detect
 from slurmkit.worker.trackers import Backend, RunInfo
 
 
@@ -92,20 +93,20 @@ class Trackers:
         """Each restart run.json holds that no backend was told of yet, as an event."""
         try:
             mtime = self.info.paths.record.stat().st_mtime
-        except OSError:
-            return
-        if mtime == self._record_mtime:
-            return
-        self._record_mtime = mtime
-        restarts = RunFile(self.info.paths).read().restarts
-        if len(restarts) <= self._seen_restarts:
-            return
-        for entry in restarts[self._seen_restarts:]:
-            step = entry.resumed_step if entry.resumed_step is not None else (entry.step or self.resumed_from)
-            self._each("event", _event(step, entry))
-        self._seen_restarts = len(restarts)
-        # The next incarnation tells the trackers only of restarts after these.
-        atomic_write_text(self.info.paths.tracking_state, json.dumps({"restarts_told": self._seen_restarts}))
+            if mtime == self._record_mtime:
+                return
+            self._record_mtime = mtime
+            restarts = RunFile(self.info.paths).read().restarts
+            if len(restarts) <= self._seen_restarts:
+                return
+            for entry in restarts[self._seen_restarts:]:
+                step = entry.resumed_step if entry.resumed_step is not None else (entry.step or self.resumed_from)
+                self._each("event", _event(step, entry))
+            self._seen_restarts = len(restarts)
+            # The next incarnation tells the trackers only of restarts after these.
+            atomic_write_text(self.info.paths.tracking_state, json.dumps({"restarts_told": self._seen_restarts}))
+        except Exception as exc:  # run.json mid-edit elsewhere, a full disk: the next record tries again
+            print(f"slurmkit: tracking: restarts not read: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
     def finish(self, summary: dict[str, Any]) -> None:
         """The run's end: its summary's numbers, and the tracker run closed as finished."""
@@ -123,10 +124,11 @@ def _told(paths: RunPaths) -> int:
     """Restarts an earlier incarnation told the trackers of."""
     try:
         return int(json.loads(read_own(paths.tracking_state, 4096))["restarts_told"])
-    except FileNotFoundError:
+    except NotOwnError as exc:  # not acted on: the events again, rather than none
+        print(f"slurmkit: tracking: {exc}", file=sys.stderr, flush=True)
         return 0
-    except (ValueError, KeyError, TypeError):
-        return 0  # a torn or foreign file: the events again, rather than none
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or torn
+        return 0
 
 
 _active: Trackers | None = None
@@ -143,7 +145,7 @@ def log(metrics: dict[str, float], step: int) -> None:
     """Log `metrics` at `step` to the run's trackers from a user's function or command; a no-op on
     every rank but 0, outside a slurmkit run, and where the run names no tracker."""
     global _active, _opened
-    if os.environ.get("RANK", "0") != "0":
+    if detect().rank != 0:
         return
     if not _opened:
         _opened = True
@@ -183,11 +185,11 @@ def send_accounting(run_dir: str, values: dict[str, float]) -> bool:
     sacct) to its trackers, as their end-of-run numbers; False when the run names no tracker."""
     paths = RunPaths(Path(run_dir))
     last = next((int(r["step"]) for r in iter_records_reversed(paths.metrics) if "step" in r), 0)
-    trackers = Trackers.open(run_dir, resumed_from=last)  # as a resumed incarnation: nothing purged
-    if trackers is None:
+    opened = Trackers.open(run_dir, resumed_from=last)  # as a resumed incarnation: nothing purged
+    if opened is None:
         return False
-    trackers.finish({(k if k.startswith("goodput") else f"goodput_{k}"): v for k, v in values.items()})
-    trackers.close()
+    opened.finish({(k if k.startswith("goodput") else f"goodput_{k}"): v for k, v in values.items()})
+    opened.close()
     return True
 
 
