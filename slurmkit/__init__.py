@@ -4,7 +4,8 @@ The public Python API, imported on first use so that `import slurmkit` (and the 
 light and never imports torch:
 
     slurmkit.Executor, slurmkit.Job, slurmkit.as_completed, slurmkit.sweep, slurmkit.Checkpoint,
-    slurmkit.distributed, slurmkit.SlurmkitError (and the other errors of slurmkit.common.errors)
+    slurmkit.distributed, slurmkit.tracking (its `log`), slurmkit.SlurmkitError (and the other errors of
+    slurmkit.common.errors)
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ _EXPORTS = {
     **{name: "slurmkit.common.errors" for name in ("SlurmkitError", "ConfigError", "JobFailedError", "SlurmError",
                                                     "PreflightError", "RunNotFoundError")},
 }
-__all__ = [*_EXPORTS, "distributed", "checkpoint"]
+__all__ = [*_EXPORTS, "distributed", "checkpoint", "tracking"]
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    if name in ("distributed", "checkpoint"):
+    if name in ("distributed", "checkpoint", "tracking"):
         return importlib.import_module(f"slurmkit.worker.{name}")  # they run in the job
     raise AttributeError(f"module 'slurmkit' has no attribute {name!r}")

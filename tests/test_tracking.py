@@ -142,7 +142,7 @@ def test_a_sweep_task_is_a_child_of_one_parent_run(tmp_path: Path) -> None:
 def test_a_users_own_log_reaches_the_runs_tracker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    import slurmkit.tracking
+    import slurmkit
 
     paths = run_folder(tmp_path, {"tensorboard": True})
     monkeypatch.setenv("SLURMKIT_RUN_DIR", str(paths.run_dir))
@@ -160,8 +160,11 @@ def test_a_users_own_log_reaches_the_runs_tracker(tmp_path: Path, monkeypatch: p
 
 
 def test_a_tracking_uri_that_is_none_is_refused_in_one_line() -> None:
-    with pytest.raises(ValueError, match="mlflow="):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as refused:
         Tracking(mlflow="mlruns")
+    assert refused.value.errors()[0]["loc"] == ("mlflow",)  # where, for the one line (file:tracking.mlflow)
     assert Tracking(mlflow="sqlite:////tmp/x.db").any and not Tracking().any
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from slurmkit.config.fields import Strict
 
@@ -29,12 +29,13 @@ class Tracking(Strict):
     wandb_entity: str | None = Field(None, min_length=1, max_length=128)
     """The W&B team or user; unset: the logged-in account's default."""
 
-    @model_validator(mode="after")
-    def _uri(self) -> Tracking:
-        if self.mlflow is not None and not self.mlflow.startswith(_URI_SCHEMES):
-            raise ValueError(f"mlflow={self.mlflow!r} is no tracking URI this can use; valid: "
+    @field_validator("mlflow")
+    @classmethod
+    def _uri(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(_URI_SCHEMES):
+            raise ValueError(f"{value!r} is no tracking URI this can use; valid: "
                              "sqlite:///ABSOLUTE/PATH.db, http(s)://HOST[:PORT], file:/ABSOLUTE/FOLDER or a folder")
-        return self
+        return value
 
     @property
     def any(self) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +18,8 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, steps_of
 from slurmkit.common.record import RunFile
 from slurmkit.insight import cost, goodput, report_html
+from slurmkit.insight.report_data import ReportData, Segment
 from slurmkit.insight.report_html import STATE_COLORS
-
-
-@dataclass
-class Segment:
-    """One incarnation on the timeline: queued from `queued`, running from `start` to `end`."""
-
-    job_id: str
-    n: int
-    queued: float | None
-    start: float | None
-    end: float | None
-    state: str
-    nodes: str
-    cause: str = ""
-    """Why this incarnation ended and the run was restarted (run.json), empty for the last one."""
-    startup: dict[str, float] = field(default_factory=dict)
-    """Seconds in each start-up phase, from its first step's record (goodput.startup_spans)."""
-    in_job: list[tuple[float, str]] = field(default_factory=list)
-    """In-job restarts inside this incarnation (a new srun step, no requeue): when, and the cause."""
-
 
 MAX_POINTS = 2000
 """Points per curve: records are averaged into step buckets, so a report's memory does not grow with the run."""
@@ -74,20 +54,6 @@ class Curve:
         return [{"step": k * self.width, "loss": b[1] / b[0], "loss_min": b[5], "loss_max": b[6], "time": b[7],
                  "samples_per_s": b[3] / b[2] if b[2] else 0.0, "mfu": b[4] / b[2] if b[2] else 0.0}
                 for k, b in sorted(self._buckets.items())]
-
-
-@dataclass
-class ReportData:
-    run_id: str
-    steps: list[dict[str, float]]
-    """The curve's points (at most about MAX_POINTS), oldest step first."""
-    gpu: list[dict[str, Any]]
-    segments: list[Segment]
-    accounting: goodput.Goodput
-    summary: dict[str, Any] = field(default_factory=dict)
-    restarts: list[tuple[int, str]] = field(default_factory=list)
-    """Every restart at the step training went on from (the checkpoint resumed, or the failed step's
-    start for an in-job one), with its cause: marked on the curves."""
 
 
 def collect(paths: RunPaths) -> ReportData:

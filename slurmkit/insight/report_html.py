@@ -8,10 +8,9 @@ import html
 import json
 import math
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # report imports this module to write its pages
-    from slurmkit.insight.report import ReportData
+from slurmkit.insight.report_data import ReportData
 
 STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
                 "PREEMPTED": "#ef6c00", "TIMEOUT": "#ef6c00", "NODE_FAIL": "#c62828", "FAILED": "#c62828",
