@@ -164,7 +164,7 @@ def test_shell_is_an_allocation_with_the_profiles_setup_ended_by_exit(cluster: N
     assert not [p for p in run_root.iterdir() if p.name.startswith("shell-")]  # its rc file's folder removed
     if container:  # the shell went through the image, as the ranks' commands do
         argv = (logs / f"{container}.0.argv").read_text().splitlines()
-        assert argv[0] == "exec" and CONTAINERS[container]["image"] in argv and argv[-3:-1] == ["bash", "--rcfile"]
+        assert argv[0] == "exec" and CONTAINERS[container]["image"] in argv and argv[-4:-2] == ["bash", "--rcfile"]
 
 
 def test_attach_to_a_run_in_a_container_opens_the_shell_through_its_image(cluster: None, tmp_path: Path) -> None:
