@@ -224,7 +224,11 @@ class Wandb:
         self.run.log(values, step=step)
 
     def event(self, step: int, entry: RestartEntry) -> None:
-        self.run.log({"slurmkit/restart": 1.0, "slurmkit/lost_steps": float(entry.lost_steps or 0)}, step=step)
+        # W&B drops a point below the highest step it has (a crash's resume step is): the restart goes at
+        # the first step W&B takes, and the count of restarts into the run's summary.
+        self.run.log({"slurmkit/restart": 1.0, "slurmkit/lost_steps": float(entry.lost_steps or 0),
+                      "slurmkit/resumed_step": float(step)}, step=max(step, int(self.run.step)))
+        self.run.summary["slurmkit/restarts"] = int(self.run.summary.get("slurmkit/restarts", 0)) + 1
 
     def finish(self, step: int, summary: dict[str, float]) -> None:
         self.run.summary.update({f"final/{k}": v for k, v in summary.items()})
