@@ -125,6 +125,10 @@ class RunRecord(Record):
     goodput: dict[str, Any] | None = None
     """The goodput accounting (insight.goodput) of the last job that finished, with its job_id."""
 
+    def tracking(self) -> dict[str, Any] | None:
+        """The run's `tracking:` as submitted: the spec's, else the profile's (config.tracking.Tracking)."""
+        return self.spec.get("tracking") or self.profile.get("tracking") or None
+
     def budget(self, cause: str) -> int:
         """The profile's `requeue` budget for cause. An external `scontrol requeue` (or a restart nobody
         recorded a reason for) spends the preemption budget: from inside the job it looks the same."""

@@ -44,7 +44,7 @@ def track(paths: RunPaths, dry_run: bool = False) -> Synced:
     """The accounting to the trackers (an ended run), then `wandb sync` of its offline folders
     (dry_run: nothing sent, `wandb sync --dry-run` says what would be)."""
     record = RunFile(paths).read()
-    if not (record.spec.get("tracking") or record.profile.get("tracking")):
+    if record.tracking() is None:
         raise SlurmkitError(f"run {paths.run_id} names no tracker", where=str(paths.record),
                             valid="valid: a run with tracking: in its spec or profile (docs/tracking.md)")
     python = os.path.expanduser(str(record.profile.get("python") or sys.executable))

@@ -39,8 +39,8 @@ class RunInfo:
     @classmethod
     def of(cls, paths: RunPaths, record: RunRecord) -> RunInfo | None:
         """None when the run names no tracker."""
-        raw = record.spec.get("tracking") or record.profile.get("tracking")
-        if not raw:
+        raw = record.tracking()
+        if raw is None:
             return None
         tracking = Tracking.model_validate(raw)
         name = str(record.spec.get("name") or record.name)

@@ -159,10 +159,15 @@ class Incarnation:
         # Not an exception: submitit must not record a result (or an error) for this incarnation.
         raise SystemExit(0)
 
+    @property
+    def resumed_step(self) -> int | None:
+        """The step this incarnation restored; None when it started fresh or keeps no checkpoints."""
+        return self.ft.ckpt.resumed_step if self.ft else None
+
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.ft:
-            out.update(resumed_from_step=self.ft.ckpt.resumed_step,
+            out.update(resumed_from_step=self.resumed_step,
                        checkpoint_stall_s=round(self.ft.ckpt.stall_s, 4))
         if self.paths and self.paths.record.exists():
             restarts = RunFile(self.paths).read().restarts

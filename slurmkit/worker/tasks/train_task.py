@@ -77,7 +77,7 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
                   f"global_batch={trainer.global_batch} peak={extras['peak_flops']:.3g} ({extras['peak_source']})",
                   flush=True)
         sampler = _gpu_sampler(cfg, dist, run_dir)
-        trackers = _trackers(trainer, dist, run_dir, life.summary().get("resumed_from_step"))
+        trackers = _trackers(trainer, dist, run_dir, life.resumed_step)
         t0 = time.perf_counter()
         try:
             summary = life.fit(trainer)
