@@ -47,13 +47,15 @@ def matmul_tflops(n: int = 8192, repeat: int = 10) -> float:
     return 2 * n**3 * repeat / (time.perf_counter() - t0) / 1e12
 
 
-def run(parallel: str, gpt: dict[str, Any], every: int, root: Path) -> tuple[float, float, dict[str, Any]]:
+def run(parallel: str, gpt: dict[str, Any], every: int, root: Path) -> tuple[float, float, dict[str, Any],
+                                                                         dict[str, list[float]]]:
+    """Both stalls as shares of step time, slurmkit's summary, and each save's stall (ours, dcp)."""
     out = root / f"stall-{parallel}"
     mp.spawn(stall_rank, args=(1, free_port(), str(root / parallel), {**gpt, "parallel": parallel}, every, str(out)),
              nprocs=1)
-    head, summary = out.read_text().split("\n", 1)
+    head, saves, summary = out.read_text().splitlines()
     ours, dcps = map(float, head.split()[:2])
-    return ours, dcps, json.loads(summary)
+    return ours, dcps, json.loads(summary), json.loads(saves)
 
 
 def main() -> None:
@@ -78,7 +80,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(dir=args.dir, prefix="bench-gpu-"))
     try:
         for parallel in ("ddp", "fsdp"):
-            ours, dcps, s = run(parallel, gpt, args.every, root)
+            ours, dcps, s, saves = run(parallel, gpt, args.every, root)
             achieved = s["mfu"] * s["peak_flops"] / 1e12
             print(f"{parallel}: backend {s['backend']}, {s['tokens_per_s']:,.0f} tokens/s, median step "
                   f"{s['median_step_s'] * 1e3:.1f} ms, MFU {s['mfu']:.1%} of {s['peak_flops'] / 1e12:.0f} TFLOP/s "
@@ -86,6 +88,9 @@ def main() -> None:
                   flush=True)
             print(f"{parallel}: async save every {args.every} of {args.steps} steps: slurmkit stall {ours:.2%} of "
                   f"step time; DCP's async_save in the same loop {dcps:.2%} (goal <= 2%)", flush=True)
+            steady = sum(saves["ours"][1:]) / (s["median_step_s"] * s["steps"])
+            print(f"{parallel}: each save's stall (s): slurmkit {saves['ours']}, DCP {saves['dcp']}; slurmkit's "
+                  f"after its first save {steady:.2%} of step time", flush=True)
             shutil.rmtree(root / parallel, ignore_errors=True)  # ~2.6 GB a save at the default size
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -90,12 +90,26 @@ GPT = {"model": "gpt", "parallel": "fsdp", "batch_size": 16, "n_layer": 4, "d_mo
 
 def stall_rank(rank: int, world: int, port: int, root: str, gpt: dict[str, Any], every: int, out: str) -> None:
     """Both loops on the same ranks: slurmkit's (the Trainer and its Checkpointer), then DCP's async_save.
-    Rank 0 writes both stalls as shares of step time, both median steps, then its own summary as JSON."""
+    Rank 0 writes both stalls as shares of step time and both median steps, then each save's stall in
+    seconds (JSON: ours, dcp), then its own summary as JSON."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    from slurmkit.worker.ft.checkpointer import Checkpointer
     from slurmkit.worker.tasks import train_task
+
+    saves: dict[str, list[float]] = {"ours": [], "dcp": []}
+    untimed = Checkpointer.save
+
+    def timed(self: Checkpointer, *args: Any, **kwargs: Any) -> None:  # each save's stall on its own
+        t0 = time.perf_counter()
+        try:
+            untimed(self, *args, **kwargs)
+        finally:
+            saves["ours"].append(round(time.perf_counter() - t0, 4))
+
+    Checkpointer.save = timed  # type: ignore[method-assign]
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMKIT_CHECKPOINT_URI=f"{root}/ours")
@@ -118,6 +132,7 @@ def stall_rank(rank: int, world: int, port: int, root: str, gpt: dict[str, Any],
             pending.append(dcp.async_save({"model": model_sd, "optim": optim_sd}, process_group=group,
                                           storage_writer=FileSystemWriter(f"{root}/dcp/step-{t.state.step}")))
             stall[0] += time.perf_counter() - t0
+            saves["dcp"].append(round(time.perf_counter() - t0, 4))
 
         trainer.hooks.append(save)
         theirs = trainer.fit()
@@ -128,7 +143,8 @@ def stall_rank(rank: int, world: int, port: int, root: str, gpt: dict[str, Any],
             return stall_s / (summary["median_step_s"] * summary["steps"])
 
         Path(out).write_text(f"{share(ours['checkpoint_stall_s'], ours)} {share(stall[0], theirs)} "
-                             f"{ours['median_step_s']} {theirs['median_step_s']}\n{json.dumps(ours)}")
+                             f"{ours['median_step_s']} {theirs['median_step_s']}\n{json.dumps(saves)}\n"
+                             f"{json.dumps(ours)}")
 
 
 def _saving_forever(rank: int, root: Path, first_step: int, store_file: Path) -> None:

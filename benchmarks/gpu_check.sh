@@ -16,19 +16,25 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c 'import torch, slurmkit; print("torch", torch.__version__, "cuda", torch.version.cuda, "slurmkit", slurmkit.__file__)'
 
 echo "== 1. tests/test_gpu_device.py"
-timeout 180 python3 -P -m pytest -q -p no:cacheprovider tests/test_gpu_device.py 2>&1 | tee "$OUT/tests.log" | tail -25
+timeout 150 python3 -P -m pytest -q -p no:cacheprovider tests/test_gpu_device.py 2>&1 | tee "$OUT/tests.log" | tail -25
 
 echo "== 2. benchmarks/bench_gpu.py"
-timeout 330 python3 -P benchmarks/bench_gpu.py --steps 500 --every 100 --dir /tmp 2>&1 | tee "$OUT/bench.log" | grep -v '^step \|committed'
+timeout 240 python3 -P benchmarks/bench_gpu.py --steps 300 --every 100 --dir /tmp 2>&1 | tee "$OUT/bench.log" | grep -v '^step \|committed'
 
 echo "== 3. slurmkit submit on the local profile, one rank, NCCL"
 cd /tmp || exit 1
-timeout 150 python3 -P -m slurmkit submit "$repo/examples/train_gpt.yaml" --set resources.tasks_per_node=1 --set resources.gpus_per_node=1 \
-  --set config.steps=300 --set config.n_layer=12 --set config.d_model=1024 --set config.n_head=16 \
+timeout 120 python3 -P -m slurmkit submit "$repo/examples/train_gpt.yaml" --set resources.tasks_per_node=1 --set resources.gpus_per_node=1 \
+  --set config.steps=200 --set config.n_layer=12 --set config.d_model=1024 --set config.n_head=16 \
   --set config.seq_len=1024 --set config.vocab_size=32000 --set config.batch_size=16 --set config.dataset_size=1024 \
   --set config.log_every=20 --set config.gpu_sample_s=1 --set config.checkpoint_every=100 --wait 2>&1 | tee "$OUT/submit.log"
 run=$(awk '$1 == "run" {print $NF; exit}' "$OUT/submit.log")
 cp "$run"/metrics-gpu-*.jsonl "$OUT/" 2>/dev/null
+grep -ho 'backend=[a-z]*' "$run"/*.out "$OUT/submit.log" 2>/dev/null | sort | uniq -c
+python3 - "$OUT" <<'PY'
+import glob, json, sys
+samples = [json.loads(line) for f in glob.glob(sys.argv[1] + "/metrics-gpu-*.jsonl") for line in open(f) if line.strip()]
+print("GPU samples:", len(samples), "first:", samples[0] if samples else None, "last:", samples[-1] if samples else None)
+PY
 python3 -P -m slurmkit result "$run" --json > "$OUT/result.json"
 python3 -P -m slurmkit report "$run" -o "$OUT/report.png" 2>&1 | tail -2
 ls "$run" > "$OUT/run_files.txt"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slurmkit.worker import gpu
-from slurmkit.worker.ckpt_threads import cpu_copy
+from slurmkit.worker.ckpt_threads import cpu_copy, reserve
 from slurmkit.worker.flops import peak_flops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -71,7 +71,7 @@ def test_the_gpt_example_trains_on_nccl_in_bf16(parallel: str, tmp_path: Path, m
         torch.distributed.destroy_process_group()
 
 
-def test_a_sharded_gpu_state_is_staged_as_dtensors_over_host_shards(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sharded_gpu_state_is_staged_as_dtensors_over_pinned_host_shards(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
@@ -82,9 +82,12 @@ def test_a_sharded_gpu_state_is_staged_as_dtensors_over_host_shards(monkeypatch:
     try:
         model: Any = fully_shard(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 3)).cuda())
         buffers: dict[str, torch.Tensor] = {}
+        reserve(get_state_dict(model, [])[0], buffers)  # as the Trainer does after its first step
         first = cpu_copy(get_state_dict(model, [])[0], buffers)
         weight = first["0.weight"]
+        assert weight is buffers["/0.weight"]  # the reserved buffer
         assert isinstance(weight, DTensor) and weight.to_local().device.type == "cpu"
+        assert weight.to_local().is_pinned()  # the shard's copy ran at the link's speed, without blocking
         with torch.no_grad():
             for param in model.parameters():
                 param.add_(1.0)

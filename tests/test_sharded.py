@@ -259,3 +259,46 @@ def test_an_fsdp_trainer_over_an_unsharded_model_is_refused_before_its_optimizer
     with distributed() as dist, pytest.raises(ValueError):
         Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), data, lambda m, b: m(b[0]).sum(), dist,
                 TrainerOptions(steps=1, micro_batch=2, parallel="fsdp"))
+
+
+# --- the host memory of a save, reserved ahead of the first one ------------------------------------
+
+
+def test_reserved_host_memory_is_what_the_first_save_copies_into_dtensors_too(tmp_path: Path) -> None:
+    """reserve() (run in a thread after the first step) allocates and touches every buffer a save of
+    the same state copies into: a DTensor's as a DTensor around a host shard, a plain tensor's as a
+    tensor; the copy that follows goes into that memory and equals the live state."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from slurmkit.worker.ckpt_threads import cpu_copy, reserve
+
+    def memory(t: Any) -> int:
+        return int((t.to_local() if isinstance(t, DTensor) else t).data_ptr())
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model: Any = fully_shard(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)))
+        state: dict[str, Any] = {"sharded": get_state_dict(model, [])[0], "plain": [torch.randn(4, 4), 7]}
+        buffers: dict[str, Any] = {}
+        reserve(state, buffers)
+        assert set(buffers) == {"/sharded/0.weight", "/sharded/0.bias", "/sharded/1.weight", "/sharded/1.bias",
+                                "/plain/0"}
+        reserved = {key: memory(t) for key, t in buffers.items()}
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        live: dict[str, Any] = get_state_dict(model, [])[0]
+        copy: dict[str, Any] = cpu_copy({"sharded": live, "plain": state["plain"]}, buffers)
+        for name, value in live.items():
+            staged = copy["sharded"][name]
+            assert isinstance(staged, DTensor) and staged.placements == value.placements
+            assert memory(staged) == reserved[f"/sharded/{name}"] != memory(value)
+            assert torch.equal(staged.to_local(), value.to_local())
+        assert memory(copy["plain"][0]) == reserved["/plain/0"] and torch.equal(copy["plain"][0], state["plain"][0])
+        assert copy["plain"][1] == 7
+    finally:
+        dist.destroy_process_group()

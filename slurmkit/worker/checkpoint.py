@@ -116,17 +116,20 @@ class Checkpoint:
         (every rank holds the same) is written by rank 0; a sharded one (DTensors anywhere in it) by
         every rank, its own shard (torch.distributed.checkpoint). `rank_state`: this rank's own part
         (its RNG, its data position), written by each rank."""
+        files, sharded = self._files(state() if callable(state) else state, rank_state)
+        self._ckpt.save(step, files, wait or not self.async_save, sharded=sharded)
+
+    def _files(self, value: Any, rank_state: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """What a save of `value` hands the Checkpointer: this rank's files, and the sharded state."""
         from slurmkit.worker.sharded import is_sharded  # torch: on first use
 
         ckpt = self._ckpt
-        value = state() if callable(state) else state
         files = {_rank_file(ckpt.ranks.rank): rank_state} if rank_state is not None else {}
         if is_sharded(value):
-            ckpt.save(step, files, wait or not self.async_save, sharded={SHARDED_KEY: value})
-            return
+            return files, {SHARDED_KEY: value}
         if ckpt.ranks.is_main:
             files[STATE_FILE] = value
-        ckpt.save(step, files, wait or not self.async_save)
+        return files, None
 
     def step(self, step: int, state: Any | Callable[[], Any], rank_state: Any = None) -> None:
         """The step boundary after `step` finished steps, on every rank. `state`, or a function
@@ -144,6 +147,8 @@ class Checkpoint:
             raise AgreedStop(agreed.stop == Stop.REQUEUE, step)
         if self.every and step % self.every == 0:
             self.save(step, state, rank_state=rank_state)
+        elif self.every and not callable(state):  # its host memory, before the first save needs it
+            ckpt.reserve(lambda: self._files(state, rank_state))
 
     def close(self) -> None:
         """Commit a save still in flight (the function returned)."""

@@ -13,17 +13,25 @@ from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore, Entry
 def cpu_copy(obj: Any, buffers: dict[str, Any] | None = None) -> Any:
     """A CPU copy of a (nested) state, taken at a step boundary so training may go on.
 
-    With `buffers`, tensors are copied into the memory of an earlier copy taken with the same
-    buffers when shapes match: fresh allocations (page faults) cost more than the copy itself. The
-    caller keeps a set of buffers out of use while its copy is being written or kept.
+    With `buffers`, tensors are copied into the memory of an earlier copy (or of reserve()) taken
+    with the same buffers when shapes match: fresh allocations (page faults, pinning) cost more than
+    the copy itself. The caller keeps a set of buffers out of use while its copy is being written
+    or kept.
 
-    A plain CUDA tensor is copied into pinned host memory without blocking, and the copies are
-    waited for once, at the end: pageable copies run at a fraction of the link's speed, and each
-    one would wait for the GPU on its own. A DTensor (FSDP's shards) takes the plain copy, into a
-    DTensor with a host shard: DTensor.from_local would move a pinned shard back onto the GPU.
+    A CUDA tensor, plain or a DTensor's shard (FSDP's), is copied into pinned host memory without
+    blocking, and the copies are waited for once, at the end: pageable copies run at a fraction of
+    the link's speed, and each one would wait for the GPU on its own.
     """
     from_gpu: list[bool] = []
-    copy = _copy(obj, buffers, "", from_gpu)
+
+    def leaf(src: Any, old: Any) -> Any:
+        dst, local = _local(old), _local(src)
+        pinned = local.is_cuda and local.numel() > 0
+        from_gpu.extend([True] if pinned else [])
+        dst.copy_(local, non_blocking=pinned)
+        return old
+
+    copy = _walk(obj, buffers, "", leaf, touch=False)
     if from_gpu:
         import torch
 
@@ -31,30 +39,63 @@ def cpu_copy(obj: Any, buffers: dict[str, Any] | None = None) -> Any:
     return copy
 
 
-def _copy(obj: Any, buffers: dict[str, Any] | None, key: str, from_gpu: list[bool]) -> Any:
+def reserve(obj: Any, buffers: dict[str, Any]) -> None:
+    """Allocate the host memory cpu_copy(obj, buffers) will copy into, and touch it, without copying:
+    run in a thread ahead of the first save, which then pays for the copy alone. Pinning gigabytes
+    takes about as long as a training step does at this size, and the first save would wait for it."""
+    _walk(obj, buffers, "", lambda src, old: old, touch=True)
+
+
+def _walk(obj: Any, buffers: dict[str, Any] | None, key: str, leaf: Callable[[Any, Any], Any], touch: bool) -> Any:
+    """`obj` with each tensor replaced by leaf(tensor, its host buffer): the one in `buffers` under
+    the tensor's path when it fits, else a new one (kept there)."""
     import torch
 
     if isinstance(obj, torch.Tensor):
         src = obj.detach()
-        # pinning no bytes fails (an empty tensor, or a shard of one smaller than the ranks)
-        pinned = src.is_cuda and type(src) is torch.Tensor and src.numel() > 0
-        from_gpu += [True] if pinned else []
         old = buffers.get(key) if buffers is not None else None
-        if old is not None and old.shape == src.shape and old.dtype == src.dtype:
-            return old.copy_(src, non_blocking=pinned)
-        if pinned:
-            copy = torch.empty(src.shape, dtype=src.dtype, pin_memory=True).copy_(src, non_blocking=True)
-        else:
-            copy = src.to("cpu", copy=True)
-        if buffers is not None:
-            buffers[key] = copy
-        return copy
+        if old is None or not _fits(old, src):
+            old = _host_buffer(src, touch)
+            if buffers is not None:
+                buffers[key] = old
+        return leaf(src, old)
     if isinstance(obj, dict):
-        return {k: _copy(v, buffers, f"{key}/{k}", from_gpu) for k, v in obj.items()}
+        return {k: _walk(v, buffers, f"{key}/{k}", leaf, touch) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        items = [_copy(v, buffers, f"{key}/{i}", from_gpu) for i, v in enumerate(obj)]
+        items = [_walk(v, buffers, f"{key}/{i}", leaf, touch) for i, v in enumerate(obj)]
         return items if isinstance(obj, list) else tuple(items)
     return obj
+
+
+def _is_dtensor(t: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def _local(t: Any) -> Any:
+    """The tensor whose bytes are copied: a DTensor's shard on this rank, else the tensor."""
+    return t._local_tensor if _is_dtensor(t) else t
+
+
+def _fits(old: Any, src: Any) -> bool:
+    return (_is_dtensor(old) == _is_dtensor(src) and old.shape == src.shape and old.dtype == src.dtype
+            and _local(old).shape == _local(src).shape)
+
+
+def _host_buffer(src: Any, touch: bool) -> Any:
+    """Host memory shaped as `src`: pinned for a CUDA tensor; for a CPU one zeroed when `touch`, so
+    its page faults are paid here. A DTensor's is a DTensor of the same spec around a host shard,
+    as DCP's own staging makes it: DTensor.from_local would move the shard back onto the GPU."""
+    import torch
+
+    if _is_dtensor(src):
+        from torch.distributed.tensor import DTensor
+
+        return DTensor(_host_buffer(src._local_tensor, touch), src._spec, requires_grad=False)
+    if src.is_cuda and src.numel() > 0:  # pinning no bytes fails (a shard of a tensor smaller than the ranks)
+        return torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+    return (torch.zeros if touch else torch.empty)(src.shape, dtype=src.dtype)
 
 
 class Prefetch:

@@ -15,6 +15,7 @@ Collectives are JSON only (slurmkit.worker.dist.Ranks): nothing a peer sends is 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 
 from slurmkit.common.errors import squash
 from slurmkit.common.layout import RunPaths
-from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy
+from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy, reserve
 from slurmkit.worker.ckptstore import SHARDED, CheckpointError, CheckpointStore, Entry
 from slurmkit.worker.dist import Ranks
 
@@ -104,6 +105,7 @@ class Checkpointer:
         self._shard_buffers: dict[str, Any] = {}  # a sharded save's host copy, the same memory each save
         self._sharded = False  # the save in flight has DCP shards
         self._group: Any = None
+        self._reserving: threading.Thread | None = None
 
     @property
     def writing(self) -> bool:
@@ -161,6 +163,26 @@ class Checkpointer:
 
     # --------------------------------------------------------------- save and commit
 
+    def reserve(self, state: Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]) -> None:
+        """Allocate the host memory of a save of state()'s files and sharded state (as save() will name
+        them) in a thread, once, ahead of the first save: pinning a large state would otherwise stall
+        that save. state() is called here, once."""
+        if self._reserving is not None:
+            return
+        files, sharded = state()
+
+        def work() -> None:
+            try:
+                reserve(files, self._buffers[self._slot])
+                if sharded is not None:
+                    reserve(sharded, self._shard_buffers)
+            except Exception:  # noqa: BLE001 - only memory made early: the save allocates what is missing
+                pass
+
+        self._reserving = threading.Thread(target=work, name="slurmkit-ckpt-reserve", daemon=True)
+        self._reserving.start()
+
+
     def save(self, step: int, files: dict[str, Any], wait: bool, mine: Collection[str] | None = None,
              sharded: dict[str, Any] | None = None) -> None:
         """Start this rank's share of step's save: `files` copied to host memory, those named in `mine`
@@ -170,6 +192,8 @@ class Checkpointer:
         t0 = time.perf_counter()
         if self.writer.pending:
             self._commit()
+        if self._reserving is not None:
+            self._reserving.join()  # its buffers are the ones this copy goes into
         taken = cpu_copy(files, self._buffers[self._slot])
         if self.host_copy:
             self._in_flight = HostCopy(step, taken, True)

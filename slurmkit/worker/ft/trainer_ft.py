@@ -226,14 +226,17 @@ class TrainerFT:
         """This rank's share of a save: rank 0 writes model, optimizer and trainer state, every rank its
         rng. With a host copy every rank takes the whole state, kept in memory once the save commits.
         Sharded (fsdp): every rank writes its shard of model and optimizer, rank 0 the trainer state."""
-        wait = wait or not self.async_save
+        files, sharded, mine = self._save_args(trainer)
+        self.ckpt.save(trainer.state.step, files, wait or not self.async_save, mine=mine, sharded=sharded)
+
+    def _save_args(self, trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any] | None, tuple[str, ...] | None]:
+        """What save() hands the Checkpointer: its files, its sharded state, the files this rank writes."""
         if trainer.sharded:
             files = {self.rng_file: rng_state(), **({"trainer.pt": trainer_meta(trainer)} if self.dist.is_main else {})}
             w = _weights(trainer)
-            self.ckpt.save(trainer.state.step, files, wait, sharded={"model": w["model"], "optim": w["optim"]})
-            return
+            return files, {"model": w["model"], "optim": w["optim"]}, None
         files = self._state(trainer, self.dist.is_main or self.ckpt.host_copy)
-        self.ckpt.save(trainer.state.step, files, wait, mine=None if self.dist.is_main else (self.rng_file,))
+        return files, None, None if self.dist.is_main else (self.rng_file,)
 
     # --------------------------------------------------------------- the step boundary
 
@@ -255,6 +258,8 @@ class TrainerFT:
         self.watchdog.progress(None if self.watchdog.armed else trainer.median_step_s(20))
         agreed = self.stop.read(trainer)
         self.ckpt.at_boundary(agreed.writing)
+        if self.every:  # after the first step: the optimizer's state exists now
+            self.ckpt.reserve(lambda: self._save_args(trainer)[:2])
         if agreed.stop:
             # Every rank stops at this same step and takes part in the final save.
             if self.faults is not None:
