@@ -11,11 +11,14 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
+
 import slurmkit
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker.checkpoint import STATE_FILE
 from slurmkit.worker.ckptstore import CheckpointStore
+from slurmkit.worker.command import run_command
 from tests.test_cluster_faults import wait_until
 
 USER_CODE = Path(__file__).parent / "user_code"
@@ -66,3 +69,16 @@ def test_a_signalled_script_stops_at_one_agreed_step_saved_on_every_rank(local_p
     assert store.latest_valid() == stops[0].step  # its save committed before the script ended
     last = [int(m) for m in re.findall(r"rank=0 step=(\d+) ", log.read_text())][-1]
     assert last == stops[0].step  # no step ran past the agreed one
+
+
+def test_a_launcher_in_the_command_outlives_the_requeue_signal_its_ranks_act_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`command: torchrun ... train.py`: Slurm signals every process of the step, torchrun included,
+    whose default action for USR2 is to die (and its store with it) under its ranks' save. The
+    command starts with the requeue signal ignored; a program that wants it puts its handler in."""
+    monkeypatch.setenv("SLURMKIT_SIGNAL", "USR2")
+    marker = tmp_path / "stop.json"
+    handled = ("python -c 'import os, signal; signal.signal(signal.SIGUSR2, lambda *_: print(\"handled\")); "
+               "os.kill(os.getpid(), signal.SIGUSR2)'")
+    out = run_command(f"kill -USR2 $$; echo launcher alive; {handled}", marker)
+    assert out["returncode"] == 0 and out["stdout"].split() == ["launcher", "alive", "handled"]

@@ -8,6 +8,11 @@ a flag), and this process waits while its ranks agree on a step, save it and exi
 stopped at comes back as AgreedStop, which the run's entry acts on as for a function (rank 0
 requeues); one that finished its work meanwhile (exit 0, no step) has completed. A command without
 one is terminated, as SIGINT would, and the stop goes on as Interrupted.
+
+The command starts with the requeue signal ignored (its ranks' Checkpoint puts its own handler in):
+Slurm delivers a step's signals to every process of the step, and a launcher of the command's own
+(`command: torchrun ... train.py`) would die of USR1 or USR2, its default action, under its ranks'
+save. A command that handles nothing is terminated by its worker as before.
 """
 
 from __future__ import annotations
@@ -93,7 +98,8 @@ def run_command(command: str, marker: Path) -> dict[str, Any]:
     # init_process_group() works under srun without slurmkit's worker.
     env = {**os.environ, **rank_env(detect()), "PATH": own_python_first(os.environ.get("PATH", "")),
            COMMAND_STOP_ENV: str(marker)}
-    with subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=None, text=True, env=env) as proc:
+    shielded = f"trap '' {requeue_signal().name[3:]}\n{command}"  # ignored stays ignored across exec
+    with subprocess.Popen(["bash", "-c", shielded], stdout=subprocess.PIPE, stderr=None, text=True, env=env) as proc:
         asked = _echo(proc, tail, marker)
         rc = proc.wait()
     stopped = CommandStop.read(marker)
