@@ -414,11 +414,11 @@ def test_a_users_script_with_a_checkpoint_preempted_loses_no_step(cluster: None,
                or not jobs.is_active(jobs.run_state(paths).state), 240, "the resumed run stepping", poll_s=0.2)
     killed = None
     if launcher == "srun":
-        script = ranks_script_pid(paths.command_stop(job_id, 1))  # found first: a /proc scan takes a while here
-        assert script is not None
+        pid = ranks_script_pid(paths.command_stop(job_id, 1))  # found first: a /proc scan takes a while here
+        assert pid is not None
         wait_until(lambda: len(_rank0_steps(paths, job_id)) >= 45, 60, "step 45", poll_s=0.1)
         killed = _rank0_steps(paths, job_id)[-1]
-        os.kill(script, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
     assert finish(sub["run_dir"], timeout_s=300).state == "COMPLETED"
     record = RunFile(paths).read()
     assert [(r.kind, r.cause) for r in record.restarts] == [("requeue", "preemption")] + (
