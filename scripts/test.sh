@@ -25,15 +25,21 @@ if [ $# -gt 0 ]; then exec python -m pytest "$@"; fi
 # The cluster tests share the one dev cluster and mostly wait on Slurm: the other tests run beside
 # them in a second pytest, whose output follows theirs.
 rest_log=$(mktemp)
+# The machine's busy and total CPU ticks (/proc/stat): how much of the CPUs the suite kept busy.
+cpu_ticks() { awk '/^cpu / {busy = $2 + $3 + $4 + $7 + $8 + $9; print busy, busy + $5 + $6}' /proc/stat; }
+read -r busy0 total0 < <(cpu_ticks)
 # A background command of a script starts with SIGINT and SIGQUIT ignored, and so would every
 # process the tests start (a local run's cancel is a SIGINT): env gives them their defaults back.
-env --default-signal=INT,QUIT python -m pytest -m "not cluster" -p no:cacheprovider >"$rest_log" 2>&1 &
+# niced: the cluster tests are the longer half, and they wait on their jobs' CPU time.
+nice -n 5 env --default-signal=INT,QUIT python -m pytest -m "not cluster" -p no:cacheprovider >"$rest_log" 2>&1 &
 rest=$!
 cluster_rc=0
 python -m pytest -m cluster || cluster_rc=$?
 rest_rc=0
 wait "$rest" || rest_rc=$?
+read -r busy1 total1 < <(cpu_ticks)
 echo "== pytest: the tests without the cluster (run beside the cluster tests)"
 cat "$rest_log"
 rm -f "$rest_log"
+echo "== pytest: the CPUs were busy $((100 * (busy1 - busy0) / (total1 - total0 + 1)))% of the time"
 exit $((cluster_rc || rest_rc))
