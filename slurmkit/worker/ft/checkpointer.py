@@ -148,7 +148,7 @@ class Checkpointer:
     def keep_start(self, step: int | None, files: dict[str, Any]) -> None:
         """With a host copy: the state training starts from is the first (a fresh start's: not on disk)."""
         if self.host_copy:
-            self.committed = HostCopy(step or 0, cpu_copy(files, self._buffers[self._slot]), step is not None)
+            self.committed = HostCopy(step or 0, cpu_copy(files, self._host_memory()), step is not None)
             self._slot ^= 1
 
     def back_to_committed(self) -> HostCopy:
@@ -182,6 +182,11 @@ class Checkpointer:
         self._reserving = threading.Thread(target=work, name="slurmkit-ckpt-reserve", daemon=True)
         self._reserving.start()
 
+    def _host_memory(self) -> dict[str, Any]:
+        """The set of copy memory the next copy goes into, once reserve()'s thread is done with it."""
+        if self._reserving is not None:
+            self._reserving.join()
+        return self._buffers[self._slot]
 
     def save(self, step: int, files: dict[str, Any], wait: bool, mine: Collection[str] | None = None,
              sharded: dict[str, Any] | None = None) -> None:
@@ -192,9 +197,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         if self.writer.pending:
             self._commit()
-        if self._reserving is not None:
-            self._reserving.join()  # its buffers are the ones this copy goes into
-        taken = cpu_copy(files, self._buffers[self._slot])
+        taken = cpu_copy(files, self._host_memory())
         if self.host_copy:
             self._in_flight = HostCopy(step, taken, True)
         shards = None
