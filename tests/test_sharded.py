@@ -302,3 +302,40 @@ def test_reserved_host_memory_is_what_the_first_save_copies_into_dtensors_too(tm
         assert copy["plain"][1] == 7
     finally:
         dist.destroy_process_group()
+
+
+def test_a_sharded_save_leaves_its_shard_out_of_the_page_cache(tmp_path: Path) -> None:
+    """Once DCP has fsynced a shard, its pages are dropped (sharded.ShardWriter): the next save writes
+    into freed pages, and the cache keeps what training reads. `fincore` (util-linux) counts the
+    shard's resident bytes; a file written the same way without the drop is the control."""
+    import subprocess
+
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    from slurmkit.worker.dist import Ranks
+    from slurmkit.worker.ft.checkpointer import Checkpointer
+
+    def resident(path: Path) -> int:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                             capture_output=True, text=True, check=True, timeout=30).stdout
+        return int(out.strip())
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model: Any = fully_shard(nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 512)))
+        ckpt = Checkpointer(str(tmp_path / "ck"), Ranks(0, 1))
+        ckpt.save(1, {}, wait=True, sharded={"model": get_state_dict(model, [])[0]})
+    finally:
+        dist.destroy_process_group()
+    (shard,) = (tmp_path / "ck" / "step-1").glob("*.distcp")
+    dropped = resident(shard)
+    control = tmp_path / "control"
+    control.write_bytes(os.urandom(shard.stat().st_size))
+    fd = os.open(control, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    assert resident(control) > 0  # this filesystem keeps what was written in the cache
+    assert shard.stat().st_size > 2_000_000 and dropped == 0

@@ -74,6 +74,8 @@ class ShardWriter(FsspecWriter):
             with opened(p, mode) as raw:
                 stream = HashingStream(raw, chunk=UPLOAD_PART, writeback=durable)
                 yield stream
+                if durable:  # DCP has fsynced it: its pages are clean, and go
+                    stream.drop_cache()
             name = os.path.basename(os.fspath(p)).removesuffix(".tmp")
             with lock:
                 self.entries.append(Entry(name, stream.hasher.hexdigest(), stream.size))
