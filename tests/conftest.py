@@ -100,9 +100,12 @@ def run_root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def dev_profile(tmp_path: Path, run_root: Path) -> Path:
-    """The shipped devcluster profile with this test's own run root."""
+    """The shipped devcluster profile with this test's own run root, and no standby ranks: each
+    would import torch (~4.5 s of CPU) for every job, on a machine of 2 cores the tests already keep
+    busy. The tests of the standby turn it on (profile.requeue.standby=true)."""
     path = tmp_path / "dev.yaml"
-    path.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(run_root)}))
+    path.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(run_root),
+                                    "requeue": {"standby": False}}))
     return path
 
 

@@ -30,11 +30,14 @@ def ctld_pid() -> int:
 
 
 def waiting_submit(tmp_path: Path, profile: Path, command: str) -> subprocess.Popen[str]:
-    """`slurmkit submit --wait --json` in its own process, as a user runs it."""
+    """`slurmkit submit --wait --json` in its own process, as a user runs it; with a standby step,
+    which takes the in-job restart of a failed command at once (a new srun step just after the
+    controller's restart waited about 70 s for the nodes to register again)."""
     spec = tmp_path / "waited.yaml"
     spec.write_text(yaml.safe_dump({"name": "waited", "command": command, "resources": {"time": "00:05:00"}}))
     return subprocess.Popen([sys.executable, "-m", "slurmkit", "submit", str(spec), "-p", str(profile), "--wait",
-                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--json", "--set", "profile.requeue.standby=true"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def running(run_root: Path, name: str) -> bool:

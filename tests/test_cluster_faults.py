@@ -367,7 +367,7 @@ def test_kill_9_of_one_rank_restarts_in_the_job_then_requeues_once_in_job_restar
         cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
     """One in-job restart allowed: the first kill starts a new srun step in the same allocation, the
     second (in that step) sends the job through the queue, which resumes it."""
-    paths, job = start(dev_profile, "profile.requeue.in_job=1", *FINE_LOG)
+    paths, job = start(dev_profile, "profile.requeue.in_job=1", "profile.requeue.standby=true", *FINE_LOG)
     signal_rank_at_step(paths, 1, 75, signal.SIGKILL)
     wait_until(lambda: any(r.in_job and r.resumed_step is not None
                            for r in RunFile(paths).read().restarts), what="the in-job restart")
@@ -394,7 +394,7 @@ def test_kill_9_of_one_rank_restarts_in_the_job_then_requeues_once_in_job_restar
 
 def test_sigstop_of_one_rank_is_a_hang_restarted_in_the_job(cluster: None, dev_profile: Path,
                                                            reference: dict[str, Any]) -> None:
-    paths, job = start(dev_profile, "config.hang_timeout_s=6", *FINE_LOG)
+    paths, job = start(dev_profile, "config.hang_timeout_s=6", "profile.requeue.standby=true", *FINE_LOG)
     signal_rank_at_step(paths, 1, 75, signal.SIGSTOP)
     result = check(paths, reference)
     assert result["restart_causes"] == ["hang"] and result["in_job_restarts"] == 1
