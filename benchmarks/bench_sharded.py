@@ -207,24 +207,18 @@ def crash_consistency(folder: Path, kills: int) -> dict[str, int]:
             "marker_over_bad_files": torn_markers}
 
 
-def dd_pair(folder: Path, sources: list[Path] | int) -> float:
-    """Two concurrent `dd conv=fsync` writers into `folder`: of the two `sources` files' bytes (read
-    from memory: copies in /dev/shm, made before the clock starts), or of as many MB of zeros each."""
-    if isinstance(sources, int):
-        inputs = [("/dev/zero", [f"count={sources}"]) for _ in range(2)]
-    else:
-        inputs = [(shutil.copy(src, f"/dev/shm/bench-sharded-{os.getpid()}-{i}"), []) for i, src in
-                  enumerate(sources)]
+def dd_pair(folder: Path, sources: list[Path], count_mb: int | None = None) -> float:
+    """Two concurrent `dd conv=fsync` writers into `folder`, one of each source (its first `count_mb`
+    MB, or all of it)."""
+    count = [f"count={count_mb}"] if count_mb is not None else []
     t0 = time.perf_counter()
     procs = [subprocess.Popen(["dd", f"if={src}", f"of={folder / f'dd{i}'}", "bs=1M", *count, "conv=fsync"],
-                              stderr=subprocess.DEVNULL) for i, (src, count) in enumerate(inputs)]
+                              stderr=subprocess.DEVNULL) for i, src in enumerate(sources)]
     for p in procs:
         p.wait()
     elapsed = time.perf_counter() - t0
-    for i, (src, _) in enumerate(inputs):
+    for i in range(len(sources)):
         (folder / f"dd{i}").unlink()
-        if not isinstance(sources, int):
-            Path(src).unlink()
     return elapsed
 
 
@@ -278,8 +272,14 @@ def save_throughput(root: Path, mb: int, repeat: int) -> None:
     dcp_best = nbytes / min(map(float, dcp_line.split())) / 1e6
     shards = sorted((root / "ck" / f"step-{repeat + 1}").glob("*.distcp"))  # the last save's, one a rank
     assert len(shards) == 2, shards
-    dd = [dd_pair(root, shards) for _ in range(repeat)]
-    zeros = [dd_pair(root, nbytes // 2 >> 20) for _ in range(repeat)]
+    # dd reads the shards' bytes from memory: copies in /dev/shm, made once, before any clock starts
+    staged = [Path(shutil.copy(src, f"/dev/shm/bench-sharded-{os.getpid()}-{i}")) for i, src in enumerate(shards)]
+    try:
+        dd = [dd_pair(root, staged) for _ in range(repeat)]
+    finally:
+        for path in staged:
+            path.unlink()
+    zeros = [dd_pair(root, [Path("/dev/zero")] * 2, nbytes // 2 >> 20) for _ in range(repeat)]
     ours = nbytes / min(map(float, times)) / 1e6
     theirs, theirs_zeros = nbytes / min(dd) / 1e6, nbytes / min(zeros) / 1e6
     print(f"state {nbytes / 1e6:.0f} MB over 2 ranks; sharded save to commit: best of {repeat} "

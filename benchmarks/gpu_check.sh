@@ -29,7 +29,7 @@ timeout 120 python3 -P -m slurmkit submit "$repo/examples/train_gpt.yaml" --set 
   --set config.log_every=20 --set config.gpu_sample_s=1 --set config.checkpoint_every=100 --wait 2>&1 | tee "$OUT/submit.log"
 run=$(awk '$1 == "run" {print $NF; exit}' "$OUT/submit.log")
 cp "$run"/metrics-gpu-*.jsonl "$OUT/" 2>/dev/null
-grep -ho 'backend=[a-z]*' "$run"/*.out "$OUT/submit.log" 2>/dev/null | sort | uniq -c
+grep -ho 'backend=[a-z]*' "$run"/submitit/*_log.out "$OUT/submit.log" 2>/dev/null | sort | uniq -c
 python3 - "$OUT" <<'PY'
 import glob, json, sys
 samples = [json.loads(line) for f in glob.glob(sys.argv[1] + "/metrics-gpu-*.jsonl") for line in open(f) if line.strip()]
