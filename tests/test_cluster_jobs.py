@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -378,11 +379,22 @@ def _checksums(text: str) -> list[str]:
     return re.findall(r"rank=\d+ checksum=([-+.\deE]+|nan)", text)
 
 
-def _uninterrupted_checksums(local_profile: Path, world: int) -> list[str]:
-    """The same script, never stopped, on `world` local ranks: the final weights to match bit for bit."""
-    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=world, name="reference").submit_command(
-        ["python", str(RESUMABLE), "--steps", str(RESUMABLE_STEPS)])
-    return [c for out in job.results(timeout=300) for c in _checksums(out["stdout"])]
+@pytest.fixture(scope="module")
+def uninterrupted_checksums(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], list[str]]:
+    """The same script, never stopped, on `world` local ranks: the final weights to match bit for bit.
+    Run once a world size for the module: the torchrun cases share theirs."""
+    root = tmp_path_factory.mktemp("reference")
+    profile = write_spec(root, filename="loc.yaml", extends="local", run_root=str(root / "runs"))
+    found: dict[int, list[str]] = {}
+
+    def checksums(world: int) -> list[str]:
+        if world not in found:
+            job = slurmkit.Executor(profile=str(profile), tasks_per_node=world, name="reference").submit_command(
+                ["python", str(RESUMABLE), "--steps", str(RESUMABLE_STEPS)])
+            found[world] = [c for out in job.results(timeout=300) for c in _checksums(out["stdout"])]
+        return found[world]
+
+    return checksums
 
 
 # The user's own torchrun in the command: one a node, under srun's one task a node.
@@ -391,9 +403,9 @@ OWN_TORCHRUN = ('torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d '
 
 
 @pytest.mark.parametrize("launcher, per_node, world", [("srun", 1, 2), ("torchrun", 2, 4), ("own-torchrun", 1, 4)])
-def test_a_users_script_with_a_checkpoint_preempted_loses_no_step(cluster: None, tmp_path: Path, dev_profile: Path,
-                                                                  local_profile: Path, launcher: str,
-                                                                  per_node: int, world: int) -> None:
+def test_a_users_script_with_a_checkpoint_preempted_loses_no_step(
+        cluster: None, tmp_path: Path, dev_profile: Path, uninterrupted_checksums: Callable[[int], list[str]],
+        launcher: str, per_node: int, world: int) -> None:
     """tests/user_code/ddp_toy_resumable.py (the user's DDP script plus ten lines) as a command on 2
     nodes: its ranks started by srun, by slurmkit's torchrun a node (`launcher: torchrun`), or by the
     user's own torchrun in the command (`command: torchrun ... script.py`, which must not die of the
@@ -428,7 +440,7 @@ def test_a_users_script_with_a_checkpoint_preempted_loses_no_step(cluster: None,
     assert before_kill == list(range(1, len(before_kill) + 1))  # preempted: no step lost, none run twice
     assert sorted(set(done)) == list(range(1, RESUMABLE_STEPS + 1))
     out = "\n".join(paths.rank_log(job_id, r).read_text() for r in range(2 * per_node))  # Slurm's ranks' logs
-    assert sorted(_checksums(out)) == sorted(_uninterrupted_checksums(local_profile, world))  # one a rank, at its end
+    assert sorted(_checksums(out)) == sorted(uninterrupted_checksums(world))  # one a rank, at its end
 
 
 def test_submit_wait_shows_the_pending_reason_and_each_transition(cluster: None, tmp_path: Path,

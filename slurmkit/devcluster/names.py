@@ -129,8 +129,8 @@ SlurmUser=root
 SlurmctldPort=6817
 SlurmdPort=6818
 AuthType=auth/munge
-# A requeued job waits cred_expire+1 s before it may start again; 10 keeps tests fast.
-AuthInfo=cred_expire=10
+# A requeued job waits cred_expire+1 s before it may start again: 5 is the least Slurm accepts.
+AuthInfo=cred_expire=5
 StateSaveLocation={STATE_DIR}/ctld
 SlurmdSpoolDir={STATE_DIR}/slurmd-%n
 SlurmctldPidFile={RUN_DIR}/slurmctld.pid
