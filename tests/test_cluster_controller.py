@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -65,7 +66,11 @@ def ended(proc: subprocess.Popen[str]) -> tuple[int, dict[str, object], str]:
 def test_a_frozen_controller_delays_a_wait_and_an_in_job_requeue_but_loses_neither(
         cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path) -> None:
     paths, job = start(dev_profile)
-    waiter = waiting_submit(tmp_path, dev_profile, "sleep 12")
+    # The waited job ends once the controller is back: its end surely comes after the freeze, and
+    # its step's completion message is not one slurmstepd must send again (a minute later) after
+    # meeting the frozen controller, while that step held the CPU the requeued run waits for.
+    thawed = tmp_path / "thawed"
+    waiter = waiting_submit(tmp_path, dev_profile, f"until [ -e {shlex.quote(str(thawed))} ]; do sleep 0.2; done")
     wait_until(lambda: running(run_root, "waited"), 60, "the waited job to run", 0.5)
     wait_step(paths, 60)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
@@ -78,6 +83,7 @@ def test_a_frozen_controller_delays_a_wait_and_an_in_job_requeue_but_loses_neith
         time.sleep(FREEZE_S)
     finally:
         os.kill(pid, signal.SIGCONT)
+    thawed.touch()
     code, answer, err = ended(waiter)
     assert code == 0, err
     assert answer["state"] == "COMPLETED" and answer["result"] == {"returncode": 0, "stdout": ""}
