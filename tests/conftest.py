@@ -98,15 +98,19 @@ def run_root(tmp_path: Path) -> Path:
     return root
 
 
+def write_dev_profile(path: Path, run_root: Path, **fields: Any) -> Path:
+    """The shipped devcluster profile with its own run root, and no standby ranks: each would import
+    torch (~4.5 s of CPU) for every job, on a machine of 2 cores the tests already keep busy. The
+    tests of the standby turn it on (profile.requeue.standby=true)."""
+    path.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(run_root),
+                                    "requeue": {"standby": False}, **fields}))
+    return path
+
+
 @pytest.fixture
 def dev_profile(tmp_path: Path, run_root: Path) -> Path:
-    """The shipped devcluster profile with this test's own run root, and no standby ranks: each
-    would import torch (~4.5 s of CPU) for every job, on a machine of 2 cores the tests already keep
-    busy. The tests of the standby turn it on (profile.requeue.standby=true)."""
-    path = tmp_path / "dev.yaml"
-    path.write_text(yaml.safe_dump({"extends": "devcluster", "run_root": str(run_root),
-                                    "requeue": {"standby": False}}))
-    return path
+    """write_dev_profile's, with this test's own run root."""
+    return write_dev_profile(tmp_path / "dev.yaml", run_root)
 
 
 @pytest.fixture

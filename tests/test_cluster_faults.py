@@ -27,7 +27,7 @@ from slurmkit.runs.failure import failure
 from slurmkit.worker import sharded
 from slurmkit.worker.ckptstore import CheckpointStore
 from tests import sshd
-from tests.conftest import EXAMPLES, executed_steps, steady, supervisor_events
+from tests.conftest import EXAMPLES, executed_steps, steady, supervisor_events, write_dev_profile
 
 pytestmark = pytest.mark.cluster
 EVERY = 50
@@ -105,9 +105,7 @@ def check(paths: RunPaths, reference: dict[str, Any], max_lost: int = EVERY) -> 
 
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory, *extra: str) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("ref")
-    profile = root / "p.yaml"
-    profile.write_text(f"extends: devcluster\nrun_root: {root / 'runs'}\n")
-    paths, _ = start(profile, *extra)
+    paths, _ = start(write_dev_profile(root / "p.yaml", root / "runs"), *extra)
     assert finish(paths) == "COMPLETED"
     result: dict[str, Any] = jobs.result(paths)
     assert result["restarts"] == 0 and executed_steps(paths.metrics) == list(range(1, STEPS + 1))
@@ -552,8 +550,7 @@ def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
     from slurmkit.common.errors import JobFailedError
     from slurmkit.devcluster import names
 
-    profile = tmp_path / "scavenger.yaml"
-    profile.write_text(f"extends: devcluster\nrun_root: {run_root}\npartition: {names.CANCEL_PARTITION}\n")
+    profile = write_dev_profile(tmp_path / "scavenger.yaml", run_root, partition=names.CANCEL_PARTITION)
     paths, job = start(profile)
     wait_step(paths, 60)
     urgent_job()
