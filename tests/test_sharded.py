@@ -339,3 +339,45 @@ def test_a_sharded_save_leaves_its_shard_out_of_the_page_cache(tmp_path: Path) -
     os.close(fd)
     assert resident(control) > 0  # this filesystem keeps what was written in the cache
     assert shard.stat().st_size > 2_000_000 and dropped == 0
+
+
+def test_a_waited_save_of_a_cpu_state_is_written_from_it_and_an_async_one_from_its_host_copy(tmp_path: Path) -> None:
+    """A waited save (the stop's) of a state on the CPU writes the live tensors: nothing goes on before
+    its commit, and a host copy would only cost time in the grace window. A save in the background
+    writes its host copy: the parameters changed right after it returns are not what it commits."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    from slurmkit.worker.ckptstore import CheckpointStore
+    from slurmkit.worker.dist import Ranks
+    from slurmkit.worker.ft.checkpointer import Checkpointer
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model: Any = fully_shard(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8)))
+        ckpt = Checkpointer(str(tmp_path / "ck"), Ranks(0, 1), keep_latest_k=2)
+        live: dict[str, Any] = get_state_dict(model, [])[0]
+        before = {k: v.full_tensor().clone() for k, v in live.items()}
+        view = torch.arange(1000.0)[10:20]  # a plain tensor beside the shards, a view of a larger storage
+        ckpt.save(1, {}, wait=True, sharded={"model": get_state_dict(model, [])[0], "view": view})
+        assert ckpt._shard_buffers == {}  # no host copy was made
+        ckpt.save(2, {}, wait=False, sharded={"model": get_state_dict(model, [])[0], "view": view})
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        ckpt.finish()
+        assert set(ckpt._shard_buffers) == {f"/model/{name}" for name in before} | {"/view"}
+    finally:
+        dist.destroy_process_group()
+    store = CheckpointStore(str(tmp_path / "ck"))
+    sizes = []
+    for step in (1, 2):
+        saved = sharded.full_state(store, step)
+        assert saved.keys() == {f"model.{name}" for name in before} | {"view"}
+        assert torch.equal(saved["view"], view)
+        for name, value in before.items():
+            assert torch.equal(saved[f"model.{name}"], value), (step, name)
+        sizes.append(sum(f.stat().st_size for f in (tmp_path / "ck" / f"step-{step}").glob("*.distcp")))
+    assert sizes[0] == sizes[1]  # the view's own bytes, not its storage's, in both

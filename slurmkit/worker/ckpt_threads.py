@@ -46,6 +46,19 @@ def reserve(obj: Any, buffers: dict[str, Any]) -> None:
     _walk(obj, buffers, "", lambda src, old: old, touch=True)
 
 
+def on_device(obj: Any) -> bool:
+    """Any tensor in the (nested) state, or a DTensor's shard, lives off the CPU (on a GPU)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return not _local(obj).is_cpu
+    if isinstance(obj, dict):
+        return any(on_device(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(on_device(v) for v in obj)
+    return False
+
+
 def _walk(obj: Any, buffers: dict[str, Any] | None, key: str, leaf: Callable[[Any, Any], Any], touch: bool) -> Any:
     """`obj` with each tensor replaced by leaf(tensor, its host buffer): the one in `buffers` under
     the tensor's path when it fits, else a new one (kept there)."""

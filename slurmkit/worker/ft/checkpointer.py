@@ -1,13 +1,14 @@
 """The one checkpointer, under the Trainer (slurmkit.worker.ft.trainer_ft) and slurmkit.Checkpoint alike.
 
-At a step boundary every rank hands it its share of a save. It copies that to host memory, writes
-it in the background (one save in flight), and commits it at a later boundary, once no rank is
-still writing (the StopCoordinator's `writing` vote): every rank's file entries are gathered, rank
-0 writes the commit marker (from then on step-N is valid: slurmkit.worker.ckptstore) and prunes
-to the newest keep_latest_k verified steps. restore() has rank 0 pick the newest valid step and
-every rank load it through the caller's `load`; a step that fails to load on any rank is skipped
-by all, for the next older one. With `host_copy`, every rank also keeps the last committed state
-in its memory: a warm restart's source (slurmkit.worker.ft.warm).
+At a step boundary every rank hands it its share of a save. It copies that to host memory (a waited
+save's sharded CPU state needs no copy), writes it in the background (one save in flight), and
+commits it at a later boundary, once no rank is still writing (the StopCoordinator's `writing`
+vote): every rank's file entries are gathered, rank 0 writes the commit marker (from then on step-N
+is valid: slurmkit.worker.ckptstore) and prunes to the newest keep_latest_k verified steps.
+restore() has rank 0 pick the newest valid step and every rank load it through the caller's `load`;
+a step that fails to load on any rank is skipped by all, for the next older one. With `host_copy`,
+every rank also keeps the last committed state in its memory: a warm restart's source
+(slurmkit.worker.ft.warm).
 
 Collectives are JSON only (slurmkit.worker.dist.Ranks): nothing a peer sends is unpickled.
 """
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 
 from slurmkit.common.errors import squash
 from slurmkit.common.layout import RunPaths
-from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy, reserve
+from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy, on_device, reserve
 from slurmkit.worker.ckptstore import SHARDED, CheckpointError, CheckpointStore, Entry
 from slurmkit.worker.dist import Ranks
 
@@ -193,7 +194,11 @@ class Checkpointer:
         """Start this rank's share of step's save: `files` copied to host memory, those named in `mine`
         (all by default) written in the background, and `sharded` (a state of DTensors) as this
         rank's shard of a DCP checkpoint in the same step (slurmkit.worker.sharded). Every rank calls
-        it at the same step; `wait` commits before returning. A save still pending is committed first."""
+        it at the same step; `wait` commits before returning. A save still pending is committed first.
+
+        A waited save's sharded state on the CPU is written from the state itself, with no host copy:
+        training does not go on before it is committed (the stop's save, where the grace time runs).
+        `files` are always copied: torch.save writes a view's whole storage, the copy its own bytes."""
         t0 = time.perf_counter()
         if self.writer.pending:
             self._commit()
@@ -204,7 +209,8 @@ class Checkpointer:
         if sharded is not None:
             from slurmkit.worker import sharded as dcp_io  # torch.distributed.checkpoint: only where used
 
-            staged, group = cpu_copy(sharded, self._shard_buffers), self._dcp_group()
+            live = wait and not on_device(sharded)  # DCP writes each tensor's own bytes, a view's too
+            staged, group = sharded if live else cpu_copy(sharded, self._shard_buffers), self._dcp_group()
             shards = lambda: dcp_io.save(staged, self.store, step, group)  # noqa: E731 - runs in the writer thread
         self._sharded = sharded is not None
         self.writer.start(step, taken if mine is None else {n: taken[n] for n in mine}, shards)
