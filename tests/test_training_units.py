@@ -132,6 +132,21 @@ def test_torchrun_ranks_inside_an_srun_step_are_torchrun_ranks(monkeypatch: pyte
                                   "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
 
 
+@pytest.mark.parametrize(("version", "buffer"), [("2.13.0+cpu", "TORCH_FR_BUFFER_SIZE"),
+                                                 ("2.9.0a0+git1234", "TORCH_FR_BUFFER_SIZE"),
+                                                 ("2.8.0+cu128", "TORCH_NCCL_TRACE_BUFFER_SIZE")])
+def test_the_flight_recorders_buffer_is_set_under_the_name_the_ranks_torch_reads(version: str, buffer: str) -> None:
+    added = dist.nccl_defaults(version, {})
+    assert added == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", buffer: "2000"}
+
+
+def test_a_users_own_nccl_settings_win_under_either_name_of_the_buffer() -> None:
+    assert dist.nccl_defaults("2.13.0", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}) \
+        == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    assert dist.nccl_defaults("2.8.0", {"TORCH_FR_BUFFER_SIZE": "50"}) \
+        == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
 def test_a_step_sees_the_same_samples_whatever_the_number_of_ranks_sharing_its_global_batch() -> None:
     """What an elastic shrink relies on: the Trainer's sampler and loader (shuffled, drop_last) give
     step i of an epoch the same block of the permutation for 2 ranks x 4 as for 1 rank x 8."""

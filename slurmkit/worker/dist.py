@@ -12,6 +12,7 @@ import datetime as dt
 import faulthandler
 import json
 import os
+import re
 import socket
 import sys
 from collections.abc import Iterator, Mapping
@@ -27,12 +28,22 @@ PORT_BASE = ports.TRAINING[0]  # torchrun or a single process without a job id
 DEFAULT_PG_TIMEOUT_S = 600.0
 TEARDOWN_S = 60.0
 """The longest rank 0 waits for the others to leave, and a teardown runs before its stacks are dumped."""
-# setdefault only: a user's own value always wins.
-NCCL_DEFAULTS = {
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # tear down the process group on a failed collective
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # flight recorder dumps its trace when a collective times out
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # entries the flight recorder keeps
-}
+FR_BUFFER_NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""The flight recorder's buffer size, as torch >= 2.9 names it and as it did before (still read then,
+with a deprecation warning)."""
+
+
+def nccl_defaults(torch_version: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The NCCL settings to add to `env`: a user's own value always wins, under either of the flight
+    recorder buffer's names."""
+    major_minor = tuple(int(n) for n in re.findall(r"\d+", torch_version)[:2])
+    defaults = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # tear down the process group on a failed collective
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # flight recorder dumps its trace when a collective times out
+    }
+    if not any(name in env for name in FR_BUFFER_NAMES):  # entries the flight recorder keeps
+        defaults[FR_BUFFER_NAMES[0] if major_minor >= (2, 9) else FR_BUFFER_NAMES[1]] = "2000"
+    return {key: value for key, value in defaults.items() if key not in env}
 
 
 @dataclass(frozen=True)
@@ -292,8 +303,7 @@ def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
     timeout = timeout_s or float(os.environ.get("SLURMKIT_PG_TIMEOUT_S", DEFAULT_PG_TIMEOUT_S))
     if torch.cuda.is_available():
         backend = "nccl"
-        for key, value in NCCL_DEFAULTS.items():
-            os.environ.setdefault(key, value)
+        os.environ.update(nccl_defaults(torch.__version__, os.environ))
         device = torch.device("cuda", denv.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
