@@ -71,6 +71,7 @@ def _rank(rank: int, world: int, port: int, mb: int, root: str, repeat: int, out
     # dd reads the shards' bytes from memory: copies in /dev/shm, made once, before any clock starts
     staged = [Path(shutil.copy(src, f"/dev/shm/bench-sharded-{os.getpid()}-{i}"))
               for i, src in enumerate(sorted(Path(root, "step-1").glob("*.distcp")))] if rank == 0 else []
+    assert len(staged) == (2 if rank == 0 else 0), staged  # one shard a rank
     times: dict[str, list[float]] = {"ours": [], "dd": [], "zeros": [], "dcp": []}
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())  # the whole model
     try:
@@ -80,7 +81,6 @@ def _rank(rank: int, world: int, port: int, mb: int, root: str, repeat: int, out
             ckpt.save(step, {}, wait=True, sharded=state)  # returns once committed on every rank
             times["ours"].append(time.perf_counter() - t0)
             if rank == 0:
-                assert len(staged) == 2, staged
                 times["dd"].append(dd_pair(Path(root), staged))
                 times["zeros"].append(dd_pair(Path(root), [Path("/dev/zero")] * 2, nbytes // 2 >> 20))
     finally:

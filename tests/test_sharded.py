@@ -361,9 +361,9 @@ def test_a_waited_save_of_a_cpu_state_is_written_from_it_and_an_async_one_from_i
         live: dict[str, Any] = get_state_dict(model, [])[0]
         before = {k: v.full_tensor().clone() for k, v in live.items()}
         view = torch.arange(1000.0)[10:20]  # a plain tensor beside the shards, a view of a larger storage
-        ckpt.save(1, {}, wait=True, sharded={"model": get_state_dict(model, [])[0], "view": view})
+        ckpt.save(1, {}, wait=True, sharded={"model": live, "view": view})
         assert ckpt._shard_buffers == {}  # no host copy was made
-        ckpt.save(2, {}, wait=False, sharded={"model": get_state_dict(model, [])[0], "view": view})
+        ckpt.save(2, {}, wait=False, sharded={"model": live, "view": view})
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)

@@ -46,17 +46,22 @@ def reserve(obj: Any, buffers: dict[str, Any]) -> None:
     _walk(obj, buffers, "", lambda src, old: old, touch=True)
 
 
-def on_device(obj: Any) -> bool:
-    """Any tensor in the (nested) state, or a DTensor's shard, lives off the CPU (on a GPU)."""
+def any_tensor(obj: Any, test: Callable[[Any], bool]) -> bool:
+    """test() holds for any tensor in the (nested: dicts, lists, tuples) state."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return not _local(obj).is_cpu
+        return test(obj)
     if isinstance(obj, dict):
-        return any(on_device(v) for v in obj.values())
+        return any(any_tensor(v, test) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return any(on_device(v) for v in obj)
+        return any(any_tensor(v, test) for v in obj)
     return False
+
+
+def on_device(obj: Any) -> bool:
+    """Any tensor in the state, or a DTensor's shard, lives off the CPU (on a GPU)."""
+    return any_tensor(obj, lambda t: not _local(t).is_cpu)
 
 
 def _walk(obj: Any, buffers: dict[str, Any] | None, key: str, leaf: Callable[[Any, Any], Any], touch: bool) -> Any:

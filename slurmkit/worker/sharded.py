@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.tensor import DTensor
 
+from slurmkit.worker.ckpt_threads import any_tensor
 from slurmkit.worker.ckptstore import (
     DIGEST,
     SHARDED,
@@ -47,13 +48,7 @@ from slurmkit.worker.ckptstore import (
 
 def is_sharded(state: Any) -> bool:
     """The state holds a DTensor anywhere (it must go through DCP to be saved whole)."""
-    if isinstance(state, DTensor):
-        return True
-    if isinstance(state, dict):
-        return any(is_sharded(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return any(is_sharded(v) for v in state)
-    return False
+    return any_tensor(state, lambda t: isinstance(t, DTensor))
 
 
 class ShardWriter(FsspecWriter):
