@@ -223,3 +223,18 @@ def test_the_checksum_catches_a_changed_byte_and_sha256_manifests_still_verify(t
         (tmp_path / f"ck/step-{step}/a.bin").write_bytes(bytes(flipped))
     fresh = CheckpointStore(str(tmp_path / "ck"), ("a.bin",))
     assert fresh.verify(1) is None and fresh.verify(2) is None and fresh.latest_valid() is None
+
+
+def test_a_checkpoint_thread_still_running_at_exit_finishes_before_the_interpreters_finalization(
+        tmp_path: Path) -> None:
+    """A script's process exits while one of slurmkit's checkpoint threads is still at work: the
+    exit handler (slurmkit.worker.at_exit) joins it while the interpreter is whole, where Python
+    would have killed the daemon thread in its finalization (torch, there, can abort the process)."""
+    done = tmp_path / "done"
+    script = ("import threading, time\nfrom slurmkit.worker import at_exit\n"
+              "started = threading.Event()\n"
+              f"def work():\n    started.set()\n    time.sleep(0.5)\n    open({str(done)!r}, 'w').close()\n"
+              "at_exit.daemon(work, 'slurmkit-ckpt-test')\nstarted.wait()\n")
+    proc = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert done.exists()  # written after the main thread had ended: the handler waited for it

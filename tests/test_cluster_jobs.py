@@ -434,7 +434,7 @@ def test_a_users_script_with_a_checkpoint_preempted_loses_no_step(
     assert finish(sub["run_dir"], timeout_s=300).state == "COMPLETED"
     record = RunFile(paths).read()
     assert [(r.kind, r.cause) for r in record.restarts] == [("requeue", "preemption")] + (
-        [("in_job", "crash")] if killed else [])
+        [("in_job", "crash")] if killed else []), [(r.detail, r.step) for r in record.restarts]
     done = _rank0_steps(paths, job_id)
     before_kill = done[:done.index(killed) + 1] if killed else done
     assert before_kill == list(range(1, len(before_kill) + 1))  # preempted: no step lost, none run twice

@@ -9,6 +9,8 @@ import difflib
 import os
 import re
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,8 @@ from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker.checkpoint import STATE_FILE
 from slurmkit.worker.ckptstore import CheckpointStore
 from slurmkit.worker.command import run_command
+from slurmkit.worker.ft.interrupt import _raising_handler
+from slurmkit.worker.ft.stop import install_handlers
 from tests.test_cluster_faults import wait_until
 
 USER_CODE = Path(__file__).parent / "user_code"
@@ -82,3 +86,43 @@ def test_a_launcher_in_the_command_outlives_the_requeue_signal_its_ranks_act_on(
                "os.kill(os.getpid(), signal.SIGUSR2)'")
     out = run_command(f"kill -USR2 $$; echo launcher alive; {handled}", marker)
     assert out["returncode"] == 0 and out["stdout"].split() == ["launcher", "alive", "handled"]
+
+
+def test_the_echo_loses_no_line_of_the_commands_output_to_stop_signals(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rank's worker echoes its command's output while the stop signals come to it (Slurm signals
+    every process of the step). Their handlers raise (ft.interrupt), and raised between reading a
+    chunk and writing it, a line was lost (a `step=21` line at a preemption, once). Here the worker
+    (this process) gets the requeue signal over and over while a command with a Checkpoint (its
+    marker written: the worker passes each signal on) prints numbered lines."""
+    monkeypatch.setenv("SLURMKIT_SIGNAL", "USR2")
+    marker, printing = tmp_path / "stop.json", tmp_path / "printing"
+    CommandStop().write(marker)  # announced, as the script's slurmkit.Checkpoint does
+    done, sent = threading.Event(), []
+
+    def signals() -> None:  # while the command prints (its `printing` file exists)
+        while not printing.exists() and not done.wait(0.001):
+            pass
+        while printing.exists() and not done.is_set():
+            os.kill(os.getpid(), signal.SIGUSR2)
+            sent.append(1)
+            time.sleep(0.001)
+
+    # The command counts the signals passed on to it.
+    command = (f"n=0; trap 'n=$((n+1))' USR2; touch {printing}; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); "
+               f"echo \"line $i\"; done; rm {printing}; sleep 0.2; echo \"passed on $n\"")
+    install_handlers(_raising_handler(True), _raising_handler(False))
+    thread = threading.Thread(target=signals)
+    thread.start()
+    try:
+        out = run_command(command, marker)
+    finally:
+        done.set()
+        thread.join()
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    echoed = capsys.readouterr().out.splitlines()
+    numbers = [int(ln.split()[1]) for ln in echoed if ln.startswith("line ")]
+    assert numbers == list(range(1, 20001))  # none lost
+    assert echoed[-1].startswith("passed on") and int(echoed[-1].split()[-1]) >= 1 and sent  # they came, and went on
+    assert out["stdout"].splitlines()[-1] == echoed[-1]

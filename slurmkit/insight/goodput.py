@@ -54,8 +54,10 @@ def local_incarnation(oldest: dict[str, Any], newest: dict[str, Any]) -> Incarna
                        "this machine")
 
 
-def _round(step_s: float) -> float:
-    return float(f"{step_s:.4g}")  # 4 significant digits: a bounded number of distinct values
+def step_bucket(step_s: float) -> float:
+    """A step time as the typical step's histogram keeps it: 4 significant digits, so the histogram
+    holds a bounded number of distinct values however long the run."""
+    return float(f"{step_s:.4g}")
 
 
 class Accountant:
@@ -89,7 +91,7 @@ class Accountant:
         self.useful += busy
         self.productive += new * busy
         self.stalls += float(rec.get("ckpt_stall_s", 0.0))
-        self._hist[_round(float(rec.get("step_s", 0.0)))] += n
+        self._hist[step_bucket(float(rec.get("step_s", 0.0)))] += n
         k = bisect.bisect_right(self._starts, float(rec["time"])) - 1 if self._started else 0
         if self._restarted is not None:
             first, first_new, first_k = self._restarted

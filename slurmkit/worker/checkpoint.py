@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
+from slurmkit.worker import at_exit
 from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
 from slurmkit.worker.dist import Ranks
 from slurmkit.worker.ft.checkpointer import Checkpointer, StepFiles, checkpoint_uri
@@ -62,6 +63,7 @@ class Checkpoint:
         self._command_stop = Path(os.environ[COMMAND_STOP_ENV]) if os.environ.get(COMMAND_STOP_ENV) else None
         if self._command_stop is not None:  # a command run's script: its worker now passes the signal on
             CommandStop().write(self._command_stop)
+        at_exit.install()  # the script's exit, past its last line, must not abort (slurmkit.worker.at_exit)
 
     @property
     def _ckpt(self) -> Checkpointer:

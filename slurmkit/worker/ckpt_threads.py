@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from slurmkit.worker import at_exit
 from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore, Entry
 
 
@@ -129,8 +130,7 @@ class Prefetch:
         self._data: dict[str, bytes] = {}
         self._step: int | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="slurmkit-ckpt-prefetch", daemon=True)
-        self._thread.start()
+        self._thread = at_exit.daemon(self._run, "slurmkit-ckpt-prefetch")
 
     def _run(self) -> None:
         try:
@@ -187,8 +187,7 @@ class AsyncWriter:
             except BaseException as exc:  # kept, and raised in the training thread
                 self._error = exc
 
-        self._thread = threading.Thread(target=work, name=f"slurmkit-ckpt-{step}", daemon=True)
-        self._thread.start()
+        self._thread = at_exit.daemon(work, f"slurmkit-ckpt-{step}")
 
     def wait(self, heartbeat: Callable[[], None] | None = None) -> None:
         """Join the writer; `heartbeat` is called every second meanwhile (a save is progress)."""

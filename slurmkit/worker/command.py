@@ -17,7 +17,10 @@ save. A command that handles nothing is terminated by its worker as before.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -31,6 +34,7 @@ from slurmkit.worker.ft.interrupt import Interrupted
 from slurmkit.worker.ft.stop import AgreedStop, requeue_signal
 
 STDOUT_TAIL_LINES = 200
+CHUNK_BYTES = 65536
 COMMAND_GRACE_S = 5.0
 
 
@@ -57,7 +61,7 @@ def _stop_signal(stop: Interrupted) -> int:
     return int(requeue_signal() if stop.requeue else signal.SIGTERM)
 
 
-def _terminate(proc: subprocess.Popen[str]) -> None:
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=COMMAND_GRACE_S)
@@ -65,25 +69,79 @@ def _terminate(proc: subprocess.Popen[str]) -> None:
         proc.kill()
 
 
-def _echo(proc: subprocess.Popen[str], tail: deque[str], marker: Path) -> Interrupted | None:
+class _Deferred:
+    """The stop signals' Python handlers (ft.interrupt's, which raise Interrupted, or submitit's) run
+    where the echo asks (`run_pending`), not wherever the signal lands: raised between reading a
+    chunk of the command's output and writing it, an exception lost that chunk (a rank's
+    `step=21` line went missing at a preemption). The handler here only notes the signal; the
+    wakeup fd ends the echo's select at once."""
+
+    def __init__(self, signums: tuple[int, ...]) -> None:
+        self.saved = {s: h for s in signums if callable(h := signal.getsignal(s))}
+        self.pending: list[int] = []
+        self.fd, self._w = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._w, False)
+        self._old_wakeup = -1
+
+    def __enter__(self) -> _Deferred:
+        self._old_wakeup = signal.set_wakeup_fd(self._w)
+        for signum in self.saved:
+            signal.signal(signum, self._note)
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.pending.append(signum)
+
+    def run_pending(self) -> None:
+        """Run the handlers of the signals that came, in order; one may raise, as at the signal."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.fd, 512):
+                pass
+        while self.pending:
+            signum = self.pending.pop(0)
+            self.saved[signum](signum, None)
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(self._old_wakeup)
+        os.close(self.fd)
+        os.close(self._w)
+        for signum in self.pending:  # came after the last run_pending: to their own handlers now
+            signal.raise_signal(signum)
+
+
+def _echo(proc: subprocess.Popen[bytes], tail: deque[str], marker: Path) -> Interrupted | None:
     """Echo the command's output until it closes it; the stop signal that came meanwhile, if any.
     A command that has announced its slurmkit.Checkpoint is sent the signal and read on; any other
-    is terminated and the stop raised."""
+    is terminated and the stop raised. Every byte read is written: signals are acted on between chunks."""
     assert proc.stdout is not None
+    out, decode, partial = proc.stdout.fileno(), codecs.getincrementaldecoder("utf-8")("replace").decode, ""
     asked: Interrupted | None = None
-    while True:
+    with _Deferred((int(requeue_signal()), int(signal.SIGTERM))) as deferred:
         try:
-            for line in proc.stdout:
-                sys.stdout.write(line)
+            while True:
+                ready = select.select([out, deferred.fd], [], [])[0]
+                try:
+                    deferred.run_pending()
+                except Interrupted as stop:
+                    if CommandStop.read(marker) is None:
+                        raise
+                    proc.send_signal(_stop_signal(stop))  # the step's signal may not have reached it: say it once more
+                    asked = stop if asked is None or not stop.requeue else asked
+                if out not in ready:
+                    continue
+                data = os.read(out, CHUNK_BYTES)
+                text = decode(data, not data)
+                sys.stdout.write(text)
                 sys.stdout.flush()
-                tail.append(line)
-            return asked
-        except Interrupted as stop:
-            if CommandStop.read(marker) is None:
-                _terminate(proc)
-                raise
-            proc.send_signal(_stop_signal(stop))  # the step's signal may not have reached it: say it once more
-            asked = stop if asked is None or not stop.requeue else asked
+                *lines, partial = (partial + text).split("\n")
+                tail.extend(line + "\n" for line in lines)
+                partial = partial[-CHUNK_BYTES:]  # a line that never ends (a progress bar's \r) keeps its end
+                if not data:  # the command closed its output: it ended, or is ending
+                    tail.extend([partial] if partial else [])
+                    return asked
         except BaseException:
             _terminate(proc)
             raise
@@ -99,7 +157,7 @@ def run_command(command: str, marker: Path) -> dict[str, Any]:
     env = {**os.environ, **rank_env(detect()), "PATH": own_python_first(os.environ.get("PATH", "")),
            COMMAND_STOP_ENV: str(marker)}
     shielded = f"trap '' {requeue_signal().name[3:]}\n{command}"  # ignored stays ignored across exec
-    with subprocess.Popen(["bash", "-c", shielded], stdout=subprocess.PIPE, stderr=None, text=True, env=env) as proc:
+    with subprocess.Popen(["bash", "-c", shielded], stdout=subprocess.PIPE, stderr=None, env=env) as proc:
         asked = _echo(proc, tail, marker)
         rc = proc.wait()
     stopped = CommandStop.read(marker)

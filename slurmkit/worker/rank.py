@@ -41,6 +41,7 @@ from slurmkit.common import trust
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import STACK_SIGNAL, RankProcess
 from slurmkit.common.slurm_env import slurm_job_id
+from slurmkit.worker import at_exit
 
 ENTRY = "submitit.core._submit"
 
@@ -100,6 +101,7 @@ def finish(status: int) -> NoReturn:
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
+    at_exit.no_finalization()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

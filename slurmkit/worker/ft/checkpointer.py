@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from slurmkit.common.errors import squash
 from slurmkit.common.layout import RunPaths
+from slurmkit.worker import at_exit
 from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy, on_device, reserve
 from slurmkit.worker.ckptstore import SHARDED, CheckpointError, CheckpointStore, Entry
 from slurmkit.worker.dist import Ranks
@@ -180,8 +181,7 @@ class Checkpointer:
             except Exception:  # noqa: BLE001 - only memory made early: the save allocates what is missing
                 pass
 
-        self._reserving = threading.Thread(target=work, name="slurmkit-ckpt-reserve", daemon=True)
-        self._reserving.start()
+        self._reserving = at_exit.daemon(work, "slurmkit-ckpt-reserve")
 
     def _host_memory(self) -> dict[str, Any]:
         """The set of copy memory the next copy goes into, once reserve()'s thread is done with it."""
