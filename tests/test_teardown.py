@@ -58,3 +58,27 @@ def test_rank_0_leaves_after_the_others_groups_are_gone(launcher: str, tmp_path:
         assert p.returncode == 0, err[-3000:]
     assert (tmp_path / "rank0-left").read_text() == "True"  # rank 1's group was gone before rank 0 left
     assert (tmp_path / "rank1-left").read_text() == "True"
+
+
+WATCHED = """
+import sys, time
+from slurmkit.worker import rank
+rank._rank_process = sys.argv[1] == "rank"
+rank.EXIT_WATCH_S = 0.2
+rank.watch_the_way_out()
+if sys.argv[2] == "finish":
+    rank.finish(0)  # got there: the watch is off
+time.sleep(2)  # a way out that hangs
+"""
+
+
+@pytest.mark.parametrize("process, then, dumped", [("rank", "hang", True), ("rank", "finish", False),
+                                                    ("test", "hang", False)])
+def test_a_rank_that_hangs_on_its_way_out_logs_its_stacks(process: str, then: str, dumped: bool) -> None:
+    """After a task's last line (train_task.run), a rank process that does not reach its exit
+    within EXIT_WATCH_S writes every thread's stack to its log; one that reaches it does not, and
+    neither does a process that is no rank (a test calling a task itself)."""
+    proc = subprocess.run([sys.executable, "-P", "-c", WATCHED, process, then], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert ("most recent call first" in proc.stderr) is dumped

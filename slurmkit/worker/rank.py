@@ -44,6 +44,8 @@ from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.worker import at_exit
 
 ENTRY = "submitit.core._submit"
+EXIT_WATCH_S = 60.0
+_rank_process = False
 
 
 def _answer_stack_requests(folder: str) -> None:
@@ -70,12 +72,22 @@ def exit_status(code: object) -> int:
     return 1
 
 
+def watch_the_way_out() -> None:
+    """A task's last line, in a rank process: should the rank not reach finish() within EXIT_WATCH_S,
+    every thread's stack goes to its log (faulthandler's own thread: it needs no GIL). Nothing where
+    no rank process runs (a test calling a task in its own process)."""
+    if _rank_process:
+        faulthandler.dump_traceback_later(EXIT_WATCH_S, exit=False)
+
+
 def run(folder: str) -> NoReturn:
     """Run submitit's worker for the job folder in this process, then exit without finalization.
 
     The job's pickle is loaded only from a file of the caller's own (trust.load_pickle, on the open
     file). This interpreter was started with -P; PYTHONSAFEPATH, where a launcher set it for that,
     is dropped so a user's own command started from here keeps Python's usual rules."""
+    global _rank_process
+    _rank_process = True
     os.environ.pop("PYTHONSAFEPATH", None)
     _answer_stack_requests(folder)
     submitit_utils.pickle_load = _own_pickle
@@ -98,6 +110,7 @@ def _own_pickle(filename: str | Path) -> Any:
 
 def finish(status: int) -> NoReturn:
     """A normal exit's work (other threads, atexit), then os._exit(status)."""
+    faulthandler.cancel_dump_traceback_later()  # watch_the_way_out's: it got here
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()

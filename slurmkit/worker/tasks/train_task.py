@@ -14,7 +14,7 @@ import torch
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import MetricsWriter
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker import startup, tracking
+from slurmkit.worker import rank, startup, tracking
 from slurmkit.worker.dist import Dist, distributed
 from slurmkit.worker.flops import peak_flops
 from slurmkit.worker.ft import incarnation
@@ -102,7 +102,11 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
             shown = {k: summary[k] for k in ("steps", "loss", "accuracy", "samples_per_s", "mfu", "restarts")
                      if k in summary}
             print(f"slurmkit train: done {json.dumps(shown)}", flush=True)
-        return summary
+    # Past the group's teardown only returns are left (the trainer's objects freed, the outcome and
+    # submitit's result written). CI saw rank 1 never get to its exit from here, its group gone and
+    # rank 0 done, the job RUNNING with every step done: should that recur, its stacks are logged.
+    rank.watch_the_way_out()
+    return summary
 
 
 def _trackers(trainer: Trainer, dist: Dist, run_dir: str | None, resumed: int | None) -> tracking.Trackers | None:
