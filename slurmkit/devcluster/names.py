@@ -149,6 +149,10 @@ MailProg=/bin/true
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=2
 {"SlurmctldParameters=preempt_send_user_signal" if v.preempt_user_signal else "# preemption: SIGTERM, no user signal"}
 KillWait=5
+# A step whose completion message met a frozen or restarting controller sends it again a minute
+# later; Slurm's default 60 s for a step to end would drain both nodes first ("Kill task failed",
+# seen in CI), failing every cluster test after it.
+UnkillableStepTimeout=180
 MinJobAge={v.min_job_age_s}
 MaxArraySize={v.max_array_size}
 MaxJobCount={v.max_job_count}
