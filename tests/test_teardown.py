@@ -62,8 +62,9 @@ def test_rank_0_leaves_after_the_others_groups_are_gone(launcher: str, tmp_path:
 
 WATCHED = """
 import sys, time
-from slurmkit.worker import rank
-rank._rank_process = sys.argv[1] == "rank"
+from slurmkit.worker import at_exit, rank
+if sys.argv[1] == "rank":
+    at_exit.mark_rank_process()
 rank.EXIT_WATCH_S = 0.2
 rank.watch_the_way_out()
 if sys.argv[2] == "finish":

@@ -36,13 +36,18 @@ then is never committed: the wait only spares the process the abort)."""
 
 _live: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _installed = False
-_no_finalization = False
+_rank_process = False
 
 
-def no_finalization() -> None:
-    """This process leaves with os._exit after atexit's handlers (slurmkit.worker.rank.finish)."""
-    global _no_finalization
-    _no_finalization = True
+def mark_rank_process() -> None:
+    """This process is a slurmkit rank (slurmkit.worker.rank.run): it leaves with os._exit after
+    atexit's handlers, so it has no finalization to prepare for."""
+    global _rank_process
+    _rank_process = True
+
+
+def in_rank_process() -> bool:
+    return _rank_process
 
 
 def install() -> None:
@@ -63,7 +68,7 @@ def daemon(target: Callable[[], None], name: str) -> threading.Thread:
 
 
 def _at_exit() -> None:
-    if _no_finalization:
+    if _rank_process:
         return
     deadline = time.monotonic() + EXIT_JOIN_S
     for thread in list(_live):

@@ -18,7 +18,6 @@ save. A command that handles nothing is terminated by its worker as before.
 from __future__ import annotations
 
 import codecs
-import contextlib
 import os
 import select
 import signal
@@ -32,6 +31,7 @@ from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker.dist import detect, rank_env
 from slurmkit.worker.ft.interrupt import Interrupted
 from slurmkit.worker.ft.stop import AgreedStop, requeue_signal
+from slurmkit.worker.signal_inbox import SignalInbox
 
 STDOUT_TAIL_LINES = 200
 CHUNK_BYTES = 65536
@@ -69,46 +69,31 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-class _Deferred:
+class _Deferred(SignalInbox):
     """The stop signals' Python handlers (ft.interrupt's, which raise Interrupted, or submitit's) run
     where the echo asks (`run_pending`), not wherever the signal lands: raised between reading a
     chunk of the command's output and writing it, an exception lost that chunk (a rank's
-    `step=21` line went missing at a preemption). The handler here only notes the signal; the
-    wakeup fd ends the echo's select at once."""
+    `step=21` line went missing at a preemption)."""
 
     def __init__(self, signums: tuple[int, ...]) -> None:
         self.saved = {s: h for s in signums if callable(h := signal.getsignal(s))}
-        self.pending: list[int] = []
-        self.fd, self._w = os.pipe()
-        os.set_blocking(self.fd, False)
-        os.set_blocking(self._w, False)
-        self._old_wakeup = -1
-
-    def __enter__(self) -> _Deferred:
-        self._old_wakeup = signal.set_wakeup_fd(self._w)
-        for signum in self.saved:
-            signal.signal(signum, self._note)
-        return self
-
-    def _note(self, signum: int, frame: Any) -> None:
-        self.pending.append(signum)
+        super().__init__(tuple(self.saved))
 
     def run_pending(self) -> None:
         """Run the handlers of the signals that came, in order; one may raise, as at the signal."""
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self.fd, 512):
-                pass
-        while self.pending:
-            signum = self.pending.pop(0)
-            self.saved[signum](signum, None)
+        taken = self.take()
+        while taken:
+            signum = taken.pop(0)
+            try:
+                self.saved[signum](signum, None)
+            except BaseException:
+                self._pending[:0] = taken  # not run yet: still pending, for the next call or the exit
+                raise
 
     def __exit__(self, *exc: object) -> None:
-        for signum, handler in self.saved.items():
-            signal.signal(signum, handler)
-        signal.set_wakeup_fd(self._old_wakeup)
-        os.close(self.fd)
-        os.close(self._w)
-        for signum in self.pending:  # came after the last run_pending: to their own handlers now
+        left = self.left
+        super().__exit__(*exc)
+        for signum in left:  # came after the last run_pending: to their own handlers now
             signal.raise_signal(signum)
 
 

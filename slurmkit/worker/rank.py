@@ -45,7 +45,6 @@ from slurmkit.worker import at_exit
 
 ENTRY = "submitit.core._submit"
 EXIT_WATCH_S = 60.0
-_rank_process = False
 
 
 def _answer_stack_requests(folder: str) -> None:
@@ -76,7 +75,7 @@ def watch_the_way_out() -> None:
     """A task's last line, in a rank process: should the rank not reach finish() within EXIT_WATCH_S,
     every thread's stack goes to its log (faulthandler's own thread: it needs no GIL). Nothing where
     no rank process runs (a test calling a task in its own process)."""
-    if _rank_process:
+    if at_exit.in_rank_process():
         faulthandler.dump_traceback_later(EXIT_WATCH_S, exit=False)
 
 
@@ -86,8 +85,7 @@ def run(folder: str) -> NoReturn:
     The job's pickle is loaded only from a file of the caller's own (trust.load_pickle, on the open
     file). This interpreter was started with -P; PYTHONSAFEPATH, where a launcher set it for that,
     is dropped so a user's own command started from here keeps Python's usual rules."""
-    global _rank_process
-    _rank_process = True
+    at_exit.mark_rank_process()
     os.environ.pop("PYTHONSAFEPATH", None)
     _answer_stack_requests(folder)
     submitit_utils.pickle_load = _own_pickle
@@ -114,7 +112,6 @@ def finish(status: int) -> NoReturn:
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    at_exit.no_finalization()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -40,6 +40,7 @@ from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
 from slurmkit.worker.ft import policy
 from slurmkit.worker.ft.decision import Action, Decision
+from slurmkit.worker.signal_inbox import SignalInbox
 
 
 class State(enum.StrEnum):
@@ -63,7 +64,6 @@ class Supervisor:
         os.environ[outcomes.ATTEMPT_ENV] = "0"
         self.nodes = plan.shrink.nodes if plan.shrink else None
         self.exclude: tuple[str, ...] = ()
-        self._signals: list[int] = []
         self._standby: subprocess.Popen[bytes] | None = None
         if plan.launcher == "torchrun":  # c10d on the first node; the job's own id, as MASTER_PORT is picked
             first = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))[:1] or ["localhost"]
@@ -71,7 +71,9 @@ class Supervisor:
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
-        self._install_signal()
+        """The job's loop. Slurm's signal (plan.signal), from here on, is noted and forwarded to the
+        step being waited on."""
+        self._inbox = SignalInbox((int(getattr(signal, f"SIG{self.plan.signal}")),)).install()
         if self.plan.health is not None and not self._health_gate():
             return 1
         taken: subprocess.Popen[bytes] | None = None
@@ -149,12 +151,6 @@ class Supervisor:
         return False
 
     # -- waiting, and Slurm's signal --------------------------------------------------------------
-    def _install_signal(self) -> None:
-        read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._wakeup = read
-        signal.set_wakeup_fd(write)
-        signal.signal(getattr(signal, f"SIG{self.plan.signal}"), lambda signum, _frame: self._signals.append(signum))
-
     def _wait(self, proc: subprocess.Popen[bytes]) -> int:
         """The step's exit status; Slurm's signal, meanwhile, goes on to the step (srun passes it to
         every task) and the wait goes on until srun itself exits."""
@@ -164,11 +160,9 @@ class Supervisor:
             pidfd = None
         try:
             while proc.poll() is None:
-                ready = [self._wakeup] + ([pidfd] if pidfd is not None else [])
+                ready = [self._inbox.fd] + ([pidfd] if pidfd is not None else [])
                 select.select(ready, [], [], 1.0 if pidfd is not None else 0.05)
-                self._drain()
-                while self._signals:
-                    signum = self._signals.pop(0)
+                for signum in self._inbox.take():
                     _say(f"caught {signal.Signals(signum).name}, forwarding to ranks")
                     self._event("signal", signal=signal.Signals(signum).name)
                     proc.send_signal(signum)
@@ -176,13 +170,6 @@ class Supervisor:
             if pidfd is not None:
                 os.close(pidfd)
         return exit_status(proc.returncode)
-
-    def _drain(self) -> None:
-        try:
-            while os.read(self._wakeup, 64):
-                pass
-        except BlockingIOError:
-            pass
 
     # -- the record -----------------------------------------------------------------------------
     def _enter(self, state: State, **fields: Any) -> None:
