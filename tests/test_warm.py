@@ -28,6 +28,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _gloo_threads() -> int:
+    """This process's gloo worker threads (a group's, while it is not freed)."""
+    tasks = Path("/proc/self/task")
+    return sum((task / "comm").read_text().startswith("pt_gloo") for task in tasks.iterdir())
+
+
 def _rank(rank: int, port: int, out: Any) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -49,12 +55,14 @@ def _rank(rank: int, port: int, out: Any) -> None:
         except RuntimeError as exc:
             error = warm.report_of(rank, exc).error
         group.abort()
-    del model
+    threads = _gloo_threads()
+    del model  # its reducer held the aborted group: freeing the group from there, with the GIL held, could deadlock
+    kept = _gloo_threads() == threads > 0  # its threads not joined: the group was not freed there
     group.rebuild()  # generation 1, on the same store
     total = torch.ones(1)
     torch.distributed.all_reduce(total)
     group.abort()
-    out.put((rank, error, group.generation, float(total)))
+    out.put((rank, error, group.generation, float(total), kept))
 
 
 def test_an_aborted_group_fails_a_blocked_peer_at_once_and_is_rebuilt_on_the_same_store() -> None:
@@ -72,10 +80,11 @@ def test_an_aborted_group_fails_a_blocked_peer_at_once_and_is_rebuilt_on_the_sam
             if p.is_alive():
                 p.kill()
                 p.join()
-    (_, blocked, gen0, total0), (_, raised, gen1, total1) = results
+    (_, blocked, gen0, total0, kept0), (_, raised, gen1, total1, kept1) = results
     assert raised == "raised" and "Connection closed by peer" in blocked and "Timed out" not in blocked
     assert warm.report_of(0, RuntimeError(blocked)).peer_failed  # read as a consequence, not a cause
     assert (gen0, gen1, total0, total1) == (1, 1, 2.0, 2.0)
+    assert kept0 and kept1  # slurmkit.worker.at_exit.keep_default_group: a reducer never frees a group
 
 
 def _trainer(dist: Dist) -> Trainer:

@@ -15,7 +15,9 @@ the second):
 
 So slurmkit's checkpoint threads start through `daemon`, and one atexit handler (installed by the
 first slurmkit.Checkpoint or thread) joins those still running, destroys the default group if the
-script left it, and collects cycles, while the interpreter is whole. A slurmkit rank process has no finalization
+script left it, and collects cycles, while the interpreter is whole. The default group itself is
+never freed (`keep_default_group`, from the Checkpoint and from slurmkit's own groups): freeing it
+is what ends in a deadlock or the abort. A slurmkit rank process has no finalization
 (slurmkit.worker.rank leaves with os._exit after atexit's handlers): there the handler does nothing,
 so a rank that failed is not held up by a write it will never commit.
 """
@@ -23,6 +25,7 @@ so a rank that failed is not held up by a write it will never commit.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import sys
 import threading
@@ -37,6 +40,7 @@ then is never committed: the wait only spares the process the abort)."""
 _live: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _installed = False
 _rank_process = False
+_kept: set[int] = set()
 
 
 def mark_rank_process() -> None:
@@ -58,6 +62,27 @@ def install() -> None:
         _installed = True
 
 
+def keep_default_group() -> None:
+    """The default process group, if there is one, is never freed in this process (once per group).
+
+    Freeing a gloo group joins its worker threads. Where the last reference is a DDP reducer's (the
+    group destroyed or aborted first, the DDP wrapper dropped after), the join runs with the GIL
+    held, while a worker thread may need the GIL to free the last work it ran: a deadlock. gdb on a
+    rank stuck in a test of warm restarts: the main thread in ~Reducer -> ~ProcessGroupGloo ->
+    thread::join, the worker in ~AsyncWork -> ~ThreadLocalState -> a Python decref -> take_gil. In
+    Python's finalization the same worker, taking the GIL, is ended inside C++ code: the abort.
+    So the group gets one reference more, never dropped: a reducer's is then never the last, and
+    its threads stay idle until the process ends. The cost: an aborted group's few idle threads per
+    warm restart, and a destroyed group's memory to the end."""
+    tdist = sys.modules.get("torch.distributed")  # never imported here: only where the process did
+    if tdist is None or not tdist.is_available() or not tdist.is_initialized():
+        return
+    group = tdist.group.WORLD
+    if group is not None and id(group) not in _kept:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+        _kept.add(id(group))  # its id stays its own: the object is never freed
+
+
 def daemon(target: Callable[[], None], name: str) -> threading.Thread:
     """Start `target` in a daemon thread that the exit handler joins if it is still running then."""
     install()
@@ -73,7 +98,8 @@ def _at_exit() -> None:
     deadline = time.monotonic() + EXIT_JOIN_S
     for thread in list(_live):
         thread.join(max(0.0, deadline - time.monotonic()))
+    keep_default_group()
     tdist = sys.modules.get("torch.distributed")  # never imported here: only where the script did
     if tdist is not None and tdist.is_available() and tdist.is_initialized():
         tdist.destroy_process_group()
-    gc.collect()
+    gc.collect()  # a DDP model's cycles, and with them its reducer: never the group's last holder

@@ -73,6 +73,7 @@ class Checkpoint:
         """The Checkpointer and StopCoordinator, made on first use, on the ranks of the process group
         as it is at each call: a function may bring its group up after it first restored."""
         ranks = Ranks.current()
+        at_exit.keep_default_group()  # the script's DDP reducer must never be the one to free it
         if self._parts is None:
             # Nothing required by name: a step holds state.pt, or a sharded state's DCP files.
             ckpt = Checkpointer(self.uri, ranks, keep_latest_k=self.keep)

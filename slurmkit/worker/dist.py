@@ -23,6 +23,7 @@ from typing import Any
 
 from slurmkit.common import ports, trust
 from slurmkit.common.slurm_env import expand_hostlist
+from slurmkit.worker import at_exit
 
 PORT_BASE = ports.TRAINING[0]  # torchrun or a single process without a job id
 DEFAULT_PG_TIMEOUT_S = 600.0
@@ -121,6 +122,7 @@ class Group:
         tdist.init_process_group(self.backend, store=tdist.PrefixStore(f"slurmkit/gen{self.generation}/", self.store),
                                  rank=self.denv.rank, world_size=self.denv.world_size, timeout=self.timeout,
                                  device_id=self.device if self.backend == "nccl" else None)
+        at_exit.keep_default_group()  # a DDP reducer must never free it: see there
         # gloo connects every pair of ranks while the group is made: the sockets that appeared, minus the store's.
         self._pairs = {(fd, ident) for fd, ident in (_socket_fds().items() - before.items())
                        if _is_peer(fd, self.denv.master_port)}
@@ -325,6 +327,7 @@ def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
         tdist.init_process_group(backend, store=tdist.PrefixStore(f"slurmkit/torchrun/{denv.job_id}/", store),
                                  rank=denv.rank, world_size=denv.world_size, timeout=dt.timedelta(seconds=timeout),
                                  device_id=device if backend == "nccl" else None)
+        at_exit.keep_default_group()
     elif owns_group:
         group = Group(denv, backend, device, dt.timedelta(seconds=timeout))
     together = False
