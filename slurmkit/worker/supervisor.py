@@ -71,9 +71,7 @@ class Supervisor:
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> int:
-        """The job's loop. Slurm's signal (plan.signal), from here on, is noted and forwarded to the
-        step being waited on."""
-        self._inbox = SignalInbox((int(getattr(signal, f"SIG{self.plan.signal}")),)).install()
+        self._install_signal()
         if self.plan.health is not None and not self._health_gate():
             return 1
         taken: subprocess.Popen[bytes] | None = None
@@ -151,6 +149,10 @@ class Supervisor:
         return False
 
     # -- waiting, and Slurm's signal --------------------------------------------------------------
+    def _install_signal(self) -> None:
+        """Slurm's signal (plan.signal), from here on, is noted and forwarded to the step being waited on."""
+        self._inbox = SignalInbox((int(getattr(signal, f"SIG{self.plan.signal}")),)).install()
+
     def _wait(self, proc: subprocess.Popen[bytes]) -> int:
         """The step's exit status; Slurm's signal, meanwhile, goes on to the step (srun passes it to
         every task) and the wait goes on until srun itself exits."""
