@@ -32,6 +32,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 EXIT_JOIN_S = 30.0
 """At most this long, all threads together, for checkpoint threads still running at exit (a write
@@ -74,13 +75,20 @@ def keep_default_group() -> None:
     So the group gets one reference more, never dropped: a reducer's is then never the last, and
     its threads stay idle until the process ends. The cost: an aborted group's few idle threads per
     warm restart, and a destroyed group's memory to the end."""
-    tdist = sys.modules.get("torch.distributed")  # never imported here: only where the process did
-    if tdist is None or not tdist.is_available() or not tdist.is_initialized():
+    tdist = _initialized_dist()
+    if tdist is None:
         return
     group = tdist.group.WORLD
     if group is not None and id(group) not in _kept:
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
         _kept.add(id(group))  # its id stays its own: the object is never freed
+
+
+def _initialized_dist() -> Any:
+    """torch.distributed where the process imported it and its default group is up, else None
+    (never imported here)."""
+    tdist = sys.modules.get("torch.distributed")
+    return tdist if tdist is not None and tdist.is_available() and tdist.is_initialized() else None
 
 
 def daemon(target: Callable[[], None], name: str) -> threading.Thread:
@@ -99,7 +107,7 @@ def _at_exit() -> None:
     for thread in list(_live):
         thread.join(max(0.0, deadline - time.monotonic()))
     keep_default_group()
-    tdist = sys.modules.get("torch.distributed")  # never imported here: only where the script did
-    if tdist is not None and tdist.is_available() and tdist.is_initialized():
+    tdist = _initialized_dist()
+    if tdist is not None:
         tdist.destroy_process_group()
     gc.collect()  # a DDP model's cycles, and with them its reducer: never the group's last holder
