@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import slurmkit
-from slurmkit.common.errors import ConfigError
+from slurmkit.common.errors import ConfigError, JobFailedError
 
 SPMD_SCRIPT = """\
 import os
@@ -72,13 +72,58 @@ def test_submit_command_runs_a_script_on_every_rank(tmp_path: Path, local_profil
     assert [o["stdout"].strip() for o in outs] == ["rank 0 of 2 sum 3", "rank 1 of 2 sum 3"]
 
 
+# libstdc++'s last words when a thread is ended inside C++ code that may not throw.
+TORCH_EXIT_ABORT = "terminate called without an active exception"
+
+
+def _aborted_after_its_work(err: JobFailedError, last_line: str) -> bool:
+    """torch's abort in Python's finalization, after the rank's whole output (docs/fault-tolerance.md,
+    "Its exit is looked after too"): a plain DDP script's gloo thread, taking the GIL there. Nothing
+    of slurmkit runs in that process; on Slurm the in-job restart answers it, the local profile has none."""
+    return err.trace[-1:] == (TORCH_EXIT_ABORT,) and last_line in err.log_tail
+
+
 def test_a_users_own_ddp_script_runs_unmodified_on_the_local_profile(local_profile: Path) -> None:
-    """tests/user_code/ddp_toy.py, which knows nothing of slurmkit, trains DDP on 2 local ranks."""
+    """tests/user_code/ddp_toy.py, which knows nothing of slurmkit, trains DDP on 2 local ranks. Run
+    again once, loudly, where torch aborted a rank in its finalization after the rank's last line
+    (1 rank in 40 to 80 here, more under load): that abort is torch's, in a process with no slurmkit."""
     script = Path(__file__).parent / "user_code" / "ddp_toy.py"
-    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2).submit_command(
-        ["python", str(script), "--steps", "3"])
-    outs = [o["stdout"].strip().splitlines()[-1] for o in job.results(timeout=300)]
-    assert outs == [f"rank={r} world=2 local={r} steps=3 weights_equal=True" for r in range(2)]
+    want = [f"rank={r} world=2 local={r} steps=3 weights_equal=True" for r in range(2)]
+    for attempt in (1, 2):
+        job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2).submit_command(
+            ["python", str(script), "--steps", "3"])
+        try:
+            outs = [o["stdout"].strip().splitlines()[-1] for o in job.results(timeout=300)]
+            break
+        except JobFailedError as err:
+            if attempt == 2 or err.rank is None or not _aborted_after_its_work(err, want[err.rank]):
+                raise
+            print(f"RUN AGAIN: torch aborted rank {err.rank} after its last line ({TORCH_EXIT_ABORT!r})",
+                  file=sys.stderr)
+    assert outs == want
+
+
+STAND_IN_ABORT = f"""\
+import os, sys
+print("rank=" + os.environ["RANK"] + " done", flush=True)
+if os.environ["RANK"] == "1":
+    sys.stderr.write({TORCH_EXIT_ABORT!r} + "\\n")
+    sys.stderr.flush()
+    os.abort()
+"""
+
+
+def test_the_run_again_above_knows_torchs_exit_abort_from_a_crash(tmp_path: Path, local_profile: Path) -> None:
+    """A stand-in for torch's abort (its line on stderr, then SIGABRT) after the rank's last line is
+    what the test above runs again for; the same abort before that line is not."""
+    script = tmp_path / "abort.py"
+    script.write_text(STAND_IN_ABORT)
+    with pytest.raises(JobFailedError) as err:
+        slurmkit.Executor(profile=str(local_profile), tasks_per_node=2).submit_command(
+            [sys.executable, str(script)]).results(timeout=300)
+    assert err.value.rank == 1
+    assert _aborted_after_its_work(err.value, "rank=1 done")
+    assert not _aborted_after_its_work(err.value, "rank=1 step=3")
 
 
 def test_launcher_is_a_keyword(dev_profile: Path) -> None:

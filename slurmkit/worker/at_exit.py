@@ -10,16 +10,26 @@ the second):
 - a daemon thread inside torch's C++ code (a checkpoint write, the start-up prefetch, the host
   memory reservation): finalization ends such a thread when it next takes the GIL, and an unwind
   through C++ code that may not throw terminates the process;
-- the process groups, and the tensors their gloo threads still hold, freed during finalization:
-  a DDP module's reference cycles keep its group alive until the last collection.
+- the default group's gloo worker threads: a DDP model keeps its group referenced to the end (torch
+  2.13: ten references more after `del model` and a collection, out of the collector's sight), so
+  `destroy_process_group()` leaves its threads running into finalization. A worker frees each work
+  it ran afterwards (the tensors and the autograd context it holds need the GIL), and one that
+  takes the GIL once finalization has begun is ended inside C++ code: gdb on a core of a plain
+  DDP script (tests/user_code/ddp_toy.py, 1 run in 40 to 80) shows a worker in
+  ~AsyncAllgatherWork -> take_gil -> pthread_exit -> std::terminate, the main thread in
+  Py_FinalizeEx.
 
 So slurmkit's checkpoint threads start through `daemon`, and one atexit handler (installed by the
 first slurmkit.Checkpoint or thread) joins those still running, destroys the default group if the
-script left it, and collects cycles, while the interpreter is whole. The default group itself is
-never freed (`keep_default_group`, from the Checkpoint and from slurmkit's own groups): freeing it
-is what ends in a deadlock or the abort. A slurmkit rank process has no finalization
-(slurmkit.worker.rank leaves with os._exit after atexit's handlers): there the handler does nothing,
-so a rank that failed is not held up by a write it will never commit.
+script left it, and frees the script's unreachable objects, while the interpreter is whole. Meanwhile
+a gloo worker waiting for the GIL gets it (the interpreter hands it over at a blocking call, and
+after 5 ms of bytecode) and frees its work before finalization. That narrows the window of the
+second abort and cannot close it: a worker that asks for the GIL after the handler still aborts.
+The default group itself is never freed (`keep_default_group`, from the Checkpoint and from
+slurmkit's own groups): freeing it from a DDP reducer is a deadlock.
+A slurmkit rank process has no finalization (slurmkit.worker.rank leaves with os._exit after
+atexit's handlers): there the handler does nothing, so a rank that failed is not held up by a write
+it will never commit.
 """
 
 from __future__ import annotations
@@ -110,4 +120,4 @@ def _at_exit() -> None:
     tdist = _initialized_dist()
     if tdist is not None:
         tdist.destroy_process_group()
-    gc.collect()  # a DDP model's cycles, and with them its reducer: never the group's last holder
+    gc.collect()  # the script's dropped objects (a model, its tensors) freed now, not in finalization
