@@ -6,12 +6,14 @@ import os
 import subprocess
 import sys
 import uuid
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from slurmkit.worker import record_crc
 from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy
 from slurmkit.worker.ckptstore import MARKER, TRAINER_FILES, CheckpointError, CheckpointStore
 
@@ -238,3 +240,32 @@ def test_a_checkpoint_thread_still_running_at_exit_finishes_before_the_interpret
     proc = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert done.exists()  # written after the main thread had ended: the handler waited for it
+
+
+def _record_crcs(path: Path) -> list[int]:
+    """The CRC-32 each data record of a torch.save'd file carries in its zip entry."""
+    with zipfile.ZipFile(path) as z:
+        return [i.CRC for i in z.infolist() if "/data/" in i.filename]
+
+
+def test_checkpoint_records_carry_no_crc_and_the_scripts_own_saves_keep_theirs(tmp_path: Path) -> None:
+    """slurmkit's checksum in the stream covers a checkpoint's every byte: torch.save's CRC-32 of each
+    record is off while a checkpoint is written (record_crc), and torch.save is as it was after."""
+    store = CheckpointStore(str(tmp_path / "ck"))
+    _save(store, 1, 3.0)
+    assert _record_crcs(Path(store.step_dir(1)) / "model.pt") == [0]
+    assert torch.equal(store.load(1, "model.pt")["w"], torch.full((4,), 3.0))
+    torch.save({"w": torch.full((4,), 3.0)}, tmp_path / "own.pt")
+    assert _record_crcs(tmp_path / "own.pt") != [0]
+
+
+def test_overlapping_checkpoint_writes_share_one_crc_switch() -> None:
+    """Two writes in flight (the writer thread's and a stop's): the CRC comes back with the last."""
+    assert torch.serialization.get_crc32_options()
+    first, second = record_crc.off(), record_crc.off()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not torch.serialization.get_crc32_options()  # the second write is still out
+    second.__exit__(None, None, None)
+    assert torch.serialization.get_crc32_options()

@@ -32,6 +32,7 @@ from slurmkit.common import trust
 from slurmkit.common.atomic import atomic_write
 from slurmkit.common.errors import squash
 from slurmkit.common.layout import OBJECT_STORES
+from slurmkit.worker import record_crc
 
 MARKER = "COMMITTED.json"
 TRAINER_FILES = ("model.pt", "optim.pt", "trainer.pt")
@@ -141,7 +142,8 @@ def to_bytes(obj: Any) -> bytes:
     import torch
 
     buf = io.BytesIO()
-    torch.save(obj, buf)
+    with record_crc.off():
+        torch.save(obj, buf)
     return buf.getvalue()
 
 
@@ -256,7 +258,7 @@ class CheckpointStore:
         path = f"{self.step_dir(step)}/{name}"
         self._valid.discard(step)
         try:
-            with self.fs.open(path, "wb", block_size=UPLOAD_PART) as raw:
+            with self.fs.open(path, "wb", block_size=UPLOAD_PART) as raw, record_crc.off():
                 stream = HashingStream(raw, chunk=UPLOAD_PART)
                 torch.save(obj, cast(IO[bytes], stream))
         except OSError as exc:

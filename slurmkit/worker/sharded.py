@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.tensor import DTensor
 
+from slurmkit.worker import record_crc
 from slurmkit.worker.ckpt_threads import any_tensor
 from slurmkit.worker.ckptstore import (
     DIGEST,
@@ -133,7 +134,8 @@ def save(state: dict[str, Any], store: CheckpointStore, step: int, group: tdist.
     folder = store.step_uri(step)
     writer = ShardWriter(folder, durable=not store.object_store)
     try:
-        dcp.save(state, storage_writer=writer, process_group=group)
+        with record_crc.off():  # each file is checksummed in the stream already
+            dcp.save(state, storage_writer=writer, process_group=group)
     except Exception as exc:  # DCP gathers every rank's failure into one CheckpointException
         raise CheckpointError(f"sharded save into {folder} failed: {exc}") from exc
     return writer.entries
