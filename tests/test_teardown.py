@@ -83,3 +83,39 @@ def test_a_rank_that_hangs_on_its_way_out_logs_its_stacks(process: str, then: st
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert ("most recent call first" in proc.stderr) is dumped
+
+
+PENDING = """
+import pathlib, sys, time, torch
+import torch.distributed as tdist
+from slurmkit.worker import at_exit
+
+out = pathlib.Path(sys.argv[1])
+tdist.init_process_group("gloo")
+if tdist.get_rank() == 0:
+    work = tdist.all_reduce(torch.ones(1000), async_op=True)  # rank 1 joins only once told
+    (out / "busy").write_text(str(at_exit.wait_gloo_idle(1.0)))
+    (out / "go").write_text("")
+    work.wait()
+    (out / "idle").write_text(str(at_exit.wait_gloo_idle(300.0)))
+else:
+    while not (out / "go").exists():
+        time.sleep(0.05)
+    tdist.all_reduce(torch.ones(1000))
+tdist.destroy_process_group()
+"""
+
+
+def test_the_exit_handler_tells_a_gloo_worker_at_work_from_one_waiting_for_work(tmp_path: Path) -> None:
+    """at_exit.wait_gloo_idle, which the exit handler sleeps in: not idle while rank 0's worker holds a
+    collective its peer has not joined; idle once it has run and been freed."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))}
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", PENDING, str(tmp_path)], stderr=subprocess.PIPE, text=True,
+                              env={**env, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port)}) for r in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    assert (tmp_path / "busy").read_text() == "False"
+    assert (tmp_path / "idle").read_text() == "True"

@@ -21,10 +21,11 @@ the second):
 
 So slurmkit's checkpoint threads start through `daemon`, and one atexit handler (installed by the
 first slurmkit.Checkpoint or thread) joins those still running, destroys the default group if the
-script left it, and frees the script's unreachable objects, while the interpreter is whole. Meanwhile
-a gloo worker waiting for the GIL gets it (the interpreter hands it over at a blocking call, and
-after 5 ms of bytecode) and frees its work before finalization. That narrows the window of the
-second abort and cannot close it: a worker that asks for the GIL after the handler still aborts.
+script left it, frees the script's unreachable objects, and then sleeps until every gloo worker
+thread waits for work with nothing left to free (`gloo_workers_idle`, read from the kernel's view
+of each thread: no worker is left holding a finished work, asking for the GIL), at most
+GLOO_IDLE_WAIT_S, while the interpreter is whole. The default group is destroyed by then, so no
+worker of it is given new work.
 The default group itself is never freed (`keep_default_group`, from the Checkpoint and from
 slurmkit's own groups): freeing it from a DDP reducer is a deadlock.
 A slurmkit rank process has no finalization (slurmkit.worker.rank leaves with os._exit after
@@ -37,6 +38,8 @@ from __future__ import annotations
 import atexit
 import ctypes
 import gc
+import os
+import platform
 import sys
 import threading
 import time
@@ -47,6 +50,14 @@ from typing import Any
 EXIT_JOIN_S = 30.0
 """At most this long, all threads together, for checkpoint threads still running at exit (a write
 then is never committed: the wait only spares the process the abort)."""
+
+GLOO_IDLE_WAIT_S = 5.0
+"""At most this long at exit for the gloo worker threads to free the works they ran (a worker stuck
+on a dead peer's collective never is)."""
+
+_FUTEX = {"x86_64": "202", "aarch64": "98"}
+"""futex's syscall number, as /proc/self/task/<tid>/syscall shows it, by architecture."""
+_FUTEX_WAIT_BITSET = 9  # glibc's condition-variable wait; a mutex's is FUTEX_WAIT (0)
 
 _live: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _installed = False
@@ -101,6 +112,43 @@ def _initialized_dist() -> Any:
     return tdist if tdist is not None and tdist.is_available() and tdist.is_initialized() else None
 
 
+def gloo_workers_idle() -> bool:
+    """Every gloo worker thread of this process (torch names them pt_gloo_runloop) sleeps on its
+    condition variable with no timeout: waiting for work, with no finished work left to free. A
+    worker taking the GIL sleeps with a timeout (CPython's take_gil), one at work runs or waits on
+    its peers with a timeout, one after the queue's lock waits on a mutex. True where the kernel
+    does not say (another architecture, no /proc)."""
+    futex = _FUTEX.get(platform.machine())
+    try:
+        tasks = os.listdir("/proc/self/task") if futex is not None else []
+    except OSError:
+        return True
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                if comm.read().strip() != "pt_gloo_runloop":
+                    continue
+            with open(f"/proc/self/task/{tid}/syscall") as call:
+                fields = call.read().split()  # "nr uaddr op val timeout ...", or "running"
+        except OSError:
+            continue  # the thread ended meanwhile
+        if fields[:1] != [futex] or int(fields[2], 16) & 0x7F != _FUTEX_WAIT_BITSET or fields[4] != "0x0":
+            return False
+    return True
+
+
+def wait_gloo_idle(timeout: float) -> bool:
+    """Sleep, the GIL released, until gloo_workers_idle(), at most `timeout` s; whether they are."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while not gloo_workers_idle():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)  # a worker waiting for the GIL takes it now
+        pause = min(2 * pause, 0.05)
+    return True
+
+
 def daemon(target: Callable[[], None], name: str) -> threading.Thread:
     """Start `target` in a daemon thread that the exit handler joins if it is still running then."""
     install()
@@ -121,3 +169,4 @@ def _at_exit() -> None:
     if tdist is not None:
         tdist.destroy_process_group()
     gc.collect()  # the script's dropped objects (a model, its tensors) freed now, not in finalization
+    wait_gloo_idle(GLOO_IDLE_WAIT_S)
