@@ -92,6 +92,9 @@ from slurmkit.worker import at_exit
 
 out = pathlib.Path(sys.argv[1])
 tdist.init_process_group("gloo")
+# A worker thread is known by the name it gives itself once it runs; on a busy machine it may not
+# have run yet right after init (CI saw that), so one collective first, as any run has done by its exit.
+tdist.all_reduce(torch.ones(1))
 if tdist.get_rank() == 0:
     work = tdist.all_reduce(torch.ones(1000), async_op=True)  # rank 1 joins only once told
     (out / "busy").write_text(str(at_exit.wait_gloo_idle(1.0)))

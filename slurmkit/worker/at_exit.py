@@ -116,8 +116,10 @@ def gloo_workers_idle() -> bool:
     """Every gloo worker thread of this process (torch names them pt_gloo_runloop) sleeps on its
     condition variable with no timeout: waiting for work, with no finished work left to free. A
     worker taking the GIL sleeps with a timeout (CPython's take_gil), one at work runs or waits on
-    its peers with a timeout, one after the queue's lock waits on a mutex. True where the kernel
-    does not say (another architecture, no /proc)."""
+    its peers with a timeout, one after the queue's lock waits on a mutex. A worker is known by the
+    name it gives itself once it runs, so one not yet started is not seen; at a run's exit, after
+    its collectives, every worker has started. True where the kernel does not say (another
+    architecture, no /proc)."""
     futex = _FUTEX.get(platform.machine())
     try:
         tasks = os.listdir("/proc/self/task") if futex is not None else []
