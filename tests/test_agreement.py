@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,15 +43,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def two_ranks(tmp_path: Path, dtype: str) -> list[dict[str, object]]:
+def torchrun_env(rank: int, port: int) -> dict[str, str]:
+    """What torchrun sets for one of two ranks on this machine."""
+    return {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def run_two_ranks(code: str, args: list[str],
+                  rank_env: Callable[[int, int], dict[str, str]] = torchrun_env) -> None:
+    """`python -P -c code *args` as two ranks on this machine, each with rank_env(rank, a free port)
+    over this process's environment less its launchers' variables; both must exit 0."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_CODE, str(tmp_path), dtype], env={
-        **env, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))}
+    procs = [subprocess.Popen([sys.executable, "-P", "-c", code, *args], env={**env, **rank_env(r, port)},
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
+
+
+def two_ranks(tmp_path: Path, dtype: str) -> list[dict[str, object]]:
+    run_two_ranks(RANK_CODE, [str(tmp_path), dtype])
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 

@@ -7,14 +7,14 @@ still talks to the store would do; here rank 1's teardown is slowed so the order
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.test_agreement import free_port
+from tests.test_agreement import run_two_ranks, torchrun_env
 
 RANK_CODE = """
 import pathlib, sys, time
@@ -39,23 +39,16 @@ with distributed() as dist:
 """
 
 
-@pytest.mark.parametrize("launcher", ["local", "torchrun"])
-def test_rank_0_leaves_after_the_others_groups_are_gone(launcher: str, tmp_path: Path) -> None:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))}
+def submitit_local_env(rank: int, port: int) -> dict[str, str]:
+    """What submitit's local executor sets for one of two ranks: slurmkit's own Group and store."""
+    return {"SUBMITIT_LOCAL_GLOBALID": str(rank), "SUBMITIT_LOCAL_LOCALID": str(rank), "SUBMITIT_LOCAL_NTASKS": "2",
+            "SUBMITIT_LOCAL_JOB_ID": "1", "MASTER_PORT": str(port)}
 
-    def rank_env(r: int) -> dict[str, str]:
-        if launcher == "local":  # submitit's local executor: slurmkit's own Group and store
-            return {"SUBMITIT_LOCAL_GLOBALID": str(r), "SUBMITIT_LOCAL_LOCALID": str(r), "SUBMITIT_LOCAL_NTASKS": "2",
-                    "SUBMITIT_LOCAL_JOB_ID": "1", "MASTER_PORT": str(port)}
-        return {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
-    procs = [subprocess.Popen([sys.executable, "-P", "-c", RANK_CODE, str(tmp_path)], env={**env, **rank_env(r)},
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
+@pytest.mark.parametrize("rank_env", [submitit_local_env, torchrun_env], ids=["local", "torchrun"])
+def test_rank_0_leaves_after_the_others_groups_are_gone(rank_env: Callable[[int, int], dict[str, str]],
+                                                        tmp_path: Path) -> None:
+    run_two_ranks(RANK_CODE, [str(tmp_path)], rank_env)
     assert (tmp_path / "rank0-left").read_text() == "True"  # rank 1's group was gone before rank 0 left
     assert (tmp_path / "rank1-left").read_text() == "True"
 
@@ -112,13 +105,6 @@ tdist.destroy_process_group()
 def test_the_exit_handler_tells_a_gloo_worker_at_work_from_one_waiting_for_work(tmp_path: Path) -> None:
     """at_exit.wait_gloo_idle, which the exit handler sleeps in: not idle while rank 0's worker holds a
     collective its peer has not joined; idle once it has run and been freed."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))}
-    procs = [subprocess.Popen([sys.executable, "-P", "-c", PENDING, str(tmp_path)], stderr=subprocess.PIPE, text=True,
-                              env={**env, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port)}) for r in (0, 1)]
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
+    run_two_ranks(PENDING, [str(tmp_path)])
     assert (tmp_path / "busy").read_text() == "False"
     assert (tmp_path / "idle").read_text() == "True"

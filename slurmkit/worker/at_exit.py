@@ -121,8 +121,10 @@ def gloo_workers_idle() -> bool:
     its collectives, every worker has started. True where the kernel does not say (another
     architecture, no /proc)."""
     futex = _FUTEX.get(platform.machine())
+    if futex is None:
+        return True
     try:
-        tasks = os.listdir("/proc/self/task") if futex is not None else []
+        tasks = os.listdir("/proc/self/task")
     except OSError:
         return True
     for tid in tasks:
