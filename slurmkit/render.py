@@ -147,7 +147,8 @@ def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
     taken = {m.split(":")[1] for m in c.mounts}
     mounts = [*c.mounts, *(f"{p}:{p}" for p in dict.fromkeys(paths) if p not in taken)]
     prof = resolved.profile
-    env_names = list(dict.fromkeys([*c.env, *prof.setup.env, *resolved.spec.env, *prof.nccl_env]))
+    spec = resolved.spec
+    env_names = list(dict.fromkeys([*c.env, *prof.setup.env, *spec.env, *spec.secret_env, *prof.nccl_env]))
     gpus = c.gpus if c.gpus is not None else bool(resolved.node_gpus)
     return {"srun": c.runtime == "pyxis", "prefix": c.runtime != "pyxis", "mounts": mounts,
             "env_names": env_names, "gpus": gpus, "interactive": False}

@@ -214,3 +214,16 @@ def test_cost_sums_every_incarnations_node_hours_and_splits_out_what_was_lost() 
     assert spent.gpu_hours == pytest.approx(8 * spent.node_hours)
     assert spent.lost_node_hours == pytest.approx(2 * (540 - 432) / 3600)  # held 540 s a node, 432 s of steps
     assert cost.of_run(incs, 0, 0.0).gpu_hours == 0  # a CPU run
+
+
+def test_a_dollar_in_a_cause_or_host_is_drawn_as_text_not_parsed_as_maths() -> None:
+    import dataclasses
+
+    from slurmkit.insight import report
+
+    data = _report_data([{"host": "gpu$node$1", "time": 1005.0, "gpus": [{"util_pct": 80}]}])
+    data = dataclasses.replace(data, restarts=[(120, r"oom $\foo$ at $x")])
+    png = report.render_png(data)  # mathtext raised ValueError on $\foo$ before
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    loss_ax = next(ax for ax in report.figure(data).axes if ax.get_ylabel() == "loss")
+    assert [t.get_text() for t in loss_ax.texts] == [r"oom \$\foo\$ at \$x"]

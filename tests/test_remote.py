@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
+import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from slurmkit.config.login import LoginHost
 from slurmkit.remote.connection import Connection, HostKeyError, HostKeyProblem
@@ -281,3 +285,89 @@ def test_the_laptop_never_imports_torch_to_forward(laptop: sshd_mod.Laptop, site
                            *(f"{k}={v}" for k, v in laptop.env().items()), str(laptop.python), "-P", str(probe),
                            "status", "-p", str(site)], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "False", done.stderr
+
+
+def as_other_user(*argv: str) -> None:
+    """A command run as a second unix user (nobody), who shares the laptop's machine."""
+    subprocess.run(["runuser", "-u", "nobody", "--", *argv], check=True, timeout=30)
+
+
+def test_a_fetched_report_replaces_a_link_another_user_planted_never_follows_it(
+        laptop: sshd_mod.Laptop, site: Path) -> None:
+    bashrc = laptop.write(".bashrc", "# the laptop user's own\n")
+    shared = laptop.home / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # a folder other users can write (no sticky bit: they may plant, we may replace)
+    as_other_user("ln", "-s", str(bashrc), str(shared / "report.html"))
+    spec = laptop.write("work/short.yaml", "name: short\ncommand: echo hi\n")
+    done = answer(sk(laptop, "submit", str(spec), "-p", str(site), "--wait", "--json"))
+    assert isinstance(done, dict)
+    out = shared / "report.html"
+    rep = sk(laptop, "report", done["run_id"], "-p", str(site), "-o", str(out), "--json")
+    assert rep.returncode == 0, rep.stderr
+    assert bashrc.read_text() == "# the laptop user's own\n"
+    st = out.lstat()
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert st.st_uid == laptop.home.stat().st_uid and out.read_text().startswith("<!doctype html>")
+
+
+def test_a_login_host_on_debians_own_python_unpacks_the_code_and_refuses_a_link_out(
+        laptop: sshd_mod.Laptop, login_host: sshd_mod.Sshd, cluster_runs: Path) -> None:
+    """login.python is Debian 12's python3 (3.11.2, the laptop's venv), whose tarfile has no filter=."""
+    text = Path(laptop.profile("deb", login_host, extends="local", run_root=str(cluster_runs))).read_text()
+    profile = laptop.write("profiles/deb.yaml", text.replace(sys.executable, str(laptop.python)))
+    laptop.write("debcode/src/a.py", "A = 1\n")
+    laptop.write("debcode/run.yaml", "name: deb\ncommand: python -P src/a.py\nsnapshot: true\n")
+    code = laptop.home / "debcode"
+    subprocess.run(["runuser", "-u", laptop.user, "--", "ln", "-s", "src", str(code / "latest")], check=True)
+    rendered = sk(laptop, "render", "run.yaml", "-p", str(profile), cwd=code)
+    assert rendered.returncode == 0 and rendered.stdout.startswith("#!/bin/bash"), rendered.stderr
+    subprocess.run(["runuser", "-u", laptop.user, "--", "ln", "-s", "/scratch/ds", str(code / "data")], check=True)
+    refused = sk(laptop, "render", "run.yaml", "-p", str(profile), cwd=code)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+
+
+def test_known_hosts_of_another_user_or_writable_by_others_is_refused(login_host: sshd_mod.Sshd,
+                                                                      tmp_path: Path) -> None:
+    from slurmkit.common.trust import NotOwnError
+
+    theirs = tmp_path / "theirs_known_hosts"
+    theirs.write_text(login_host.known_hosts_line() + "\n")
+    os.chown(theirs, pwd.getpwnam("nobody").pw_uid, -1)
+    loose = tmp_path / "loose_known_hosts"
+    loose.write_text(login_host.known_hosts_line() + "\n")
+    os.chmod(loose, 0o666)
+    for path in (theirs, loose):
+        login = LoginHost(host="127.0.0.1", port=login_host.port, user="root", known_hosts=str(path))
+        with pytest.raises(NotOwnError):
+            Connection(login, "site").ssh_argv(["true"])
+    with pytest.raises(ValidationError):  # ssh would read a second file after the space
+        LoginHost(host="127.0.0.1", known_hosts=f"{loose} /tmp/planted_known_hosts")
+
+
+class _Planted:
+    """What a redirected connection would answer with: a pickle that runs a command when loaded."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_an_answer_that_would_run_code_on_the_laptop_is_refused(tmp_path: Path) -> None:
+    import base64
+    import pickle
+
+    from slurmkit.common.errors import SlurmkitError
+    from slurmkit.remote.api import as_answer, plain_data
+
+    marker = tmp_path / "ran"
+    with pytest.raises(SlurmkitError):
+        plain_data(pickle.dumps(_Planted(marker)))
+    assert not marker.exists()
+    value = {"loss": 0.5, "shape": (2, 3), "tags": {"a", "b"}, 7: b"\x00raw", "nested": [None, True, 1.5]}
+    sent = as_answer(value)
+    assert plain_data(base64.b64decode(str(sent["pickle"]))) == value
+    with pytest.raises(SlurmkitError):  # said on the login host: not plain data
+        as_answer(_Planted(marker))

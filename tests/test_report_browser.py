@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit.insight import report
+from slurmkit.common.layout import RunPaths
+from slurmkit.insight import report, report_html
 from tests.test_tracking import crash_then_resume, run_folder
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -49,18 +50,23 @@ def browser(*args: str) -> str:
     return proc.stdout
 
 
-@pytest.fixture(scope="module")
-def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The report of a digits run that crashed at step 25 and resumed from step 20 (30 steps)."""
-    tmp = tmp_path_factory.mktemp("report")
+def crashed_run(tmp: Path) -> RunPaths:
+    """A digits run that crashed at step 25 and resumed from step 20 (30 steps)."""
     paths = run_folder(tmp, {})
     with pytest.MonkeyPatch.context() as mp:
         for key in ("SLURM_PROCID", "SLURM_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "RANK", "WORLD_SIZE",
                     "SLURM_RESTART_COUNT", "SLURMKIT_CHECKPOINT_URI"):
             mp.delenv(key, raising=False)
         crash_then_resume(paths)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """crashed_run's report."""
+    tmp = tmp_path_factory.mktemp("report")
     out = tmp / "report.html"
-    report.write(paths, out)
+    report.write(crashed_run(tmp), out)
     return out
 
 
@@ -88,3 +94,17 @@ def test_a_drag_across_the_loss_panel_zooms_both_step_panels(page: Path, tmp_pat
     assert zoomed is not None
     loss, throughput = int(zoomed.group(1)), int(zoomed.group(2))
     assert 2 <= loss < 30 and loss == throughput  # both panels show the same, narrower range of steps
+
+
+def test_markup_in_an_embedded_string_neither_breaks_nor_enters_the_page(tmp_path: Path) -> None:
+    import dataclasses
+
+    data = report.collect(crashed_run(tmp_path))
+    hostile = "<!--<script>document.title='owned'</script>"
+    data = dataclasses.replace(data, restarts=[(step, hostile) for step, _ in data.restarts],
+                               segments=[dataclasses.replace(s, nodes=hostile) for s in data.segments])
+    page = tmp_path / "hostile.html"
+    page.write_text(report_html.render(data))
+    dom = browser("--dump-dom", page.as_uri())
+    assert 'data-rendered="3"' in dom  # every panel still drew
+    assert "owned" not in dom.split("<title>", 1)[1].split("</title>", 1)[0]

@@ -247,3 +247,28 @@ def test_a_users_command_with_the_trackers_own_api_logs_to_the_runs_tracker_runs
     (run,) = client.search_runs([client.get_experiment_by_name("mine").experiment_id])  # type: ignore[union-attr]
     assert run.info.run_id == mlflow_id and run.data.tags[tracking.trackers.RUN_TAG] == out["run_id"]
     assert [m.step for m in client.get_metric_history(mlflow_id, "user_acc")] == [1, 2, 3]
+
+
+def test_an_mlflow_server_that_never_answers_is_dropped_within_the_bound(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as server:  # accepts connections (the kernel's backlog) and never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        paths = run_folder(tmp_path, {"mlflow": f"http://127.0.0.1:{server.getsockname()[1]}", "tensorboard": True})
+        opened = tracking.Trackers.open(paths.run_dir)
+    assert opened is not None
+    assert opened.dropped == {"mlflow": "TimeoutError"}  # the bound, not MLflow's own retries, let it go
+    assert [b.name for b in opened.backends] == ["tensorboard"]  # the others go on
+    assert capsys.readouterr().err.count("mlflow left out") == 1
+
+
+def test_a_password_in_a_tracking_uri_is_refused_and_never_echoed() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as refused:
+        Tracking(mlflow="https://bob:s3cret-pw@mlflow.example.org")
+    assert "s3cret-pw" not in str(refused.value.errors()[0]["msg"])
+    assert Tracking(mlflow="https://mlflow.example.org").mlflow  # credentials come from secret_env instead
+    assert tracking.redact("ConnectionError: https://bob:pw@h/api") == "ConnectionError: https://***@h/api"

@@ -12,6 +12,9 @@ import os
 import uuid
 from pathlib import Path
 
+from slurmkit.common import perms
+from slurmkit.common.errors import SlurmkitError
+
 WRITE_CHUNK = 1 << 20  # 1 MiB writes, as dd bs=1M: one huge write() was 3x slower here
 PRIVATE_FILE = 0o600
 
@@ -50,3 +53,17 @@ def atomic_write(path: Path | str, data: bytes, mode: int = PRIVATE_FILE, durabl
 
 def atomic_write_text(path: Path | str, text: str, mode: int = PRIVATE_FILE, durable: bool = True) -> None:
     atomic_write(path, text.encode(), mode, durable)
+
+
+def write_output(path: Path, data: bytes) -> None:
+    """A file the user named (`report -o`, on the login host or fetched to a laptop): written beside
+    and renamed over, so a symlink planted at its name is replaced, never followed; 0600, or 0640 in
+    a group run folder; a path that cannot be written is one SlurmkitError."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            raise IsADirectoryError(21, "Is a directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data, perms.file_mode(path.parent), durable=False)
+    except OSError as exc:
+        raise SlurmkitError(f"cannot write there: {exc.strerror or exc}", where=str(path),
+                            valid="valid: a file in a folder you can write") from None

@@ -9,12 +9,28 @@ import os
 import re
 
 _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+# What a job's own environment says about that job, and what slurmkit sets for a run's ranks (its
+# run folder, markers, rendezvous, tracker runs): a run started from inside one (a nested pipeline)
+# must not hand them to the new one, which would otherwise write the outer run's markers and join
+# its rendezvous. SLURM_CONF and the user's own SLURMKIT_PROFILE* settings stay.
+JOB_ENV_PREFIXES = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_", "SLURMKIT_")
+JOB_ENV_NAMES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                           "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "MLFLOW_RUN_ID", "WANDB_RUN_ID",
+                           "WANDB_RESUME", "WANDB_RUN_GROUP", "WANDB_NAME", "WANDB_DIR"})
+KEPT_ENV = frozenset({"SLURM_CONF", "SLURMKIT_PROFILE", "SLURMKIT_PROFILE_PATH", "SLURMKIT_DEVCLUSTER_STATE"})
 
 
 def slurm_job_id() -> str:
     """This job's id as submitit names its files: ARRAYID_TASKID for an array task."""
     array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     return f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
+
+
+def outer_job_env(environ: dict[str, str]) -> list[str]:
+    """The variables of the job or run this process runs in (none outside one)."""
+    if not {"SLURM_JOB_ID", "SUBMITIT_EXECUTOR", "SLURMKIT_RUN_DIR"} & environ.keys():
+        return []
+    return sorted(k for k in environ if k not in KEPT_ENV and (k.startswith(JOB_ENV_PREFIXES) or k in JOB_ENV_NAMES))
 
 
 def base_id(job_id: str) -> str:

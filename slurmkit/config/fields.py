@@ -104,6 +104,13 @@ def _env_names(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+def _env_name_list(value: list[str]) -> list[str]:
+    for name in value:
+        if not _ENV_NAME_RE.match(name):
+            raise ValueError(f"invalid environment variable name {clip(name)}; valid: [A-Za-z_][A-Za-z0-9_]*")
+    return list(dict.fromkeys(value))
+
+
 # sbatch reads #SBATCH lines with its own parser, not bash: a backslash escapes even inside
 # quotes, quotes nest, '#' starts a comment and %x patterns are expanded in file names. A value
 # that reaches such a line may hold none of them; shlex quoting then means the same to both.
@@ -151,6 +158,8 @@ def _whole_number_as_text(value: Any) -> Any:
 SlurmTime = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidator(_slurm_time)]
 SlurmMem = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidator(_slurm_mem)]
 EnvMap = Annotated[dict[str, str], BeforeValidator(_env_keys), AfterValidator(_env_names)]
+EnvNames = Annotated[list[str], AfterValidator(_env_name_list)]
+"""Names of environment variables (their values are never part of the config)."""
 HomePath = Annotated[str, AfterValidator(_home_path)]
 """A path whose leading ~ is expanded on the login node (venv, python)."""
 TildePath = Annotated[str, AfterValidator(_tilde_resolves)]

@@ -52,6 +52,14 @@ class LoginHost(Strict):
             raise ValueError(f"{clip(value)} is not a user name; valid: letters, digits, _ . - (not first)")
         return value
 
+    @field_validator("known_hosts", "identity")
+    @classmethod
+    def _one_file(cls, value: str | None) -> str | None:
+        # ssh reads a list of files from a value with blanks: one file, and only the one named.
+        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            raise ValueError(f"{clip(value)} holds a blank; valid: the path of one file, without blanks")
+        return value
+
     @field_validator("control_persist")
     @classmethod
     def _persist(cls, value: str) -> str:

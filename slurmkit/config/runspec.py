@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from slurmkit.common.errors import clip
-from slurmkit.config.fields import EnvMap, Strict
+from slurmkit.config.fields import EnvMap, EnvNames, Strict
 from slurmkit.config.profile import Resources
 from slurmkit.config.ray import RaySpec
 from slurmkit.config.tracking import Tracking
@@ -45,6 +45,10 @@ class RunSpec(Strict):
     """Resources of this run; unset fields come from the profile, then the defaults."""
     env: EnvMap = Field(default_factory=dict)
     """Environment variables for the ranks (values quoted in the script)."""
+    secret_env: EnvNames = Field(default_factory=list)
+    """Names of variables (API keys, passwords) the ranks get from the environment `submit` runs in, as
+    Slurm carries a job's environment: their values are never written to run.json, the script, the
+    job's pickle or a tracker (docs/security.md). Each must be set at submit."""
     snapshot: bool | None = None
     """Copy the code into the run folder at submit and run from that copy, requeues included; unset takes the
     profile's snapshot."""
@@ -89,6 +93,9 @@ class RunSpec(Strict):
             raise ValueError("config is only valid with task")
         if self.launcher == "torchrun" and self.ray is not None:
             raise ValueError("launcher torchrun is not valid with ray (Ray starts its own processes); valid: srun")
+        if given_both := sorted(set(self.secret_env) & set(self.env)):
+            raise ValueError(f"secret_env {', '.join(given_both)} also has a value in env, which would be written "
+                             "down; valid: export it before submitting and leave it out of env")
         return self
 
     @property

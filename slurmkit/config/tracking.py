@@ -3,6 +3,7 @@ slurmkit run, however often it is requeued or restarted (docs/tracking.md)."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -10,6 +11,12 @@ from pydantic import Field, field_validator
 from slurmkit.config.fields import Strict
 
 _URI_SCHEMES = ("sqlite:///", "http://", "https://", "file:/", "/")
+_USERINFO = re.compile(r"^([a-z+]+://)([^/@]*)@")
+
+
+def redact(text: str) -> str:
+    """`text` with the user:password of every URI in it replaced by ***."""
+    return re.sub(r"([a-z+]+://)[^/@\s]*@", r"\1***@", text)
 
 
 class Tracking(Strict):
@@ -33,8 +40,12 @@ class Tracking(Strict):
     @classmethod
     def _uri(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(_URI_SCHEMES):
-            raise ValueError(f"{value!r} is no tracking URI this can use; valid: "
+            raise ValueError(f"{redact(value)!r} is no tracking URI this can use; valid: "
                              "sqlite:///ABSOLUTE/PATH.db, http(s)://HOST[:PORT], file:/ABSOLUTE/FOLDER or a folder")
+        if value is not None and (m := _USERINFO.match(value)) and ":" in m.group(2):
+            # run.json, the script and the logs would all hold it, readable by the group in group mode.
+            raise ValueError(f"{redact(value)!r} holds a password; valid: the URI without it, and "
+                             "secret_env: [MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD] (docs/security.md)")
         return value
 
     @property

@@ -11,8 +11,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import perms
-from slurmkit.common.atomic import atomic_write
+from slurmkit.common.atomic import write_output
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, steps_of
@@ -112,6 +111,12 @@ def _plt() -> Any:
     return plt
 
 
+def plain(text: str) -> str:
+    """A string from the run (a cause, a host, a name) drawn as it is: a `$` would start matplotlib's
+    mathtext, which draws `$x$` as maths and raises on `$\\foo$`."""
+    return text.replace("$", r"\$")
+
+
 def _timeline(ax: Any, data: ReportData, t0: float) -> None:
     for seg in data.segments:
         y = seg.n
@@ -122,10 +127,10 @@ def _timeline(ax: Any, data: ReportData, t0: float) -> None:
             ax.broken_barh([(seg.start - t0, end - seg.start)], (y - 0.3, 0.6),
                            color=STATE_COLORS.get(seg.state, "#1565c0"))
             label = f"job {seg.job_id} #{seg.n} on {seg.nodes}: {seg.state}" + (f" ({seg.cause})" if seg.cause else "")
-            ax.text(seg.start - t0, y + 0.35, label, fontsize=7, va="bottom")
+            ax.text(seg.start - t0, y + 0.35, plain(label), fontsize=7, va="bottom")
         for t, cause in seg.in_job:  # a new srun step in the same allocation: a mark on the bar
             ax.plot([t - t0], [y], "x", color="#c62828", markersize=7)
-            ax.text(t - t0, y - 0.35, f"in-job restart ({cause})", fontsize=6, va="top")
+            ax.text(t - t0, y - 0.35, plain(f"in-job restart ({cause})"), fontsize=6, va="top")
     ax.set_yticks([s.n for s in data.segments], [f"#{s.n}" for s in data.segments])
     ax.set_ylim(-0.6, max(len(data.segments), 1) - 0.2)
     ax.set_xlabel("seconds since the first submit")
@@ -156,7 +161,7 @@ def _restart_marks(axes: list[Any], data: ReportData) -> None:
     for step, cause in data.restarts:
         for ax in axes:
             ax.axvline(step, color="#c62828", linewidth=0.8, linestyle="--", gid="restart")
-        axes[0].annotate(cause, (step, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+        axes[0].annotate(plain(cause), (step, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
                          va="top", ha="right", color="#c62828")
 
 
@@ -180,13 +185,13 @@ def figure(data: ReportData) -> Any:
         for host in sorted({g["host"] for g in data.gpu}):
             rows = [g for g in data.gpu if g["host"] == host]
             util = [sum(x["util_pct"] or 0 for x in g["gpus"]) / max(len(g["gpus"]), 1) for g in rows]
-            axes[2].plot([g["time"] - t0 for g in rows], util, label=host)
+            axes[2].plot([g["time"] - t0 for g in rows], util, label=plain(host))
         axes[2].legend(fontsize=7)
         axes[2].set_ylabel("GPU util % (mean)")
         axes[2].set_xlabel("seconds since the first submit")
     _timeline(axes[-1], data, t0)
     a = data.accounting
-    fig.suptitle(f"run {data.run_id}: goodput {a.goodput:.1%} of {a.wall_s:.0f} s wall; lost: queue "
+    fig.suptitle(f"run {plain(data.run_id)}: goodput {a.goodput:.1%} of {a.wall_s:.0f} s wall; lost: queue "
                  f"{a.queue_wait_s:.0f} s, restarts {a.restart_overhead_s:.0f} s, recomputed "
                  f"{a.recomputed_s:.0f} s, checkpoint stalls {a.checkpoint_stall_s:.0f} s, other {a.other_s:.0f} s",
                  fontsize=9)
@@ -208,7 +213,5 @@ def write(paths: RunPaths, output: Path) -> ReportData:
                             where=str(output), valid="valid: a .png or .html file")
     data = collect(paths)
     page = render_png(data) if output.suffix == ".png" else report_html.render(data).encode()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside and renamed over: a symlink planted at the output's name is replaced, never followed.
-    atomic_write(output, page, perms.file_mode(output.parent), durable=False)
+    write_output(output, page)
     return data

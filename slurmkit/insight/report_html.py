@@ -48,8 +48,10 @@ def page_data(data: ReportData) -> dict[str, Any]:
 def render(data: ReportData) -> str:
     """The page: the panels with data (no GPU panel without GPU samples), then the tables."""
     a = data.accounting
-    # "</" inside the JSON would end the script element early: escaped, JSON reads it the same.
-    payload = json.dumps(_finite(page_data(data)), allow_nan=False).replace("</", "<\\/")
+    # Every "<" as \u003c (JSON reads it the same): "</script" would end the element early and "<!--<script"
+    # would keep the page from drawing; JSON itself has "<" only inside strings. ">" and "&" likewise.
+    payload = (json.dumps(_finite(page_data(data)), allow_nan=False)
+               .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
     script = resources.files("slurmkit.insight").joinpath("report.js").read_text()
     title = html.escape(data.run_id)
     divs = "".join(f"<div id='{name}'></div>" for name in ("loss", "throughput", "gpu", "timeline"))

@@ -3,9 +3,11 @@ its jobs (RemoteJob) answer through the same one SSH connection as the CLI (slur
 
 A function goes as one cloudpickle (by value where the nodes could not import its module, as on
 the login node), in the request's tar stream; the login host loads it from its private stage and
-submits it with its own Executor. A job's return value comes back pickled by the login host, from
-the run's own outcome, over the connection the laptop authenticated; an error comes back as the
-same typed error (JobFailedError with its rank, cause and log tail)."""
+submits it with its own Executor. A job's return value comes back as plain data: JSON, or where
+JSON cannot carry it (tuples, sets, bytes, dicts with other keys) a pickle that names no class or
+function, loaded here by an unpickler that refuses every global, so no answer, whoever sent it,
+can run code on the laptop. A value of any other type is refused on the login host in one line.
+An error comes back as the same typed error (JobFailedError with its rank, cause and log tail)."""
 
 from __future__ import annotations
 
@@ -51,8 +53,26 @@ def call(site: Site, method: str, params: dict[str, Any], pickled: bytes | None 
     if "error" in answer:
         raise _error(answer["error"])
     if "pickle" in answer:
-        return pickle.loads(base64.b64decode(answer["pickle"]))  # noqa: S301 - the caller's own login host's answer
+        return plain_data(base64.b64decode(answer["pickle"]))
     return answer["value"]
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Builds lists, tuples, dicts, sets, strings, bytes and numbers; every class and function a
+    pickle names (its only way to run code) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def plain_data(data: bytes) -> Any:
+    """The value of a plain-data pickle, or SlurmkitError naming the first class it would build."""
+    try:
+        return _NoGlobals(io.BytesIO(data)).load()
+    except pickle.UnpicklingError as exc:
+        raise SlurmkitError(f"an answer naming {exc} is not plain data: refused", where="slurmkit.remote.api",
+                            valid="valid: results of None, bool, int, float, str, bytes, list, tuple, dict, set"
+                            ) from None
 
 
 def _error(err: dict[str, Any]) -> SlurmkitError:
@@ -159,7 +179,15 @@ def _plain(value: Any) -> bool:
 
 
 def _pickled(value: Any) -> dict[str, Any]:
-    return {"pickle": base64.b64encode(pickle.dumps(value)).decode()}
+    data = pickle.dumps(value, protocol=5)
+    try:
+        plain_data(data)  # what the laptop will accept, checked here: the refusal names the type
+    except SlurmkitError:
+        raise SlurmkitError(f"a result of type {type(value).__name__} cannot go to the laptop: only plain data does",
+                            where="slurmkit.remote.api",
+                            valid="valid: return None, bool, int, float, str, bytes, list, tuple, dict or set, "
+                                  "or read it on the login host (`slurmkit result RUN`)") from None
+    return {"pickle": base64.b64encode(data).decode()}
 
 
 def as_error(exc: SlurmkitError) -> dict[str, Any]:

@@ -79,7 +79,7 @@ class Connection:
     def _options(self) -> list[str]:
         lg = self.login
         opts = [f"ControlPath={self.control_path}", "StrictHostKeyChecking=yes",
-                f"UserKnownHostsFile={os.path.expanduser(lg.known_hosts)}", f"ConnectTimeout={lg.connect_timeout_s}",
+                f"UserKnownHostsFile={trusted_known_hosts(lg.known_hosts)}", f"ConnectTimeout={lg.connect_timeout_s}",
                 "ServerAliveInterval=10", "ServerAliveCountMax=3", "LogLevel=ERROR"]
         if lg.port:
             opts.append(f"Port={lg.port}")
@@ -162,6 +162,18 @@ class Connection:
         except subprocess.TimeoutExpired:
             raise ConnectError(f"{self.login.destination} did not answer within {timeout_s:.0f} s",
                                where="profile:login") from None
+
+
+def trusted_known_hosts(value: str) -> str:
+    """The known_hosts file, checked as every file slurmkit trusts: the caller's (or root's), written
+    by no one else, in folders no one else can swap it in (so ssh opens what was checked); else
+    NotOwnError in one line. A missing one is ssh's to report (an unknown host key)."""
+    path = Path(os.path.expanduser(value))
+    if os.path.lexists(path):
+        trust.check(trust.reason(path, follow=True) or trust.chain_reason(path.parent)
+                    or trust.chain_reason(Path(os.path.realpath(path)).parent), str(path),
+                    "valid: a known_hosts file of your own that no one else can write (profile:login.known_hosts)")
+    return str(path)
 
 
 def control_dir() -> Path:

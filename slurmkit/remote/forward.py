@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from slurmkit import __version__
+from slurmkit.common.atomic import write_output
 from slurmkit.common.errors import ConfigError, SlurmkitError
 from slurmkit.config.loader import load_profile, profile_layers, profile_name
 from slurmkit.config.login import LoginHost
@@ -225,13 +226,15 @@ def _outputs(argv: list[str]) -> dict[str, Path]:
 
 
 def _fetch(conn: Connection, site: Site, stage_id: str, targets: dict[str, Path]) -> None:
+    """The command's output files, written here as the command writes them on its own host (never
+    through a symlink planted at their names, with the run's modes)."""
     req = Request("fetch", stage_id=stage_id, slurmkit=__version__)
     done = conn.call(serve_argv(site.login, req))
     with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r|") as tar:
         for member in tar:
             name = Path(member.name).name
             if member.isfile() and name in targets and (f := tar.extractfile(member)) is not None:
-                targets[name].write_bytes(f.read())
+                write_output(targets[name], f.read())
 
 
 def _submit_and_wait(site: Site, argv: list[str], command: str) -> int:

@@ -9,6 +9,7 @@ follows on stdin. This writes them into a private stage folder (~/.cache/slurmki
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ import platform
 import shutil
 import sys
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from slurmkit import __version__
 from slurmkit.cli.app import app
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import SlurmkitError
+from slurmkit.config.profile import ClusterProfile
+from slurmkit.remote import unpack
 from slurmkit.remote.connection import private_cache
 from slurmkit.remote.request import STAGE_PREFIX, Request
 from slurmkit.runs import snapshot
@@ -40,13 +43,33 @@ def hello() -> dict[str, str]:
     return {"slurmkit": __version__, "python": platform.python_version(), "executable": sys.executable}
 
 
-def _stage(req: Request) -> Path:
+PICKLE_SLACK = 1 << 30
+"""What a request may carry beside its code: spec files and a pickled function (with its data)."""
+
+
+def _limit(req: Request) -> int:
+    """The most bytes a request's files may hold: the profile's snapshot_max_mb, and PICKLE_SLACK."""
+    mb = next((d["snapshot_max_mb"] for _, d in reversed(req.profile) if isinstance(d.get("snapshot_max_mb"), int)),
+              ClusterProfile.model_fields["snapshot_max_mb"].default)
+    return int(mb) * (1 << 20) + PICKLE_SLACK
+
+
+@contextlib.contextmanager
+def _stage(req: Request, keep_output: bool = False) -> Iterator[Path]:
+    """A private stage folder with the request's files unpacked in it (slurmkit.remote.unpack),
+    always removed after, unless `keep_output` and the command left an out/ for the laptop to fetch."""
     stage = stage_root() / req.stage_id
     stage.mkdir(mode=0o700)  # an existing one is not ours to reuse
-    if req.files:
-        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
-            tar.extractall(stage, filter="data")  # no absolute names, no .., no links out of the stage
-    return stage
+    keep = False
+    try:
+        if req.files:
+            unpack.extract(sys.stdin.buffer, stage, _limit(req))
+        yield stage
+        keep = keep_output and (stage / "out").is_dir()
+    finally:
+        os.chdir("/")
+        if not keep:
+            shutil.rmtree(stage, ignore_errors=True)
 
 
 def profile_file(req: Request) -> Path:
@@ -73,9 +96,7 @@ def _argv(req: Request, stage: Path) -> list[str]:
 def run(req: Request) -> int:
     """The command, run here with the files sent along in the stage; its exit status."""
     req.check_versions(hello())
-    stage = _stage(req)
-    keep = False
-    try:
+    with _stage(req, keep_output=True) as stage:
         # A run without the code sent along starts in the login account's home, as `ssh HOST sbatch`
         # would: never in the stage, which is gone once the command returns.
         os.chdir(stage / "work" / req.workdir if (stage / "work").is_dir() else Path.home())
@@ -83,29 +104,19 @@ def run(req: Request) -> int:
             os.environ[snapshot.ORIGIN_ENV] = json.dumps(req.origin)
         try:
             app(args=_argv(req, stage), prog_name="slurmkit", standalone_mode=True)
-            code = 0
+            return 0
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        keep = (stage / "out").is_dir()
-        return code
-    finally:
-        os.chdir("/")
-        if not keep:
-            shutil.rmtree(stage, ignore_errors=True)
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
 
 
 def api(req: Request, print_answer: Callable[[dict[str, Any], Path, str], int]) -> int:
     """A Python API method (slurmkit.remote.serve_api's entry, which passes its `print_answer`);
     the stage holds the function sent along."""
     req.check_versions(hello())
-    stage = _stage(req)
-    try:
+    with _stage(req) as stage:
         os.chdir(Path.home())
         assert req.api is not None
         return print_answer(req.api, stage, str(profile_file(req)))
-    finally:
-        os.chdir("/")
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def fetch(stage_id: str) -> int:

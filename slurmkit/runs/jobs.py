@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -139,6 +140,9 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
 def _check_request(resolved: Resolved, dependency: str | None, call: Call | None, preflighted: bool) -> bool:
     """What can be checked before anything is created; whether the run goes to Slurm."""
     check_function_kind(resolved, call)
+    container = resolved.profile.container
+    check_secrets(resolved.spec.secret_env, resolved.spec_source,
+                  {**resolved.profile.setup.env, **(container.env if container else {})})
     local_checks.warn_idle_gpus(resolved)
     if resolved.profile.executor == "slurm":
         if not preflighted:
@@ -149,6 +153,17 @@ def _check_request(resolved: Resolved, dependency: str | None, call: Call | None
                             valid="valid: a Slurm profile, e.g. -p devcluster")
     local_checks.check(resolved)
     return False
+
+
+def check_secrets(names: list[str], source: str, written: dict[str, str]) -> None:
+    """secret_env's variables are set here (the job takes them from this environment) and given no
+    value that would be written down (the profile's setup.env or container.env)."""
+    if missing := [n for n in names if n not in os.environ]:
+        raise ConfigError(f"secret_env {', '.join(missing)} not set in this environment", where=f"{source}:secret_env",
+                          valid="valid: export them before submitting (their values go only to the job)")
+    if named := sorted(set(names) & set(written)):
+        raise ConfigError(f"secret_env {', '.join(named)} has a value in the profile, which would be written down",
+                          where=f"{source}:secret_env", valid="valid: leave it out of the profile's env")
 
 
 # ---------------------------------------------------------------- status
@@ -318,6 +333,7 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
     if is_active(st.state) or st.state == "COMPLETED":
         raise SlurmkitError(f"run is {st.state} (job {st.job_id}); nothing to resubmit", where=paths.run_id,
                             valid="valid: a run that ended other than COMPLETED; `slurmkit cancel` a live one first")
+    check_secrets(list(rec.spec.get("secret_env") or []), paths.run_id, {})
     script = "".join(ln for ln in (rec.script or paths.script.read_text()).splitlines(keepends=True)
                      if not ln.startswith("#SBATCH --dependency="))
     from slurmkit.slurm import submitit_executor as ex_mod

@@ -23,6 +23,7 @@ from slurmkit.common import perms, ports, trust
 from slurmkit.common.atomic import atomic_write, atomic_write_text
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.slurm_env import outer_job_env
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
 from slurmkit.render import JobFiles, RenderInput, render, shell_quote
@@ -30,26 +31,11 @@ from slurmkit.slurm import commands
 
 SBATCH_TIMEOUT_S = 60
 NO_LIMIT_MIN = 366 * 24 * 60
-# What a job's own environment says about that job: a submit from inside a job (a nested pipeline)
-# must not hand them to the new one, whose batch shell would otherwise start with the parent's
-# rank, rendezvous and run folder. SLURM_CONF and the user's SLURMKIT_PROFILE* settings stay.
-JOB_ENV_PREFIXES = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_")
-JOB_ENV_NAMES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                           "SLURMKIT_RUN_DIR", "SLURMKIT_CHECKPOINT_URI", "SLURMKIT_RUN_NAME", "SLURMKIT_SEED",
-                           "SLURMKIT_SIGNAL"})
-KEPT_ENV = frozenset({"SLURM_CONF"})
-
-
-def _job_env_names(environ: dict[str, str]) -> list[str]:
-    """The variables of the job this process runs in (none outside a job)."""
-    if "SLURM_JOB_ID" not in environ and "SUBMITIT_EXECUTOR" not in environ:
-        return []
-    return sorted(k for k in environ if k not in KEPT_ENV and (k.startswith(JOB_ENV_PREFIXES) or k in JOB_ENV_NAMES))
 
 
 def job_env_unset(environ: dict[str, str]) -> list[str]:
     """`env -u NAME ...` for the variables of the job this process runs in (none outside a job)."""
-    names = _job_env_names(environ)
+    names = outer_job_env(environ)
     return ["env", *(a for k in names for a in ("-u", k))] if names else []
 
 
@@ -66,7 +52,7 @@ def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = 
                             valid="submit the run again with `slurmkit submit`") from None
     tag = uuid.uuid4().hex
     tmp_script, tmp_pickle = paths.job_folder / f".resubmit-{tag}.sh", paths.job_folder / f".{tag}.pkl"
-    parent = set(_job_env_names(dict(os.environ)))
+    parent = set(outer_job_env(dict(os.environ)))
     env = {k: v for k, v in os.environ.items() if k not in parent}
     mode = perms.file_mode(paths.run_dir)
     try:
@@ -243,7 +229,8 @@ class SafeLocalExecutor(submitit.LocalExecutor):
         return submitit_command(self.python, self.folder)
 
     def _internal_process_submissions(self, delayed_submissions: list[DelayedSubmission]) -> list[submitit.Job[Any]]:
-        with _environ(PYTHONSAFEPATH="1"):
+        # Started from inside a run (a nested pipeline), the job gets none of that run's variables.
+        with _environ(PYTHONSAFEPATH="1"), _without(outer_job_env(dict(os.environ))):
             return super()._internal_process_submissions(delayed_submissions)
 
     def _submit_command(self, command: str) -> Any:
@@ -286,6 +273,16 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _without(names: list[str]) -> Iterator[None]:
+    """os.environ without `names` while submitit starts its controller (which copies it)."""
+    before = {k: os.environ.pop(k) for k in names if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(before)
 
 
 def local_executor(folder: Path, resolved: Resolved) -> Any:

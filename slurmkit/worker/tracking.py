@@ -10,27 +10,60 @@ restart: TensorBoard's are overwritten (the writer purges events past the step r
 MLflow keeps both values, the restart event at the resume step marking where the second begins;
 W&B keeps the first, dropping any step below the highest it has seen (its own rule).
 
-A tracker that fails is dropped with one line on stderr: training never stops for a tracker.
+A tracker that fails, or does not answer within TRACKER_TIMEOUT_S (an unreachable server), is
+dropped with one line on stderr: training never waits longer than that for a tracker. The lines
+name no credentials (config.tracking.redact).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records_reversed
 from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.common.trust import NotOwnError, read_own
+from slurmkit.config.tracking import redact
 from slurmkit.worker import trackers
 from slurmkit.worker.dist import detect
 from slurmkit.worker.trackers import Backend, RunInfo
+
+TRACKER_TIMEOUT_S = 5.0
+T = TypeVar("T")
+
+
+def bounded(call: Callable[[], T], timeout_s: float = TRACKER_TIMEOUT_S) -> T:
+    """call() in a thread of its own; TimeoutError when it has not returned within `timeout_s` (the
+    thread is left to end by itself: a daemon, it never holds the process's exit)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="slurmkit-tracker", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {timeout_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def say(what: str, exc: BaseException) -> None:
+    print(redact(f"slurmkit: tracking: {what}: {type(exc).__name__}: {exc}"), file=sys.stderr, flush=True)
 
 
 def numbers(record: dict[str, Any]) -> dict[str, float]:
@@ -50,6 +83,8 @@ class Trackers:
     last_step: int = 0
     _seen_restarts: int = 0
     _record_mtime: float = -1.0
+    dropped: dict[str, str] = field(default_factory=dict)
+    """Each backend left out, and the error's type that did it (TimeoutError: it did not answer)."""
 
     @classmethod
     def open(cls, run_dir: str | Path, resumed_from: int | None = None) -> Trackers | None:
@@ -61,23 +96,25 @@ class Trackers:
         if info is None:
             return None
         made: list[Backend] = []
+        dropped: dict[str, str] = {}
         for name, make in trackers.for_run(info, resumed_from or 0):
             try:
-                made.append(make())
+                made.append(bounded(make))
             except Exception as exc:  # a missing package, an unreachable server: said, then left out
-                print(f"slurmkit: tracking: {name} left out: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        opened = cls(info, made, resumed_from or 0, resumed_from or 0, _told(paths))
+                say(f"{name} left out", exc)
+                dropped[name] = type(exc).__name__
+        opened = cls(info, made, resumed_from or 0, resumed_from or 0, _told(paths), dropped=dropped)
         opened.sync_restarts()
         return opened
 
     def _each(self, what: str, call: Callable[[Backend], None]) -> None:
         for backend in list(self.backends):
             try:
-                call(backend)
+                bounded(functools.partial(call, backend))
             except Exception as exc:
-                print(f"slurmkit: tracking: {backend.name} {what} failed, left out from here: "
-                      f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                say(f"{backend.name} {what} failed, left out from here", exc)
                 self.backends.remove(backend)
+                self.dropped[backend.name] = type(exc).__name__
 
     def record(self, record: dict[str, Any]) -> None:
         """A metrics record (MetricsWriter's sink)."""
@@ -106,7 +143,7 @@ class Trackers:
             # The next incarnation tells the trackers only of restarts after these.
             atomic_write_text(self.info.paths.tracking_state, json.dumps({"restarts_told": self._seen_restarts}))
         except Exception as exc:  # run.json mid-edit elsewhere, a full disk: the next record tries again
-            print(f"slurmkit: tracking: restarts not read: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            say("restarts not read", exc)
 
     def finish(self, summary: dict[str, Any]) -> None:
         """The run's end: its summary's numbers, and the tracker run closed as finished."""
@@ -125,7 +162,7 @@ def _told(paths: RunPaths) -> int:
     try:
         return int(json.loads(read_own(paths.tracking_state, 4096))["restarts_told"])
     except NotOwnError as exc:  # not acted on: the events again, rather than none
-        print(f"slurmkit: tracking: {exc}", file=sys.stderr, flush=True)
+        say("restarts told", exc)
         return 0
     except (OSError, ValueError, KeyError, TypeError):  # none yet, or torn
         return 0
@@ -174,9 +211,10 @@ def environment(run_dir: str, rank: int) -> dict[str, str]:
         env.update(MLFLOW_TRACKING_URI=t.mlflow, MLFLOW_EXPERIMENT_NAME=info.project)
         if rank == 0:
             try:
-                env["MLFLOW_RUN_ID"] = trackers.Mlflow(info, t.mlflow).run_id
+                mlflow_uri = t.mlflow
+                env["MLFLOW_RUN_ID"] = bounded(lambda: trackers.Mlflow(info, mlflow_uri)).run_id
             except Exception as exc:  # said, and the user's code makes its own run
-                print(f"slurmkit: tracking: mlflow left out: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                say("mlflow left out", exc)
     return env
 
 
