@@ -242,3 +242,99 @@ def test_spare_nodes_off_slurm_or_with_torchrun_or_a_negative_count_is_one_line(
                    "--set", "launcher=torchrun"])
     assert "elastic with launcher torchrun" in out.stderr
     assert nothing_under(tmp_path / "runs")
+
+
+def test_report_to_a_path_it_cannot_write_is_one_line(tmp_path: Path) -> None:
+    from tests.test_tracking import run_folder
+
+    (tmp_path / "runs").mkdir()
+    paths = run_folder(tmp_path / "runs", {})
+    (tmp_path / "d.html").mkdir()
+    (tmp_path / "plain").write_text("a file, not a folder")
+    for target in ("/proc/self/x.html", str(tmp_path / "d.html"), str(tmp_path / "plain" / "r.html")):
+        refused(["report", str(paths.run_dir), "-o", target])
+    assert (tmp_path / "d.html").is_dir() and not any((tmp_path / "d.html").iterdir())
+
+
+@pytest.mark.parametrize("size", ["999999999999T", "9" * 400 + "T"])
+def test_bench_fs_beyond_the_free_space_is_one_line(tmp_path: Path, size: str) -> None:
+    refused(["bench", "fs", str(tmp_path), "--size", size])
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_bench_fs_memory_does_not_grow_with_the_size(tmp_path: Path) -> None:
+    """The bench's data is written in parts: 256 MiB of it takes well under 256 MiB of memory."""
+    probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-P", "-c", probe, sys.executable, "-P", "-m", "slurmkit", "bench", "fs",
+                           str(tmp_path), "--size", "256MiB", "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    peak_kib = int(done.stdout.split()[-1])
+    assert peak_kib * 1024 < 256 * 2**20  # it held 2.6x the size before
+
+
+def test_a_set_nested_past_the_yaml_limit_is_one_line(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="x", command="true")
+    refused(["render", str(spec), "--set", ".".join(["a"] * 500) + "=1"])
+
+
+def test_a_duplicate_yaml_key_is_refused_with_its_line(tmp_path: Path) -> None:
+    from slurmkit.common.errors import ConfigError
+    from slurmkit.config.yamlio import read_yaml
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: x\ncommand: true\nresources:\n  nodes: 2\nresources:\n  time: 10\n")
+    refused(["render", str(spec)])
+    with pytest.raises(ConfigError) as err:
+        read_yaml(spec)
+    assert err.value.where == f"{spec}:5"
+    merged = tmp_path / "merged.yaml"  # a merge key may still be overridden, as YAML means it
+    merged.write_text("base: &b {nodes: 1, time: 5}\nresources:\n  <<: *b\n  nodes: 2\n")
+    assert read_yaml(merged)["resources"] == {"nodes": 2, "time": 5}
+
+
+def test_a_nul_byte_in_yaml_names_its_line(tmp_path: Path) -> None:
+    from slurmkit.common.errors import ConfigError
+    from slurmkit.config.yamlio import read_yaml
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: x\ncommand: tr\x00ue\n")
+    refused(["render", str(spec)])
+    with pytest.raises(ConfigError) as err:
+        read_yaml(spec)
+    assert err.value.where == f"{spec}:2"
+
+
+def test_an_empty_run_id_names_no_run(tmp_path: Path) -> None:
+    for argv in (["status", ""], ["logs", ""], ["cancel", ""]):
+        refused([*argv, "-p", str(profile(tmp_path))])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a folder of another user needs root")
+def test_a_cache_folder_another_user_made_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmkit.common.trust import NotOwnError
+    from slurmkit.remote.connection import private_cache
+
+    for planted in ("slurmkit/ssh", "slurmkit"):
+        cache = tmp_path / planted.replace("/", "-")
+        (cache / planted).mkdir(parents=True, mode=0o700)
+        os.chown(cache / planted, 65534, 65534)  # nobody's
+        monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+        with pytest.raises(NotOwnError):
+            private_cache("ssh")
+
+
+@pytest.mark.parametrize("field", [{"argv": "status"}, {"files": "yes"}, {"profile": [["a.yaml", 3]]},
+                                   {"op": "shell"}, {"argv": [1, 2]}])
+def test_a_request_with_a_wrong_typed_field_is_one_line(field: dict[str, object], capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    import base64
+    import dataclasses
+    import json
+
+    from slurmkit.remote import serve
+    from slurmkit.remote.request import Request
+
+    data = dataclasses.asdict(Request("run", argv=["status"], profile=[("a.yaml", {})])) | field
+    assert serve.main([base64.urlsafe_b64encode(json.dumps(data).encode()).decode()]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

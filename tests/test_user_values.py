@@ -27,7 +27,6 @@ def resolved_resources(tmp_path: Path, profile: Path, text: str, sets: list[str]
     ("time: '45:00'", "45:00"),
     ("time: UNLIMITED", "UNLIMITED"),  # sbatch's words for no limit, all read as UNLIMITED
     ("time: infinite", "UNLIMITED"),
-    ("time: -1", "UNLIMITED"),
     ("mem: 8GB", "8G"),  # as people write it; Slurm's form is kept
     ("mem: 8G", "8G"),
     ("mem: 8000", "8000"),
@@ -48,6 +47,20 @@ def test_set_gives_the_same_time_as_the_file(tmp_path: Path, local_profile: Path
     assert via_set.time == "1:30:00"
     script = dry_run(resolved_resources(tmp_path, local_profile, "time: 1:30:00")).script
     assert "1:30:00" in script and "5400" not in script
+
+
+@pytest.mark.parametrize(("written", "field"), [
+    ("time: -1", "time"),  # sbatch's own parser reads it as no limit; written here, it is a typo
+    ("time: '-5'", "time"),
+    ("nodes: 99999999999999999999999999999", "nodes"),  # rendered as it was, past any int sbatch parses
+    ("tasks_per_node: 70000", "tasks_per_node"),  # a 16-bit field in Slurm's job record
+    ("cpus_per_task: 65535", "cpus_per_task"),  # Slurm's "unset" value
+])
+def test_values_slurm_would_not_take_are_refused_naming_the_field(tmp_path: Path, local_profile: Path, written: str,
+                                                                  field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolved_resources(tmp_path, local_profile, written)
+    assert str(err.value.where).endswith(f"spec.yaml:resources.{field}")
 
 
 def test_bad_memory_is_one_line_naming_the_field(tmp_path: Path, local_profile: Path) -> None:

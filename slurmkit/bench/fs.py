@@ -1,7 +1,8 @@
 """`slurmkit bench fs URI`: checkpoint-style write and read throughput through fsspec, against `dd`.
 
-The write is exactly a checkpoint file's write (CheckpointStore: temp file, 1 MiB writes, fsync,
-rename, folder fsync, checksum alongside), so the estimate of a save's duration is the real path.
+The write is exactly a checkpoint's write (CheckpointStore: temp file, 1 MiB writes, fsync, rename,
+folder fsync, checksum alongside), in files of at most PART bytes as a sharded checkpoint's, so the
+estimate of a save's duration is the real path and the memory it takes is PART, whatever --size.
 On a local or parallel filesystem the baseline is `dd bs=1M conv=fsync` into the same folder, in
 the same run; on an object store it is the client's own upload (`fs.pipe_file`) of the same bytes.
 """
@@ -15,12 +16,15 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 from slurmkit.common.errors import SlurmkitError
 
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?$", re.IGNORECASE)
 CHUNK = 1 << 20
+PART = 64 * CHUNK
 
 
 def parse_size(text: str, where: str = "--size") -> int:
@@ -31,7 +35,8 @@ def parse_size(text: str, where: str = "--size") -> int:
         raise SlurmkitError(f"invalid size {text!r}", where=where, valid="valid: e.g. 256MB, 1GB, 512MiB")
     power = " KMGT".index((m.group(2) or " ").upper())
     decimal = (m.group(3) or "").upper() == "B" and power > 0  # "GB", not "GiB" or "G"
-    return int(float(m.group(1)) * (1000 if decimal else 1024) ** power)
+    # Exact (no float): 999999999999T is a number of bytes to refuse for its size, not an overflow.
+    return int(Decimal(m.group(1)) * (1000 if decimal else 1024) ** power)
 
 
 def check_size(size: int, where: str = "--size") -> int:
@@ -40,6 +45,15 @@ def check_size(size: int, where: str = "--size") -> int:
         raise SlurmkitError(f"size of {size} bytes is under 1 MiB", where=where,
                             valid="valid: 1MiB or more (dd writes 1 MiB blocks), e.g. 256MB, 1GB")
     return size
+
+
+def check_free(folder: str, size: int, where: str = "--size") -> None:
+    """The bench's file and then dd's fit in the free space of `folder`'s filesystem."""
+    free = shutil.disk_usage(folder).free
+    if size > free:
+        shown = f"{size / 1e9:.3g} GB" if size < 1e30 else "over 1e30 bytes"
+        raise SlurmkitError(f"{shown} do not fit in the {free / 1e9:.1f} GB free under {folder}", where=where,
+                            valid=f"valid: at most {free // CHUNK}MiB there")
 
 
 def _dd(folder: str, size: int) -> tuple[float, float]:
@@ -59,6 +73,34 @@ def _dd(folder: str, size: int) -> tuple[float, float]:
             os.unlink(path)
 
 
+def _timed(store: Any, size: int) -> tuple[float, float, float | None]:
+    """(write s, read s, the object store client's own upload s or None) of `size` bytes in parts."""
+    block = os.urandom(min(size, PART))  # incompressible, cheap to make; every part is (a slice of) it
+
+    def parts() -> Iterator[tuple[str, bytes]]:
+        for i, start in enumerate(range(0, size, PART)):
+            n = min(PART, size - start)
+            yield f"bench-{i:05d}.bin", block if n == len(block) else block[:n]
+
+    t0 = time.perf_counter()
+    for name, data in parts():
+        store.write(0, name, data)
+    write_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    buf = bytearray(CHUNK)
+    for name, _ in parts():
+        with store.fs.open(f"{store.step_dir(0)}/{name}", "rb") as f:
+            while f.readinto(buf):
+                pass
+    read_s = time.perf_counter() - t0
+    if not store.object_store:
+        return write_s, read_s, None
+    t0 = time.perf_counter()  # the baseline: the client's own upload of the same bytes, nothing of slurmkit's
+    for name, data in parts():
+        store.fs.pipe_file(f"{store.root}/raw-{name}", data)
+    return write_s, read_s, time.perf_counter() - t0
+
+
 def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, Any]:
     from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
 
@@ -68,23 +110,10 @@ def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, A
     except CheckpointError as exc:
         raise SlurmkitError(f"cannot write or read there: {exc}", where=uri) from exc
     size -= size % CHUNK  # whole MiB: dd writes the same bytes, in 1 MiB blocks
-    block = os.urandom(min(size, 64 * CHUNK))  # incompressible, cheap to make
-    data = (block * (size // len(block) + 1))[:size]
-    put_s = None
+    if store.local:
+        check_free(os.path.dirname(store.root), size)
     try:
-        t0 = time.perf_counter()
-        store.write(0, "bench.bin", data)
-        write_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        buf = bytearray(CHUNK)
-        with store.fs.open(f"{store.step_dir(0)}/bench.bin", "rb") as f:
-            while f.readinto(buf):
-                pass
-        read_s = time.perf_counter() - t0
-        if store.object_store:  # the baseline: the client's own upload of the same bytes, nothing of slurmkit's
-            t0 = time.perf_counter()
-            store.fs.pipe_file(f"{store.root}/raw-put.bin", data)
-            put_s = time.perf_counter() - t0
+        write_s, read_s, put_s = _timed(store, size)
     except (OSError, CheckpointError) as exc:
         raise SlurmkitError(f"cannot write or read there: {exc}", where=uri) from exc
     finally:

@@ -60,11 +60,16 @@ def has_control(value: Any) -> bool:
 
 
 NO_LIMIT = "UNLIMITED"
-_NO_LIMIT_WORDS = ("UNLIMITED", "INFINITE", "-1")
+_NO_LIMIT_WORDS = ("UNLIMITED", "INFINITE")
+SLURM_INT_MAX = 2**31 - 1
+"""The largest count sbatch parses (a C int); Slurm's job fields are narrower still (SLURM_U16_MAX)."""
+SLURM_U16_MAX = 65533
+"""Per-node and per-task counts are 16-bit in Slurm's job record, whose top values mean "unset"."""
 
 
 def _slurm_time(value: str) -> str:
-    """A time as sbatch --time takes it; UNLIMITED, INFINITE and -1 (sbatch's words for no limit) read as UNLIMITED."""
+    """A time as sbatch --time takes it; UNLIMITED and INFINITE (sbatch's words for no limit) read as
+    UNLIMITED. A negative time is refused: `-1` is a typo far more often than a wish for no limit."""
     value = str(value)
     if value.upper() in _NO_LIMIT_WORDS:
         return NO_LIMIT

@@ -10,7 +10,7 @@ from slurmkit.common.errors import ConfigError, clip
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.train import TrainConfig
-from slurmkit.config.yamlio import YamlSyntaxError, load_text
+from slurmkit.config.yamlio import MAX_DEPTH, YamlSyntaxError, load_text
 
 PROFILE_PREFIX = "profile."
 
@@ -25,6 +25,9 @@ def parse_set(item: str) -> tuple[list[str], Any]:
         raise ConfigError(
             f"malformed override {clip(item)}", where="--set", valid="valid: KEY=VALUE, e.g. resources.nodes=2"
         )
+    if len(path) > MAX_DEPTH:  # as deep as a YAML file may nest, and no deeper
+        raise ConfigError(f"override {clip(key)} is nested {len(path)} levels deep", where="--set",
+                          valid=f"valid: at most {MAX_DEPTH} dotted levels")
     text = targets_text(path)
     if text is not None:
         # A text field that may be unset takes YAML's null forms as "unset"; any other text is kept.
@@ -56,7 +59,6 @@ def targets_text(path: list[str]) -> str | None:
     """Whether a --set path (profile.* for the profile) names a text field or a text map's entry:
     "required" or "optional" (the field may be None), else None."""
     from pydantic import BaseModel
-
 
     model: type[BaseModel] = ClusterProfile if path[0] == PROFILE_PREFIX.rstrip(".") else RunSpec
     parts = path[1:] if model is ClusterProfile else path

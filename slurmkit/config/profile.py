@@ -8,6 +8,8 @@ from pydantic import Field
 
 from slurmkit.config.container import Container
 from slurmkit.config.fields import (
+    SLURM_INT_MAX,
+    SLURM_U16_MAX,
     EnvMap,
     Gres,
     HomePath,
@@ -28,27 +30,27 @@ SWEEP_MAX_TASKS = 1_000_000
 class Resources(Strict):
     """What one job asks for. Every field may be left unset, and then the next layer decides."""
 
-    nodes: int | None = Field(None, ge=1)
+    nodes: int | None = Field(None, ge=1, le=SLURM_INT_MAX)
     """Number of nodes the ranks run on (sbatch --nodes, plus spare_nodes)."""
-    spare_nodes: int | None = Field(None, ge=0)
+    spare_nodes: int | None = Field(None, ge=0, le=SLURM_INT_MAX)
     """Extra nodes allocated and kept idle (sbatch --nodes=nodes+spare_nodes --no-kill): when a node of
     the ranks fails, training starts again inside the job on a spare instead of a requeue."""
     elastic: bool | None = None
     """When a node of the ranks fails and no spare is left, go on inside the job on the nodes it still
     holds (sbatch --no-kill; a `task: train` run keeps its global batch, each rank taking a larger
     share) instead of a requeue (docs/fault-tolerance.md)."""
-    tasks_per_node: int | None = Field(None, ge=1)
+    tasks_per_node: int | None = Field(None, ge=1, le=SLURM_U16_MAX)
     """Ranks per node (sbatch --ntasks-per-node); usually one per GPU."""
-    gpus_per_node: int | None = Field(None, ge=0)
+    gpus_per_node: int | None = Field(None, ge=0, le=SLURM_U16_MAX)
     """GPUs per node (sbatch --gpus-per-node); 0 asks for none."""
-    gpus_per_task: int | None = Field(None, ge=0)
+    gpus_per_task: int | None = Field(None, ge=0, le=SLURM_U16_MAX)
     """GPUs per rank (sbatch --gpus-per-task), instead of gpus_per_node or a gpu gres."""
     gres: Gres | None = None
     """Generic resources per node as the cluster declares them, e.g. gpu:a100:4 or gpu:2,nvme:1 (sbatch --gres);
     a gpu item is the job's GPUs per node, instead of gpus_per_node or gpus_per_task."""
-    cpus_per_task: int | None = Field(None, ge=1)
+    cpus_per_task: int | None = Field(None, ge=1, le=SLURM_U16_MAX)
     """CPU cores per rank (sbatch --cpus-per-task)."""
-    cpus_per_gpu: int | None = Field(None, ge=1)
+    cpus_per_gpu: int | None = Field(None, ge=1, le=SLURM_U16_MAX)
     """CPU cores per allocated GPU (sbatch --cpus-per-gpu); Slurm takes it instead of cpus_per_task."""
     mem: SlurmMem | None = None
     """Memory per node, e.g. 8G, 8GB or 8000 (MB) (sbatch --mem, as 8G); unset leaves the partition default."""
@@ -56,7 +58,7 @@ class Resources(Strict):
     """Memory per allocated GPU, e.g. 40G (sbatch --mem-per-gpu); Slurm takes it instead of mem."""
     time: SlurmTime | None = None
     """Wall-clock limit, e.g. 90 (minutes), 1:30:00 (unquoted is fine) or 2-00:00:00 (sbatch --time).
-    0, UNLIMITED, INFINITE or -1: no limit of the job's own (the partition's MaxTime still applies;
+    0, UNLIMITED or INFINITE: no limit of the job's own (the partition's MaxTime still applies;
     the local executor runs without one)."""
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from slurmkit.common.errors import ConfigError
+from slurmkit.common.errors import ConfigError, clip
 
 
 class UserLoader(yaml.SafeLoader):
@@ -30,6 +30,22 @@ _INT_RE = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|
 _FLOAT_RE = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
                        r"|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
                        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+def _unique_keys(loader: UserLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    """A mapping whose keys are all different: YAML forbids a repeated key, which PyYAML would let
+    the last one win silently (a second `resources:` dropping the first). A merge (`<<: *base`) may
+    still be overridden key by key, as YAML means it."""
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {clip(key)}", key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+UserLoader.construct_mapping = _unique_keys  # type: ignore[assignment,method-assign]
 UserLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers
             if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
@@ -106,10 +122,15 @@ def load_text(text: str, where: str) -> Any:
     errors (a file, or --set)."""
     try:
         data = yaml.load(text, Loader=UserLoader)  # noqa: S506 - UserLoader is a SafeLoader
+    except yaml.reader.ReaderError as exc:  # a NUL or another character YAML does not allow, with no mark
+        row = text.count("\n", 0, exc.position) + 1
+        char = chr(exc.character) if isinstance(exc.character, int) else str(exc.character)
+        raise YamlSyntaxError(f"invalid YAML: character {char!r} is not allowed in YAML",
+                              where=f"{where}:{row}", valid="valid: printable UTF-8 text") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
+        problem = getattr(exc, "problem", None) or "not YAML"
         raise YamlSyntaxError(f"invalid YAML: {problem}", where=f"{where}{line}") from exc
     except RecursionError:
         raise ConfigError(f"nested too deeply for YAML's parser (limit about {MAX_DEPTH} levels)",

@@ -52,6 +52,7 @@ class Request:
     def decode(cls, text: str) -> Request:
         try:
             data = json.loads(base64.urlsafe_b64decode(text.encode()))
+            _check_types(data)
             req = cls(**data)
             req.profile = [(str(n), dict(d)) for n, d in req.profile]
         except (ValueError, TypeError, binascii.Error) as exc:
@@ -86,6 +87,27 @@ class Request:
             raise VersionMismatchError(f"Python {self.python} here, {here['python']} on the login host",
                                        where="profile:login.python",
                                        valid=f"valid: an interpreter of Python {minor(self.python)} there")
+
+
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "op": str, "argv": list, "profile": list, "files": bool, "origin": (dict, type(None)), "workdir": str,
+    "command": str, "pickled": bool, "slurmkit": str, "python": str, "api": (dict, type(None)), "stage_id": str}
+
+
+def _check_types(data: Any) -> None:
+    """Each field of a decoded request is of its type (a TypeError names the first that is not)."""
+    if not isinstance(data, dict):
+        raise TypeError("not a mapping")
+    for key, value in data.items():
+        want = _TYPES.get(key)
+        if want is None or not isinstance(value, want):
+            raise TypeError(f"field {key!r} is {type(value).__name__}")
+    if data.get("op", "run") not in ("run", "hello", "fetch", "api"):
+        raise TypeError(f"unknown op {data['op']!r}")
+    if not all(isinstance(a, str) for a in data.get("argv", [])):
+        raise TypeError("field 'argv' holds a value that is not text")
+    if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[1], dict) for p in data.get("profile", [])):
+        raise TypeError("field 'profile' holds a layer that is not [name, mapping]")
 
 
 def minor(version: str) -> str:

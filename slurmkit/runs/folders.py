@@ -79,6 +79,10 @@ def by_path(ident: str, marker: str, what: str) -> Path:
 def find_folder(run_root: str, ident: str, marker: str, what: str) -> Path:
     """A run or sweep folder by id or unique id prefix, under run_root only; or by a path, which holds
     a `/` (`./ID` for one in the working folder): an id is never looked up where it was typed."""
+    if not ident.strip():  # every id starts with "": it would name them all
+        raise RunNotFoundError(f"an empty {what} id", where=str(expand_root(run_root)),
+                               valid=f"valid: a {what} id from `slurmkit {'list' if what == 'run' else 'sweep list'}`"
+                                     ", a unique prefix, or its folder's path (with a /)")
     if "/" in ident:
         return by_path(ident, marker, what)
     folders, _ = folders_with(run_root, marker)
