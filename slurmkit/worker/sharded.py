@@ -15,6 +15,7 @@ classes only, and DCP's non-tensor values load with weights_only=True.
 
 from __future__ import annotations
 
+import enum
 import io
 import os
 import pickle
@@ -86,10 +87,20 @@ _SHARDED_INDEX_GLOBALS = {
 }
 
 
+def _enum_member(cls: Any, name: Any) -> enum.Enum:
+    """What Python 3.11.0 to 3.11.3 pickle an enum member as, `getattr(EnumClass, "NAME")`, for an
+    enum the unpickler already admitted, and nothing else (3.11.4 on pickle `EnumClass(value)`)."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not an enum member of a DCP checkpoint's metadata")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == dcp_metadata.__name__ or (module, name) in _SHARDED_INDEX_GLOBALS:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a DCP checkpoint's metadata")

@@ -1,0 +1,102 @@
+"""The job side on Debian 12's own python3 (3.11.2, the system Python of this machine kind), not only
+on pyenv's 3.11.7: a venv of it with the CPU torch on disk and slurmkit's dependencies, slurmkit
+itself from this tree. On 3.11.0 to 3.11.3 an enum member is pickled as `getattr(Enum, "NAME")`,
+which DCP's `.metadata` holds for every tensor (its memory format): an FSDP run preempted there
+never resumed (slurmkit's metadata unpickler refused `builtins.getattr`)."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch.distributed.checkpoint.metadata as dcp_metadata
+
+from slurmkit.worker import sharded
+
+ROOT = Path(__file__).resolve().parent.parent
+DEBIAN_PYTHON = Path("/usr/bin/python3")
+VENV = Path("/opt/slurmkit-test-debian-job")
+FIND_LINKS = ["--find-links", "/opt/wheels"] if Path("/opt/wheels").is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def debian_python() -> Path:
+    """Debian's python3 in a venv with torch 2.13.0 (CPU), slurmkit's dependencies and pytest (made
+    once a machine); skipped loudly where there is no Debian python3, a failure under CI=true."""
+    version = subprocess.run([str(DEBIAN_PYTHON), "-c", "import sys; print(sys.version_info[:2])"],
+                             capture_output=True, text=True) if DEBIAN_PYTHON.exists() else None
+    if version is None or version.stdout.strip() != "(3, 11)":
+        msg = "NO DEBIAN PYTHON 3.11 HERE: the job side is not tested on it"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([str(DEBIAN_PYTHON), "-m", "venv", str(VENV)], check=True, timeout=300)
+        deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *FIND_LINKS, "torch==2.13.0"], check=True,
+                       timeout=900)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *FIND_LINKS, *deps, "pytest>=8", "pyyaml"],
+                       check=True, timeout=900)
+    return python
+
+
+def run_there(python: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`python -P ARGV` with slurmkit from this tree (and tests/ importable), in the tree's root."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMKIT_"))}
+    return subprocess.run([str(python), "-P", *argv], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=900)
+
+
+WRITE_METADATA = """
+import sys, tempfile, torch
+import torch.distributed.checkpoint as dcp
+folder = tempfile.mkdtemp()
+dcp.save({"w": torch.zeros(2, 2)}, checkpoint_id=folder, no_dist=True)
+sys.stdout.write(folder)
+"""
+READ_METADATA = """
+import io, sys
+from slurmkit.worker import sharded
+meta = sharded._MetadataUnpickler(io.BytesIO(open(sys.argv[1] + "/.metadata", "rb").read())).load()
+print(sys.version.split()[0], sorted(meta.state_dict_metadata))
+"""
+
+
+def test_dcp_metadata_written_by_debians_python_is_read_there_and_here(debian_python: Path) -> None:
+    written = run_there(debian_python, "-c", WRITE_METADATA)
+    assert written.returncode == 0, written.stderr
+    folder = written.stdout.strip()
+    data = (Path(folder) / ".metadata").read_bytes()
+    assert b"getattr" in data  # 3.11.2's way of pickling the enum member
+    read = run_there(debian_python, "-c", READ_METADATA, folder)
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.split() == ["3.11.2", "['w']"]
+    assert list(sharded._MetadataUnpickler(io.BytesIO(data)).load().state_dict_metadata) == ["w"]
+
+
+class _NotAMember:
+    """A pickle that asks getattr for something other than an enum member of DCP's metadata."""
+
+    def __reduce__(self) -> tuple[object, tuple[object, str]]:
+        return (getattr, (dcp_metadata._MEM_FORMAT_ENCODING, "__class__"))
+
+
+def test_getattr_in_dcp_metadata_gives_enum_members_only() -> None:
+    with pytest.raises(pickle.UnpicklingError):
+        sharded._MetadataUnpickler(io.BytesIO(pickle.dumps(_NotAMember()))).load()
+    with pytest.raises(pickle.UnpicklingError):  # getattr of a module no metadata names
+        sharded._MetadataUnpickler(io.BytesIO(pickle.dumps(os.system))).load()
+
+
+def test_an_fsdp_run_on_debians_python_stops_and_resumes_bitwise(debian_python: Path) -> None:
+    """tests/test_sharded.py's stop-and-resume, run by Debian's 3.11.2 itself."""
+    done = run_there(debian_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                     "tests/test_sharded.py::test_fsdp_stopped_and_resumed_on_two_ranks_is_bitwise_the_uninterrupted_run")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 passed" in done.stdout
