@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 PROBE = "import sys; {stmt}; print('torch' in sys.modules, 'slurmkit.worker.entry' in sys.modules)"
 
@@ -34,3 +37,34 @@ def test_render_does_not_import_torch(tmp_path: object) -> None:
 def test_probe_detects_torch_when_it_is_imported() -> None:
     # The probe itself must be able to fail.
     assert _loaded("import torch") == "True False"
+
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_IMPORT_FORMS = re.compile(r"^\s*(import slurmkit(?:\.[a-z_.]+)?|from slurmkit(?:\.[a-z_.]+)? import [A-Za-z_, ]+)\s*$",
+                           re.MULTILINE)
+_DOTTED = re.compile(r"`(slurmkit\.(?:distributed|checkpoint|tracking)\.[a-z_]+)")
+
+
+def test_every_documented_import_form_works_as_written() -> None:
+    """Each `import slurmkit...` and `from slurmkit... import ...` line in the docs, and each
+    `slurmkit.distributed.X` they name, in a fresh interpreter; the three job-side names are the
+    same module objects whether imported or reached as attributes."""
+    statements = sorted({m.group(1).strip() for doc in DOC_FILES for m in _IMPORT_FORMS.finditer(doc.read_text())})
+    dotted = sorted({m.group(1) for doc in DOC_FILES for m in _DOTTED.finditer(doc.read_text())})
+    assert "import slurmkit" in statements and dotted  # the docs were read
+    probe = "\n".join([
+        "import importlib, json, sys", "failed = []",
+        *(f"try:\n    {s}\nexcept Exception as e:\n    failed.append({s!r} + ': ' + repr(e))" for s in statements),
+        "import slurmkit",
+        *(f"try:\n    {d}\nexcept Exception as e:\n    failed.append({d!r} + ': ' + repr(e))" for d in dotted),
+        "for name in ('distributed', 'checkpoint', 'tracking'):",
+        "    mod = importlib.import_module('slurmkit.' + name)",
+        "    if mod is not getattr(slurmkit, name) or mod is not sys.modules['slurmkit.worker.' + name]:",
+        "        failed.append(name + ': two module objects')",
+        "from slurmkit import Checkpoint, Executor",
+        "from slurmkit.tracking import log",
+        "print(json.dumps(failed))"])
+    done = subprocess.run([sys.executable, "-P", "-c", probe], cwd="/", capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
