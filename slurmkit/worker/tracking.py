@@ -10,9 +10,10 @@ restart: TensorBoard's are overwritten (the writer purges events past the step r
 MLflow keeps both values, the restart event at the resume step marking where the second begins;
 W&B keeps the first, dropping any step below the highest it has seen (its own rule).
 
-A tracker that fails, or does not answer within TRACKER_TIMEOUT_S (an unreachable server), is
-dropped with one line on stderr: training never waits longer than that for a tracker. The lines
-name no credentials (config.tracking.redact).
+A tracker that fails, or does not answer in time (an unreachable server), is dropped with one
+line on stderr: opening one may take OPEN_TIMEOUT_S (importing MLflow and creating its tables
+takes seconds on a busy node), each call after CALL_TIMEOUT_S. The lines name no credentials
+(config.tracking.redact).
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ from slurmkit.worker import trackers
 from slurmkit.worker.dist import detect
 from slurmkit.worker.trackers import Backend, RunInfo
 
-TRACKER_TIMEOUT_S = 5.0
+OPEN_TIMEOUT_S = 30.0
+CALL_TIMEOUT_S = 10.0
 T = TypeVar("T")
 
 
-def bounded(call: Callable[[], T], timeout_s: float = TRACKER_TIMEOUT_S) -> T:
+def bounded(call: Callable[[], T], timeout_s: float) -> T:
     """call() in a thread of its own; TimeoutError when it has not returned within `timeout_s` (the
     thread is left to end by itself: a daemon, it never holds the process's exit)."""
     box: dict[str, Any] = {}
@@ -99,7 +101,7 @@ class Trackers:
         dropped: dict[str, str] = {}
         for name, make in trackers.for_run(info, resumed_from or 0):
             try:
-                made.append(bounded(make))
+                made.append(bounded(make, OPEN_TIMEOUT_S))
             except Exception as exc:  # a missing package, an unreachable server: said, then left out
                 say(f"{name} left out", exc)
                 dropped[name] = type(exc).__name__
@@ -110,7 +112,7 @@ class Trackers:
     def _each(self, what: str, call: Callable[[Backend], None]) -> None:
         for backend in list(self.backends):
             try:
-                bounded(functools.partial(call, backend))
+                bounded(functools.partial(call, backend), CALL_TIMEOUT_S)
             except Exception as exc:
                 say(f"{backend.name} {what} failed, left out from here", exc)
                 self.backends.remove(backend)
@@ -212,7 +214,7 @@ def environment(run_dir: str, rank: int) -> dict[str, str]:
         if rank == 0:
             try:
                 mlflow_uri = t.mlflow
-                env["MLFLOW_RUN_ID"] = bounded(lambda: trackers.Mlflow(info, mlflow_uri)).run_id
+                env["MLFLOW_RUN_ID"] = bounded(lambda: trackers.Mlflow(info, mlflow_uri), OPEN_TIMEOUT_S).run_id
             except Exception as exc:  # said, and the user's code makes its own run
                 say("mlflow left out", exc)
     return env
