@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from slurmkit.cli.common import ProfileOpt, RunArg, run_root_for, user_errors
+from slurmkit.cli.common import ProfileOpt, RunArg, run_of, user_errors
 
 
 @user_errors
@@ -16,10 +16,9 @@ def attach(run: RunArg, profile: ProfileOpt = None,
     """Open a shell inside a running job, on the node where a rank runs (srun --overlap --pty), in
     the run folder: its files and processes as the ranks see them. Leave it with `exit`."""
     from slurmkit.runs.attach import target
-    from slurmkit.runs.lookup import find as find_run
     from slurmkit.slurm import interactive
 
-    to = target(find_run(run_root_for(profile), run), rank)
+    to = target(run_of(profile, run), rank)
     typer.echo(f"slurmkit: attaching to job {to.job_id} on {to.host} (rank {to.rank}); `exit` leaves", err=True)
     env = {**os.environ, "SLURMKIT_RUN_DIR": to.run_dir, "SLURMKIT_RANK": str(to.rank)}
     interactive.exec_interactive(interactive.attach_argv(to.job_id, to.host, to.run_dir, launcher=to.launcher), env)

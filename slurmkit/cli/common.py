@@ -6,11 +6,15 @@ import functools
 import json
 import sys
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from slurmkit.common.errors import SlurmkitError
+
+if TYPE_CHECKING:  # the CLI imports the library where a command needs it, to start fast
+    from slurmkit.common.layout import RunPaths
+    from slurmkit.runs.lookup import Scope
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,9 +91,23 @@ def dependency_for(profile: str | None, after: str | None, after_any: str | None
 
 def run_root_for(profile: str | None) -> str:
     """The run root of the given (or default) profile, where run ids are looked up."""
-    from slurmkit.config.loader import load_profile, profile_name
+    return scope_of(profile).run_root
 
-    return load_profile(profile_name(profile)).run_root
+
+def scope_of(profile: str | None) -> Scope:
+    """The runs the given (or default) profile sees (slurmkit.runs.lookup.Scope)."""
+    from slurmkit.config.loader import load_profile, profile_name
+    from slurmkit.runs.lookup import Scope
+
+    model = load_profile(profile_name(profile))
+    return Scope(model.run_root, model.executor)
+
+
+def run_of(profile: str | None, ident: str) -> RunPaths:
+    """The run `ident` names, as the profile sees it (a run id, prefix, folder or job id)."""
+    from slurmkit.runs.lookup import find_in
+
+    return find_in(scope_of(profile), ident)
 
 
 def transitions(describe: Callable[[Any], str]) -> Callable[[Any], None]:

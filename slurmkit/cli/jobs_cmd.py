@@ -19,7 +19,8 @@ from slurmkit.cli.common import (
     VerboseOpt,
     dependency_for,
     print_json,
-    run_root_for,
+    run_of,
+    scope_of,
     transitions,
     user_errors,
 )
@@ -84,9 +85,8 @@ def _wait_and_print(paths: RunPaths, as_json: bool) -> None:
 @user_errors
 def wait(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False, verbose: VerboseOpt = False) -> None:
     """Wait for a run to end (it may be pending, running or requeued); print its state and result."""
-    from slurmkit.runs.lookup import find as find_run
 
-    _wait_and_print(find_run(run_root_for(profile), run), as_json)
+    _wait_and_print(run_of(profile, run), as_json)
 
 
 @user_errors
@@ -100,9 +100,8 @@ def resubmit(
 ) -> None:
     """Submit an ended run again under its run id; it resumes from its newest checkpoint."""
     from slurmkit.runs import jobs
-    from slurmkit.runs.lookup import find as find_run
 
-    _announce(jobs.resubmit(find_run(run_root_for(profile), run), partition), wait, as_json)
+    _announce(jobs.resubmit(run_of(profile, run), partition), wait, as_json)
 
 
 @user_errors
@@ -114,7 +113,7 @@ def status(
     """Show the state of runs: one squeue call for all, sacct only for finished jobs."""
     from slurmkit.runs import jobs
 
-    rows = jobs.status(run_root_for(profile), runs)
+    rows = jobs.status(scope_of(profile), runs)
     if as_json:
         print_json([r.as_dict() for r in rows])
         return
@@ -128,7 +127,7 @@ def status(
         gp = f"{r.goodput:.0%}" if r.goodput is not None else ""
         state = f"{r.state} ({r.reason})" if r.reason else r.state
         spent = f"{r.node_hours:.2f} ({r.lost_node_hours or 0:.2f})" if r.node_hours is not None else ""
-        table.add_row(r.run_id, r.job_id, state, r.nodes, r.elapsed, str(r.restarts), gp, spent, str(r.jobs))
+        table.add_row(r.run_id, r.job_label, state, r.nodes, r.elapsed, str(r.restarts), gp, spent, str(r.jobs))
     console = Console()
     console.print(table)
     for r in rows:
@@ -141,14 +140,14 @@ def list_runs(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """List runs, newest first."""
     from slurmkit.runs import jobs
 
-    rows = jobs.status(run_root_for(profile))
+    rows = jobs.status(scope_of(profile))
     if as_json:
         print_json([{"run_id": r.run_id, "run_dir": r.run_dir, "state": r.state, "job_id": r.job_id,
-                     "created": r.created, "name": r.name} for r in rows])
+                     "executor": r.executor, "created": r.created, "name": r.name} for r in rows])
         return
     typer.echo("run_id\tstate\tjob_id\trun_dir")
     for r in rows:
-        typer.echo(f"{r.run_id}\t{r.state}\t{r.job_id}\t{r.run_dir}")
+        typer.echo(f"{r.run_id}\t{r.state}\t{r.job_label}\t{r.run_dir}")
 
 
 @user_errors
@@ -162,9 +161,8 @@ def logs(
 ) -> None:
     """Print every rank's output, each line prefixed with its rank ([N!] marks stderr)."""
     from slurmkit.runs import logs as run_logs
-    from slurmkit.runs.lookup import find as find_run
 
-    for line in run_logs.logs(find_run(run_root_for(profile), run), rank=rank, follow=follow):
+    for line in run_logs.logs(run_of(profile, run), rank=rank, follow=follow):
         typer.echo(line)
 
 
@@ -172,9 +170,8 @@ def logs(
 def cancel(run: RunArg, profile: ProfileOpt = None) -> None:
     """Cancel every job of a run."""
     from slurmkit.runs import jobs
-    from slurmkit.runs.lookup import find as find_run
 
-    ids = jobs.cancel(find_run(run_root_for(profile), run))
+    ids = jobs.cancel(run_of(profile, run))
     typer.echo(f"cancelled {', '.join(ids) or 'nothing'}")
 
 
@@ -182,9 +179,8 @@ def cancel(run: RunArg, profile: ProfileOpt = None) -> None:
 def result(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False, verbose: VerboseOpt = False) -> None:
     """Print the run's return value; on failure, the tail of the failing rank's log (exit 4)."""
     from slurmkit.runs import jobs
-    from slurmkit.runs.lookup import find as find_run
 
-    value = jobs.result(find_run(run_root_for(profile), run))
+    value = jobs.result(run_of(profile, run))
     if as_json:
         print_json(value)
     else:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from slurmkit.cli.common import JsonOpt, ProfileOpt, print_json, run_root_for, user_errors
+from slurmkit.cli.common import JsonOpt, ProfileOpt, print_json, run_of, user_errors
 
 
 @user_errors
@@ -20,9 +20,8 @@ def report(
 ) -> None:
     """Plot loss, throughput, MFU, GPU use and the timeline of every job, with the goodput accounting."""
     from slurmkit.insight import report as rep
-    from slurmkit.runs.lookup import find as find_run
 
-    paths = find_run(run_root_for(profile), run)
+    paths = run_of(profile, run)
     target = output or paths.report
     data = rep.write(paths, target)
     a = data.accounting

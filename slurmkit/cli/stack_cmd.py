@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from slurmkit.cli.common import JsonOpt, ProfileOpt, RunArg, print_json, run_root_for, user_errors
+from slurmkit.cli.common import JsonOpt, ProfileOpt, RunArg, print_json, run_of, user_errors
 
 
 @user_errors
@@ -15,10 +15,9 @@ def stack(run: RunArg, profile: ProfileOpt = None,
           as_json: JsonOpt = False) -> None:
     """Print every rank's Python stack now, without stopping the run (a rank that does not answer:
     its process state, e.g. stopped)."""
-    from slurmkit.runs.lookup import find as find_run
     from slurmkit.runs.stack import stacks
 
-    found = stacks(find_run(run_root_for(profile), run), wait_s)
+    found = stacks(run_of(profile, run), wait_s)
     if as_json:
         print_json([s.as_dict() for s in found])
         return

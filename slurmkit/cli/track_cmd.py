@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from slurmkit.cli.common import JsonOpt, ProfileOpt, RunArg, print_json, run_root_for, user_errors
+from slurmkit.cli.common import JsonOpt, ProfileOpt, RunArg, print_json, run_of, user_errors
 
 
 @user_errors
@@ -17,10 +17,9 @@ def track(run: RunArg, profile: ProfileOpt = None,
     (tracking.wandb: offline) to W&B, as one run."""
     from dataclasses import asdict
 
-    from slurmkit.runs.lookup import find as find_run
     from slurmkit.runs.track import track as send
 
-    synced = send(find_run(run_root_for(profile), run), dry_run)
+    synced = send(run_of(profile, run), dry_run)
     if as_json:
         print_json(asdict(synced))
     else:

@@ -19,7 +19,7 @@ from slurmkit.config.loader import Resolved
 from slurmkit.insight import cost, goodput
 from slurmkit.runs import local_checks, procs, registry, snapshot
 from slurmkit.runs.failure import failure, headline
-from slurmkit.runs.lookup import find, list_runs, read_records
+from slurmkit.runs.lookup import Scope, find_in, list_runs, read_records
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.registry import expand_root
 from slurmkit.slurm import commands, preflight
@@ -193,6 +193,13 @@ class RunStatus:
     """Why a pending job waits, as squeue says it (Priority, Resources, BeginTime, JobHeldUser, ...)."""
     cause: str = ""
     """A failed run's failing rank and its error (runs.failure): `rank 1: ValueError: bad input`."""
+    executor: str = "slurm"
+    """slurm: job_id is a Slurm job id; local: it is the process id of the run's controller."""
+
+    @property
+    def job_label(self) -> str:
+        """The job id as a person reads it: a local run's says it is a process id."""
+        return f"pid {self.job_id}" if self.executor == "local" and self.job_id else self.job_id
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -218,13 +225,14 @@ def outcome_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
     return "FAILED" if any(o is not None and not o.ok for o in found) else "UNKNOWN"
 
 
-def statuses(runs: list[tuple[RunPaths, RunRecord]]) -> list[RunStatus]:
-    """Status of many runs with one squeue call (and one sacct call for finished jobs).
+def statuses(runs: list[tuple[RunPaths, RunRecord]], slurm: bool = True) -> list[RunStatus]:
+    """Status of many runs with one squeue call (and one sacct call for finished jobs); without
+    `slurm` (a local profile's view), none: a Slurm run's state comes from its outcomes.
 
     Each run's folder is where its run.json was found; the run_dir written inside is not trusted.
     """
     slurm_ids = [r.job_ids[-1] for _, r in runs if r.job_ids and r.executor == "slurm"]
-    infos = commands.job_states(slurm_ids) if slurm_ids else {}
+    infos = commands.job_states(slurm_ids) if slurm_ids and slurm else {}
     out: list[RunStatus] = []
     for paths, rec in runs:
         jid = rec.job_ids[-1] if rec.job_ids else ""
@@ -244,7 +252,7 @@ def statuses(runs: list[tuple[RunPaths, RunRecord]]) -> list[RunStatus]:
                              len(rec.job_ids), str(paths.run_dir), rec.created, acct.get("goodput"),
                              acct.get("node_hours"), acct.get("gpu_hours"), acct.get("lost_node_hours"),
                              rec.snapshot, _pending_reason(infos.get(jid)),
-                             headline(paths, jid, rec.num_tasks) if state in FAILED_STATES else ""))
+                             headline(paths, jid, rec.num_tasks) if state in FAILED_STATES else "", rec.executor))
     return out
 
 
@@ -268,15 +276,18 @@ def _accounting(paths: RunPaths, rec: RunRecord, info: commands.JobInfo | None) 
     return value
 
 
-def status(run_root: str, runs: list[str] | None = None) -> list[RunStatus]:
+def status(scope: Scope | str, runs: list[str] | None = None) -> list[RunStatus]:
     """Runs asked for by id (an unreadable record is an error), else every run of the caller
-    under the root (other users' folders and unreadable records skipped, each with a warning).
+    the scope sees (other users' folders and unreadable records skipped, each with a warning); a
+    run root alone is a Slurm profile's scope.
 
     Not quite read-only: a finished run's goodput is computed once and cached in its run.json,
     through the locked editor, so a status racing the requeue policy loses neither's update."""
+    scope = Scope(scope) if isinstance(scope, str) else scope
+    slurm = scope.executor != "local"
     if runs:
-        return statuses([(p, RunFile(p).read()) for p in (find(run_root, r) for r in runs)])
-    return statuses(read_records(list_runs(run_root)))
+        return statuses([(p, RunFile(p).read()) for p in (find_in(scope, r) for r in runs)], slurm)
+    return statuses([(p, r) for p, r in read_records(list_runs(scope.run_root)) if scope.sees(r)], slurm)
 
 
 def run_state(paths: RunPaths) -> RunStatus:

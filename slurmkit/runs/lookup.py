@@ -9,6 +9,7 @@ sweep task that array task ran.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from slurmkit.common import trust
@@ -19,6 +20,30 @@ from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.sweep_layout import ArrayLog
 from slurmkit.runs.folders import find_folder, owned_folders
 from slurmkit.sweeps.store import list_sweeps
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The runs a profile sees: those under its run_root; under a profile of the local executor,
+    only local runs (a Slurm run's state, logs and cancel need Slurm, which such a profile never
+    runs, whatever is on PATH). A Slurm profile sees local runs too: they need no Slurm."""
+
+    run_root: str
+    executor: str = "slurm"
+
+    def sees(self, record: RunRecord) -> bool:
+        return self.executor != "local" or record.executor == "local"
+
+
+def find_in(scope: Scope, ident: str) -> RunPaths:
+    """find() within what the scope sees; a Slurm run under a local profile is one line naming its profile."""
+    paths = find(scope.run_root, ident)
+    record = RunFile(paths).read()
+    if not scope.sees(record):
+        raise RunNotFoundError(f"run {paths.run_id} ran on Slurm (profile {record.profile_name or '?'}), and this "
+                               "profile runs locally: it never calls Slurm", where=scope.run_root,
+                               valid=f"valid: -p {record.profile_name or 'PROFILE'} (the run's own profile)")
+    return paths
 
 
 def find(run_root: str, ident: str) -> RunPaths:
