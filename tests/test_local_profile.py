@@ -68,3 +68,30 @@ def test_a_slurm_profile_still_sees_both(tmp_path: Path, run_root: Path, slurm_s
     rows = jobs.status(Scope(str(run_root), "slurm"))
     assert [r.run_id for r in rows] == [on_cluster]
     assert "squeue" in slurm_standins.read_text().split()  # asked, as a Slurm profile must
+
+
+def test_tables_into_a_pipe_keep_whole_cells(tmp_path: Path, run_root: Path, local_profile: Path) -> None:
+    """rich takes a pipe for an 80-column terminal: a long run id was cut to its first letter and '…'."""
+    name = "a-long-experiment-name-" + "x" * 40
+    paths = registry.create(str(run_root), name)
+    RunFile(paths).create(RunRecord(run_id=paths.run_id, name=name, run_dir=str(paths.run_dir), executor="local"))
+    shown = runner.invoke(app, ["status", "-p", str(local_profile)])  # CliRunner's stdout is no terminal
+    assert shown.exit_code == 0, shown.output
+    assert paths.run_id in shown.stdout and "…" not in shown.stdout
+
+
+def test_a_summary_prints_only_the_fields_that_apply() -> None:
+    from slurmkit.cli.jobs_cmd import human_lines
+
+    summary = {"accuracy": 0.967, "samples_per_s": 24006.2, "tokens_per_s": 0.0, "resumed_from_step": None,
+               "steps": 300}
+    assert human_lines(summary) == ["accuracy: 96.7 %", "samples_per_s: 24,006/s", "steps: 300"]
+
+
+def test_a_hint_is_its_own_clause_in_the_one_line() -> None:
+    from slurmkit.common.errors import SlurmkitError
+
+    hint = SlurmkitError("only a Slurm run can be resubmitted", where="r1", valid="submit a local run again")
+    listed = SlurmkitError("bad value", where="f.yaml:x", valid="valid: a, b")
+    assert hint.one_line() == "r1: only a Slurm run can be resubmitted; submit a local run again"
+    assert listed.one_line() == "f.yaml:x: bad value valid: a, b"

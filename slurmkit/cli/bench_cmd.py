@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from slurmkit.cli.common import JsonOpt, ProfileOpt, SetOpt, print_json, user_errors
+from slurmkit.cli.common import JsonOpt, ProfileOpt, SetOpt, print_json, table_console, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks: all-reduce over the cluster, filesystem throughput.")
 
@@ -35,7 +35,6 @@ def allreduce(
     if as_json:
         print_json({"run_id": sub.run_id, **result})
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("bytes", "time (us)", "algbw GB/s", "busbw GB/s", "memcpy GB/s",
@@ -43,7 +42,7 @@ def allreduce(
     for r in result["rows"]:
         table.add_row(str(r["bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}",
                       f"{r['memcpy_GBps']:.2f}")
-    Console().print(table)
+    table_console().print(table)
 
 
 @app.command()

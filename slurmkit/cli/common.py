@@ -110,6 +110,17 @@ def run_of(profile: str | None, ident: str) -> RunPaths:
     return find_in(scope_of(profile), ident)
 
 
+PIPE_WIDTH = 10_000
+
+
+def table_console() -> Any:
+    """Where tables go: a terminal's own width, or, into a pipe or a file, as wide as the cells need
+    (rich takes a pipe for an 80-column terminal and cuts cells to "a…")."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+
 def transitions(describe: Callable[[Any], str]) -> Callable[[Any], None]:
     """For a --wait: each change of state as one timestamped line on stderr (rich styling only
     when stderr is a terminal), so stdout keeps only the result."""

@@ -21,6 +21,7 @@ from slurmkit.cli.common import (
     print_json,
     run_of,
     scope_of,
+    table_console,
     transitions,
     user_errors,
 )
@@ -85,7 +86,6 @@ def _wait_and_print(paths: RunPaths, as_json: bool) -> None:
 @user_errors
 def wait(run: RunArg, profile: ProfileOpt = None, as_json: JsonOpt = False, verbose: VerboseOpt = False) -> None:
     """Wait for a run to end (it may be pending, running or requeued); print its state and result."""
-
     _wait_and_print(run_of(profile, run), as_json)
 
 
@@ -117,7 +117,6 @@ def status(
     if as_json:
         print_json([r.as_dict() for r in rows])
         return
-    from rich.console import Console
     from rich.table import Column, Table
 
     table = Table("job", "state", "nodes", "elapsed", "restarts", "goodput", "node-h (lost)", "jobs")
@@ -128,7 +127,7 @@ def status(
         state = f"{r.state} ({r.reason})" if r.reason else r.state
         spent = f"{r.node_hours:.2f} ({r.lost_node_hours or 0:.2f})" if r.node_hours is not None else ""
         table.add_row(r.run_id, r.job_label, state, r.nodes, r.elapsed, str(r.restarts), gp, spent, str(r.jobs))
-    console = Console()
+    console = table_console()
     console.print(table)
     for r in rows:
         if r.cause:
@@ -214,4 +213,7 @@ def human(key: str, item: object) -> str:
 
 
 def human_lines(value: Mapping[str, object]) -> list[str]:
-    return [f"{key}: {human(key, item)}" for key, item in value.items()]
+    """One line a field that applies: none for an unset one (`resumed_from_step: None`) or a rate the
+    run does not have (`tokens_per_s` of a classifier, 0); `--json` keeps every field."""
+    return [f"{key}: {human(key, item)}" for key, item in value.items()
+            if item is not None and not (key.endswith("_per_s") and item == 0)]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from slurmkit.cli.common import JsonOpt, print_json, user_errors
+from slurmkit.cli.common import JsonOpt, print_json, table_console, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Cluster profiles: list, show, validate, schema.")
 
@@ -23,13 +23,12 @@ def list_(as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(rows)
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("name", "description", "path")
     for row in rows:
         table.add_row(row["name"], row["description"], row["path"])
-    Console().print(table)
+    table_console().print(table)
 
 
 @app.command()

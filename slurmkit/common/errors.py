@@ -22,10 +22,12 @@ class SlurmkitError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        parts = [f"{self.where}: {self.what}" if self.where else self.what]
+        """where: what, then what is valid; a hint that is not a `valid: ...` list is its own clause
+        (`...can be resubmitted; submit a local run again with ...`), never run on into the sentence."""
+        line = f"{self.where}: {self.what}" if self.where else self.what
         if self.valid:
-            parts.append(self.valid)
-        return " ".join(parts).replace("\n", " ")
+            line += (" " if self.valid.startswith(("valid", "matches")) else "; ") + self.valid
+        return line.replace("\n", " ")
 
     def details(self, verbose: bool = False) -> list[str]:
         """Lines shown under the one line (a failed job's frames); none for a user error."""
