@@ -19,6 +19,7 @@ from slurmkit.common.errors import RenderError, clip
 from slurmkit.common.supervisor_plan import Health, Plan, Shrink
 from slurmkit.config.fields import has_control, sbatch_safe
 from slurmkit.config.loader import Resolved
+from slurmkit.config.slurm_args import sbatch_lines
 from slurmkit.resources import shipped_dir
 from slurmkit.runs.registry import expand_root
 
@@ -196,7 +197,7 @@ def supervisor_plan(inp: RenderInput, container: dict[str, Any]) -> Plan:
         signal=prof.signal, launcher="torchrun" if torchrun else "srun",
         command=["bash", "-c", torchrun_node(inp)] if torchrun else shlex.split(inp.command),
         stdout=inp.files.rank_stdout, stderr=inp.files.rank_stderr, tasks_per_node=r.tasks_per_node,
-        in_job=prof.requeue.in_job,
+        in_job=prof.requeue.in_job, srun_args=resolved.srun_args,
         budgets=prof.requeue.model_dump(include={"preemption", "timeout", "node_failure", "hang", "crash"}),
         standby=standby_command(inp, container),
         shrink=Shrink(nodes=r.nodes, least=1 if r.elastic else r.nodes) if resolved.shrinks else None,
@@ -212,6 +213,7 @@ def render(inp: RenderInput) -> str:
     context = {
         "name": resolved.spec.name,
         "spec": resolved.spec,
+        "sbatch_args": sbatch_lines(resolved.sbatch_args),
         "profile": resolved.profile,
         "r": resolved.resources,
         "alloc_nodes": resolved.alloc_nodes,

@@ -466,3 +466,17 @@ def test_submit_wait_shows_the_pending_reason_and_each_transition(cluster: None,
     states = [ln.split(" ", 1)[1] for ln in lines]  # each line: HH:MM:SS STATE
     assert states[0] == "PENDING (JobHeldUser)" and states[-1] == "COMPLETED"
     assert all(a != b for a, b in zip(states, states[1:], strict=False))  # a line per change, not per poll
+
+
+def test_srun_args_reach_the_ranks_step_and_sbatch_args_the_job(cluster: None, tmp_path: Path,
+                                                                 dev_profile: Path) -> None:
+    spec = write_spec(tmp_path, name="extra", command="echo in-step", srun_args=["--job-name=sk-srun-args"],
+                      sbatch_args={"comment": "sk-sbatch-args", "mail_type": "NONE"})
+    sub = submit(spec, dev_profile)
+    finish(sub["run_dir"])
+    shown = subprocess.run(["scontrol", "show", "job", sub["job_id"]], capture_output=True, text=True, check=True,
+                           timeout=30).stdout
+    assert "Comment=sk-sbatch-args" in shown.split()
+    steps = subprocess.run(["sacct", "-j", sub["job_id"], "-n", "-P", "--format=JobID,JobName"], capture_output=True,
+                           text=True, check=True, timeout=30).stdout.split()
+    assert f"{sub['job_id']}.0|sk-srun-args" in steps  # the ranks' step, named by srun_args

@@ -203,3 +203,31 @@ def test_raw_is_used_only_where_the_docs_say() -> None:
     for path in (ROOT / "templates").rglob("*.j2"):
         used |= {m.strip() for m in re.findall(r"\{\{\s*([^{}]+?)\s*\|\s*raw\s*\}\}", path.read_text())}
     assert used == RAW_ALLOWED
+
+
+def test_srun_and_sbatch_args_are_rendered_and_options_slurmkit_sets_are_refused(tmp_path: Path) -> None:
+    from slurmkit.common.errors import ConfigError
+    from slurmkit.common.supervisor_plan import Plan
+    from slurmkit.config.loader import resolve
+    from slurmkit.runs import jobs
+    from slurmkit.slurm import steps
+
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"extends": "cpu-partition", "srun_args": ["--cpu-bind=none"],
+                                       "sbatch_args": {"comment": "site", "mail-type": "END"}}))
+    spec = {"name": "x", "command": "echo hi", "srun_args": ["--mpi=none"], "sbatch_args": {"comment": "mine",
+                                                                                             "exclusive": True}}
+    script = jobs.dry_run(resolve(spec, str(profile), [])).script
+    assert {"#SBATCH --comment=mine", "#SBATCH --mail-type=END", "#SBATCH --exclusive"} <= set(script.splitlines())
+    assert "#SBATCH --comment=site" not in script  # the spec's replaces the profile's of the same name
+    plan = Plan.model_validate_json(script.split("--plan '", 1)[1].split("'", 1)[0])
+    assert plan.srun_args == ["--cpu-bind=none", "--mpi=none"]
+    argv = steps.ranks(plan, steps.Container())
+    assert argv[argv.index("--cpu-bind=none"):][:2] == ["--cpu-bind=none", "--mpi=none"]
+    assert argv.index("--mpi=none") < argv.index(plan.command[0])  # options before the command
+    assert "--mpi=none" in steps.standby(plan, "/runs/x", 1)
+    for field, value, owner in (("srun_args", ["--ntasks=3"], "srun_args"), ("sbatch_args", {"array": "0-3"},
+                                 "sbatch_args"), ("sbatch_args", {"output": "/tmp/x"}, "sbatch_args")):
+        with pytest.raises(ConfigError) as err:
+            resolve({"name": "x", "command": "true", field: value}, str(profile), [])
+        assert str(err.value.where).endswith(owner)

@@ -10,7 +10,7 @@ EXECUTOR_KEYWORDS = {
     "slurm_mem": 'mem (e.g. mem="16G")',
     "slurm_time": "time",
     "slurm_array_parallelism": "max_parallel (Executor(max_parallel=N), or map_array(fn, items, max_parallel=N))",
-    "slurm_additional_parameters": 'sbatch_extra (a list of sbatch options, e.g. ["--mail-type=END"])',
+    "slurm_additional_parameters": 'sbatch_args (the same mapping, e.g. sbatch_args={"mail_type": "END"})',
     "slurm_setup": 'setup (a profile field: setup={"commands": [...]})',
     "slurm_job_name": "name",
     "max_num_timeout": 'requeue (a budget per cause, e.g. requeue={"timeout": 3})',
@@ -22,11 +22,11 @@ EXECUTOR_KEYWORDS = {
     "slurm_ntasks_per_node": "tasks_per_node",
     "slurm_num_gpus": "gpus_per_node",
     "slurm_dependency": "`slurmkit submit --after RUN` (a run, sweep or job id), or "
-                        'sbatch_extra=["--dependency=afterok:123"]',
-    "slurm_srun_args": "none: slurmkit's supervisor writes the srun line (launcher=, and the profile's fields)",
+                        "sbatch_extra=[\"--dependency=afterok:123\"]",
+    "slurm_srun_args": 'srun_args (the same list, e.g. srun_args=["--cpu-bind=cores"]), on the ranks\' step',
     "slurm_teardown": "none: end your function or command with its own cleanup",
-    "slurm_exclusive": 'sbatch_extra (["--exclusive"])',
-    **{f"slurm_{name}": f'sbatch_extra (["--{name.replace("_", "-")}=..."])'
+    "slurm_exclusive": 'sbatch_args ({"exclusive": True})',
+    **{f"slurm_{name}": f'sbatch_args ({{"{name}": ...}})'
        for name in ("comment", "mail_type", "mail_user", "mem_per_cpu", "nodelist", "wckey")},
 }
 """submitit's executor parameters whose slurmkit name is not theirs without `slurm_`."""

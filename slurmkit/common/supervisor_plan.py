@@ -51,6 +51,8 @@ class Plan(_Frozen):
     """The profile's requeue.in_job: in-job restarts per incarnation."""
     budgets: dict[str, int]
     """The profile's requeue budgets by cause (for people; run.json's copy is the one that counts)."""
+    srun_args: list[str] = []
+    """The profile's and spec's srun_args: on the ranks' step and the standby's, before the command."""
     standby: list[str] | None = None
     """The standby ranks' argv (slurmkit.worker.ft.standby; the supervisor adds --run-dir and --attempt)."""
     shrink: Shrink | None = None

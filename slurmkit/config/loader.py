@@ -73,6 +73,16 @@ class Resolved:
         """Whether the code is copied into the run folder: the spec's choice, else the profile's."""
         return self.profile.snapshot if self.spec.snapshot is None else self.spec.snapshot
 
+    @property
+    def srun_args(self) -> list[str]:
+        """The ranks' extra srun options: the profile's, then the spec's (srun takes the last of two)."""
+        return [*self.profile.srun_args, *self.spec.srun_args]
+
+    @property
+    def sbatch_args(self) -> dict[str, str | int | bool]:
+        """The job's extra sbatch options: the profile's, each replaced by the spec's of the same name."""
+        return {**self.profile.sbatch_args, **self.spec.sbatch_args}
+
 
 MAX_EXTENDS = 32
 

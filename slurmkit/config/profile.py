@@ -22,6 +22,7 @@ from slurmkit.config.fields import (
     TildePath,
 )
 from slurmkit.config.login import LoginHost
+from slurmkit.config.slurm_args import SbatchArgs, SrunArgs
 from slurmkit.config.tracking import Tracking
 
 SWEEP_MAX_TASKS = 1_000_000
@@ -159,7 +160,16 @@ class ClusterProfile(Strict):
     python: HomePath | None = None
     """Python interpreter on the compute nodes; unset uses the interpreter running slurmkit."""
     sbatch_extra: SbatchOptions = Field(default_factory=list)
-    """More sbatch options, each as --key=value or --flag."""
+    """More sbatch options as a list, each as --key=value or --flag (the older form of sbatch_args)."""
+    sbatch_args: SbatchArgs = Field(default_factory=dict)
+    """sbatch options slurmkit has no field for, as a mapping (submitit's slurm_additional_parameters):
+    {mail-type: END, comment: nightly, exclusive: true}; mail_type is read as mail-type. An option slurmkit
+    sets itself or has a field for (output, array, signal, requeue, ntasks-per-node, time, ...) is refused,
+    naming that field. A run spec's sbatch_args replace these option by option."""
+    srun_args: SrunArgs = Field(default_factory=list)
+    """srun options appended to the ranks' step, and to the standby ranks' (submitit's slurm_srun_args):
+    [--cpu-bind=cores, --mpi=pmix]. An option slurmkit sets itself (output, ntasks, kill-on-bad-exit, ...)
+    is refused, naming its field. A run spec's srun_args come after these."""
     snapshot: bool = False
     """Copy the code at submit time into the run folder (code/) and run every incarnation from that copy: the
     git-tracked and untracked-but-not-ignored files of the current repository as they are on disk, or outside

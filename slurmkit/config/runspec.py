@@ -11,6 +11,7 @@ from slurmkit.common.errors import clip
 from slurmkit.config.fields import EnvMap, EnvNames, Strict
 from slurmkit.config.profile import Resources
 from slurmkit.config.ray import RaySpec
+from slurmkit.config.slurm_args import SbatchArgs, SrunArgs
 from slurmkit.config.tracking import Tracking
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -45,6 +46,10 @@ class RunSpec(Strict):
     """Resources of this run; unset fields come from the profile, then the defaults."""
     env: EnvMap = Field(default_factory=dict)
     """Environment variables for the ranks (values quoted in the script)."""
+    srun_args: SrunArgs = Field(default_factory=list)
+    """srun options for this run's ranks, after the profile's srun_args (docs/profiles.md)."""
+    sbatch_args: SbatchArgs = Field(default_factory=dict)
+    """sbatch options for this run, replacing the profile's sbatch_args of the same name (docs/profiles.md)."""
     secret_env: EnvNames = Field(default_factory=list)
     """Names of variables (API keys, passwords) the ranks get from the environment `submit` runs in, as
     Slurm carries a job's environment: their values are never written to run.json, the script, the

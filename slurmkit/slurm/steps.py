@@ -42,13 +42,13 @@ def ranks(plan: Plan, container: Container, nodes: int | None = None, exclude: t
         argv += [f"--nodes={nodes}", f"--ntasks={nodes * plan.tasks_per_node}"]
         if exclude:
             argv.append(f"--exclude={','.join(exclude)}")
-    return [*argv, *container.srun_options, *container.rank_prefix, *plan.command]
+    return [*argv, *plan.srun_args, *container.srun_options, *container.rank_prefix, *plan.command]
 
 
 def standby(plan: Plan, run_dir: str, attempt: int) -> list[str]:
     """The standby ranks for in-job attempt `attempt`, beside the running step (--overlap: they share its CPUs)."""
     assert plan.standby is not None
-    return ["srun", "--overlap", "--unbuffered", "--kill-on-bad-exit=1", *_logs(plan), *plan.standby,
+    return ["srun", "--overlap", "--unbuffered", "--kill-on-bad-exit=1", *_logs(plan), *plan.srun_args, *plan.standby,
             "--run-dir", run_dir, "--attempt", str(attempt)]
 
 
