@@ -189,3 +189,23 @@ def test_the_default_profile_where_slurm_is_here_says_so_once(tmp_path: Path, mo
     monkeypatch.setenv("PATH", f"{Path(sbatch).parent}:/bin")
     resolve(spec)
     assert capsys.readouterr().err == ""
+
+
+def test_every_shipped_profile_renders_without_user_in_the_environment(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """cron, `env -i` and many containers set no $USER: a profile's $USER is the caller's own name then."""
+    import pwd
+
+    from slurmkit.config.loader import available_profiles, resolve
+    from slurmkit.runs import jobs
+    from slurmkit.runs.registry import expand_root
+
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.delenv("LOGNAME", raising=False)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    shipped = sorted(available_profiles())
+    assert "gpu-pyxis" in shipped
+    for name in shipped:
+        script = jobs.dry_run(resolve({"name": "x", "command": "true"}, name, [])).script
+        assert script.startswith("#!/bin/bash"), name
+    assert expand_root("/lustre/scratch/$USER/runs") == Path(f"/lustre/scratch/{me}/runs")

@@ -8,6 +8,7 @@ supervisor and ranks write into them. docs/design.md has who owns each file.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +24,22 @@ _VAR_RE = re.compile(r"\$(\w+|\{[^}]*\})")
 
 def expand_vars(value: str, field: str) -> str:
     """$VARS of the login node's environment expanded; one left unset is an error naming it. A
-    literal `$USER` folder (what os.path.expandvars leaves) is never what the user meant."""
-    expanded = os.path.expandvars(value)
+    literal `$USER` folder (what os.path.expandvars leaves) is never what the user meant. $USER and
+    $LOGNAME, unset (cron, a container, `env -i`), are the caller's own name, as the shell's `id -un`."""
+    expanded = _VAR_RE.sub(_caller_name, value)
+    expanded = os.path.expandvars(expanded)
     unset = _VAR_RE.search(expanded)
     if unset:
         raise ConfigError(f"{unset.group(0)} is not set in this environment", where=f"profile:{field}={clip(value)}",
                           valid="valid: set it before running slurmkit, or write the path out")
     return expanded
+
+
+def _caller_name(m: re.Match[str]) -> str:
+    name = m.group(1).strip("{}")
+    if name in ("USER", "LOGNAME") and not os.environ.get(name):
+        return pwd.getpwuid(os.getuid()).pw_name
+    return m.group(0)
 
 
 OBJECT_STORES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
