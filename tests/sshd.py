@@ -20,9 +20,6 @@ import yaml
 
 SSHD = "/usr/sbin/sshd"
 ROOT = Path(__file__).resolve().parent.parent
-# What a laptop installs to drive a cluster: slurmkit without torch (it never imports it there).
-LAPTOP_DEPS = ("submitit>=1.5.1,<1.6", "jinja2>=3.1", "pydantic>=2.7", "typer>=0.12", "rich>=13", "fsspec>=2023.6",
-               "xxhash>=3", "pyyaml>=6", "tenacity>=8.2")
 
 
 def _free_port() -> int:
@@ -126,18 +123,19 @@ class Laptop:
 
 def laptop_python(user: str, wheel_dir: Path) -> Path:
     """The laptop's own interpreter (Debian's Python, not the cluster side's) in a venv with
-    slurmkit's wheel and its light dependencies: no torch. One venv a laptop user: the cluster
-    tests' pytest and the others' run side by side."""
+    slurmkit's wheel installed as a user would (`pip install slurmkit`: its own dependencies, which
+    bring no torch). One venv a laptop user: the cluster tests' pytest and the others' run side by side."""
     venv = Path(f"/opt/slurmkit-test-{user}")
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=300)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *LAPTOP_DEPS], check=True, timeout=600)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(wheel_dir), str(ROOT)], check=True, timeout=300)
     wheel = next(wheel_dir.glob("slurmkit-*.whl"))
+    # This tree's wheel replaces the one a former session installed, then its dependencies as pip brings them.
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
                    check=True, timeout=300)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, timeout=600)
     os.chmod(venv, 0o755)
     return python
 

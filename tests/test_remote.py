@@ -371,3 +371,14 @@ def test_an_answer_that_would_run_code_on_the_laptop_is_refused(tmp_path: Path) 
     assert plain_data(base64.b64decode(str(sent["pickle"]))) == value
     with pytest.raises(SlurmkitError):  # said on the login host: not plain data
         as_answer(_Planted(marker))
+
+
+def test_the_laptop_installs_slurmkit_light(laptop: sshd_mod.Laptop) -> None:
+    """`pip install slurmkit` (the laptop's venv, with the wheel's own dependencies): no torch, numpy
+    or scikit-learn; the ranks' interpreter gets torch through slurmkit[train]."""
+    probe = "import importlib.util, json; print(json.dumps({m: importlib.util.find_spec(m) is not None for m in " \
+            "('slurmkit', 'submitit', 'pydantic', 'torch', 'numpy', 'sklearn')}))"
+    done = subprocess.run([str(laptop.python), "-P", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"slurmkit": True, "submitit": True, "pydantic": True, "torch": False,
+                                       "numpy": False, "sklearn": False}

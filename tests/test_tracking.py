@@ -174,12 +174,17 @@ def test_a_tracker_the_ranks_python_lacks_is_refused_at_submit(tmp_path: Path) -
     from slurmkit.slurm import imports
 
     profile = tmp_path / "p.yaml"
-    profile.write_text("extends: local\npython: /usr/bin/python3\n")  # Debian's own: no tracker installed
-    spec = {"name": "t", "task": "train", "tracking": {"wandb": "offline", "tensorboard": True}}
+    profile.write_text("extends: local\npython: /usr/bin/python3\n")  # Debian's own: no torch, no tracker
+    spec = {"name": "t", "command": "true", "tracking": {"wandb": "offline", "tensorboard": True}}
     with pytest.raises(PreflightError) as refused:
-        imports.check_trackers(resolve(spec, str(profile)))
+        imports.check_packages(resolve(spec, str(profile)))
     assert str(refused.value.where).endswith(":tracking") and "wandb" in str(refused.value)
-    imports.check_trackers(resolve(spec, "local"))  # this interpreter has them
+    imports.check_packages(resolve(spec, "local"))  # this interpreter has them
+    train = {"name": "t", "task": "train", "config": {"model": "digits"}}
+    with pytest.raises(PreflightError) as no_torch:  # the client installs without torch: the ranks need it
+        imports.check_packages(resolve(train, str(profile)))
+    assert str(no_torch.value.where).endswith(":task")
+    imports.check_packages(resolve(train, "local"))
 
 
 def test_the_docs_example_through_submit_on_the_local_profile(tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ class TrainConfig(Strict):
     """Every key is settable with --set config.KEY=VALUE."""
 
     model: Literal["digits", "gpt"] = "digits"
-    """digits: an MLP classifier on scikit-learn's bundled digits; gpt: a small GPT on synthetic tokens."""
+    """digits: an MLP classifier on 8x8 handwriting-like digits drawn in the task; gpt: a small GPT on synthetic
+    tokens."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """ddp: every rank holds the whole model (DistributedDataParallel); fsdp: FSDP2 (fully_shard), every
     rank holds a shard of parameters, gradients and optimizer state, and checkpoints are sharded

@@ -18,7 +18,7 @@ def check(resolved: Resolved, gpus_here: int | None = None) -> None:
     """A local run's request against this machine (gpus_here: this machine's GPUs, else counted)."""
     warn_oversubscribed(resolved)
     check_local_gpus(resolved, local_gpu_count() if gpus_here is None else gpus_here)
-    imports.check_trackers(resolved)
+    imports.check_packages(resolved)
 
 
 def local_gpu_count(root: Path = NVIDIA_GPUS) -> int:

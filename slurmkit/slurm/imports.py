@@ -64,18 +64,27 @@ def check_ray_importable(resolved: Resolved) -> None:
                              valid=f"valid: an interpreter with Ray: {python} -m pip install 'ray[default]'")
 
 
-def check_trackers(resolved: Resolved) -> None:
-    """`tracking:` names trackers: the ranks' interpreter has each one's package (rank 0 would
-    otherwise leave it out with one line in its log, and the run would go unrecorded)."""
-    t, python = resolved.tracking, _ranks_python(resolved)
-    if t is None or python is None:
+def check_packages(resolved: Resolved) -> None:
+    """One ask of the ranks' interpreter for the packages the run needs there: torch for a `task:`
+    (slurmkit's client installs without it: slurmkit[train]), and the package of each tracker
+    `tracking:` names (rank 0 would otherwise leave it out with one line, and the run go unrecorded)."""
+    python = _ranks_python(resolved)
+    if python is None:
         return
-    wanted = [name for name, on in (("mlflow", t.mlflow), ("tensorboard", t.tensorboard), ("wandb", t.wandb)) if on]
+    t = resolved.tracking
+    trackers = [] if t is None else [name for name, on in (("mlflow", t.mlflow), ("tensorboard", t.tensorboard),
+                                                           ("wandb", t.wandb)) if on]
+    wanted = (["torch"] if resolved.spec.task else []) + trackers
     gone = missing(python, wanted) if wanted else None
-    if gone:
-        raise PreflightError(f"tracking names {', '.join(gone)}, which the ranks' python {python} cannot import",
-                             where=f"{resolved.spec_source}:tracking",
-                             valid=f"valid: {python} -m pip install 'slurmkit[tracking]' (or {' '.join(gone)})")
+    if not gone:
+        return
+    if "torch" in gone:
+        raise PreflightError(f"task {resolved.spec.task} trains with torch, which the ranks' python {python} cannot "
+                             "import", where=f"{resolved.spec_source}:task",
+                             valid=f"valid: {python} -m pip install 'slurmkit[train]', or a profile python with torch")
+    raise PreflightError(f"tracking names {', '.join(gone)}, which the ranks' python {python} cannot import",
+                         where=f"{resolved.spec_source}:tracking",
+                         valid=f"valid: {python} -m pip install 'slurmkit[tracking]' (or {' '.join(gone)})")
 
 
 def command_python(command: str, ranks_python: str) -> tuple[str, list[str]] | None:

@@ -19,7 +19,7 @@ def check(resolved: Resolved, array_size: int | None = None) -> str:
     imports.check_ray_importable(resolved)
     imports.check_command_imports(resolved, resolved.spec_source)
     imports.check_storage(resolved)
-    imports.check_trackers(resolved)
+    imports.check_packages(resolved)
     r = resolved.resources
     partitions = commands.show_partitions()
     name = resolved.profile.partition
