@@ -279,3 +279,18 @@ def test_a_password_in_a_tracking_uri_is_refused_and_never_echoed() -> None:
     assert "s3cret-pw" not in str(refused.value.errors()[0]["msg"])
     assert Tracking(mlflow="https://mlflow.example.org").mlflow  # credentials come from secret_env instead
     assert tracking.redact("ConnectionError: https://bob:pw@h/api") == "ConnectionError: https://***@h/api"
+
+
+def test_a_ranks_python_older_than_slurmkit_supports_is_refused_at_submit(tmp_path: Path) -> None:
+    from slurmkit.common.errors import PreflightError
+    from slurmkit.config.loader import resolve
+    from slurmkit.slurm import imports
+
+    old = Path.home() / ".pyenv" / "versions" / "3.10.13" / "bin" / "python"
+    if not old.exists():
+        pytest.skip("no Python 3.10 here (pyenv's)")
+    profile = tmp_path / "p.yaml"
+    profile.write_text(f"extends: local\npython: {old}\n")
+    with pytest.raises(PreflightError) as refused:
+        imports.check_packages(resolve({"name": "t", "command": "true"}, str(profile)))
+    assert refused.value.where == "profile:python"

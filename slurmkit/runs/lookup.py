@@ -32,7 +32,7 @@ class Scope:
     executor: str = "slurm"
 
     def sees(self, record: RunRecord) -> bool:
-        return self.executor != "local" or record.executor == "local"
+        return self.executor != "local" or record.executor != "slurm"
 
 
 def find_in(scope: Scope, ident: str) -> RunPaths:

@@ -54,6 +54,28 @@ def missing(python: str, modules: list[str], path: list[str] | None = None) -> l
     return found
 
 
+OLDEST_PYTHON = (3, 11)
+"""python -P (no import from the working folder) came with 3.11: slurmkit's own interpreters use it."""
+
+
+def check_python(resolved: Resolved) -> None:
+    """The ranks' interpreter is a Python slurmkit supports; an older one would fail on every rank
+    (`Unknown option: -P`) after the queue wait. Asked isolated (-I), which every Python 3 takes."""
+    python = _ranks_python(resolved)
+    if python is None:
+        return
+    try:
+        proc = subprocess.run([python, "-I", "-c", "import sys; print(*sys.version_info[:3])"], capture_output=True,
+                              text=True, timeout=PYTHON_PROBE_TIMEOUT_S)
+        version = tuple(int(v) for v in proc.stdout.split())
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return  # not askable here: the ranks say so themselves
+    if len(version) == 3 and version[:2] < OLDEST_PYTHON:
+        raise PreflightError(f"the ranks' python {python} is Python {'.'.join(map(str, version))}; slurmkit needs "
+                             f"{'.'.join(map(str, OLDEST_PYTHON))} or newer", where="profile:python",
+                             valid="valid: an interpreter of Python 3.11 or newer with slurmkit (and torch to train)")
+
+
 def check_ray_importable(resolved: Resolved) -> None:
     """A `ray:` run needs `ray` in the ranks' interpreter."""
     python = _ranks_python(resolved)
@@ -68,6 +90,7 @@ def check_packages(resolved: Resolved) -> None:
     """One ask of the ranks' interpreter for the packages the run needs there: torch for a `task:`
     (slurmkit's client installs without it: slurmkit[train]), and the package of each tracker
     `tracking:` names (rank 0 would otherwise leave it out with one line, and the run go unrecorded)."""
+    check_python(resolved)
     python = _ranks_python(resolved)
     if python is None:
         return
