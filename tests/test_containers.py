@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,10 @@ from typer.testing import CliRunner
 from slurmkit.cli.app import app
 from slurmkit.config.loader import resolve
 from slurmkit.runs.jobs import dry_run
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, ROOT
 from tests.test_render import check_shell, step_argv, supervisor_call
+
+STANDINS = ROOT / "tests" / "standins"
 
 runner = CliRunner()
 
@@ -140,3 +144,29 @@ def test_ray_head_workers_and_driver_start_inside_the_container(tmp_path: Path, 
     python = CONTAINERS[runtime].get("python")
     if python:  # the container's interpreter starts Ray, not the host's
         assert f"{python} -P -m ray.scripts.scripts start" in ray_start
+
+
+def test_an_image_whose_python_has_no_slurmkit_is_refused_at_submit(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in apptainer (a fake, tests/standins) runs the image's command on this host: an image
+    python of Debian's own (no slurmkit) is refused; this interpreter (slurmkit at this version) passes."""
+    from slurmkit.common.errors import PreflightError
+    from slurmkit.slurm import imports
+
+    image = tmp_path / "pytorch.sif"
+    image.write_bytes(b"stand-in image")
+    monkeypatch.setenv("PATH", f"{STANDINS}:{os.environ['PATH']}")
+    monkeypatch.setenv("STANDIN_LOG_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURMKIT_CONTAINER_IMAGE", str(image))
+
+    def resolved(python: str) -> Any:
+        profile = tmp_path / "p.yaml"
+        profile.write_text(yaml.safe_dump({"extends": "local", "container": {"runtime": "apptainer",
+                                                                             "image": str(image), "python": python}}))
+        return resolve({"name": "x", "command": "true"}, str(profile))
+
+    with pytest.raises(PreflightError) as refused:
+        imports.check_packages(resolved("/usr/bin/python3"))
+    assert refused.value.where == "profile:container.image"
+    assert (tmp_path / "apptainer.x.argv").read_text().split("\n")[:3] == ["exec", str(image), "/usr/bin/python3"]
+    imports.check_packages(resolved(sys.executable))  # slurmkit at this version in the "image"

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from slurmkit import __version__
 from slurmkit.common.errors import PreflightError
 from slurmkit.common.layout import OBJECT_STORES, expand_checkpoint_root
 from slurmkit.config.loader import Resolved
@@ -76,6 +77,49 @@ def check_python(resolved: Resolved) -> None:
                              valid="valid: an interpreter of Python 3.11 or newer with slurmkit (and torch to train)")
 
 
+IMAGE_PROBE_TIMEOUT_S = 120
+_VERSION_PROBE = ("import importlib.metadata as m\ntry:\n    print(m.version('slurmkit'))\n"
+                  "except m.PackageNotFoundError:\n    print('none')\n")
+
+
+def _image_argv(resolved: Resolved) -> list[str] | None:
+    """How to run a command in the run's image here, where that costs no pull: an apptainer image
+    file that is here, a docker image the local daemon has; None otherwise (pyxis's enroot runs on
+    the compute nodes only)."""
+    c = resolved.profile.container
+    if c is None or c.runtime == "pyxis" or (binary := shutil.which(c.runtime)) is None:
+        return None
+    if c.runtime == "apptainer":
+        return [binary, "exec", c.image] if Path(c.image).is_file() else None
+    known = subprocess.run([binary, "image", "inspect", c.image], capture_output=True, timeout=PYTHON_PROBE_TIMEOUT_S)
+    return [binary, "run", "--rm", c.image] if known.returncode == 0 else None
+
+
+def check_image(resolved: Resolved) -> None:
+    """The container's Python has slurmkit at this client's version: every rank runs slurmkit's
+    worker inside the image (an NGC image has none). Asked where the image runs here at no pull's
+    cost (_image_argv); a pyxis image is not asked here (docs/containers.md)."""
+
+    argv = _image_argv(resolved)
+    if argv is None:
+        return
+    c = resolved.profile.container
+    assert c is not None
+    python = c.python or resolved.profile.python or "python3"
+    try:
+        proc = subprocess.run([*argv, python, "-I", "-c", _VERSION_PROBE], capture_output=True, text=True,
+                              timeout=IMAGE_PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    found = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else None
+    if found is None or found == __version__:
+        return
+    what = "has no slurmkit" if found == "none" else f"has slurmkit {found}, and this client is {__version__}"
+    raise PreflightError(f"{python} in image {c.image} {what}", where="profile:container.image",
+                         valid=f"valid: an image whose {python} has slurmkit {__version__} "
+                               f"(pip install 'slurmkit=={__version__}' in it; docs/containers.md)")
+
+
 def check_ray_importable(resolved: Resolved) -> None:
     """A `ray:` run needs `ray` in the ranks' interpreter."""
     python = _ranks_python(resolved)
@@ -91,6 +135,7 @@ def check_packages(resolved: Resolved) -> None:
     (slurmkit's client installs without it: slurmkit[train]), and the package of each tracker
     `tracking:` names (rank 0 would otherwise leave it out with one line, and the run go unrecorded)."""
     check_python(resolved)
+    check_image(resolved)
     python = _ranks_python(resolved)
     if python is None:
         return
