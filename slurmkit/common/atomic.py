@@ -60,8 +60,6 @@ def write_output(path: Path, data: bytes) -> None:
     and renamed over, so a symlink planted at its name is replaced, never followed; 0600, or 0640 in
     a group run folder; a path that cannot be written is one SlurmkitError."""
     try:
-        if path.is_dir() and not path.is_symlink():
-            raise IsADirectoryError(21, "Is a directory")
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, data, perms.file_mode(path.parent), durable=False)
     except OSError as exc:
