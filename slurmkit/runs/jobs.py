@@ -225,14 +225,14 @@ def outcome_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
     return "FAILED" if any(o is not None and not o.ok for o in found) else "UNKNOWN"
 
 
-def statuses(runs: list[tuple[RunPaths, RunRecord]], slurm: bool = True) -> list[RunStatus]:
-    """Status of many runs with one squeue call (and one sacct call for finished jobs); without
-    `slurm` (a local profile's view), none: a Slurm run's state comes from its outcomes.
+def statuses(runs: list[tuple[RunPaths, RunRecord]]) -> list[RunStatus]:
+    """Status of many runs with one squeue call (and one sacct call for finished jobs), made only
+    when a Slurm run is among them (a local profile's scope holds none).
 
     Each run's folder is where its run.json was found; the run_dir written inside is not trusted.
     """
     slurm_ids = [r.job_ids[-1] for _, r in runs if r.job_ids and r.executor == "slurm"]
-    infos = commands.job_states(slurm_ids) if slurm_ids and slurm else {}
+    infos = commands.job_states(slurm_ids) if slurm_ids else {}
     out: list[RunStatus] = []
     for paths, rec in runs:
         jid = rec.job_ids[-1] if rec.job_ids else ""
@@ -284,10 +284,9 @@ def status(scope: Scope | str, runs: list[str] | None = None) -> list[RunStatus]
     Not quite read-only: a finished run's goodput is computed once and cached in its run.json,
     through the locked editor, so a status racing the requeue policy loses neither's update."""
     scope = Scope(scope) if isinstance(scope, str) else scope
-    slurm = scope.executor != "local"
     if runs:
-        return statuses([(p, RunFile(p).read()) for p in (find_in(scope, r) for r in runs)], slurm)
-    return statuses([(p, r) for p, r in read_records(list_runs(scope.run_root)) if scope.sees(r)], slurm)
+        return statuses([(p, RunFile(p).read()) for p in (find_in(scope, r) for r in runs)])
+    return statuses([(p, r) for p, r in read_records(list_runs(scope.run_root)) if scope.sees(r)])
 
 
 def run_state(paths: RunPaths) -> RunStatus:
