@@ -11,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -295,8 +296,7 @@ def as_other_user(*argv: str) -> None:
 def test_a_fetched_report_replaces_a_link_another_user_planted_never_follows_it(
         laptop: sshd_mod.Laptop, site: Path) -> None:
     bashrc = laptop.write(".bashrc", "# the laptop user's own\n")
-    shared = laptop.home / "shared"
-    shared.mkdir()
+    shared = Path(tempfile.mkdtemp(prefix="shared-", dir=laptop.home))
     os.chmod(shared, 0o777)  # a folder other users can write (no sticky bit: they may plant, we may replace)
     as_other_user("ln", "-s", str(bashrc), str(shared / "report.html"))
     spec = laptop.write("work/short.yaml", "name: short\ncommand: echo hi\n")
@@ -316,9 +316,9 @@ def test_a_login_host_on_debians_own_python_unpacks_the_code_and_refuses_a_link_
     """login.python is Debian 12's python3 (3.11.2, the laptop's venv), whose tarfile has no filter=."""
     text = Path(laptop.profile("deb", login_host, extends="local", run_root=str(cluster_runs))).read_text()
     profile = laptop.write("profiles/deb.yaml", text.replace(sys.executable, str(laptop.python)))
-    laptop.write("debcode/src/a.py", "A = 1\n")
-    laptop.write("debcode/run.yaml", "name: deb\ncommand: python -P src/a.py\nsnapshot: true\n")
-    code = laptop.home / "debcode"
+    code = Path(tempfile.mkdtemp(prefix="debcode-", dir=laptop.home))
+    laptop.write(f"{code.name}/src/a.py", "A = 1\n")
+    laptop.write(f"{code.name}/run.yaml", "name: deb\ncommand: python -P src/a.py\nsnapshot: true\n")
     subprocess.run(["runuser", "-u", laptop.user, "--", "ln", "-s", "src", str(code / "latest")], check=True)
     rendered = sk(laptop, "render", "run.yaml", "-p", str(profile), cwd=code)
     assert rendered.returncode == 0 and rendered.stdout.startswith("#!/bin/bash"), rendered.stderr
