@@ -1,15 +1,17 @@
 """The job side on Debian 12's own python3 (3.11.2, the system Python of this machine kind), not only
-on pyenv's 3.11.7: a venv of it with the CPU torch on disk and slurmkit's dependencies, slurmkit
-itself from this tree. On 3.11.0 to 3.11.3 an enum member is pickled as `getattr(Enum, "NAME")`,
+on pyenv's 3.11.7: a venv of it with the CPU torch on disk, slurmkit's dependencies and this tree's
+wheel. On 3.11.0 to 3.11.3 an enum member is pickled as `getattr(Enum, "NAME")`,
 which DCP's `.metadata` holds for every tensor (its memory format): an FSDP run preempted there
 never resumed (slurmkit's metadata unpickler refused `builtins.getattr`)."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -25,7 +27,7 @@ FIND_LINKS = ["--find-links", "/opt/wheels"] if Path("/opt/wheels").is_dir() els
 
 
 @pytest.fixture(scope="module")
-def debian_python() -> Path:
+def debian_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Debian's python3 in a venv with torch 2.13.0 (CPU), slurmkit's dependencies and pytest (made
     once a machine); skipped loudly where there is no Debian python3, a failure under CI=true."""
     version = subprocess.run([str(DEBIAN_PYTHON), "-c", "import sys; print(sys.version_info[:2])"],
@@ -43,11 +45,16 @@ def debian_python() -> Path:
                        timeout=900)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *FIND_LINKS, *deps, "pytest>=8", "pyyaml"],
                        check=True, timeout=900)
+    wheels = tmp_path_factory.mktemp("debian-wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+                    str(ROOT)], check=True, timeout=300)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+                    str(next(wheels.glob("slurmkit-*.whl")))], check=True, timeout=300)
     return python
 
 
 def run_there(python: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    """`python -P ARGV` with slurmkit from this tree (and tests/ importable), in the tree's root."""
+    """`python -P ARGV` with slurmkit from this tree first (and tests/ importable), in the tree's root."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMKIT_"))}
     return subprocess.run([str(python), "-P", *argv], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=900)
@@ -100,3 +107,26 @@ def test_an_fsdp_run_on_debians_python_stops_and_resumes_bitwise(debian_python: 
                      "tests/test_sharded.py::test_fsdp_stopped_and_resumed_on_two_ranks_is_bitwise_the_uninterrupted_run")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "1 passed" in done.stdout
+
+
+def test_a_local_run_whose_ranks_run_debians_python_trains_and_runs_a_command(debian_python: Path,
+                                                                               tmp_path: Path) -> None:
+    """The whole job side (supervisor, ranks, the train task, a command's agreed stop hooks) on 3.11.2."""
+    profile = tmp_path / "deb.yaml"
+    profile.write_text(f"extends: local\npython: {debian_python}\nrun_root: {tmp_path / 'runs'}\n")
+    train = tmp_path / "train.yaml"
+    train.write_text((ROOT / "examples" / "train_digits.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMKIT_", "PYTHON"))}
+    done = subprocess.run([sys.executable, "-P", "-m", "slurmkit", "submit", str(train), "-p", str(profile),
+                           "--set", "config.steps=40", "--wait", "--json"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    assert answer["state"] == "COMPLETED" and answer["result"]["steps"] == 40
+    version = tmp_path / "version.yaml"
+    version.write_text("name: version\ncommand: python -c 'import sys; print(*sys.version_info[:3])'\n"
+                       "resources: {tasks_per_node: 1}\n")
+    shown = subprocess.run([sys.executable, "-P", "-m", "slurmkit", "submit", str(version), "-p", str(profile),
+                            "--wait", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert json.loads(shown.stdout)["result"]["stdout"].split() == ["3", "11", "2"]  # the ranks' own python
