@@ -59,12 +59,9 @@ OLDEST_PYTHON = (3, 11)
 """python -P (no import from the working folder) came with 3.11: slurmkit's own interpreters use it."""
 
 
-def check_python(resolved: Resolved) -> None:
-    """The ranks' interpreter is a Python slurmkit supports; an older one would fail on every rank
-    (`Unknown option: -P`) after the queue wait. Asked isolated (-I), which every Python 3 takes."""
-    python = _ranks_python(resolved)
-    if python is None:
-        return
+def check_python(python: str) -> None:
+    """`python` is a Python slurmkit supports; an older one would fail on every rank (`Unknown option:
+    -P`) after the queue wait. Asked isolated (-I), which every Python 3 takes."""
     try:
         proc = subprocess.run([python, "-I", "-c", "import sys; print(*sys.version_info[:3])"], capture_output=True,
                               text=True, timeout=PYTHON_PROBE_TIMEOUT_S)
@@ -133,8 +130,9 @@ def check_ray_importable(resolved: Resolved) -> None:
 def check_packages(resolved: Resolved) -> None:
     """One ask of the ranks' interpreter for the packages the run needs there: torch for a `task:`
     (slurmkit's client installs without it: slurmkit[train]), and the package of each tracker
-    `tracking:` names (rank 0 would otherwise leave it out with one line, and the run go unrecorded)."""
-    check_python(resolved)
+    `tracking:` names (rank 0 would otherwise leave it out with one line, and the run go unrecorded).
+    An interpreter that cannot be asked so is asked its version (check_python); a container's image
+    which slurmkit it has (check_image)."""
     check_image(resolved)
     python = _ranks_python(resolved)
     if python is None:
@@ -142,8 +140,9 @@ def check_packages(resolved: Resolved) -> None:
     t = resolved.tracking
     trackers = [] if t is None else [name for name, on in (("mlflow", t.mlflow), ("tensorboard", t.tensorboard),
                                                            ("wandb", t.wandb)) if on]
-    wanted = (["torch"] if resolved.spec.task else []) + trackers
-    gone = missing(python, wanted) if wanted else None
+    gone = missing(python, (["torch"] if resolved.spec.task else []) + trackers)
+    if gone is None:
+        check_python(python)
     if not gone:
         return
     if "torch" in gone:
