@@ -11,6 +11,7 @@ that exists only on the compute nodes, or inside a container image, cannot be as
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import shlex
@@ -42,7 +43,10 @@ def _ranks_python(resolved: Resolved) -> str | None:
 
 def missing(python: str, modules: list[str], path: list[str] | None = None) -> list[str] | None:
     """Those of `modules` that `python` cannot import (found on sys.path, nothing run); None where
-    the interpreter could not be asked. `path` goes first on its sys.path, as a script's folder does."""
+    the interpreter could not be asked. `path` goes first on its sys.path, as a script's folder does.
+    This very interpreter (the ranks' by default) is asked in this process: no second start."""
+    if path is None and os.path.abspath(python) == os.path.abspath(sys.executable):
+        return [m for m in modules if importlib.util.find_spec(m) is None]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)} if path else None
     try:
         proc = subprocess.run([python, "-P", "-c", _MISSING_PROBE, *modules], capture_output=True, text=True,
