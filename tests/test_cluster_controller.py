@@ -17,6 +17,7 @@ import yaml
 
 from slurmkit.common.record import RunFile
 from slurmkit.runs import jobs
+from slurmkit.runs.lookup import find
 from tests.conftest import executed_steps
 from tests.test_cluster_faults import STEPS, finish, start, wait_step, wait_until
 
@@ -50,7 +51,7 @@ def running(run_root: Path, name: str) -> bool:
         if run_root.exists() else []
     if not runs:
         return False
-    state = jobs.run_state(jobs.find(str(run_root), runs[0].name))
+    state = jobs.run_state(find(str(run_root), runs[0].name))
     if state.state != "RUNNING":
         return False
     found = subprocess.run(["squeue", "-h", "--steps", "-j", state.job_id, "-o", "%i"], capture_output=True,
