@@ -382,3 +382,14 @@ def test_the_laptop_installs_slurmkit_light(laptop: sshd_mod.Laptop) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"slurmkit": True, "submitit": True, "pydantic": True, "torch": False,
                                        "numpy": False, "sklearn": False}
+
+
+def test_a_login_host_python_older_than_slurmkit_supports_is_one_line_at_connect(
+        laptop: sshd_mod.Laptop, login_host: sshd_mod.Sshd, cluster_runs: Path) -> None:
+    old = Path.home() / ".pyenv" / "versions" / "3.10.13" / "bin" / "python"
+    if not old.exists():
+        pytest.skip("no Python 3.10 here (pyenv's)")
+    text = Path(laptop.profile("old", login_host, extends="local", run_root=str(cluster_runs))).read_text()
+    profile = laptop.write("profiles/old.yaml", text.replace(sys.executable, str(old)))
+    done = sk(laptop, "connect", "-p", str(profile))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr

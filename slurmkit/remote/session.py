@@ -31,6 +31,17 @@ class Hello:
         return asdict(self) | {"python_note": self.python_note}
 
 
+def _check_python_there(site: Site) -> None:
+    """login.python is a Python slurmkit supports (an older one fails on `-P` before saying anything
+    useful). Asked isolated (-I), which every Python 3 takes; quiet where it cannot be asked."""
+    done = site.connection.call([site.login.python, "-I", "-c", "import sys; print(*sys.version_info[:3])"])
+    version = done.stdout.decode(errors="replace").split()
+    if len(version) == 3 and all(v.isdigit() for v in version) and (int(version[0]), int(version[1])) < (3, 11):
+        raise VersionMismatchError(f"{site.login.python} on {site.login.destination} is Python {'.'.join(version)}; "
+                                   "slurmkit needs 3.11 or newer", where="profile:login.python",
+                                   valid="valid: an interpreter there of Python 3.11 or newer, with slurmkit")
+
+
 def connect(site: Site) -> Hello:
     """Open the master (interactive: ssh may ask for a password or a code) and compare versions;
     a slurmkit mismatch is refused in one line."""
@@ -40,6 +51,7 @@ def connect(site: Site) -> Hello:
     try:
         there = json.loads(done.stdout)
     except ValueError:
+        _check_python_there(site)
         err = done.stderr.decode(errors="replace").strip().splitlines()
         raise ConnectError(f"{site.login.python} -m slurmkit.remote.serve failed on {site.login.destination}: "
                            f"{err[-1] if err else 'no answer'}", where="profile:login.python",

@@ -113,7 +113,8 @@ class Mlflow:
         # MLflow's own defaults (a 120 s timeout, 7 retries with backoff) held a run 4 min on an unreachable
         # server; the caller bounds each call anyway (tracking.bounded), these end MLflow's side sooner.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
         self.client = MlflowClient(uri)
         self.experiment = self._experiment(info.project)
         tags = {RUN_TAG: info.run_id, "mlflow.runName": info.name}
