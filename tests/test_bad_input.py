@@ -278,31 +278,30 @@ def test_a_set_nested_past_the_yaml_limit_is_one_line(tmp_path: Path) -> None:
     refused(["render", str(spec), "--set", ".".join(["a"] * 500) + "=1"])
 
 
-def test_a_duplicate_yaml_key_is_refused_with_its_line(tmp_path: Path) -> None:
+def refused_at_line(tmp_path: Path, text: str) -> str:
+    """The spec `text` refused by the CLI in one line; where its reader says the problem is."""
     from slurmkit.common.errors import ConfigError
     from slurmkit.config.yamlio import read_yaml
 
     spec = tmp_path / "spec.yaml"
-    spec.write_text("name: x\ncommand: true\nresources:\n  nodes: 2\nresources:\n  time: 10\n")
+    spec.write_text(text)
     refused(["render", str(spec)])
     with pytest.raises(ConfigError) as err:
         read_yaml(spec)
-    assert err.value.where == f"{spec}:5"
+    return str(err.value.where).removeprefix(f"{spec}:")
+
+
+def test_a_duplicate_yaml_key_is_refused_with_its_line(tmp_path: Path) -> None:
+    from slurmkit.config.yamlio import read_yaml
+
+    assert refused_at_line(tmp_path, "name: x\ncommand: true\nresources:\n  nodes: 2\nresources:\n  time: 10\n") == "5"
     merged = tmp_path / "merged.yaml"  # a merge key may still be overridden, as YAML means it
     merged.write_text("base: &b {nodes: 1, time: 5}\nresources:\n  <<: *b\n  nodes: 2\n")
     assert read_yaml(merged)["resources"] == {"nodes": 2, "time": 5}
 
 
 def test_a_nul_byte_in_yaml_names_its_line(tmp_path: Path) -> None:
-    from slurmkit.common.errors import ConfigError
-    from slurmkit.config.yamlio import read_yaml
-
-    spec = tmp_path / "spec.yaml"
-    spec.write_text("name: x\ncommand: tr\x00ue\n")
-    refused(["render", str(spec)])
-    with pytest.raises(ConfigError) as err:
-        read_yaml(spec)
-    assert err.value.where == f"{spec}:2"
+    assert refused_at_line(tmp_path, "name: x\ncommand: tr\x00ue\n") == "2"
 
 
 def test_an_empty_run_id_names_no_run(tmp_path: Path) -> None:
