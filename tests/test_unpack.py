@@ -96,6 +96,7 @@ HOSTILE: dict[str, Callable[[], list[tuple[tarfile.TarInfo, bytes | None]]]] = {
     "link through a link": lambda: [member("a", tarfile.SYMTYPE, link="."), member("b", tarfile.SYMTYPE, link="a/..")],
     "absolute name": lambda: [member("/tmp/planted", data=b"x")],
     "dotdot name": lambda: [member("work/../../planted", data=b"x")],
+    "no name": lambda: [member(".", tarfile.DIRTYPE)],
     "file through a link": lambda: [member("d", tarfile.SYMTYPE, link="."), member("d/f", data=b"x")],
     "device": lambda: [member("work/null", tarfile.CHRTYPE)],
     "fifo": lambda: [member("work/pipe", tarfile.FIFOTYPE)],

@@ -46,7 +46,7 @@ def _refuse(member: tarfile.TarInfo, why: str) -> UnpackError:
 
 def _relative(member: tarfile.TarInfo, name: str) -> PurePosixPath:
     path = PurePosixPath(name)
-    if not name or path.is_absolute() or ".." in path.parts or "\0" in name:
+    if not path.parts or path.is_absolute() or ".." in path.parts or "\0" in name:
         raise _refuse(member, "is not a relative name inside the stage")
     return path
 
