@@ -14,7 +14,7 @@ from slurmkit.common.errors import clip
 from slurmkit.config.fields import sbatch_safe
 
 _OPTION = re.compile(r"^--([a-z][a-z0-9-]*)(=.+)?$", re.DOTALL)
-_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
+_NAME = re.compile(r"^[a-z][a-z0-9-]+$")  # long names: a one-letter key is an abbreviation
 
 SLURMKIT_OWNS = {
     "output": "slurmkit's logs (`slurmkit logs RUN`)", "error": "slurmkit's logs (`slurmkit logs RUN`)",
