@@ -263,12 +263,40 @@ def test_an_mlflow_server_that_never_answers_is_dropped_within_the_bound(
     with socket.socket() as server:  # accepts connections (the kernel's backlog) and never answers
         server.bind(("127.0.0.1", 0))
         server.listen(16)
-        paths = run_folder(tmp_path, {"mlflow": f"http://127.0.0.1:{server.getsockname()[1]}", "tensorboard": True})
+        paths = run_folder(tmp_path, {"mlflow": f"http://127.0.0.1:{server.getsockname()[1]}"})
         opened = tracking.Trackers.open(paths.run_dir)
     assert opened is not None
-    assert opened.dropped == {"mlflow": "TimeoutError"}
-    assert [b.name for b in opened.backends] == ["tensorboard"]  # the others go on
+    assert opened.dropped == {"mlflow": "TimeoutError"} and opened.backends == []
     assert capsys.readouterr().err.count("mlflow left out") == 1
+    opened.log({"loss": 1.0}, 1)  # training goes on without it
+
+
+def test_a_tracker_call_that_does_not_return_is_dropped_and_the_others_go_on(monkeypatch: pytest.MonkeyPatch,
+                                                                             tmp_path: Path) -> None:
+    import threading
+
+    monkeypatch.setattr(tracking, "CALL_TIMEOUT_S", 0.5)
+    never = threading.Event()
+    logged: list[int] = []
+
+    class Stuck:
+        name = "stuck"
+
+        def metrics(self, step: int, values: dict[str, float]) -> None:
+            never.wait()
+
+    class Fine:
+        name = "fine"
+
+        def metrics(self, step: int, values: dict[str, float]) -> None:
+            logged.append(step)
+
+    info = tracking.RunInfo("r", "r", "r", Tracking(), RunPaths(tmp_path), {})
+    both = tracking.Trackers(info, [Stuck(), Fine()])  # type: ignore[list-item]
+    both.log({"loss": 1.0}, 1)
+    both.log({"loss": 0.5}, 2)
+    never.set()
+    assert both.dropped == {"stuck": "TimeoutError"} and logged == [1, 2]
 
 
 def test_a_password_in_a_tracking_uri_is_refused_and_never_echoed() -> None:
