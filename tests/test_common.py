@@ -120,10 +120,15 @@ def _top_level_imports(path: Path) -> set[str]:
     return names
 
 
+# `import slurmkit.distributed` (and .checkpoint, .tracking): the worker's modules under their documented
+# names, imported only by code that runs in the job (the login side reaches them lazily, never these files).
+PUBLIC_JOB_NAMES = ("distributed.py", "checkpoint.py", "tracking.py")
+
+
 def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -> None:
     for path in _modules(PACKAGE):
         rel = _relative(path)
-        if rel.startswith("worker/"):
+        if rel.startswith("worker/") or rel in PUBLIC_JOB_NAMES:
             continue
         imported = _top_level_imports(path)
         assert not {m for m in imported if m.startswith("slurmkit.worker")}, rel
@@ -140,6 +145,8 @@ CLIENT_MAY_IMPORT = {
     # `slurmkit bench` measures the job side's own code: the all-reduce runs as a job, `bench fs`
     # writes through the checkpoint store.
     ("bench/allreduce.py", "slurmkit.worker.dist"), ("bench/fs.py", "slurmkit.worker.ckptstore"),
+    *((name, module) for name in PUBLIC_JOB_NAMES
+      for module in ("slurmkit.worker", f"slurmkit.worker.{name.removesuffix('.py')}")),
 }
 
 

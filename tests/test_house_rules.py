@@ -89,3 +89,23 @@ def test_the_json_markers_are_read_and_written_only_by_common_markers() -> None:
         if name not in ("slurmkit.common.markers", "slurmkit.common.layout")
         for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr in paths_of_markers)
     assert touching == []
+
+
+# The package cycles left (issue "The house, part three" removes them); no new one may come.
+KNOWN_CYCLES = {("api", "remote"), ("api", "sweeps"), ("cli", "remote"), ("common", "config"), ("runs", "sweeps")}
+
+
+def test_no_new_package_cycle_at_any_import() -> None:
+    """Two of slurmkit's packages (or top modules) that import each other, at the top of a file or
+    inside a function: only the known ones, which are left to remove."""
+    def package(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else ""
+
+    edges: set[tuple[str, str]] = set()
+    for name, (_, tree) in _trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.stmt):
+                edges |= {(package(name), package(m)) for m in _imported(node) if m.startswith("slurmkit.")}
+    cycles = {tuple(sorted((a, b))) for a, b in edges if a != b and (b, a) in edges and a and b}
+    assert cycles <= KNOWN_CYCLES, sorted(cycles - KNOWN_CYCLES)

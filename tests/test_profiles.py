@@ -196,9 +196,9 @@ def test_every_shipped_profile_renders_without_user_in_the_environment(tmp_path:
     """cron, `env -i` and many containers set no $USER: a profile's $USER is the caller's own name then."""
     import pwd
 
+    from slurmkit.common.layout import expand_root
     from slurmkit.config.loader import available_profiles, resolve
     from slurmkit.runs import jobs
-    from slurmkit.runs.registry import expand_root
 
     monkeypatch.delenv("USER", raising=False)
     monkeypatch.delenv("LOGNAME", raising=False)

@@ -91,8 +91,7 @@ def test_what_slurmkit_writes_as_yaml_reads_back_unchanged(text: str) -> None:
 
 
 def test_an_unset_variable_in_run_root_is_an_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmkit.common.layout import expand_checkpoint_root
-    from slurmkit.runs.registry import expand_root
+    from slurmkit.common.layout import expand_checkpoint_root, expand_root
 
     monkeypatch.delenv("SLURMKIT_NO_SUCH_VAR", raising=False)
     monkeypatch.setenv("SLURMKIT_SCRATCH", str(tmp_path))

@@ -47,6 +47,16 @@ OBJECT_STORES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az
 """fsspec protocols whose root's first part is a bucket, and the package each needs."""
 
 
+def expand_root(run_root: str) -> Path:
+    """The run root as an absolute path (~ and $VARS expanded on the login node)."""
+    root = Path(os.path.expanduser(expand_vars(run_root, "run_root")))
+    if not root.is_absolute():
+        raise ConfigError("run_root is a relative path: it would depend on the folder slurmkit runs in",
+                          where=f"profile:run_root={clip(run_root)}",
+                          valid="valid: an absolute path, ~/... or $VAR/...")
+    return root
+
+
 def expand_checkpoint_root(checkpoint_root: str) -> str:
     """checkpoint_root with $VARS expanded (a path or an fsspec URL), without a trailing /."""
     return expand_vars(checkpoint_root, "checkpoint_root").rstrip("/")

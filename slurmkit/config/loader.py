@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from slurmkit.common.errors import ConfigError, clip, cut, did_you_mean, warn
+from slurmkit.common.slurm_env import slurm_here
 from slurmkit.config.fields import gres_gpus, node_gpus
 from slurmkit.config.overrides import deep_merge, split_sets
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
@@ -21,7 +22,6 @@ from slurmkit.config.tracking import Tracking
 from slurmkit.config.train import TrainConfig
 from slurmkit.config.yamlio import read_yaml
 from slurmkit.resources import shipped_dir
-from slurmkit.slurm.commands import slurm_here
 
 DEFAULT_PROFILE = "local"
 PROFILE_PATH_ENV = "SLURMKIT_PROFILE_PATH"

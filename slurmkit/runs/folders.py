@@ -17,7 +17,7 @@ from pathlib import Path
 
 from slurmkit.common import trust
 from slurmkit.common.errors import ConfigError, RunNotFoundError, did_you_mean, warn
-from slurmkit.runs.registry import expand_root
+from slurmkit.common.layout import expand_root
 
 _ID_STAMP_RE = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from slurmkit.common import perms
 from slurmkit.common.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash
-from slurmkit.common.layout import RunPaths
+from slurmkit.common.layout import RunPaths, expand_root
 from slurmkit.common.record import RestartEntry, RunFile, RunRecord
 from slurmkit.config.loader import Resolved
 from slurmkit.insight import cost, goodput
@@ -21,7 +21,6 @@ from slurmkit.runs import local_checks, procs, registry, snapshot
 from slurmkit.runs.failure import failure, headline
 from slurmkit.runs.lookup import Scope, find_in, list_runs, read_records
 from slurmkit.runs.polling import Poller
-from slurmkit.runs.registry import expand_root
 from slurmkit.slurm import commands, preflight
 
 FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"})

@@ -18,19 +18,9 @@ from pathlib import Path
 from slurmkit.common import perms, trust
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.errors import ConfigError, SlurmkitError, clip
-from slurmkit.common.layout import RunPaths, expand_checkpoint_root, expand_vars
+from slurmkit.common.layout import RunPaths, expand_checkpoint_root, expand_root
 
 CREATE_ATTEMPTS = 20
-
-
-def expand_root(run_root: str) -> Path:
-    """The run root as an absolute path (~ and $VARS expanded on the login node)."""
-    root = Path(os.path.expanduser(expand_vars(run_root, "run_root")))
-    if not root.is_absolute():
-        raise ConfigError("run_root is a relative path: it would depend on the folder slurmkit runs in",
-                          where=f"profile:run_root={clip(run_root)}",
-                          valid="valid: an absolute path, ~/... or $VAR/...")
-    return root
 
 
 def check_checkpoint_root(checkpoint_root: str | None) -> None:

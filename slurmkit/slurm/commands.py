@@ -60,11 +60,6 @@ class SlurmTimeout(TransientSlurmError):
     """A Slurm command that did not answer within its timeout."""
 
 
-def slurm_here() -> bool:
-    """Whether this machine can submit to Slurm (sbatch on PATH)."""
-    return shutil.which("sbatch") is not None
-
-
 def call(argv: list[str], timeout: float = DEFAULT_TIMEOUT_S,
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command (an argument list, never a shell string) within `timeout`; every
