@@ -99,15 +99,14 @@ def _image_argv(resolved: Resolved) -> list[str] | None:
 def check_image(resolved: Resolved) -> None:
     """The container's Python has slurmkit at this client's version: every rank runs slurmkit's
     worker inside the image (an NGC image has none). Asked where the image runs here at no pull's
-    cost (_image_argv); a pyxis image is not asked here (docs/containers.md)."""
-
-    argv = _image_argv(resolved)
-    if argv is None:
-        return
+    cost (_image_argv); a pyxis image is not asked here (docs/containers.md). A runtime that does
+    not answer is not waited for: the ranks say so themselves."""
     c = resolved.profile.container
-    assert c is not None
-    python = c.python or resolved.profile.python or "python3"
     try:
+        argv = _image_argv(resolved)
+        if argv is None or c is None:
+            return
+        python = c.python or resolved.profile.python or "python3"
         proc = subprocess.run([*argv, python, "-I", "-c", _VERSION_PROBE], capture_output=True, text=True,
                               timeout=IMAGE_PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
