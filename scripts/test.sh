@@ -4,12 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # tmux: the tests type into `slurmkit attach` through a real terminal; chromium: the HTML report is
-# loaded in a real headless browser (tests/test_report_browser.py).
-if [ "$(id -u)" = 0 ] && ! { command -v slurmctld && command -v tmux && command -v chromium; } >/dev/null; then
+# loaded in a real headless browser (tests/test_report_browser.py); squashfs-tools: pyxis images are
+# squashfs files, listed at submit (tests/test_containers.py).
+if [ "$(id -u)" = 0 ] && ! { command -v slurmctld && command -v tmux && command -v chromium && command -v mksquashfs; } >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge slurmdbd \
-    mariadb-server iproute2 procps util-linux tmux openssh-server chromium >/dev/null
+    mariadb-server iproute2 procps util-linux tmux openssh-server chromium squashfs-tools >/dev/null
 fi
 bash scripts/bootstrap.sh test
 export PATH="$PWD/.venv/bin:$PATH"

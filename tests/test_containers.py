@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -170,3 +172,47 @@ def test_an_image_whose_python_has_no_slurmkit_is_refused_at_submit(tmp_path: Pa
     assert refused.value.where == "profile:container.image"
     assert (tmp_path / "apptainer.x.argv").read_text().split("\n")[:3] == ["exec", str(image), "/usr/bin/python3"]
     imports.check_packages(resolved(sys.executable))  # slurmkit at this version in the "image"
+
+
+def _squashfs(tmp_path: Path, name: str, dist_info: str | None) -> Path:
+    """A real squashfs image (mksquashfs, as `enroot import` writes one) of a tiny root whose
+    dist-packages hold `dist_info`, if any."""
+    root = tmp_path / f"{name}-root"
+    packages = root / "usr" / "local" / "lib" / "python3.10" / "dist-packages"
+    packages.mkdir(parents=True)
+    (packages / "torch").mkdir()
+    if dist_info:
+        (packages / dist_info).mkdir()
+        (packages / dist_info / "METADATA").write_text("Name: slurmkit\n")
+    image = tmp_path / f"{name}.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(image), "-quiet", "-noappend"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return image
+
+
+@pytest.mark.skipif(shutil.which("mksquashfs") is None and os.environ.get("CI") != "true",
+                    reason="squashfs-tools is not installed (scripts/test.sh installs it)")
+def test_a_pyxis_squashfs_image_without_slurmkit_at_this_version_is_refused_at_submit(tmp_path: Path) -> None:
+    """pyxis runs a squashfs file on the compute nodes; at submit its listing says which slurmkit it
+    holds, with nothing in it run."""
+    from slurmkit import __version__
+    from slurmkit.common.errors import PreflightError
+    from slurmkit.slurm import imports
+
+    def resolved(image: Path) -> Any:
+        profile = tmp_path / "p.yaml"
+        profile.write_text(yaml.safe_dump({"extends": "local", "container": {"runtime": "pyxis",
+                                                                             "image": str(image)}}))
+        return resolve({"name": "x", "command": "true"}, str(profile))
+
+    for name, dist_info, found in (("ngc", None, "none"), ("old", "slurmkit-0.0.9.dist-info", "0.0.9")):
+        image = _squashfs(tmp_path, name, dist_info)
+        assert imports.squashfs_slurmkit(str(image)) == found
+        with pytest.raises(PreflightError) as refused:
+            imports.check_packages(resolved(image))
+        assert refused.value.where == "profile:container.image"
+    image = _squashfs(tmp_path, "ours", f"slurmkit-{__version__}.dist-info")
+    assert imports.squashfs_slurmkit(str(image)) == __version__
+    imports.check_packages(resolved(image))
+    imports.check_packages(resolved(tmp_path / "absent.sqsh"))  # a registry's or another host's: not asked here
+    assert imports.squashfs_slurmkit(str(tmp_path / "p.yaml")) is None  # not a squashfs: cannot be read

@@ -14,6 +14,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -85,8 +86,7 @@ _VERSION_PROBE = ("import importlib.metadata as m\ntry:\n    print(m.version('sl
 
 def _image_argv(resolved: Resolved) -> list[str] | None:
     """How to run a command in the run's image here, where that costs no pull: an apptainer image
-    file that is here, a docker image the local daemon has; None otherwise (pyxis's enroot runs on
-    the compute nodes only)."""
+    file that is here, a docker image the local daemon has; None otherwise."""
     c = resolved.profile.container
     if c is None or c.runtime == "pyxis" or (binary := shutil.which(c.runtime)) is None:
         return None
@@ -96,24 +96,59 @@ def _image_argv(resolved: Resolved) -> list[str] | None:
     return [binary, "run", "--rm", c.image] if known.returncode == 0 else None
 
 
-def check_image(resolved: Resolved) -> None:
-    """The container's Python has slurmkit at this client's version: every rank runs slurmkit's
-    worker inside the image (an NGC image has none). Asked where the image runs here at no pull's
-    cost (_image_argv); a pyxis image is not asked here (docs/containers.md). A runtime that does
-    not answer is not waited for: the ranks say so themselves."""
-    c = resolved.profile.container
+_DIST_INFO = re.compile(r"/(?:site|dist)-packages/slurmkit-([^/]+)\.dist-info$", re.MULTILINE)
+
+
+def squashfs_slurmkit(image: str) -> str | None:
+    """The slurmkit version installed in a squashfs image file (what `enroot import` writes and pyxis
+    runs), read from its listing (`unsquashfs -l`: nothing in it runs): "none" where it has no
+    slurmkit; None where it cannot be read here."""
+    binary = shutil.which("unsquashfs")
+    if binary is None:
+        return None
     try:
-        argv = _image_argv(resolved)
-        if argv is None or c is None:
-            return
-        python = c.python or resolved.profile.python or "python3"
-        proc = subprocess.run([*argv, python, "-I", "-c", _VERSION_PROBE], capture_output=True, text=True,
+        proc = subprocess.run([binary, "-l", image], capture_output=True, text=True, errors="replace",
                               timeout=IMAGE_PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    found = _DIST_INFO.findall(proc.stdout)
+    return found[0] if found else "none"
+
+
+def _image_slurmkit(resolved: Resolved) -> str | None:
+    """The image's slurmkit version ("none": it has none), where the image can be asked here at no
+    pull's cost; None otherwise. A pyxis image from a registry is pulled on the compute nodes only."""
+    c = resolved.profile.container
+    if c is None:
+        return None
+    if c.runtime == "pyxis":
+        image = os.path.expanduser(c.image)
+        return squashfs_slurmkit(image) if "#" not in image and Path(image).is_file() else None
+    argv = _image_argv(resolved)
+    if argv is None:
+        return None
+    python = c.python or resolved.profile.python or "python3"
+    proc = subprocess.run([*argv, python, "-I", "-c", _VERSION_PROBE], capture_output=True, text=True,
+                          timeout=IMAGE_PROBE_TIMEOUT_S)
+    return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def check_image(resolved: Resolved) -> None:
+    """The container's Python has slurmkit at this client's version: every rank runs slurmkit's
+    worker inside the image (an NGC image has none). Asked where that costs no pull: an apptainer
+    image file or a docker image the daemon has is run here; a pyxis squashfs file is listed. A
+    pyxis image from a registry is not asked (docs/containers.md). A runtime that does not answer
+    is not waited for: the ranks say so themselves."""
+    c = resolved.profile.container
+    try:
+        found = _image_slurmkit(resolved)
+    except (OSError, subprocess.TimeoutExpired):
         return
-    found = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else None
-    if found is None or found == __version__:
+    if c is None or found is None or found == __version__:
         return
+    python = c.python or resolved.profile.python or "python3"
     what = "has no slurmkit" if found == "none" else f"has slurmkit {found}, and this client is {__version__}"
     raise PreflightError(f"{python} in image {c.image} {what}", where="profile:container.image",
                          valid=f"valid: an image whose {python} has slurmkit {__version__} "

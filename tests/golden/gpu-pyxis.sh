@@ -37,11 +37,11 @@ export NCCL_NET_GDR_LEVEL=PHB
 export NCCL_DEBUG=WARN
 
 # container: pyxis; the run folder, run_root and a local checkpoint root are always mounted.
-SLURMKIT_CONTAINER_IMAGE='registry.example.org#ml/pytorch-slurmkit:25.01'
+SLURMKIT_CONTAINER_IMAGE=/lustre/images/pytorch-slurmkit-25.01.sqsh
 export SLURMKIT_CONTAINER_IMAGE
 # pyxis/enroot: srun options; --container-env makes these host values win over the image's.
 # shellcheck disable=SC2054  # the commas belong to single options
-SLURMKIT_SRUN_CONTAINER=(--container-image='registry.example.org#ml/pytorch-slurmkit:25.01' --container-mounts=/lustre/datasets:/data:ro,/lustre/checkpoints:/checkpoints,/lustre/scratch/alice/slurmkit-runs:/lustre/scratch/alice/slurmkit-runs,/shared/runs/golden-run:/shared/runs/golden-run,/lustre/checkpoints/alice:/lustre/checkpoints/alice --container-workdir=/workspace --container-env=NCCL_SOCKET_IFNAME,NCCL_IB_HCA,NCCL_IB_GID_INDEX,NCCL_NET_GDR_LEVEL,NCCL_DEBUG)
+SLURMKIT_SRUN_CONTAINER=(--container-image=/lustre/images/pytorch-slurmkit-25.01.sqsh --container-mounts=/lustre/datasets:/data:ro,/lustre/checkpoints:/checkpoints,/lustre/scratch/alice/slurmkit-runs:/lustre/scratch/alice/slurmkit-runs,/shared/runs/golden-run:/shared/runs/golden-run,/lustre/checkpoints/alice:/lustre/checkpoints/alice --container-workdir=/workspace --container-env=NCCL_SOCKET_IFNAME,NCCL_IB_HCA,NCCL_IB_GID_INDEX,NCCL_NET_GDR_LEVEL,NCCL_DEBUG)
 
 # launch: the job's supervisor (slurmkit.worker.supervisor) runs the ranks from here on, one srun
 # step per attempt, and asks the restart policy what comes next after a failure. Its plan:
