@@ -519,6 +519,8 @@ def test_real_preemption_of_an_fsdp_run_by_the_urgent_partition_requeues_within_
     assert jobs.run_state(paths).restarts == 1  # what `slurmkit status` shows
     (restart,) = RunFile(paths).read().restarts
     assert "PreemptMode=REQUEUE" in restart.detail and restart.lost_steps == 0
+    (decided,) = supervisor_events(paths.run_dir, "decision")  # the supervisor asked, inside GraceTime
+    assert (decided["action"], decided["cause"], decided["restart_count"]) == ("requeue", "preemption", 0)
     # Slurm really preempted it: the urgent job ran in the gap between the two incarnations.
     first, second = sacct_times(job)[:2]
     (u_state, u_start, u_end), = sacct_times(urgent)

@@ -24,7 +24,7 @@ from slurmkit.runs import jobs
 from slurmkit.runs.lookup import list_runs
 from slurmkit.runs.procs import pid_alive
 from slurmkit.slurm import commands
-from tests.conftest import ROOT, steady, write_spec
+from tests.conftest import ROOT, steady, supervisor_events, write_spec
 from tests.test_cluster_faults import wait_until
 from tests.test_command_stop import ranks_script_pid
 
@@ -332,6 +332,9 @@ def test_preemption_signal_requeues_a_run_without_steps(cluster: None, tmp_path:
     assert (value["stdout"].split()[-2:] == ["done", "1"]) if kind == "command" else value == {"restarts": 1}
     record = RunFile(paths).read()
     assert [r.cause for r in record.restarts] == ["preemption"]
+    # The supervisor decided and requeued (rank 0 only recorded the stop), once, in the first incarnation.
+    decisions = supervisor_events(paths.run_dir, "decision")
+    assert [(d["action"], d["cause"], d["restart_count"]) for d in decisions] == [("requeue", "preemption", 0)]
 
 
 USER_DDP = Path(__file__).parent / "user_code" / "ddp_toy.py"

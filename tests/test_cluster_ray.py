@@ -14,7 +14,7 @@ from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.runs import jobs
 from slurmkit.slurm import commands
-from tests.conftest import EXAMPLES, steady
+from tests.conftest import EXAMPLES, steady, supervisor_events
 from tests.test_cluster_faults import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -94,3 +94,6 @@ def test_preemption_stops_ray_and_the_requeued_job_runs_the_driver_again(cluster
     assert jobs.result(paths) == {"restart": 1, "nodes": 2}
     states = commands.incarnation_states(out["job_id"])
     assert len(states) == 2 and states[-1] == "COMPLETED", states
+    # The batch shell asked the supervisor, the one decider, once the driver had recorded its stop.
+    decisions = supervisor_events(paths.run_dir, "decision")
+    assert [(d["action"], d["cause"]) for d in decisions] == [("requeue", "preemption")]

@@ -127,8 +127,8 @@ def test_standby_ranks_stand_by_only_where_the_next_step_is_the_same_srun(
         assert supervisor_call(render_profile(GOLDEN / "spec.yaml", container))[0].standby is None
     from tests.test_ray_spec import write_ray_spec
 
-    ray = render_profile(write_ray_spec(tmp_path), "devcluster")  # Ray's own driver: no supervisor, no standby
-    assert "slurmkit.worker.supervisor" not in ray and "slurmkit.worker.ft.standby" not in ray
+    ray = render_profile(write_ray_spec(tmp_path), "devcluster")  # Ray's own driver: no supervisor loop, no standby
+    assert "slurmkit.worker.supervisor --run-dir" not in ray and "slurmkit.worker.ft.standby" not in ray
 
 
 def test_sweep_array_script_finds_each_task_folder(tmp_path: Path) -> None:

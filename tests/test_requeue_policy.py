@@ -51,21 +51,6 @@ def test_same_error_at_the_same_step_twice_is_final(tmp_path: Path) -> None:
     assert "deterministic error at step 30" in (RunFile(paths).read().final or "")
 
 
-def test_a_failed_srun_after_rank_0_asked_for_a_requeue_keeps_its_cause(tmp_path: Path, monkeypatch: Any) -> None:
-    """torchrun dying under the ranks' save once replaced rank 0's preemption marker with a crash."""
-    paths = _run(tmp_path)
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    marker = {"cause": "preemption", "job_id": "7", "restart_count": 2}
-    paths.restart_request.write_text(json.dumps(marker) + "\n")
-    decision = policy.after_failure(paths, "7", 140, None)
-    assert (decision.action, decision.cause, decision.why) == (Action.REQUEUE, "preemption", "asked")
-    assert json.loads(paths.restart_request.read_text()) == marker
-    assert RunFile(paths).read().failures == []
-    # A marker an earlier incarnation left (its next start died before reading it) does not count.
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
-    assert restarts.requested_here(paths, "7") is None
-
-
 def test_a_restart_reads_only_the_marker_its_previous_incarnation_left(tmp_path: Path) -> None:
     paths = _run(tmp_path)
     paths.restart_request.write_text(json.dumps({"cause": "timeout", "job_id": "7", "restart_count": 1}) + "\n")

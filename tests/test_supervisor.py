@@ -76,8 +76,8 @@ time.sleep(120)
 """
 
 
-def test_slurms_signal_reaches_the_step_and_the_wait_goes_on_until_it_exits(tmp_path: Path) -> None:
-    """The signal handler only sets a flag; the loop passes the signal on and returns the step's status."""
+def _waiting_supervisor(tmp_path: Path) -> tuple[RunPaths, subprocess.Popen[str]]:
+    """A supervisor (WAITER) waiting on a stand-in step (STEP) whose own handler is in."""
     paths = RunPaths(tmp_path / "run")
     paths.run_dir.mkdir()
     ready = tmp_path / "step-ready"
@@ -88,11 +88,60 @@ def test_slurms_signal_reaches_the_step_and_the_wait_goes_on_until_it_exits(tmp_
     while not ready.exists():  # the step's own handler is in
         assert proc.poll() is None
         time.sleep(0.05)
+    return paths, proc
+
+
+def test_slurms_signal_reaches_the_step_and_the_wait_goes_on_until_it_exits(tmp_path: Path) -> None:
+    """The signal handler only sets a flag; the loop passes the signal on and returns the step's status."""
+    paths, proc = _waiting_supervisor(tmp_path)
     proc.send_signal(signal.SIGUSR2)
     assert proc.wait(timeout=60) == 7
     (forwarded,) = supervisor_events(paths.run_dir, "signal")
     assert (forwarded["signal"], forwarded["job_id"], forwarded["attempt"]) == ("SIGUSR2", "77", 0)
     assert json.loads(paths.supervisor_events.read_text().splitlines()[0])["event"] == "signal"
+
+
+def test_sigterm_is_noted_and_outlived_not_passed_on(tmp_path: Path) -> None:
+    """Slurm sends SIGTERM to the ranks' step itself; the supervisor must outlive it to decide once
+    they have saved: the step still runs after it (its SIGTERM would end it with 143), and exits 7
+    on the USR2 that follows."""
+    paths, proc = _waiting_supervisor(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    while not supervisor_events(paths.run_dir, "signal"):  # noted, the supervisor alive
+        assert proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR2)
+    assert proc.wait(timeout=60) == 7  # the step lived on past the SIGTERM: it was not passed on
+    assert [(e["signal"], e["forwarded"]) for e in supervisor_events(paths.run_dir, "signal")] == [
+        ("SIGTERM", False), ("SIGUSR2", True)]
+
+
+def test_a_step_that_stopped_is_decided_as_a_stop_whatever_its_exit_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 records the stop; the step may yet exit non-zero (torchrun dying under the ranks'
+    save did): the supervisor decides the stop, never a crash, and exits 0. Here the stop is
+    SIGTERM's with no preemption, so Slurm decides and nothing is requeued."""
+    from slurmkit.common.markers import Stopped
+    from slurmkit.common.record import RunFile, RunRecord
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    paths = RunPaths(tmp_path / "run")
+    paths.job_folder.mkdir(parents=True)
+    RunFile(paths).create(RunRecord(run_id="run", job_ids=["77"], num_tasks=2, profile={"requeue": {"crash": 1}}))
+    stand_in_step = ("import sys, time\nfrom pathlib import Path\nfrom slurmkit.common.layout import RunPaths\n"
+                     "from slurmkit.common.markers import Stopped\n"
+                     "Stopped('77', 0, 0, 12, False, time.time()).write(RunPaths(Path(sys.argv[1])))\nsys.exit(140)\n")
+    sup = supervisor.Supervisor(PLAN.model_copy(update={"in_job": 1}), paths, "77", Container())
+    monkeypatch.setattr(sup, "_launch", lambda: subprocess.Popen([sys.executable, "-P", "-c", stand_in_step,
+                                                                  str(paths.run_dir)]))
+    assert sup.run() == 0
+    found = Stopped.read(paths, "77", 0, 0)
+    assert found is not None and (found.step, found.requeue_signal) == (12, False)
+    (decision,) = supervisor_events(paths.run_dir, "decision")
+    assert (decision["action"], decision["why"], decision["step"]) == ("end", "slurm_decides", 12)
+    record = RunFile(paths).read()
+    assert record.failures == [] and record.restarts == []  # no crash noted, no in-job restart
+    assert Stopped.read(paths, "77", 0, 1) is None and Stopped.read(paths, "77", 1, 0) is None  # another step's: stale
 
 
 def test_a_record_the_policy_cannot_read_ends_the_job_with_a_decision_not_a_traceback(

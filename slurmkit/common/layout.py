@@ -142,6 +142,11 @@ class RunPaths:
         return self.run_dir / "stopping.json"
 
     @property
+    def stopped(self) -> Path:
+        """How the ranks' step ended when they stopped on a signal (common.markers.Stopped)."""
+        return self.run_dir / "stopped.json"
+
+    @property
     def supervisor_events(self) -> Path:
         """The job's supervisor's states and decisions, one JSON line each (slurmkit.worker.supervisor)."""
         return self.run_dir / "supervisor.jsonl"

@@ -1,10 +1,13 @@
 """The marker files of a run folder that one process leaves for another: each one's schema, who
 writes it and who reads it, and the only code that reads or writes them. RunPaths builds their paths.
 
-- restart-request.json (RestartRequest): written by ft.requeue.request before it asks Slurm; read
-  by the next incarnation (ft.restarts) and by the supervisor's policy (requested_here).
+- restart-request.json (RestartRequest): written by ft.requeue.request (in the job's supervisor)
+  before it asks Slurm; read by the next incarnation (ft.restarts).
 - stopping.json (StopMarker): written by rank 0 before the agreed stop's save (ft.incarnation);
   read by the next start (ft.restarts.lost_steps).
+- stopped.json (Stopped): written by rank 0 once the ranks stopped on a signal (and saved, where
+  they keep checkpoints): the ranks' typed end of the step. Read by the job's supervisor, the one
+  decider of what comes next (worker.supervisor: requeue or not).
 - hang-rankN.json (HangMarker): written by rank N's watchdog (ft.incarnation); read and removed by
   the policy after the step failed (cause hang).
 - health-NODE.json (HealthReport): written by the health gate on a node that fails it
@@ -97,6 +100,35 @@ class StopMarker:
     @staticmethod
     def clear(paths: RunPaths) -> None:
         paths.stop_marker.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The ranks' step ended because they stopped on a signal: at `step` (None: a run without steps,
+    a command or a function stopped where it was), on the profile's requeue signal or on SIGTERM.
+    What that means (a preemption, the time limit, a cancel) and what comes next, the supervisor decides."""
+
+    job_id: str
+    restart_count: int
+    attempt: int
+    """The step this was (the incarnation's in-job attempt): one left by another is stale, never read."""
+    step: int | None
+    requeue_signal: bool
+    time: float
+
+    def write(self, paths: RunPaths) -> None:
+        atomic_write_text(paths.stopped, json.dumps(asdict(self)) + "\n")
+
+    @staticmethod
+    def read(paths: RunPaths, job_id: str, restart_count: int, attempt: int) -> Stopped | None:
+        """The stop of that very step, if it was one and its record is readable."""
+        found = _read_json(paths.stopped)
+        if found is None or (found.get("job_id"), found.get("restart_count"), found.get("attempt")) != (
+                job_id, restart_count, attempt):
+            return None
+        step = found.get("step")
+        return Stopped(job_id, restart_count, attempt, step if isinstance(step, int) else None,
+                       found.get("requeue_signal") is True, float(found.get("time") or 0.0))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ What it gives, as `task: train` has it: step-N folders valid only once their com
 written (slurmkit.worker.ckptstore), a save every `every` steps written in the background, the
 newest `keep_latest_k` valid steps kept, and the stop: the signal handler only sets a flag; at
 the next `step()` every rank agrees (one small all-reduce), the state of that step is saved and
-committed, and rank 0 requeues within the profile's budget. The next incarnation's `restore()`
+committed, and the job's supervisor requeues within the profile's budget. The next incarnation's `restore()`
 returns that state, so no finished step is lost. Rank 0 writes a plain state: the ranks of a
 data-parallel function hold the same one. A sharded state (FSDP2's DTensors) is written by every
 rank, its own shard, through torch.distributed.checkpoint, and `restore(like=state)` reshards it
@@ -26,7 +26,7 @@ to the run's ranks (slurmkit.worker.sharded). Torch is imported on first use.
 In a `command` run's script (`python train.py` under srun or torchrun, the script's own
 init_process_group()), a Checkpoint tells the rank's worker that the script agrees stops
 (slurmkit.worker.command): the stop signal then only sets the flag, and at the agreed step, once
-its state is saved, the script exits with status 0 (SystemExit) and the worker requeues.
+its state is saved, the script exits with status 0 (SystemExit) and the worker records the stop.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ command whose script has made a slurmkit.Checkpoint has announced it in its mark
 (markers.CommandStop): it is not terminated; the signal is passed on to it (its Checkpoint only sets
 a flag), and this process waits while its ranks agree on a step, save it and exit. The step it
 stopped at comes back as AgreedStop, which the run's entry acts on as for a function (rank 0
-requeues); one that finished its work meanwhile (exit 0, no step) has completed. A command without
-one is terminated, as SIGINT would, and the stop goes on as Interrupted.
+records the stop, the job's supervisor requeues); one that finished its work meanwhile (exit 0, no
+step) has completed. A command without one is terminated, as SIGINT would, and the stop goes on as
+Interrupted.
 
 The command starts with the requeue signal ignored (its ranks' Checkpoint puts its own handler in):
 Slurm delivers a step's signals to every process of the step, and a launcher of the command's own

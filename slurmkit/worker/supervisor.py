@@ -9,9 +9,16 @@
   standby step for the next attempt, where the profile has standby ranks.
 - RUNNING: wait for the step. Slurm's batch signal (the profile's, --signal=B:SIG) comes to this
   process; its handler only sets a flag, and the loop passes the signal on to the ranks' step.
-- DECIDING: the step exited non-zero; the restart policy (worker.ft.policy.after_failure) answers
-  with a Decision. RESTART_IN_JOB starts the next attempt (on the Decision's nodes, for a job that
+  SIGTERM is noted and not passed on: Slurm sends it to the ranks' step itself, and this process
+  must outlive it to decide once the ranks have saved.
+- DECIDING: the ranks stopped on a signal (rank 0's record, common.markers.Stopped): what the stop
+  means and whether the job is requeued (worker.ft.requeue.after_stop), and the supervisor exits 0.
+  Or the step exited non-zero: the restart policy (worker.ft.policy.after_failure) answers with a
+  Decision. RESTART_IN_JOB starts the next attempt (on the Decision's nodes, for a job that
   shrinks); COMPLETE exits 0; REQUEUE and END exit with the step's status.
+
+This process is the one decider of a restart in the job or a requeue, whatever the run kind (a Ray
+run's batch shell, which has no supervisor loop, asks `--after-stop` of it once its driver ended).
 
 Every transition is one JSON line in the run folder's supervisor.jsonl (RunPaths.supervisor_events).
 """
@@ -33,12 +40,12 @@ from typing import Any
 from slurmkit.common import outcomes, ports, trust
 from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import StandbyGo
+from slurmkit.common.markers import StandbyGo, Stopped
 from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
-from slurmkit.worker.ft import policy
+from slurmkit.worker.ft import policy, requeue
 from slurmkit.worker.ft.decision import Action, Decision
 from slurmkit.worker.signal_inbox import SignalInbox
 
@@ -82,6 +89,12 @@ class Supervisor:
                 self._start_standby()
                 self._enter(State.RUNNING)
                 rc = self._wait(ranks)
+                stopped = Stopped.read(self.paths, self.job_id, outcomes.restart_count(), self.attempt)
+                if stopped is not None:  # the ranks stopped as asked (and saved): not a failure
+                    self._enter(State.DECIDING, exit_code=rc)
+                    after_stop(self.paths, self.job_id, stopped)
+                    rc = 0
+                    break
                 if rc == 0:
                     break
                 self._enter(State.DECIDING, exit_code=rc)
@@ -107,10 +120,7 @@ class Supervisor:
 
     def _decided(self, decision: Decision, said: str = "") -> Decision:
         """The decision in supervisor.jsonl and, for people, in the job's log."""
-        self._event("decision", action=decision.action.value, cause=decision.cause, step=decision.step,
-                    nodes=decision.nodes, exclude=list(decision.exclude), why=decision.why)
-        _say(said + decision.message)
-        return decision
+        return decided(self.paths, self.job_id, decision, said, attempt=self.attempt)
 
     def _next_attempt(self, decision: Decision, taken: subprocess.Popen[bytes] | None) -> None:
         self.attempt += 1
@@ -150,8 +160,10 @@ class Supervisor:
 
     # -- waiting, and Slurm's signal --------------------------------------------------------------
     def _install_signal(self) -> None:
-        """Slurm's signal (plan.signal), from here on, is noted and forwarded to the step being waited on."""
-        self._inbox = SignalInbox((int(getattr(signal, f"SIG{self.plan.signal}")),)).install()
+        """Slurm's signal (plan.signal), from here on, is noted and forwarded to the step being waited
+        on; SIGTERM is noted only (Slurm signals the ranks' step itself)."""
+        self._forwarded = int(getattr(signal, f"SIG{self.plan.signal}"))
+        self._inbox = SignalInbox((self._forwarded, int(signal.SIGTERM))).install()
 
     def _wait(self, proc: subprocess.Popen[bytes]) -> int:
         """The step's exit status; Slurm's signal, meanwhile, goes on to the step (srun passes it to
@@ -165,9 +177,11 @@ class Supervisor:
                 ready = [self._inbox.fd] + ([pidfd] if pidfd is not None else [])
                 select.select(ready, [], [], 1.0 if pidfd is not None else 0.05)
                 for signum in self._inbox.take():
-                    _say(f"caught {signal.Signals(signum).name}, forwarding to ranks")
-                    self._event("signal", signal=signal.Signals(signum).name)
-                    proc.send_signal(signum)
+                    forward = signum == self._forwarded
+                    _say(f"caught {signal.Signals(signum).name}" + (", forwarding to ranks" if forward else ""))
+                    self._event("signal", signal=signal.Signals(signum).name, forwarded=forward)
+                    if forward:
+                        proc.send_signal(signum)
         finally:
             if pidfd is not None:
                 os.close(pidfd)
@@ -179,13 +193,35 @@ class Supervisor:
         self._event("state", state=state.value, **fields)
 
     def _event(self, kind: str, **fields: Any) -> None:
-        line = {"time": round(time.time(), 3), "event": kind, "job_id": self.job_id,
-                "restart_count": outcomes.restart_count(), "attempt": self.attempt, **fields}
-        fd = trust.open_append(self.paths.supervisor_events, 0o600)
-        try:
-            os.write(fd, (json.dumps(line) + "\n").encode())
-        finally:
-            os.close(fd)
+        event(self.paths, self.job_id, kind, attempt=self.attempt, **fields)
+
+
+def event(paths: RunPaths, job_id: str, kind: str, attempt: int = 0, **fields: Any) -> None:
+    """One line of supervisor.jsonl."""
+    line = {"time": round(time.time(), 3), "event": kind, "job_id": job_id,
+            "restart_count": outcomes.restart_count(), "attempt": attempt, **fields}
+    fd = trust.open_append(paths.supervisor_events, 0o600)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def decided(paths: RunPaths, job_id: str, decision: Decision, said: str = "", attempt: int = 0) -> Decision:
+    """A decision in supervisor.jsonl and, for people, in the job's log."""
+    event(paths, job_id, "decision", attempt=attempt, action=decision.action.value, cause=decision.cause,
+          step=decision.step, nodes=decision.nodes, exclude=list(decision.exclude), why=decision.why)
+    _say(said + decision.message)
+    return decision
+
+
+def after_stop(paths: RunPaths, job_id: str, stopped: Stopped) -> Decision:
+    """The ranks stopped on a signal: what it means and whether the job is requeued (requeue.after_stop)."""
+    try:
+        decision = requeue.after_stop(paths, job_id, stopped.step, stopped.requeue_signal)
+    except SlurmkitError as exc:  # a run.json gone or corrupt: one line in the log, not a traceback
+        decision = Decision(Action.END, why="unreadable", message=f"the stop's decision failed: {exc.one_line()}")
+    return decided(paths, job_id, decision, "ranks stopped; ", attempt=stopped.attempt)
 
 
 def _say(line: str) -> None:
@@ -217,11 +253,18 @@ def parse(argv: list[str]) -> tuple[Path, Plan, Container]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    run_dir, plan, container = parse(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
     job_id = slurm_job_id()
     if not job_id:
         _say("the supervisor runs inside a Slurm job only")
         return 2
+    if args[:1] == ["--after-stop"]:  # a Ray run's batch shell, once its driver's step ended
+        paths = RunPaths(Path(args[1]))
+        stopped = Stopped.read(paths, job_id, outcomes.restart_count(), 0)
+        if stopped is not None:
+            after_stop(paths, job_id, stopped)
+        return 0
+    run_dir, plan, container = parse(args)
     return Supervisor(plan, RunPaths(run_dir), job_id, container).run()
 
 

@@ -4,21 +4,22 @@ The supervisor's side (torch-free):
 - decision: the typed answer every policy function gives (an Action and its fields).
 - policy: what comes next after the ranks' step failed, a rank raised (warm), or the health gate failed.
 - restarts: the restart entries of run.json: recording them, their causes, the budget arithmetic.
-- requeue: asking Slurm to requeue the job (and rank 0's reading of a stop signal).
+- requeue: what a stop on a signal means (preemption, time limit, cancel), and asking Slurm to requeue.
 - allocation: the job's nodes, held and spare, as the policy sees them.
 
 The ranks' side:
-- stop: the stop signals (their handlers only set a flag) and the StopCoordinator, the one
-  agreement on a stop and on a save's commit at a step boundary.
+- stop: the stop signals (their handlers only set a flag), the StopCoordinator, the one
+  agreement on a stop and on a save's commit at a step boundary, and the stop's typed record.
 - checkpointer: the one Checkpointer (save in the background, commit, prune, restore, host copy),
   under the Trainer and slurmkit.Checkpoint alike.
 - trainer_ft: the Trainer's fault tolerance at its step boundaries (checkpointer, stop, watchdog,
   the live state a warm restart resumes from).
-- incarnation: one incarnation of `task: train` (resume, record the restart, warm restarts, requeue).
+- incarnation: one incarnation of `task: train` (resume, record the restart, warm restarts, the stop).
 - warm: restarting in the process after an exception; standby: rank processes kept ready for an
   in-job restart; watchdog: hang detection; interrupt: the stop for runs without step boundaries;
   faults: fault injection on purpose (config.faults).
 
-The supervisor (slurmkit.worker.supervisor) calls the policy in its own process; rank 0 calls
-requeue.after_stop after an agreed stop, and policy.restart_warm for a warm restart.
+The supervisor (slurmkit.worker.supervisor) decides in its own process after every step: after a
+stop (rank 0's record, common.markers.Stopped) and after a failure. Rank 0 asks the policy only for
+a warm restart inside the ranks' processes (policy.restart_warm), which no other process can carry out.
 """

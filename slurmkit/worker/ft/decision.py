@@ -6,11 +6,10 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
-Why = Literal["budget", "deterministic", "slurm_failed", "uncertain", "asked", "cancel_mode", "slurm_decides",
-              "unreadable"]
+Why = Literal["budget", "deterministic", "slurm_failed", "uncertain", "cancel_mode", "slurm_decides", "unreadable"]
 """Why a run ended or was left as it is (END, REQUEUE): budget: the cause's budget is spent;
 deterministic: the same error at the same step twice; slurm_failed: Slurm refused the requeue;
-uncertain: the requeue may or may not have gone through; asked: rank 0 had already asked for it;
+uncertain: the requeue may or may not have gone through;
 cancel_mode: preempted under PreemptMode=CANCEL (resume by `slurmkit resubmit`); slurm_decides:
 SIGTERM, Slurm ends or requeues the job itself; unreadable: the run's record could not be read
 (the supervisor ends the job rather than guess)."""
@@ -24,7 +23,7 @@ class Action(enum.StrEnum):
     RESTART_WARM = "restart_warm"
     """The ranks restart inside their own processes, from memory (slurmkit.worker.ft.warm)."""
     REQUEUE = "requeue"
-    """The job goes back through Slurm's queue (asked for here, or by rank 0 before)."""
+    """The job goes back through Slurm's queue (asked for by the supervisor)."""
     END = "end"
     """The run ends here; `why` says why."""
 

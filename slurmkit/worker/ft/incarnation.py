@@ -1,5 +1,5 @@
 """One incarnation of a training run (a process's life in one allocation): resume, record its
-restart, restart warm after an exception, stop with the other ranks, requeue."""
+restart, restart warm after an exception, stop with the other ranks and record the stop."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from slurmkit.config.train import TrainConfig
 from slurmkit.worker.ckpt_threads import Prefetch
 from slurmkit.worker.ckptstore import CheckpointStore, trainer_files
 from slurmkit.worker.dist import Dist
-from slurmkit.worker.ft import policy, requeue, restarts, warm
+from slurmkit.worker.ft import policy, restarts, warm
 from slurmkit.worker.ft.checkpointer import checkpoint_uri
 from slurmkit.worker.ft.decision import Decision
 from slurmkit.worker.ft.faults import FaultInjection
-from slurmkit.worker.ft.stop import Stop
+from slurmkit.worker.ft.stop import Stop, ended
 from slurmkit.worker.ft.trainer_ft import TrainerFT
 from slurmkit.worker.trainer import Trainer
 
@@ -142,18 +142,14 @@ class Incarnation:
         if self.ft:
             self.ft.watchdog.stop()
 
-    def requeue_and_exit(self, trainer: Trainer) -> None:
-        """After the final save: rank 0 acts on the stop (requeue.after_stop), then every rank exits."""
-        step = trainer.state.step
+    def stop_and_exit(self, trainer: Trainer) -> None:
+        """After the final save: rank 0 records the stop for the job's supervisor (stop.ended), which
+        decides whether the job is requeued; then every rank exits."""
         assert self.ft is not None
+        line = ended(str(self.paths.run_dir) if self.paths else None, trainer.state.step,
+                     self.ft.stop.kind == Stop.REQUEUE, self.dist.is_main)
         if self.dist.is_main:
-            if self.job_id and self.paths:
-                decision = requeue.after_stop(self.paths, self.job_id, step,
-                                              self.ft.stop.kind == Stop.REQUEUE)
-                print(f"slurmkit: {decision.message}", flush=True)
-            else:
-                print(f"slurmkit: stopped at step {step}; checkpoint committed (not under Slurm: no requeue)",
-                      flush=True)
+            print(f"slurmkit: {line}", flush=True)
         if self.dist.world_size > 1:
             tdist.barrier()
         # Not an exception: submitit must not record a result (or an error) for this incarnation.

@@ -3,9 +3,9 @@
 `task: train` stops all ranks at an agreed step (slurmkit.worker.ft.incarnation). A shell command, a
 user's callable or a Ray driver has no step to wait for, so here the handler raises in the main
 thread, as SIGINT's KeyboardInterrupt does. On the profile's signal (preemption or the time limit)
-rank 0 requeues the job within the profile's budget and the work starts again in the next
-allocation; on SIGTERM the run stops, and is requeued only where Slurm is preempting it
-(slurmkit.worker.ft.requeue.after_stop). These handlers replace submitit's:
+the job's supervisor requeues the job within the profile's budget and the work starts again in the
+next allocation; on SIGTERM the run stops, and is requeued only where Slurm is preempting it. Rank 0
+records the stop (stop.ended); the supervisor decides. These handlers replace submitit's:
 its USR2 handler guesses "timed out" from wall-clock time and then fails a non-checkpointable run.
 """
 
@@ -14,14 +14,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-from slurmkit.common.layout import RunPaths
-from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.worker.checkpoint import AgreedStop
-from slurmkit.worker.ft import requeue
-from slurmkit.worker.ft.stop import install_handlers
+from slurmkit.worker.ft.stop import ended, install_handlers
 
 
 class Interrupted(BaseException):
@@ -40,19 +36,10 @@ def _raising_handler(requeue: bool) -> Any:
     return handler
 
 
-def after(run_dir: str, requeue_asked: bool, step: int | None = None) -> str:
-    """Rank 0 acts on the stop (slurmkit.worker.ft.requeue.after_stop); says what happened."""
-    at = f" at step {step}" if step is not None else ""
-    if os.environ.get("SLURM_PROCID", "0") != "0":
-        return f"stopped{at}; rank 0 acts on the stop"
-    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
-        return f"stopped{at}; not under Slurm: no requeue"
-    return requeue.after_stop(RunPaths(Path(run_dir)), slurm_job_id(), step, requeue_asked).message
-
-
 @contextmanager
 def requeue_on_signal(run_dir: str) -> Iterator[None]:
-    """Under Slurm: the stop signals interrupt the body; then requeue and exit without a result.
+    """Under Slurm: the stop signals interrupt the body; then the stop is recorded for the job's
+    supervisor (stop.ended), and the rank exits without a result.
     A function with a slurmkit.Checkpoint replaces these handlers by its flag, and stops at the
     step its ranks agree on (AgreedStop), its state saved; that is requeued the same way."""
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
@@ -61,5 +48,5 @@ def requeue_on_signal(run_dir: str) -> Iterator[None]:
         yield
     except (Interrupted, AgreedStop) as stop:
         step = stop.step if isinstance(stop, AgreedStop) else None
-        print(f"slurmkit: {after(run_dir, stop.requeue, step)}", flush=True)
+        print(f"slurmkit: {ended(run_dir, step, stop.requeue)}", flush=True)
         raise SystemExit(0) from None  # not an exception: no result (or error) for this incarnation

@@ -24,13 +24,9 @@ from slurmkit.worker.ft.decision import Action, Decision
 
 
 def after_failure(paths: RunPaths, job_id: str, exit_code: int, alloc: Allocation | None) -> Decision:
-    """The supervisor, after the ranks' srun step exited `exit_code` (non-zero). `alloc`: what the
-    job holds now (None where Slurm could not say). A requeue rank 0 has already asked for stands:
-    its marker (and cause) is never replaced by a crash."""
-    asked = restarts.requested_here(paths, job_id)
-    if asked is not None:
-        return Decision(Action.REQUEUE, asked, why="asked",
-                        message=f"srun exit code {exit_code} after rank 0 asked for a requeue ({asked})")
+    """The supervisor, after the ranks' srun step exited `exit_code` (non-zero) without a stop
+    (a stop is requeue.after_stop's, whatever the exit code). `alloc`: what the job holds now (None
+    where Slurm could not say)."""
     found = this_attempt(paths, job_id, RunFile(paths).read().num_tasks)
     if all(o is not None and o.ok for o in found):
         # Every rank of this incarnation recorded success: it failed while exiting, after its work was done.

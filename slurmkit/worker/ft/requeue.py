@@ -1,4 +1,5 @@
-"""Asking Slurm to requeue the job, and rank 0's reading of a stop signal.
+"""What a stop on a signal means, and asking Slurm to requeue the job: the job's supervisor's, the
+one decider (worker.supervisor), once the ranks' step ended with their stop record.
 
 The marker (restart-request.json) goes first, so the next incarnation knows its cause for sure;
 the budget of that cause is checked and spent under run.json's lock.
@@ -31,8 +32,8 @@ def cause_of_signal(left_s: float | None, signal_delay_s: int) -> tuple[str, str
 
 
 def after_stop(paths: RunPaths, job_id: str, step: int | None, requeue_signal: bool) -> Decision:
-    """Rank 0, once the ranks have stopped (and saved, at `step`): what the stop signal meant and
-    what was done about it.
+    """The supervisor, once the ranks have stopped (and saved, at `step`): what the stop signal
+    meant and what was done about it.
 
     - Slurm is preempting the job (its PreemptTime is set). That is SIGTERM alone, or the profile's
       signal first where the cluster sends the user signal on preemption. Under PreemptMode=REQUEUE
@@ -116,7 +117,7 @@ def request(paths: RunPaths, job_id: str, cause: str, step: int | None = None, d
     except commands.RequeueUncertain:
         raise  # it may yet go through: the next start must find the cause (a stale marker is never read)
     except BaseException:
-        # No requeue happened: the marker would make the supervisor think one had been asked for.
+        # No requeue happened: no marker may say that one was asked for.
         RestartRequest.clear(paths)
         raise
     finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import RestartRequest, StopMarker
 from slurmkit.common.metrics import last_record
@@ -31,12 +30,6 @@ def marker(paths: RunPaths, job_id: str, restart_count: int) -> RestartRequest |
     """The restart request incarnation `restart_count` of the job left before asking Slurm
     (requeue.request), if it is readable; one from another incarnation or job is stale."""
     return RestartRequest.read(paths, job_id, restart_count)
-
-
-def requested_here(paths: RunPaths, job_id: str) -> str | None:
-    """The cause of the requeue this incarnation already asked for (rank 0, after a stop), if any."""
-    found = marker(paths, job_id, outcomes.restart_count())
-    return None if found is None else found.cause
 
 
 def restart_cause(paths: RunPaths, job_id: str, restart_count: int) -> tuple[str, str]:

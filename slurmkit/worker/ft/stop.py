@@ -6,7 +6,10 @@ step boundary (StopCoordinator), the Trainer's and a slurmkit.Checkpoint functio
 - SIGTERM means "save, then exit": Slurm sends it on scancel, on `scontrol requeue`, on
   preemption without the user signal, and at the limit, then SIGKILL after KillWait/GraceTime.
   Slurm decides whether the job comes back, except on preemption: a job that exits within its
-  GraceTime is COMPLETED for Slurm, so rank 0 asks for the requeue (requeue.after_stop).
+  GraceTime is COMPLETED for Slurm, so the job's supervisor asks for the requeue.
+
+Once the ranks have stopped (and saved), rank 0 records the typed end of the step (`ended`,
+common.markers.Stopped); the supervisor, the one decider, reads it and requeues or not.
 
 They replace submitit's handlers: its USR2 handler checkpoints on rank 0 only, from inside the
 handler, and guesses timeout vs preemption from wall-clock time; its SIGTERM handler ignores it.
@@ -16,11 +19,18 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
+
+from slurmkit.common import outcomes
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import Stopped
+from slurmkit.common.slurm_env import slurm_job_id
 
 if TYPE_CHECKING:  # the Trainer imports torch; this module is imported by torch-free code too
     from slurmkit.worker.dist import Ranks
@@ -125,3 +135,17 @@ class StopCoordinator:
     def stop(self, step: int, kind: Stop) -> None:
         """Every rank stops at `step`, for `kind`."""
         self.kind, self.stopped_at = kind, step
+
+
+def ended(run_dir: str | None, step: int | None, requeue: bool, main: bool | None = None) -> str:
+    """The ranks stopped on a signal (at `step`, saved): rank 0 (`main`; by default Slurm's task 0)
+    records the step's typed end for the job's supervisor, which decides what it means; the line to print."""
+    at = f"stopped at step {step}" if step is not None else "stopped"
+    if not (os.environ.get("SLURM_PROCID", "0") == "0" if main is None else main):
+        return f"{at}; rank 0 records the stop"
+    job_id = slurm_job_id()
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or not job_id or not run_dir:
+        return f"{at}; not under Slurm: no requeue"
+    Stopped(job_id, outcomes.restart_count(), outcomes.attempt(), step, requeue, time.time()).write(
+        RunPaths(Path(run_dir)))
+    return f"{at} on {'the requeue signal' if requeue else 'SIGTERM'}; the job's supervisor decides what comes next"

@@ -90,7 +90,7 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
             if trackers is not None and (life.stopped or sys.exc_info()[0] is not None):
                 trackers.close()  # the tracker run goes on in the next incarnation
         if life.stopped:
-            life.requeue_and_exit(trainer)  # does not return
+            life.stop_and_exit(trainer)  # does not return
         summary.update(model=cfg.model, rank=dist.rank, peak_flops=extras["peak_flops"],
                        peak_source=extras["peak_source"], wall_s=time.perf_counter() - t0, **life.summary())
         if trackers is not None:
