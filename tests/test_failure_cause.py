@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import slurmkit
 from slurmkit.cli.app import app
-from slurmkit.common import cause
+from slurmkit.common import user_trace as cause
 from slurmkit.common.outcomes import Outcome
 from slurmkit.runs.failure import blamed
 from tests.conftest import write_spec

@@ -141,10 +141,11 @@ def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol
     the marker with the restart's cause must outlive the failed call (it once came back `requeue`)."""
     import json
 
+    from slurmkit.common.cause import Cause
     from slurmkit.common.layout import RunPaths
     from slurmkit.common.record import RunFile, RunRecord
-    from slurmkit.worker.ft import requeue
-    from slurmkit.worker.ft.decision import Action
+    from slurmkit.worker.ft import effects, policy
+    from slurmkit.worker.ft.decision import Action, Decision
 
     monkeypatch.setenv("FAILS", "1000")
     with commands.counting() as calls, pytest.raises(commands.RequeueUncertain, match="may still go through"):
@@ -154,24 +155,26 @@ def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol
     paths.job_folder.mkdir(parents=True)
     RunFile(paths).create(RunRecord(run_id="run", job_ids=["7"], profile={"requeue": {"preemption": 1}}))
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    asked = Decision(Action.REQUEUE, Cause.PREEMPTION, 12, within_s=3)
     with pytest.raises(commands.RequeueUncertain):
-        requeue.request(paths, "7", "preemption", 12, within_s=3)
+        effects.requeue(paths, "7", asked)
     assert json.loads(paths.restart_request.read_text())["cause"] == "preemption"
     # A failure that reached nobody leaves no marker behind.
     monkeypatch.setenv("FAILS", "0")
     monkeypatch.setenv("PENDING", "1")
     with pytest.raises(SlurmError, match="pending execution") as failed:
-        requeue.request(paths, "7", "preemption", 12, within_s=3)
+        effects.requeue(paths, "7", asked)
     assert not isinstance(failed.value, commands.RequeueUncertain) and not paths.restart_request.exists()
-    # Rank 0, after the ranks stopped and saved, says either in one line rather than a traceback.
-    monkeypatch.setattr(requeue, "IN_JOB_RETRY_S", 3.0)
-    failed_decision = requeue.after_stop(paths, "7", 12, requeue_signal=True)
+    # The supervisor, after the ranks stopped and saved, says either in one line rather than a traceback.
+    monkeypatch.setattr(policy, "IN_JOB_RETRY_S", 3.0)
+    stopped = policy.StepStopped(12, True, None, None)  # squeue did not answer: time left unknown
+    failed_decision = effects.decide(paths, "7", stopped)
     assert (failed_decision.action, failed_decision.why, failed_decision.step) == (Action.END, "slurm_failed", 12)
     monkeypatch.setenv("FAILS", "1000")
     monkeypatch.delenv("PENDING")
-    uncertain = requeue.after_stop(paths, "7", 12, requeue_signal=True)
+    uncertain = effects.decide(paths, "7", stopped)
     assert (uncertain.action, uncertain.why, uncertain.step) == (Action.REQUEUE, "uncertain", 12)
-    assert "\n" not in uncertain.message  # one line in the rank's log
+    assert "\n" not in uncertain.message  # one line in the job's log
 
 
 def test_until_ended_stops_at_the_end_at_the_timeout_and_after_the_unknown_grace() -> None:

@@ -1,4 +1,5 @@
-"""The requeue policy's decisions that need no Slurm call (the rest runs in test_cluster_faults)."""
+"""The decider's effects on a run folder (worker.ft.effects), the restart entries a start records
+(worker.ft.restarts) and the budget arithmetic; the decisions themselves are tests/test_policy_table.py's."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import outcomes
+from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RestartEntry, RunFile, RunRecord
-from slurmkit.worker.ft import policy, restarts
+from slurmkit.worker.ft import effects, policy, restarts
 from slurmkit.worker.ft.allocation import Allocation
 from slurmkit.worker.ft.decision import Action
+from slurmkit.worker.ft.policy import RankRaised, StepFailed
+
+WHOLE = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
 
 
 def _run(tmp_path: Path, **record: Any) -> RunPaths:
@@ -35,22 +40,6 @@ def _results(paths: RunPaths, *found: tuple[str, object]) -> None:
             outcomes.record(paths.outcome_file("7", rank), state, error=str(value))
 
 
-def test_every_rank_succeeded_means_completed(tmp_path: Path) -> None:
-    paths = _run(tmp_path)
-    _results(paths, ("success", 1), ("success", 2))
-    assert policy.after_failure(paths, "7", 134, None).action is Action.COMPLETE
-
-
-def test_same_error_at_the_same_step_twice_is_final(tmp_path: Path) -> None:
-    trace = "Traceback (most recent call last):\nValueError: bad batch"
-    paths = _run(tmp_path, failures=[{"error": "ValueError: bad batch", "step": 30}])
-    paths.metrics.write_text(json.dumps({"step": 30}) + "\n")
-    _results(paths, ("error", trace), ("error", trace))
-    decision = policy.after_failure(paths, "7", 1, None)
-    assert (decision.action, decision.why, decision.step) == (Action.END, "deterministic", 30)
-    assert "deterministic error at step 30" in (RunFile(paths).read().final or "")
-
-
 def test_a_restart_reads_only_the_marker_its_previous_incarnation_left(tmp_path: Path) -> None:
     paths = _run(tmp_path)
     paths.restart_request.write_text(json.dumps({"cause": "timeout", "job_id": "7", "restart_count": 1}) + "\n")
@@ -62,11 +51,11 @@ def test_a_restart_reads_only_the_marker_its_previous_incarnation_left(tmp_path:
 def test_budgets_are_per_cause(tmp_path: Path) -> None:
     record = RunRecord(run_id="run", profile={"requeue": {"preemption": 2, "crash": 1}},
                        restarts=[_entry(n=1, job_id="7", cause="preemption"), _entry(n=2, job_id="7", cause="crash")])
-    assert record.allowed("preemption") and record.left("preemption") == 1
-    assert not record.allowed("crash") and record.left("crash") == 0
-    assert record.allowed("requeue")  # an external requeue spends the preemption budget
-    assert record.budget("unknown") == 2
-    assert not record.model_copy(update={"final": "done"}).allowed("preemption")
+    assert record.allowed(Cause.PREEMPTION) and record.left(Cause.PREEMPTION) == 1
+    assert not record.allowed(Cause.CRASH) and record.left(Cause.CRASH) == 0
+    assert record.allowed(Cause.REQUEUE)  # an external requeue spends the preemption budget
+    assert record.budget(Cause.UNKNOWN) == 2
+    assert not record.model_copy(update={"final": "done"}).allowed(Cause.PREEMPTION)
 
 
 def test_lost_steps_count_the_stop_step_a_killed_save_never_logged(tmp_path: Path) -> None:
@@ -108,41 +97,6 @@ def test_resubmit_refuses_a_local_run_in_one_line(tmp_path: Path) -> None:
         jobs.resubmit(_run(tmp_path, executor="local"))
 
 
-def test_in_job_restarts_stop_at_the_profiles_limit_per_incarnation(tmp_path: Path, monkeypatch: Any) -> None:
-    """Refusals that need no Slurm call; the restart itself runs in test_cluster_faults."""
-    paths = _run(tmp_path)
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
-    # The one in-job restart of this incarnation went to a warm restart: a cold one is refused.
-    warm = _entry(n=0, in_job=1, kind="warm", job_id="7", cause="crash")
-    RunFile(paths).update(profile={"requeue": {"crash": 3, "in_job": 1}}, restarts=[warm])
-    whole = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
-    assert policy.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
-    RunFile(paths).update(profile={"requeue": {"crash": 3, "in_job": 0}}, restarts=[])
-    assert policy.restart_in_job(paths, "7", "crash", 30, "rank 1 died", whole) is None
-    assert RunFile(paths).read().restarts == []
-
-
-def test_a_lost_node_restarts_in_the_job_only_while_a_spare_is_left(tmp_path: Path, monkeypatch: Any) -> None:
-    paths = _run(tmp_path, profile={"requeue": {"node_failure": 3, "in_job": 2}})
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
-    # node2 left the job; node3, the spare, is held and healthy; node4 is held but drained.
-    spare = Allocation(("node1", "node2", "node3", "node4"), ("node1", "node3", "node4"), ("node4",), 2)
-    assert (spare.lost, spare.healthy, spare.fits) == (["node2"], ["node1", "node3"], True)
-    assert policy._newly_lost(paths, "7", spare) == ["node2"]
-    decision = policy.restart_in_job(paths, "7", "node_failure", 40, "lost node2", spare, ["node2"])
-    assert decision is not None and decision.action is Action.RESTART_IN_JOB
-    assert (decision.nodes, decision.exclude) == (2, ("node4",))  # the supervisor's srun --nodes and --exclude
-    assert RunFile(paths).read().restarts[-1].exclude == ["node4"]
-    assert policy._newly_lost(paths, "7", spare) == []  # node2 is not lost a second time
-    monkeypatch.setenv("SLURMKIT_ATTEMPT", "1")
-    gone = Allocation(spare.started, ("node1", "node4"), ("node4",), 2)
-    assert not gone.fits and policy._newly_lost(paths, "7", gone) == ["node3"]
-    assert policy.restart_in_job(paths, "7", "node_failure", 60, "lost node3", gone, ["node3"]) is None
-    assert policy.restart_in_job(paths, "7", "crash", 60, "?", None) is None  # Slurm could not say
-
-
 def test_an_in_job_restart_is_its_own_entry_beside_the_incarnations(tmp_path: Path) -> None:
     entries = [_entry(n=1, job_id="7", cause="preemption", resumed_step=40),
                _entry(kind="in_job", n=1, in_job=1, job_id="7", cause="crash")]
@@ -162,54 +116,50 @@ def test_a_rank_that_lost_its_peer_is_no_deterministic_error(tmp_path: Path) -> 
             "  torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py(31): <lambda>\n")
     paths = _run(tmp_path)
     _results(paths, ("error", peer))
-    found = policy.this_attempt(paths, "7", 2)
+    found = effects.this_attempt(paths, "7", 2)
     assert found[0] is not None and found[0].peer_failed and found[0].error_line.startswith("RuntimeError: Got")
     assert policy.error_signature(found) is None
     own = "Traceback (most recent call last):\nValueError: bad batch\n\nAt:\n  loader.py(3): next\n"
     _results(paths, ("error", own), ("error", peer))
-    assert policy.error_signature(policy.this_attempt(paths, "7", 2)) == "ValueError: bad batch"
+    assert policy.error_signature(effects.this_attempt(paths, "7", 2)) == "ValueError: bad batch"
 
 
+def test_a_crash_noted_then_seen_again_at_its_step_ends_the_run_in_run_json(tmp_path: Path, monkeypatch: Any) -> None:
+    """The effects land in run.json: the failure noted with the in-job restart's entry, then the
+    verdict once the same error comes back at the same step."""
+    trace = "Traceback (most recent call last):\nValueError: bad batch"
+    paths = _run(tmp_path, profile={"requeue": {"crash": 3, "in_job": 2}})
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
+    paths.metrics.write_text(json.dumps({"step": 30}) + "\n")
+    _results(paths, ("error", trace), ("error", trace))
+    first = effects.decide(paths, "7", effects.step_failed(paths, "7", 1), WHOLE)
+    assert (first.action, first.cause) == (Action.RESTART_IN_JOB, Cause.CRASH)
+    record = RunFile(paths).read()
+    assert [(f.error, f.step) for f in record.failures] == [("ValueError: bad batch", 30)]
+    assert [(e.kind, e.in_job, e.step) for e in record.restarts] == [("in_job", 1, 30)]
+    monkeypatch.setenv("SLURMKIT_ATTEMPT", "1")
+    _results(paths, ("error", trace), ("error", trace))  # the next step's records, the same error
+    again = effects.decide(paths, "7", effects.step_failed(paths, "7", 1), WHOLE)
+    assert (again.action, again.why, again.step) == (Action.END, "deterministic", 30)
+    record = RunFile(paths).read()
+    assert "deterministic error at step 30" in (record.final or "") and len(record.restarts) == 1
 
-def test_a_warm_restart_spends_both_budgets_and_the_same_error_twice_ends_the_run(
-        tmp_path: Path, monkeypatch: Any) -> None:
+
+def test_a_warm_restart_is_recorded_and_its_step_stays_the_incarnations_own(tmp_path: Path, monkeypatch: Any) -> None:
     paths = _run(tmp_path, profile={"requeue": {"crash": 2, "in_job": 2}})
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    decision = policy.restart_warm(paths, "7", 75, "ValueError: once", "rank 1: ValueError: once", 50)
-    assert decision is not None
-    assert (decision.action, decision.cause, decision.step) == (Action.RESTART_WARM, "crash", 75)
-    assert RunFile(paths).read().left("crash") == 1
-    (entry,) = RunFile(paths).read().restarts
+    decision = effects.decide(paths, "7", RankRaised(75, "ValueError: once", "rank 1: ValueError: once", 50, False))
+    assert (decision.action, decision.cause, decision.step) == (Action.RESTART_WARM, Cause.CRASH, 75)
+    record = RunFile(paths).read()
+    assert record.left(Cause.CRASH) == 1 and [(f.error, f.step) for f in record.failures] == [("ValueError: once", 75)]
+    (entry,) = record.restarts
     assert (entry.in_job, entry.kind, entry.resumed_step, entry.lost_steps) == (1, "warm", 50, 25)
     # The srun step that the warm restart kept is still the incarnation's own: its start finds no entry.
     assert restarts.note_resumed(paths, "7", 0, 1, 50) is None
-    # The same error at the same step again: deterministic, the run ends; no entry, no budget spent.
-    assert policy.restart_warm(paths, "7", 75, "ValueError: once", "rank 1", 50) is None
-    record = RunFile(paths).read()
-    assert len(record.restarts) == 1 and "deterministic error at step 75" in (record.final or "")
-
-
-def test_a_refused_warm_restart_leaves_the_failure_to_the_batch_shell(tmp_path: Path, monkeypatch: Any) -> None:
-    """in_job spent: nothing is noted, so the batch shell's own reading of the same error (after
-    the ranks re-raise) is its first, not a 'same error twice'."""
-    paths = _run(tmp_path, profile={"requeue": {"crash": 2, "in_job": 0}})
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    assert policy.restart_warm(paths, "7", 75, "ValueError: x", "rank 1: ValueError: x", 50) is None
-    record = RunFile(paths).read()
-    assert record.failures == [] and record.final is None
-
-
-def test_an_elastic_job_that_lost_a_node_goes_on_with_the_nodes_left(tmp_path: Path, monkeypatch: Any) -> None:
-    paths = _run(tmp_path, profile={"requeue": {"node_failure": 3, "in_job": 2}})
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
-    left = Allocation(("node1", "node2"), ("node1",), (), 2, least=1)  # elastic: a step may run on 1
-    assert (left.lost, left.fits, left.step_nodes) == (["node2"], True, 1)
-    assert not Allocation(("node1", "node2"), ("node1",), (), 2).fits  # not elastic: a requeue
-    decision = policy.restart_in_job(paths, "7", "node_failure", 40, "lost node2", left, ["node2"])
-    assert decision is not None and decision.action is Action.RESTART_IN_JOB
-    assert (decision.nodes, decision.exclude) == (1, ())
-    assert not Allocation(("node1", "node2"), (), (), 1, least=1).fits  # nothing left
+    # The same error at the same step again: no warm restart, nothing written; the supervisor decides.
+    assert effects.decide(paths, "7", RankRaised(75, "ValueError: once", "rank 1", 50, False)).action is Action.ESCALATE
+    assert RunFile(paths).read() == record
 
 
 def test_every_writer_of_a_restart_entry_writes_a_restart_entry(tmp_path: Path, monkeypatch: Any) -> None:
@@ -219,13 +169,14 @@ def test_every_writer_of_a_restart_entry_writes_a_restart_entry(tmp_path: Path, 
     monkeypatch.setenv("SLURMKIT_ATTEMPT", "0")
     paths.restart_request.write_text(json.dumps({"cause": "preemption", "job_id": "7", "restart_count": 0}) + "\n")
     restarts.record_restart(paths, "7", 1, 40)
-    whole = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
-    assert policy.restart_in_job(paths, "7", "crash", 50, "rank 1 died", whole) is not None
-    assert policy.restart_warm(paths, "7", 60, "ValueError: x", "rank 1: ValueError: x", 59, live=True) is not None
+    paths.metrics.write_text(json.dumps({"step": 50}) + "\n")
+    assert effects.decide(paths, "7", StepFailed(1, (None, None)), WHOLE).action is Action.RESTART_IN_JOB
+    assert effects.decide(paths, "7", RankRaised(60, "ValueError: x", "rank 1", 59, True)).action is Action.RESTART_WARM
     entries = RunFile(paths).read().restarts
     assert [(e.kind, e.cause, e.n, e.in_job) for e in entries] == [
         ("requeue", "preemption", 1, None), ("in_job", "crash", 1, 1), ("warm", "crash", 1, 2)]
     assert (entries[1].nodes, entries[2].live, entries[2].lost_steps) == (2, True, 1)
+
 
 
 def test_a_record_field_slurmkit_does_not_declare_is_refused_not_written(tmp_path: Path) -> None:

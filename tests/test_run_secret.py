@@ -19,6 +19,7 @@ import torch
 import torch.distributed as tdist
 
 from slurmkit.common import trust
+from slurmkit.common.cause import Cause
 from slurmkit.worker.dist import Dist, DistEnv, Group
 from slurmkit.worker.ft import warm
 from slurmkit.worker.ft.decision import Action, Decision
@@ -87,7 +88,7 @@ def _rank(rank: int, port: int, restart: bool, out: Any) -> None:
     group.store.inner.wait(["planted"])  # the foreign client has planted its values
     dist = Dist(denv, "gloo", "cpu", group)
     mine = warm.Report(rank, "RuntimeError: boom", peer_failed=rank == 1, live_step=7)
-    yes = Decision(Action.RESTART_WARM, "crash", 7)
+    yes = Decision(Action.RESTART_WARM, Cause.CRASH, 7)
     decision = warm.agree(dist, mine, lambda reports, live: yes if restart else None, 10.0,
                           lambda: None, lambda: False)
     group.store.set(f"read{rank}", "1")

@@ -26,7 +26,7 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.runs import jobs, procs, registry
 from slurmkit.runs.lookup import list_runs
-from slurmkit.worker.ft import policy, restarts
+from slurmkit.worker.ft import effects, restarts
 from slurmkit.worker.ft.decision import Action
 from tests.conftest import write_spec
 
@@ -72,7 +72,8 @@ def test_requeue_policy_reads_outcomes_not_pickles(tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     folder = plant(tmp_path, "run", marker)
     RunFile(RunPaths(folder)).update(profile={"requeue": {"crash": 0}})
-    decision = policy.after_failure(RunPaths(folder), "424242", 1, None)
+    paths = RunPaths(folder)
+    decision = effects.decide(paths, "424242", effects.step_failed(paths, "424242", 1))
     # No outcome record: a crash, not "completed"; its budget is 0.
     assert (decision.action, decision.cause, decision.why) == (Action.END, "crash", "budget")
     assert not marker.exists()

@@ -10,7 +10,7 @@ import pytest
 
 from slurmkit.common.slurm_env import base_id
 from slurmkit.slurm import parse
-from slurmkit.worker.ft.requeue import cause_of_signal
+from slurmkit.worker.ft.policy import cause_of_signal
 from slurmkit.worker.ft.restarts import cause_of_previous
 from tests.conftest import ROOT
 

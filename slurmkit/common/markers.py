@@ -1,7 +1,7 @@
 """The marker files of a run folder that one process leaves for another: each one's schema, who
 writes it and who reads it, and the only code that reads or writes them. RunPaths builds their paths.
 
-- restart-request.json (RestartRequest): written by ft.requeue.request (in the job's supervisor)
+- restart-request.json (RestartRequest): written by ft.effects.requeue (in the job's supervisor)
   before it asks Slurm; read by the next incarnation (ft.restarts).
 - stopping.json (StopMarker): written by rank 0 before the agreed stop's save (ft.incarnation);
   read by the next start (ft.restarts.lost_steps).
@@ -11,7 +11,7 @@ writes it and who reads it, and the only code that reads or writes them. RunPath
 - hang-rankN.json (HangMarker): written by rank N's watchdog (ft.incarnation); read and removed by
   the policy after the step failed (cause hang).
 - health-NODE.json (HealthReport): written by the health gate on a node that fails it
-  (worker.health); read and removed by the policy (ft.policy.after_health_gate).
+  (worker.health); read and removed by the supervisor (ft.effects.health_failed).
 - command-stop-JOB.RANK.json (CommandStop): written by a command run's script, from its
   slurmkit.Checkpoint (announced when made, the step at the agreed stop); read by that rank's
   worker (worker.command), which clears it before it starts the command.
@@ -36,6 +36,7 @@ from typing import Any
 
 from slurmkit.common import trust
 from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
 
 
@@ -51,7 +52,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 class RestartRequest:
     """Why the running job asked Slurm to requeue it, written before the ask."""
 
-    cause: str
+    cause: Cause
     step: int | None
     detail: str
     job_id: str
@@ -66,11 +67,11 @@ class RestartRequest:
     def read(paths: RunPaths, job_id: str, restart_count: int) -> RestartRequest | None:
         """The request incarnation `restart_count` of the job left, if it is there and readable."""
         found = _read_json(paths.restart_request)
-        if found is None or "cause" not in found:
+        if found is None or found.get("cause") not in set(Cause):
             return None
         if (found.get("job_id"), found.get("restart_count")) != (job_id, restart_count):
             return None
-        return RestartRequest(str(found["cause"]), found.get("step"), str(found.get("detail", "")), job_id,
+        return RestartRequest(Cause(found["cause"]), found.get("step"), str(found.get("detail", "")), job_id,
                               restart_count, str(found.get("time", "")))
 
     @staticmethod

@@ -48,7 +48,8 @@ class Outcome(Record):
     attempt: int = 0
     time: str = ""
     cause: str = ""
-    """An error's first line for people (common.cause): `ValueError: bad input`, or a command's `exit code 1: ...`."""
+    """An error's first line for people (common.user_trace): `ValueError: bad input`, or a command's
+    `exit code 1: ...`."""
     trace: list[str] = []
     """The last frames of the user's own code (or a command's last stderr lines), newest last."""
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
+from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.locked import LockedJson, Record, assign
 
@@ -27,8 +28,7 @@ class RestartEntry(Record):
     n: int
     """The incarnation (SLURM_RESTART_COUNT) it started, or happened in."""
     job_id: str
-    cause: str
-    """crash, hang, node_failure, preemption, timeout, requeue, unknown, resubmit."""
+    cause: Cause
     detail: str = ""
     time: str
     in_job: int | None = None
@@ -129,18 +129,19 @@ class RunRecord(Record):
         """The run's `tracking:` as submitted: the spec's, else the profile's (config.tracking.Tracking)."""
         return self.spec.get("tracking") or self.profile.get("tracking") or None
 
-    def budget(self, cause: str) -> int:
-        """The profile's `requeue` budget for cause. An external `scontrol requeue` (or a restart nobody
-        recorded a reason for) spends the preemption budget: from inside the job it looks the same."""
-        return int(self._budgets().get("preemption" if cause in ("requeue", "unknown") else cause, 0))
+    def budget(self, cause: Cause) -> int:
+        """The profile's `requeue` budget for cause (Cause.budget_key)."""
+        return int(self._budgets().get(Cause(cause).budget_key, 0))
 
-    def spent(self, cause: str) -> int:
-        return sum(1 for r in self.restarts if r.cause == cause)
+    def spent(self, cause: Cause) -> int:
+        """Restarts that spent cause's budget: an external requeue's spent the preemption budget."""
+        key = Cause(cause).budget_key
+        return sum(1 for r in self.restarts if r.cause.budget_key == key)
 
-    def left(self, cause: str) -> int:
+    def left(self, cause: Cause) -> int:
         return self.budget(cause) - self.spent(cause)
 
-    def allowed(self, cause: str) -> bool:
+    def allowed(self, cause: Cause) -> bool:
         return not self.final and self.spent(cause) < self.budget(cause)
 
     def in_job_entries(self, job_id: str, restart_count: int) -> list[RestartEntry]:

@@ -1,5 +1,5 @@
 """Why a run failed, read on the login node: which rank to blame, its cause and frames (from its
-outcome record, common.cause) and the tail of its log. `result`, `submit --wait`, `status` and
+outcome record, common.user_trace) and the tail of its log. `result`, `submit --wait`, `status` and
 JobFailedError all say it this way."""
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import perms
+from slurmkit.common.cause import Cause
 from slurmkit.common.errors import ConfigError, JobFailedError, SlurmError, SlurmkitError, squash
 from slurmkit.common.layout import RunPaths, expand_root
 from slurmkit.common.record import RestartEntry, RunFile, RunRecord
@@ -355,7 +356,8 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
     with RunFile(paths).editing() as record:
         record.final = record.preempted = record.cancelled = None
         record.restarts.append(RestartEntry(
-            kind="resubmit", n=0, job_id=job_id, cause="resubmit", time=dt.datetime.now().isoformat(timespec="seconds"),
+            kind="resubmit", n=0, job_id=job_id, cause=Cause.RESUBMIT,
+            time=dt.datetime.now().isoformat(timespec="seconds"),
             detail=f"slurmkit resubmit{on} after job {st.job_id} ended {st.state}"))
     registry.write_script(paths, script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import cause, outcomes
+from slurmkit.common import outcomes, user_trace
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import CommandStop
 from slurmkit.common.slurm_env import slurm_job_id
@@ -50,9 +50,9 @@ class Run:
 
             if isinstance(exc, CommandFailed):
                 sys.stderr.flush()
-                why, trace = cause.of_command(exc.returncode, _tail(stderr_log))
+                why, trace = user_trace.of_command(exc.returncode, _tail(stderr_log))
             else:
-                why, trace = cause.of_exception(exc)
+                why, trace = user_trace.of_exception(exc)
             outcomes.record(outcome_file, outcomes.ERROR, error=traceback.format_exc(), cause=why, trace=trace)
             raise
         outcomes.record(outcome_file, outcomes.SUCCESS, value=value)

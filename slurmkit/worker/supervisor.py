@@ -4,18 +4,18 @@
     HEALTH_GATE -> LAUNCH -> RUNNING -> DECIDING -> LAUNCH (restart in the job) | DONE
 
 - HEALTH_GATE (where the profile asks): one check per node; a failing node requeues the job
-  without it (policy.after_health_gate) and the supervisor exits 1.
+  without it (a HealthFailed event) and the supervisor exits 1.
 - LAUNCH: one srun step of the ranks (slurm.steps), or the standby step taking over; beside it the
   standby step for the next attempt, where the profile has standby ranks.
 - RUNNING: wait for the step. Slurm's batch signal (the profile's, --signal=B:SIG) comes to this
   process; its handler only sets a flag, and the loop passes the signal on to the ranks' step.
   SIGTERM is noted and not passed on: Slurm sends it to the ranks' step itself, and this process
   must outlive it to decide once the ranks have saved.
-- DECIDING: the ranks stopped on a signal (rank 0's record, common.markers.Stopped): what the stop
-  means and whether the job is requeued (worker.ft.requeue.after_stop), and the supervisor exits 0.
-  Or the step exited non-zero: the restart policy (worker.ft.policy.after_failure) answers with a
-  Decision. RESTART_IN_JOB starts the next attempt (on the Decision's nodes, for a job that
-  shrinks); COMPLETE exits 0; REQUEUE and END exit with the step's status.
+- DECIDING: the ranks stopped on a signal (rank 0's record, common.markers.Stopped: a StepStopped
+  event), and the supervisor exits 0 once it is decided; or the step exited non-zero (StepFailed).
+  The pure policy (worker.ft.policy.decide) answers with a Decision, whose effects the decider's
+  hands carry out (worker.ft.effects). RESTART_IN_JOB starts the next attempt (on the Decision's
+  nodes, for a job that shrinks); COMPLETE exits 0; REQUEUE and END exit with the step's status.
 
 This process is the one decider of a restart in the job or a requeue, whatever the run kind (a Ray
 run's batch shell, which has no supervisor loop, asks `--after-stop` of it once its driver ended).
@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,10 @@ from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
-from slurmkit.worker.ft import policy, requeue
+from slurmkit.worker.ft import effects
+from slurmkit.worker.ft.allocation import Allocation
 from slurmkit.worker.ft.decision import Action, Decision
+from slurmkit.worker.ft.policy import Event
 from slurmkit.worker.signal_inbox import SignalInbox
 
 
@@ -111,16 +114,9 @@ class Supervisor:
         return rc
 
     def _decide(self, rc: int) -> Decision:
-        alloc = policy.read_allocation(self.job_id, self.nodes, self.plan.shrink.least if self.plan.shrink else None)
-        try:
-            decision = policy.after_failure(self.paths, self.job_id, rc, alloc)
-        except SlurmkitError as exc:  # a run.json gone or corrupt: one line in the log, not a traceback
-            decision = Decision(Action.END, why="unreadable", message=f"the restart policy failed: {exc.one_line()}")
-        return self._decided(decision, f"ranks failed (exit {rc}); ")
-
-    def _decided(self, decision: Decision, said: str = "") -> Decision:
-        """The decision in supervisor.jsonl and, for people, in the job's log."""
-        return decided(self.paths, self.job_id, decision, said, attempt=self.attempt)
+        alloc = effects.read_allocation(self.job_id, self.nodes, self.plan.shrink.least if self.plan.shrink else None)
+        return decide(self.paths, self.job_id, lambda: effects.step_failed(self.paths, self.job_id, rc), alloc,
+                      said=f"ranks failed (exit {rc}); ", attempt=self.attempt)
 
     def _next_attempt(self, decision: Decision, taken: subprocess.Popen[bytes] | None) -> None:
         self.attempt += 1
@@ -155,7 +151,7 @@ class Supervisor:
         rc = self._wait(steps.start(steps.health(self.plan, str(self.paths.run_dir))))
         if rc == 0:
             return True
-        self._decided(policy.after_health_gate(self.paths, self.job_id))
+        decide(self.paths, self.job_id, lambda: effects.health_failed(self.paths))
         return False
 
     # -- waiting, and Slurm's signal --------------------------------------------------------------
@@ -207,8 +203,15 @@ def event(paths: RunPaths, job_id: str, kind: str, attempt: int = 0, **fields: A
         os.close(fd)
 
 
-def decided(paths: RunPaths, job_id: str, decision: Decision, said: str = "", attempt: int = 0) -> Decision:
-    """A decision in supervisor.jsonl and, for people, in the job's log."""
+def decide(paths: RunPaths, job_id: str, gather: Callable[[], Event], alloc: Allocation | None = None,
+           said: str = "", attempt: int = 0) -> Decision:
+    """Gather the event, decide on it and carry out the effects (worker.ft.effects.decide); the
+    decision in supervisor.jsonl and, for people, in the job's log. A run.json gone or corrupt is a
+    Decision too (END, unreadable), never a traceback."""
+    try:
+        decision = effects.decide(paths, job_id, gather(), alloc)
+    except SlurmkitError as exc:
+        decision = Decision(Action.END, why="unreadable", message=f"the restart policy failed: {exc.one_line()}")
     event(paths, job_id, "decision", attempt=attempt, action=decision.action.value, cause=decision.cause,
           step=decision.step, nodes=decision.nodes, exclude=list(decision.exclude), why=decision.why)
     _say(said + decision.message)
@@ -216,12 +219,9 @@ def decided(paths: RunPaths, job_id: str, decision: Decision, said: str = "", at
 
 
 def after_stop(paths: RunPaths, job_id: str, stopped: Stopped) -> Decision:
-    """The ranks stopped on a signal: what it means and whether the job is requeued (requeue.after_stop)."""
-    try:
-        decision = requeue.after_stop(paths, job_id, stopped.step, stopped.requeue_signal)
-    except SlurmkitError as exc:  # a run.json gone or corrupt: one line in the log, not a traceback
-        decision = Decision(Action.END, why="unreadable", message=f"the stop's decision failed: {exc.one_line()}")
-    return decided(paths, job_id, decision, "ranks stopped; ", attempt=stopped.attempt)
+    """The ranks stopped on a signal: what it means and whether the job is requeued."""
+    return decide(paths, job_id, lambda: effects.step_stopped(job_id, stopped), said="ranks stopped; ",
+                  attempt=stopped.attempt)
 
 
 def _say(line: str) -> None:

@@ -1,10 +1,12 @@
 """Fault tolerance on the job's side: what happens after a rank fails or the job is told to stop.
 
 The supervisor's side (torch-free):
-- decision: the typed answer every policy function gives (an Action and its fields).
-- policy: what comes next after the ranks' step failed, a rank raised (warm), or the health gate failed.
-- restarts: the restart entries of run.json: recording them, their causes, the budget arithmetic.
-- requeue: what a stop on a signal means (preemption, time limit, cancel), and asking Slurm to requeue.
+- policy: pure `decide(state, event) -> Decision`: what comes next after the ranks' step failed or
+  stopped on a signal, a rank raised (warm), or the health gate failed. No I/O.
+- decision: its typed answer (an Action, its fields, the effects it asks for).
+- effects: the decider's eyes and hands: read the state, gather the event, carry out the effects
+  (run.json, the requeue marker, scontrol requeue).
+- restarts: the restart entries of run.json a start records: their causes, what they cost.
 - allocation: the job's nodes, held and spare, as the policy sees them.
 
 The ranks' side:
@@ -20,6 +22,7 @@ The ranks' side:
   faults: fault injection on purpose (config.faults).
 
 The supervisor (slurmkit.worker.supervisor) decides in its own process after every step: after a
-stop (rank 0's record, common.markers.Stopped) and after a failure. Rank 0 asks the policy only for
-a warm restart inside the ranks' processes (policy.restart_warm), which no other process can carry out.
+stop (rank 0's record, common.markers.Stopped) and after a failure. Rank 0 asks the same decide only
+for a warm restart inside the ranks' processes (a RankRaised event), which no other process can
+carry out.
 """

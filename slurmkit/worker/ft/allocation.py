@@ -6,16 +6,13 @@ elastic one (resources.elastic: --no-kill, the next step on the nodes left) keep
 when a node fails. Slurm takes the failed node out of the job: scontrol's NodeList
 shrinks, while the job's SLURM_JOB_NODELIST still names it, and the node itself may be
 back IDLE at once (ReturnToService=2). So a lost node is one the job no longer holds, not one
-sinfo calls down (measured on the dev cluster, 22.05).
+sinfo calls down (measured on the dev cluster, 22.05). Read from Slurm by the decider's eyes
+(worker.ft.effects.read_allocation); the policy decides on it as data.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-
-from slurmkit.common.slurm_env import expand_hostlist
-from slurmkit.slurm import commands
 
 
 @dataclass(frozen=True)
@@ -48,13 +45,3 @@ class Allocation:
     def step_nodes(self) -> int:
         """Nodes the next step runs on: as many as before, fewer only where elastic allows."""
         return min(self.needed, len(self.healthy))
-
-
-def read(job_id: str, step_nodes: int | None, least: int | None) -> Allocation:
-    """Ask Slurm (SlurmError if it cannot say). `step_nodes`: the nodes the last step of the ranks
-    ran on, for a job that shrinks (spare nodes, elastic); None for one that never does (a lost
-    node ends it), where only its nodes' states are asked. `least`: the fewest a step may run on."""
-    started = tuple(expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", "")))
-    held = tuple(commands.job_nodes(job_id)) if step_nodes is not None else started
-    unusable = tuple(commands.unusable_nodes(",".join(held))) if held else ()
-    return Allocation(started, held, unusable, step_nodes or len(started), least)

@@ -1,4 +1,5 @@
-"""The typed answer of the restart policy: an action and what it needs; the message is for people only."""
+"""The typed answer of the restart policy (worker.ft.policy.decide): an action, what it needs, and
+the effects the decider asks of whoever carries it out (worker.ft.effects); the message is for people only."""
 
 from __future__ import annotations
 
@@ -6,13 +7,16 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
+from slurmkit.common.cause import Cause
+from slurmkit.common.record import Failure, Preempted, RestartEntry, UnhealthyNode
+
 Why = Literal["budget", "deterministic", "slurm_failed", "uncertain", "cancel_mode", "slurm_decides", "unreadable"]
 """Why a run ended or was left as it is (END, REQUEUE): budget: the cause's budget is spent;
 deterministic: the same error at the same step twice; slurm_failed: Slurm refused the requeue;
-uncertain: the requeue may or may not have gone through;
-cancel_mode: preempted under PreemptMode=CANCEL (resume by `slurmkit resubmit`); slurm_decides:
-SIGTERM, Slurm ends or requeues the job itself; unreadable: the run's record could not be read
-(the supervisor ends the job rather than guess)."""
+uncertain: the requeue may or may not have gone through; cancel_mode: preempted under
+PreemptMode=CANCEL (resume by `slurmkit resubmit`); slurm_decides: SIGTERM, Slurm ends or requeues
+the job itself; unreadable: the run's record could not be read (the supervisor ends the job rather
+than guess)."""
 
 
 class Action(enum.StrEnum):
@@ -22,8 +26,10 @@ class Action(enum.StrEnum):
     """A new srun step of the ranks in this allocation (cold: fresh or standby processes)."""
     RESTART_WARM = "restart_warm"
     """The ranks restart inside their own processes, from memory (slurmkit.worker.ft.warm)."""
+    ESCALATE = "escalate"
+    """No warm restart: the ranks re-raise, their step fails, and the supervisor decides."""
     REQUEUE = "requeue"
-    """The job goes back through Slurm's queue (asked for by the supervisor)."""
+    """The job goes back through Slurm's queue (asked for by the job's supervisor)."""
     END = "end"
     """The run ends here; `why` says why."""
 
@@ -31,8 +37,8 @@ class Action(enum.StrEnum):
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    cause: str | None = None
-    """crash, hang, node_failure, preemption, timeout, requeue, unknown (None: complete)."""
+    cause: Cause | None = None
+    """Why the restart (None: complete, or a stop Slurm decides)."""
     step: int | None = None
     """The step the failure or stop happened at, where known."""
     nodes: int | None = None
@@ -42,6 +48,23 @@ class Decision:
     why: Why | None = None
     message: str = ""
     """One line for the job's log; never parsed."""
+    # The effects, carried out in this order by worker.ft.effects.carry_out:
+    failure: Failure | None = None
+    """An error to note in run.json's `failures` (a deterministic one ends the run when seen twice)."""
+    entry: RestartEntry | None = None
+    """RESTART_IN_JOB, RESTART_WARM: the restart entry to append to run.json."""
+    final: str | None = None
+    """END: the verdict to record (run.json's `final`): the run must not be restarted again."""
+    unhealthy: tuple[UnhealthyNode, ...] = ()
+    """Nodes that failed the health gate, to record."""
+    preempted: Preempted | None = None
+    """END (cancel_mode): the preemption Slurm ended for good, to record."""
+    detail: str = ""
+    """REQUEUE: the requeue marker's detail (the next restart's)."""
+    within_s: float = 30.0
+    """REQUEUE: how long a controller hiccup is retried (the grace or time the job has left)."""
+    said: str = ""
+    """REQUEUE, END: what the decision is about, for people (the start of `message`)."""
 
     @property
     def restarts_here(self) -> bool:

@@ -18,9 +18,9 @@ from slurmkit.config.train import TrainConfig
 from slurmkit.worker.ckpt_threads import Prefetch
 from slurmkit.worker.ckptstore import CheckpointStore, trainer_files
 from slurmkit.worker.dist import Dist
-from slurmkit.worker.ft import policy, restarts, warm
+from slurmkit.worker.ft import effects, policy, restarts, warm
 from slurmkit.worker.ft.checkpointer import checkpoint_uri
-from slurmkit.worker.ft.decision import Decision
+from slurmkit.worker.ft.decision import Action, Decision
 from slurmkit.worker.ft.faults import FaultInjection
 from slurmkit.worker.ft.stop import Stop, ended
 from slurmkit.worker.ft.trainer_ft import TrainerFT
@@ -108,8 +108,9 @@ class Incarnation:
         def decide(reports: list[warm.Report], live: int | None) -> Decision | None:
             signature, detail = warm.cause_of(reports)
             resumed = live if live is not None else copy.step if copy.on_disk else None
-            return policy.restart_warm(paths, job_id, trainer.state.step, signature, detail, resumed,
-                                        live is not None)
+            raised = policy.RankRaised(trainer.state.step, signature, detail, resumed, live is not None)
+            decision = effects.decide(paths, job_id, raised)
+            return decision if decision.action is Action.RESTART_WARM else None
 
         report = warm.report_of(self.dist.rank, error, ft.live_step(trainer))
         trainer.unwrap()  # the wrapper's group is about to go

@@ -1,153 +1,254 @@
-"""The restart policy: what comes next after the ranks' step failed, a rank raised with every
-process alive (warm), or the health gate failed. Every function answers with a Decision.
+"""The restart policy, pure: `decide(state, event) -> Decision`, no I/O. What the run's record says
+(State) and what just happened (an Event) go in; a typed Decision comes out, with the effects it
+asks for (a failure noted, a restart entry, a verdict, a requeue). The job's supervisor reads the
+state, gathers the event and carries the effects out (worker.ft.effects); tests call `decide`
+with a table of cases.
 
 A crash, a hang or a lost node (with spare nodes, or elastic) is first restarted inside the
 allocation (a new srun step, or for an exception the processes survive a warm restart in them),
 within the profile's requeue.in_job per incarnation; then it goes through the queue. An error that
-repeats at the same step is deterministic and never restarted. Every restart is appended to
-run.json with its cause (restarts).
+repeats at the same step is deterministic and never restarted. A stop on a signal is requeued for
+its cause (preemption, time limit) within that cause's budget, or left to Slurm (a plain SIGTERM).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 
-from slurmkit.common import outcomes
-from slurmkit.common.errors import SlurmError
-from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import HangMarker, HealthReport
+from slurmkit.common.cause import Cause
+from slurmkit.common.markers import HealthReport
 from slurmkit.common.outcomes import Outcome
-from slurmkit.common.record import Failure, RestartEntry, RunFile, RunRecord, UnhealthyNode
-from slurmkit.worker.ft import allocation, requeue, restarts
+from slurmkit.common.record import Failure, Preempted, RestartEntry, RunRecord, UnhealthyNode
 from slurmkit.worker.ft.allocation import Allocation
 from slurmkit.worker.ft.decision import Action, Decision
 
-
-def after_failure(paths: RunPaths, job_id: str, exit_code: int, alloc: Allocation | None) -> Decision:
-    """The supervisor, after the ranks' srun step exited `exit_code` (non-zero) without a stop
-    (a stop is requeue.after_stop's, whatever the exit code). `alloc`: what the job holds now (None
-    where Slurm could not say)."""
-    found = this_attempt(paths, job_id, RunFile(paths).read().num_tasks)
-    if all(o is not None and o.ok for o in found):
-        # Every rank of this incarnation recorded success: it failed while exiting, after its work was done.
-        return Decision(Action.COMPLETE, message=f"srun exit {exit_code}, but every rank had finished its work")
-    hangs = HangMarker.take_all(paths)
-    step = restarts.last_step(paths)
-    lost = _newly_lost(paths, job_id, alloc)
-    if hangs:
-        cause, detail = "hang", hangs[0]
-    elif lost:
-        cause, detail = "node_failure", f"lost {','.join(lost)} (the job no longer holds it)"
-    else:
-        signature = error_signature(found)
-        cause, detail = "crash", signature or f"srun exit code {exit_code}"
-        with RunFile(paths).editing() as record:
-            repeated = _repeated(record, signature, step)
-        if repeated:
-            return Decision(Action.END, cause, step, why="deterministic",
-                            message=f"not requeued: the same error at step {step} twice ({signature})")
-    in_job = restart_in_job(paths, job_id, cause, step, detail, alloc, lost)
-    if in_job is not None:
-        return in_job
-    return requeue.ask(paths, job_id, cause, step, detail, bad_nodes=lost)
+TIMEOUT_MARGIN_S = 60  # Slurm checks limits about every 30 s, so the signal may come that early
+IN_JOB_RETRY_S = 30.0  # after a crash or hang the job is not being stopped: a controller hiccup may take this long
 
 
-def restart_in_job(paths: RunPaths, job_id: str, cause: str, step: int | None, detail: str,
-                   alloc: Allocation | None, lost: list[str] | None = None) -> Decision | None:
-    """After a crash, hang or lost node: record an in-job restart if this incarnation has one left
-    (the profile's requeue.in_job), the cause's budget allows it and the allocation still has the
-    nodes a step needs (a spare in place of a lost one, or elastic: the nodes left); the Decision,
-    or None to go through the queue instead. The entry and the Decision name the node count of the
-    next step (`nodes`), the held nodes it leaves out (`exclude`) and the nodes lost (`nodes_lost`).
+@dataclass(frozen=True)
+class State:
+    """What the decider knows of the run when something happened."""
 
-    A new srun step in the same allocation, not an in-process restart: a rank that died or hung
-    is gone with its step either way, and the fresh step starts every rank the way a requeue would
-    (imports, rendezvous, the newest valid checkpoint), minus the queue.
-    """
-    attempt = outcomes.attempt()
-    if alloc is None or not alloc.fits:
-        return None  # an allocation Slurm cannot describe is left to the requeue
-    with RunFile(paths).editing() as record:
-        if not (record.in_job_left(job_id, outcomes.restart_count()) and record.allowed(cause)):
-            return None
-        record.restarts.append(RestartEntry(
-            kind="in_job", n=outcomes.restart_count(), in_job=attempt + 1, job_id=job_id, cause=cause, detail=detail,
-            time=restarts.now(), step=step, exclude=list(alloc.unusable), nodes_lost=lost or [],
-            nodes=alloc.step_nodes))
-        left = record.left(cause)
-    return Decision(Action.RESTART_IN_JOB, cause, step, nodes=alloc.step_nodes, exclude=alloc.unusable,
-                    message=f"restarting in the job (attempt {attempt + 1}): {cause} ({detail}); "
-                            f"{left} {cause} restart(s) left")
+    record: RunRecord
+    job_id: str
+    restart_count: int
+    """Slurm's incarnation (SLURM_RESTART_COUNT)."""
+    attempt: int
+    """The srun step of this incarnation that just ended (0, then 1.. after in-job restarts)."""
+    last_step: int | None
+    """The last step the metrics recorded."""
+    now: str
+    """The time to stamp records with."""
+    alloc: Allocation | None = None
+    """What the job holds now (None where Slurm could not say, or nothing to ask)."""
 
 
-def restart_warm(paths: RunPaths, job_id: str, step: int, signature: str | None, detail: str,
-                 resumed_step: int | None, live: bool = False) -> Decision | None:
-    """Rank 0, after an exception that every rank's process survived: record a warm in-job restart
-    (in the process, from memory, `live` where from the live state; slurmkit.worker.ft.warm) if the
-    deterministic-error rule, the in-job limit and the crash budget allow; the Decision, or None.
-    On None the ranks re-raise and the supervisor decides (after_failure), so a failure is noted
-    only where it restarts here or ends the run."""
-    with RunFile(paths).editing() as record:
-        if not (record.in_job_left(job_id, outcomes.restart_count()) and record.allowed("crash")):
-            return None
-        if _repeated(record, signature, step):
-            return None
-        n_in_job = len(record.in_job_entries(job_id, outcomes.restart_count())) + 1
-        record.restarts.append(RestartEntry(
-            kind="warm", n=outcomes.restart_count(), in_job=n_in_job, job_id=job_id, cause="crash", detail=detail,
-            time=restarts.now(), step=step, resumed_step=resumed_step, lost_steps=step - (resumed_step or 0),
-            live=live or None))
-        left = record.left("crash")
-    return Decision(Action.RESTART_WARM, "crash", step, message=(
-        f"restarting in the job, warm (in-job restart {n_in_job}): crash ({detail}) at step {step}; "
-        f"{left} crash restart(s) left"))
+@dataclass(frozen=True)
+class StepFailed:
+    """The ranks' srun step exited `exit_code` (non-zero) without a stop."""
+
+    exit_code: int
+    outcomes: tuple[Outcome | None, ...]
+    """This step's outcome record of each rank (None: none written)."""
+    hangs: tuple[str, ...] = ()
+    """The hang markers of ranks whose watchdog fired, as text."""
 
 
-def after_health_gate(paths: RunPaths, job_id: str) -> Decision:
-    """Some node failed the health gate: requeue (cause node_failure) with those nodes excluded."""
-    found = HealthReport.take_all(paths)
-    nodes = [f.node for f in found]
-    detail = "; ".join(f"{f.node}: {', '.join(f.problems)}" for f in found) or "health gate failed"
-    with RunFile(paths).editing() as record:
-        record.unhealthy.extend(UnhealthyNode(**asdict(f), time=restarts.now()) for f in found)
-    return requeue.ask(paths, job_id, "node_failure", restarts.last_step(paths), f"health gate: {detail}",
-                       bad_nodes=nodes)
+@dataclass(frozen=True)
+class Preempting:
+    """Slurm has picked the job for preemption (scontrol's PreemptTime)."""
+
+    at: str
+    mode: str
+    """Its partition's PreemptMode: REQUEUE, CANCEL, ..."""
+    left_s: float
+    """Seconds of grace left."""
+
+    @property
+    def requeues(self) -> bool:
+        """Under CANCEL the preempted job does not come back; under REQUEUE it must ask in time."""
+        return "CANCEL" not in self.mode.upper()
 
 
-def this_attempt(paths: RunPaths, job_id: str, num_tasks: int) -> list[Outcome | None]:
-    """This step's outcome records (never submitit's pickles); older incarnations' and attempts' count as none."""
-    count, attempt = outcomes.restart_count(), outcomes.attempt()
-    found = [paths.outcome(job_id, rank) for rank in range(num_tasks)]
-    return [o if o is not None and (o.restart_count, o.attempt) == (count, attempt) else None for o in found]
+@dataclass(frozen=True)
+class StepStopped:
+    """Rank 0 recorded that the ranks stopped on a signal (common.markers.Stopped), and saved."""
+
+    step: int | None
+    requeue_signal: bool
+    """The profile's signal (else SIGTERM)."""
+    preempting: Preempting | None
+    """Slurm's preemption of the job, if it is preempting it."""
+    left_s: float | None
+    """Seconds left of the time limit (None: unknown)."""
 
 
-def error_signature(found: list[Outcome | None]) -> str | None:
+@dataclass(frozen=True)
+class HealthFailed:
+    """Some nodes failed the health gate."""
+
+    reports: tuple[HealthReport, ...]
+
+
+@dataclass(frozen=True)
+class RankRaised:
+    """Rank 0, after an exception that every rank's process survived (worker.ft.warm)."""
+
+    step: int
+    signature: str | None
+    detail: str
+    resumed_step: int | None
+    """The step a warm restart would resume from (None: the initial state)."""
+    live: bool
+    """It would restore from the live state (no step lost), not the host copy."""
+
+
+Event = StepFailed | StepStopped | HealthFailed | RankRaised
+
+
+def decide(state: State, event: Event) -> Decision:
+    """What comes next. Every restart, in the job or through the queue, is decided here."""
+    if isinstance(event, StepFailed):
+        return _step_failed(state, event)
+    if isinstance(event, StepStopped):
+        return _step_stopped(state, event)
+    if isinstance(event, HealthFailed):
+        return _health_failed(state, event)
+    return _rank_raised(state, event)
+
+
+def error_signature(found: tuple[Outcome | None, ...]) -> str | None:
     """The error line of the first rank that raised by itself (not because a peer was lost), if any."""
     return next((o.error_line for o in found if o is not None and not o.ok and not o.peer_failed), None)
 
 
-def _repeated(record: RunRecord, signature: str | None, step: int | None) -> bool:
-    """The same error at the same step seen before: deterministic, so the run ends (record.final);
-    else the failure is noted for next time."""
-    if signature and any(f.error == signature and f.step == step for f in record.failures):
-        record.final = f"deterministic error at step {step}: {signature}"
-        return True
-    record.failures.append(Failure(error=signature, step=step, time=restarts.now()))
-    return False
+def cause_of_signal(left_s: float | None, signal_delay_s: int) -> tuple[Cause, str]:
+    """(cause, detail) of the profile's signal, from the seconds the job had left (squeue %L)."""
+    if left_s is not None and left_s <= signal_delay_s + TIMEOUT_MARGIN_S:
+        return Cause.TIMEOUT, f"{left_s:.0f} s left of the time limit"
+    return Cause.PREEMPTION, "signal with time to spare" if left_s is None else f"signal with {left_s:.0f} s left"
 
 
-def _newly_lost(paths: RunPaths, job_id: str, alloc: Allocation | None) -> list[str]:
+def newly_lost(state: State) -> list[str]:
     """Nodes this incarnation lost since its last in-job restart (none where Slurm cannot say)."""
-    if alloc is None:
+    if state.alloc is None:
         return []
-    entries = RunFile(paths).read().in_job_entries(job_id, outcomes.restart_count())
+    entries = state.record.in_job_entries(state.job_id, state.restart_count)
     known = {n for r in entries for n in r.nodes_lost or []}
-    return [n for n in alloc.lost if n not in known]
+    return [n for n in state.alloc.lost if n not in known]
 
 
-def read_allocation(job_id: str, step_nodes: int | None, least: int | None) -> Allocation | None:
-    """What the job holds now (allocation.read), or None where Slurm cannot say."""
-    try:
-        return allocation.read(job_id, step_nodes, least)
-    except SlurmError:
+def _step_failed(s: State, e: StepFailed) -> Decision:
+    if e.outcomes and all(o is not None and o.ok for o in e.outcomes):
+        # Every rank of this step recorded success: it failed while exiting, after its work was done.
+        return Decision(Action.COMPLETE, message=f"srun exit {e.exit_code}, but every rank had finished its work")
+    step, lost, failure = s.last_step, newly_lost(s), None
+    if e.hangs:
+        cause, detail = Cause.HANG, e.hangs[0]
+    elif lost:
+        cause, detail = Cause.NODE_FAILURE, f"lost {','.join(lost)} (the job no longer holds it)"
+    else:
+        signature = error_signature(e.outcomes)
+        cause, detail = Cause.CRASH, signature or f"srun exit code {e.exit_code}"
+        if signature and any(f.error == signature and f.step == step for f in s.record.failures):
+            return Decision(Action.END, cause, step, why="deterministic",
+                            final=f"deterministic error at step {step}: {signature}",
+                            message=f"not requeued: the same error at step {step} twice ({signature})")
+        failure = Failure(error=signature, step=step, time=s.now)
+    decision = _in_job(s, cause, step, detail, lost) or _requeue(s, cause, step, detail, bad_nodes=lost)
+    return replace(decision, failure=failure)
+
+
+def _in_job(s: State, cause: Cause, step: int | None, detail: str, lost: list[str]) -> Decision | None:
+    """A new srun step in this allocation, if this incarnation has an in-job restart left (the
+    profile's requeue.in_job), the cause's budget allows it and the allocation still has the nodes
+    a step needs (a spare in place of a lost one, or elastic: the nodes left); else None.
+
+    A new step, not an in-process restart: a rank that died or hung is gone with its step either
+    way, and the fresh step starts every rank the way a requeue would (imports, rendezvous, the
+    newest valid checkpoint), minus the queue."""
+    r, alloc = s.record, s.alloc
+    if alloc is None or not alloc.fits:
+        return None  # an allocation Slurm cannot describe is left to the requeue
+    if not (r.in_job_left(s.job_id, s.restart_count) and r.allowed(cause)):
         return None
+    entry = RestartEntry(kind="in_job", n=s.restart_count, in_job=s.attempt + 1, job_id=s.job_id, cause=cause,
+                         detail=detail, time=s.now, step=step, exclude=list(alloc.unusable), nodes_lost=lost,
+                         nodes=alloc.step_nodes)
+    return Decision(Action.RESTART_IN_JOB, cause, step, nodes=alloc.step_nodes, exclude=alloc.unusable,
+                    entry=entry, message=f"restarting in the job (attempt {s.attempt + 1}): {cause} ({detail}); "
+                                         f"{r.left(cause) - 1} {cause} restart(s) left")
+
+
+def _requeue(s: State, cause: Cause, step: int | None, detail: str, bad_nodes: list[str] | None = None,
+             within_s: float | None = None, said: str = "") -> Decision:
+    """Through the queue for `cause`, if its budget allows; `detail` goes into the requeue marker
+    (the next restart's detail), `said` (default: detail) begins the message."""
+    said = said or detail
+    if not s.record.allowed(cause):
+        return Decision(Action.END, cause, step, why="budget", said=said,
+                        final=f"{cause} budget of {s.record.budget(cause)} spent",
+                        message=f"{said}; {cause} budget spent, not requeued")
+    return Decision(Action.REQUEUE, cause, step, exclude=tuple(bad_nodes or ()), detail=detail,
+                    within_s=IN_JOB_RETRY_S if within_s is None else within_s, said=said,
+                    message=f"{said}; requeued ({cause}): the run starts again")
+
+
+def _step_stopped(s: State, e: StepStopped) -> Decision:
+    """The ranks stopped (and saved, at `step`): what the signal meant.
+
+    - Slurm is preempting the job (its PreemptTime is set). That is SIGTERM alone, or the profile's
+      signal first where the cluster sends the user signal on preemption. Under PreemptMode=REQUEUE
+      the requeue is asked for now, inside GraceTime: a job that ends before its grace is over is
+      recorded COMPLETED by Slurm and never comes back. Under CANCEL the run is marked preempted;
+      `slurmkit resubmit` resumes it.
+    - Else the profile's signal is the time limit coming, or a preemption by hand
+      (`scancel --signal`): requeued for its cause, within budget.
+    - Else SIGTERM is scancel, `scontrol requeue` or the limit itself: Slurm decides, nothing is asked.
+    """
+    at = f"stopped at step {e.step}" if e.step is not None else "stopped"
+    pre = e.preempting
+    if pre is not None:
+        detail = f"preempted by a higher-priority job at {pre.at} (PreemptMode={pre.mode})"
+        if not pre.requeues:
+            return Decision(Action.END, Cause.PREEMPTION, e.step, why="cancel_mode",
+                            preempted=Preempted(job_id=s.job_id, step=e.step, detail=detail, time=s.now),
+                            message=f"{detail}; {at}. It does not come back by itself: resume it with "
+                                    f"`slurmkit resubmit {s.record.run_id}`")
+        return _requeue(s, Cause.PREEMPTION, e.step, detail, within_s=pre.left_s, said=f"{detail}; {at}")
+    if not e.requeue_signal:
+        return Decision(Action.END, None, e.step, why="slurm_decides",
+                        message=f"SIGTERM: {at}; Slurm ends or requeues the job itself")
+    cause, detail = cause_of_signal(e.left_s, int(s.record.profile.get("signal_delay_s", 0)))
+    # Time left unknown (squeue did not answer): the controller may be back within a usual retry span.
+    return _requeue(s, cause, e.step, detail, within_s=e.left_s, said=f"{at} ({cause}: {detail})")
+
+
+def _health_failed(s: State, e: HealthFailed) -> Decision:
+    """Some node failed the health gate: requeue (cause node_failure) with those nodes excluded."""
+    detail = "; ".join(f"{f.node}: {', '.join(f.problems)}" for f in e.reports) or "health gate failed"
+    unhealthy = tuple(UnhealthyNode(**asdict(f), time=s.now) for f in e.reports)
+    decision = _requeue(s, Cause.NODE_FAILURE, s.last_step, f"health gate: {detail}",
+                        bad_nodes=[f.node for f in e.reports])
+    return replace(decision, unhealthy=unhealthy)
+
+
+def _rank_raised(s: State, e: RankRaised) -> Decision:
+    """A warm restart in the ranks' processes (from memory; from the live state where `live`) if
+    the in-job limit, the crash budget and the deterministic-error rule allow; else ESCALATE: the
+    ranks re-raise, their step fails, and the supervisor decides (a failure is noted only where
+    it restarts here, so never twice)."""
+    r = s.record
+    repeated = e.signature is not None and any(f.error == e.signature and f.step == e.step for f in r.failures)
+    if repeated or not (r.in_job_left(s.job_id, s.restart_count) and r.allowed(Cause.CRASH)):
+        return Decision(Action.ESCALATE, Cause.CRASH, e.step,
+                        message=f"no warm restart: crash ({e.detail}) at step {e.step}; the supervisor decides")
+    n_in_job = len(r.in_job_entries(s.job_id, s.restart_count)) + 1
+    entry = RestartEntry(kind="warm", n=s.restart_count, in_job=n_in_job, job_id=s.job_id, cause=Cause.CRASH,
+                         detail=e.detail, time=s.now, step=e.step, resumed_step=e.resumed_step,
+                         lost_steps=e.step - (e.resumed_step or 0), live=e.live or None)
+    return Decision(Action.RESTART_WARM, Cause.CRASH, e.step, entry=entry,
+                    failure=Failure(error=e.signature, step=e.step, time=s.now), message=(
+                        f"restarting in the job, warm (in-job restart {n_in_job}): crash ({e.detail}) at step "
+                        f"{e.step}; {r.left(Cause.CRASH) - 1} crash restart(s) left"))

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import datetime as dt
 
+from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import RestartRequest, StopMarker
 from slurmkit.common.metrics import last_record
-from slurmkit.common.record import Preempted, RestartEntry, RunFile
+from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.slurm import commands
 
-SLURM_STATE_CAUSE = {"NODE_FAIL": "node_failure", "PREEMPTED": "preemption", "TIMEOUT": "timeout",
-                     "REQUEUED": "requeue", "REQUEUE_HOLD": "requeue", "FAILED": "crash"}
+SLURM_STATE_CAUSE = {"NODE_FAIL": Cause.NODE_FAILURE, "PREEMPTED": Cause.PREEMPTION, "TIMEOUT": Cause.TIMEOUT,
+                     "REQUEUED": Cause.REQUEUE, "REQUEUE_HOLD": Cause.REQUEUE, "FAILED": Cause.CRASH}
 
 
 def now() -> str:
@@ -28,25 +29,24 @@ def now() -> str:
 
 def marker(paths: RunPaths, job_id: str, restart_count: int) -> RestartRequest | None:
     """The restart request incarnation `restart_count` of the job left before asking Slurm
-    (requeue.request), if it is readable; one from another incarnation or job is stale."""
+    (effects.requeue), if it is readable; one from another incarnation or job is stale."""
     return RestartRequest.read(paths, job_id, restart_count)
 
 
-def restart_cause(paths: RunPaths, job_id: str, restart_count: int) -> tuple[str, str]:
+def restart_cause(paths: RunPaths, job_id: str, restart_count: int) -> tuple[Cause, str]:
     """The marker the previous incarnation's requester left, else what accounting says that
     incarnation ended as."""
     found = marker(paths, job_id, restart_count - 1)
     if found is not None:
         return found.cause, found.detail
-
     return cause_of_previous(commands.incarnation_states(job_id))
 
 
-def cause_of_previous(states: list[str]) -> tuple[str, str]:
+def cause_of_previous(states: list[str]) -> tuple[Cause, str]:
     """(cause, detail) of a restart from accounting: how the incarnation before the current one ended."""
     previous = states[-2] if len(states) >= 2 else ""
     detail = f"slurm state {previous}" if previous else "no marker and no accounting record"
-    return SLURM_STATE_CAUSE.get(previous, "unknown"), detail
+    return SLURM_STATE_CAUSE.get(previous, Cause.UNKNOWN), detail
 
 
 def record_restart(paths: RunPaths, job_id: str, restart_count: int, resumed_step: int | None) -> RestartEntry:
@@ -102,9 +102,3 @@ def _stop_step(paths: RunPaths) -> int | None:
 def last_step(paths: RunPaths) -> int | None:
     record = last_record(paths.metrics)
     return int(record["step"]) if record and "step" in record else None
-
-
-def mark_preempted(paths: RunPaths, job_id: str, step: int | None, detail: str) -> None:
-    """A preemption that Slurm ends for good (PreemptMode=CANCEL): the run's record says so, since
-    the job itself, having exited in time, is COMPLETED in Slurm's eyes."""
-    RunFile(paths).update(preempted=Preempted(job_id=job_id, step=step, detail=detail, time=now()))

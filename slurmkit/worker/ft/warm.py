@@ -12,7 +12,7 @@ outlives it. For generation g:
    collectives are chained.
 2. Each rank reports its error line under warm/g/rank<r> in the store.
 3. Rank 0 waits for every report (at most `report_wait_s`), decides with the requeue policy
-   (ft.policy.restart_warm: the deterministic-error rule, requeue.in_job, requeue.crash) and writes
+   (a RankRaised event for ft.policy.decide: the deterministic-error rule, requeue.in_job, requeue.crash) and writes
    warm/g/decision, with the live step when every report names the same one (`live_step`).
 4. On a restart every rank builds generation g+1 on the same store, wraps the model in a new DDP
    and restores from the live state or from its host copy, as decided. Otherwise every rank
@@ -89,7 +89,7 @@ def cause_of(reports: list[Report]) -> tuple[str | None, str]:
 
 Decide = Callable[[list[Report], int | None], Decision | None]
 """Rank 0's policy on every rank's report and their common live step: the Decision that a warm
-restart happens (ft.policy.restart_warm), or None."""
+restart happens (ft.policy.decide on a RankRaised event), or None."""
 
 
 def _poll(check: Callable[[], bool], timeout_s: float, beat: Callable[[], None], ending: Callable[[], bool]) -> bool:
