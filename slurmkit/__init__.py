@@ -5,7 +5,7 @@ light and never imports torch:
 
     slurmkit.Executor, slurmkit.Job, slurmkit.as_completed, slurmkit.sweep, slurmkit.Checkpoint,
     slurmkit.distributed, slurmkit.tracking (its `log`), slurmkit.SlurmkitError (and the other errors of
-    slurmkit.common.errors)
+    slurmkit.errors)
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ _EXPORTS = {
     "Executor": "slurmkit.api.executor", "sweep": "slurmkit.api.executor",
     "Job": "slurmkit.api.handles", "as_completed": "slurmkit.api.handles", "SweepHandle": "slurmkit.api.handles",
     "Checkpoint": "slurmkit.worker.checkpoint",
-    **{name: "slurmkit.common.errors" for name in ("SlurmkitError", "ConfigError", "JobFailedError", "SlurmError",
-                                                    "PreflightError", "RunNotFoundError")},
+    **{name: "slurmkit.errors" for name in ("SlurmkitError", "ConfigError", "JobFailedError", "SlurmError",
+                                            "PreflightError", "RunNotFoundError")},
 }
-__all__ = [*_EXPORTS, "distributed", "checkpoint", "tracking"]
+# The submodules come by `import slurmkit.distributed` (or lazily through __getattr__ below).
+__all__ = [*_EXPORTS, "distributed", "checkpoint", "tracking"]  # noqa: F822
 
 
 def __getattr__(name: str) -> Any:

@@ -15,12 +15,12 @@ from typing import Any
 import jinja2
 
 from slurmkit.common import ports
-from slurmkit.common.errors import RenderError, clip
 from slurmkit.common.layout import expand_root
 from slurmkit.common.supervisor_plan import Health, Plan, Shrink
 from slurmkit.config.fields import has_control, sbatch_safe
 from slurmkit.config.loader import Resolved
 from slurmkit.config.slurm_args import sbatch_lines
+from slurmkit.errors import RenderError, clip
 from slurmkit.resources import shipped_dir
 
 ENTRY_TEMPLATE = "sbatch.sh.j2"

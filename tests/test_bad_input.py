@@ -280,8 +280,8 @@ def test_a_set_nested_past_the_yaml_limit_is_one_line(tmp_path: Path) -> None:
 
 def refused_at_line(tmp_path: Path, text: str) -> str:
     """The spec `text` refused by the CLI in one line; where its reader says the problem is."""
-    from slurmkit.common.errors import ConfigError
     from slurmkit.config.yamlio import read_yaml
+    from slurmkit.errors import ConfigError
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(text)
@@ -331,7 +331,7 @@ def test_a_request_with_a_wrong_typed_field_is_one_line(field: dict[str, object]
     import dataclasses
     import json
 
-    from slurmkit.remote import serve
+    from slurmkit.cli import serve
     from slurmkit.remote.request import Request
 
     data = dataclasses.asdict(Request("run", argv=["status"], profile=[("a.yaml", {})])) | field

@@ -261,7 +261,8 @@ def test_scontrol_requeue_resumes_from_the_last_checkpoint_in_one_tracker_run(
     assert [e.step for e in events.Scalars("slurmkit/restart")] == [restart.resumed_step]
     # `slurmkit track`: the goodput accounting sacct gives (as status shows it) joins the same run
     sent = track.track(paths).accounting
-    assert sent is not None and sent["goodput"] == RunFile(paths).read().goodput["goodput"]  # type: ignore[index]
+    assert sent is not None and sent["goodput"] == jobs.run_state(paths).goodput
+    assert RunFile(paths).read().goodput is None  # status reads only: nothing cached in run.json
     run = client.get_run(run.info.run_id)
     assert run.data.metrics["final.goodput"] == pytest.approx(sent["goodput"])
 
@@ -549,8 +550,8 @@ def test_preemption_under_cancel_ends_preempted_and_resubmit_resumes_it(
     from typer.testing import CliRunner
 
     from slurmkit.cli.app import app
-    from slurmkit.common.errors import JobFailedError
     from slurmkit.devcluster import names
+    from slurmkit.errors import JobFailedError
 
     profile = write_dev_profile(tmp_path / "scavenger.yaml", run_root, partition=names.CANCEL_PARTITION)
     paths, job = start(profile)

@@ -204,8 +204,8 @@ def test_preflight_refusals(cluster: None, tmp_path: Path, dev_profile: Path, ru
 
 
 def test_preflight_refuses_array_over_max_array_size(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
-    from slurmkit.common.errors import PreflightError
     from slurmkit.config.loader import resolve
+    from slurmkit.errors import PreflightError
     from slurmkit.slurm import preflight
 
     res = resolve(write_spec(tmp_path, name="arr", command="true"), str(dev_profile))
@@ -228,8 +228,8 @@ def test_preflight_refuses_what_the_qos_would_keep_pending_forever(qos_one_node_
                                                                    tmp_path: Path, dev_profile: Path) -> None:
     """QOSMaxNodePerJobLimit and QOSMaxWallDurationPerJobLimit: Slurm would queue such a job and never
     start it; pre-flight reads the association's QOS (sacctmgr) and refuses it in one line instead."""
-    from slurmkit.common.errors import PreflightError
     from slurmkit.config.loader import resolve
+    from slurmkit.errors import PreflightError
     from slurmkit.insight import doctor
     from slurmkit.slurm import limits, preflight
 

@@ -19,7 +19,7 @@ import slurmkit
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayLog
-from slurmkit.sweeps.store import list_sweeps
+from slurmkit.runs.folders import list_sweeps
 from tests.test_cluster_faults import wait_until
 
 pytestmark = pytest.mark.cluster

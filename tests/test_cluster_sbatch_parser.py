@@ -13,9 +13,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmkit.common.errors import ConfigError
 from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
+from slurmkit.errors import ConfigError
 from slurmkit.runs import jobs
 from tests.conftest import steady, write_spec
 from tests.test_quoting import PRINTABLE, SHELL_HOSTILE

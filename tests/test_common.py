@@ -5,8 +5,10 @@ worker module at import time, common/ imports neither side."""
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,11 +139,12 @@ def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -
                                                              "slurmkit.runs.registry", "torch"))}, rel
 
 
-JOB_SIDE_ALLOWED = ("slurmkit.worker", "slurmkit.common", "slurmkit.config", "slurmkit.slurm")
+JOB_SIDE_ALLOWED = ("slurmkit.worker", "slurmkit.common", "slurmkit.config", "slurmkit.slurm", "slurmkit.errors",
+                    "slurmkit.calls")
 CLIENT_MAY_IMPORT = {
-    # The callable submitit pickles is built on the client: the first of the three meeting points.
-    ("runs/jobs.py", "slurmkit.worker.entry"),
-    ("sweeps/submit.py", "slurmkit.worker.sweep_task"), ("sweeps/local.py", "slurmkit.worker.sweep_task"),
+    # The callables submitit pickles (the first of the three meeting points) load the job's side
+    # when a rank calls them, never where the client builds them.
+    ("calls.py", "slurmkit.worker.entry"), ("calls.py", "slurmkit.worker.sweep_task"),
     # `slurmkit bench` measures the job side's own code: the all-reduce runs as a job, `bench fs`
     # writes through the checkpoint store.
     ("bench/allreduce.py", "slurmkit.worker.dist"), ("bench/fs.py", "slurmkit.worker.ckptstore"),
@@ -162,7 +165,7 @@ def _all_slurmkit_imports(path: Path) -> set[str]:
 
 
 def test_the_job_side_and_the_client_meet_only_where_the_design_says() -> None:
-    """worker/ imports only worker/, common/, config/ and the Slurm client, lazily or not; the client
+    """worker/ imports only worker/, common/, config/, errors, calls and the Slurm client, lazily or not; the client
     imports the job side only at the meeting points listed in CLIENT_MAY_IMPORT."""
     job_side, client = [], []
     for path in _modules(PACKAGE):
@@ -176,11 +179,32 @@ def test_the_job_side_and_the_client_meet_only_where_the_design_says() -> None:
     assert (job_side, client) == ([], [])
     # The check sees what it looks for.
     assert "slurmkit.worker.ft" in _all_slurmkit_imports(PACKAGE / "worker/supervisor.py")
-    assert "slurmkit.worker.entry" in _all_slurmkit_imports(PACKAGE / "runs" / "jobs.py")
+    assert "slurmkit.worker.entry" in _all_slurmkit_imports(PACKAGE / "calls.py")
+
+
+WORKER_MODULES_AT_SUBMIT = 5
+
+
+def test_submitting_a_function_loads_at_most_five_worker_modules(tmp_path: Path) -> None:
+    """The login process that submits a function (and waits for its result) loads at most
+    WORKER_MODULES_AT_SUBMIT of slurmkit.worker's modules: the pickled callable is a small record in
+    common/ that loads the job's side only where a rank calls it."""
+    profile = tmp_path / "loc.yaml"
+    profile.write_text(f"extends: local\nrun_root: {tmp_path / 'runs'}\n")
+    code = ("import json, sys\nimport slurmkit\n"
+            f"job = slurmkit.Executor(profile={str(profile)!r}, time='00:05:00').submit(pow, 2, 10)\n"
+            "value = job.result()\n"
+            "print(json.dumps([value, sorted(m for m in sys.modules if m.startswith('slurmkit.worker'))]))\n")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    value, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert value == 1024  # the function ran, on its rank, through the pickled record
+    assert len(loaded) <= WORKER_MODULES_AT_SUBMIT, loaded
 
 
 def test_slurm_call_counts_are_bounded_and_scoped() -> None:
-    from slurmkit.common.errors import SlurmError
+    from slurmkit.errors import SlurmError
     from slurmkit.slurm import commands
 
     with commands.counting() as calls:
@@ -192,9 +216,16 @@ def test_slurm_call_counts_are_bounded_and_scoped() -> None:
 
 
 def _imports_of(path: Path, modules: set[str]) -> set[str]:
-    """slurmkit modules `path` imports, at the top or inside functions."""
+    """slurmkit modules `path` imports, at the top or inside functions (not those for the type
+    checker only, under `if TYPE_CHECKING:`, which never run)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+                   for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("slurmkit"):
             found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
         elif isinstance(node, ast.Import):
@@ -208,7 +239,7 @@ def test_no_import_cycle_even_through_lazy_imports() -> None:
         parts = path.relative_to(ROOT).with_suffix("").parts
         names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph = {name: _imports_of(path, set(names)) - {name} for name, path in names.items()}
-    assert "slurmkit.runs.registry" in graph["slurmkit.runs.jobs"]  # the graph sees imports at all
+    assert "slurmkit.runs.registry" in graph["slurmkit.runs.jobs.submit"]  # the graph sees imports at all
     state: dict[str, int] = {}
 
     def visit(node: str, trail: list[str]) -> None:

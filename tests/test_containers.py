@@ -152,7 +152,7 @@ def test_an_image_whose_python_has_no_slurmkit_is_refused_at_submit(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The stand-in apptainer (a fake, tests/standins) runs the image's command on this host: an image
     python of Debian's own (no slurmkit) is refused; this interpreter (slurmkit at this version) passes."""
-    from slurmkit.common.errors import PreflightError
+    from slurmkit.errors import PreflightError
     from slurmkit.slurm import imports
 
     image = tmp_path / "pytorch.sif"
@@ -196,7 +196,7 @@ def test_a_pyxis_squashfs_image_without_slurmkit_at_this_version_is_refused_at_s
     """pyxis runs a squashfs file on the compute nodes; at submit its listing says which slurmkit it
     holds, with nothing in it run."""
     from slurmkit import __version__
-    from slurmkit.common.errors import PreflightError
+    from slurmkit.errors import PreflightError
     from slurmkit.slurm import imports
 
     def resolved(image: Path) -> Any:

@@ -89,7 +89,7 @@ def test_a_summary_prints_only_the_fields_that_apply() -> None:
 
 
 def test_a_hint_is_its_own_clause_in_the_one_line() -> None:
-    from slurmkit.common.errors import SlurmkitError
+    from slurmkit.errors import SlurmkitError
 
     hint = SlurmkitError("only a Slurm run can be resubmitted", where="r1", valid="submit a local run again")
     listed = SlurmkitError("bad value", where="f.yaml:x", valid="valid: a, b")

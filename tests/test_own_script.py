@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import slurmkit
-from slurmkit.common.errors import ConfigError, JobFailedError
+from slurmkit.errors import ConfigError, JobFailedError
 
 SPMD_SCRIPT = """\
 import os

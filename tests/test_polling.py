@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from slurmkit.common.errors import SlurmError
+from slurmkit.errors import SlurmError
 from slurmkit.runs.polling import Poller
 from slurmkit.slurm import commands
 
@@ -268,9 +268,9 @@ def test_a_preempted_run_ends_and_says_how_to_resume_stand_in_squeue(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marked: bool) -> None:
     """Slurm's PREEMPTED (the grace ran out) is an end, as is a COMPLETED job whose rank 0 marked
     it preempted under PreemptMode=CANCEL; either way `result` names `slurmkit resubmit`."""
-    from slurmkit.common.errors import JobFailedError
     from slurmkit.common.layout import RunPaths
     from slurmkit.common.record import Preempted, RunFile, RunRecord
+    from slurmkit.errors import JobFailedError
     from slurmkit.runs import jobs
 
     state = "COMPLETED" if marked else "PREEMPTED"

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from slurmkit.common.errors import ConfigError
 from slurmkit.config.loader import available_profiles, load_profile, resolve
+from slurmkit.errors import ConfigError
 from tests.conftest import write_spec
 
 SHIPPED = ["local", "devcluster", "gpu-pyxis", "hpc-apptainer", "cpu-partition"]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import slurmkit
-from slurmkit.common.errors import ConfigError
+from slurmkit.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,7 +142,7 @@ def test_local_submit_result_failure_map_and_reattach(local_profile: Path, run_r
     assert [j.result() for j in mapped] == [11, 22, 33]
     # What Python submitted, the CLI sees: one run per submit, the map as one sweep.
     from slurmkit.runs import jobs
-    from slurmkit.sweeps.store import list_sweeps
+    from slurmkit.runs.folders import list_sweeps
 
     assert {s.run_id for s in jobs.status(str(run_root))} == {job.run_id, lam.run_id, bad.run_id}
     assert len(list_sweeps(str(run_root))) == 1

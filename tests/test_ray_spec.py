@@ -84,8 +84,8 @@ def test_a_ray_run_is_refused_at_submit_when_its_python_has_no_ray(tmp_path: Pat
     """A real interpreter without Ray (a fresh venv): pre-flight asks it, before any Slurm call."""
     import sys
 
-    from slurmkit.common.errors import PreflightError
     from slurmkit.config.loader import resolve
+    from slurmkit.errors import PreflightError
     from slurmkit.slurm.imports import check_ray_importable
 
     venv = tmp_path / "noray"

@@ -160,7 +160,7 @@ def test_the_python_api_from_the_laptop(laptop: sshd_mod.Laptop, site: Path) -> 
 
 def test_slurmkit_sweep_from_python_through_a_login_host_is_refused_in_one_line(tmp_path: Path) -> None:
     import slurmkit
-    from slurmkit.common.errors import ConfigError
+    from slurmkit.errors import ConfigError
 
     profile = tmp_path / "site.yaml"
     profile.write_text("extends: local\nlogin: {host: hpc.example.org}\n")
@@ -359,7 +359,7 @@ def test_an_answer_that_would_run_code_on_the_laptop_is_refused(tmp_path: Path) 
     import base64
     import pickle
 
-    from slurmkit.common.errors import SlurmkitError
+    from slurmkit.errors import SlurmkitError
     from slurmkit.remote.api import as_answer, plain_data
 
     marker = tmp_path / "ran"

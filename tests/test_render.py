@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurmkit.common.errors import RenderError
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.config.loader import resolve
+from slurmkit.errors import RenderError
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
 from slurmkit.slurm.submitit_executor import ArraySpec, rank_python, render_for, submitit_command
@@ -206,9 +206,9 @@ def test_raw_is_used_only_where_the_docs_say() -> None:
 
 
 def test_srun_and_sbatch_args_are_rendered_and_options_slurmkit_sets_are_refused(tmp_path: Path) -> None:
-    from slurmkit.common.errors import ConfigError
     from slurmkit.common.supervisor_plan import Plan
     from slurmkit.config.loader import resolve
+    from slurmkit.errors import ConfigError
     from slurmkit.runs import jobs
     from slurmkit.slurm import steps
 

@@ -90,7 +90,7 @@ def test_a_partition_preempt_mode_decides_who_brings_the_job_back() -> None:
 def test_resubmit_refuses_a_local_run_in_one_line(tmp_path: Path) -> None:
     import pytest
 
-    from slurmkit.common.errors import SlurmkitError
+    from slurmkit.errors import SlurmkitError
     from slurmkit.runs import jobs
 
     with pytest.raises(SlurmkitError, match="only a run on a Slurm profile can be resubmitted"):
@@ -176,7 +176,6 @@ def test_every_writer_of_a_restart_entry_writes_a_restart_entry(tmp_path: Path, 
     assert [(e.kind, e.cause, e.n, e.in_job) for e in entries] == [
         ("requeue", "preemption", 1, None), ("in_job", "crash", 1, 1), ("warm", "crash", 1, 2)]
     assert (entries[1].nodes, entries[2].live, entries[2].lost_steps) == (2, True, 1)
-
 
 
 def test_a_record_field_slurmkit_does_not_declare_is_refused_not_written(tmp_path: Path) -> None:

@@ -22,13 +22,13 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.common import trust
-from slurmkit.common.errors import ConfigError, SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.locked import CorruptRecordError
+from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.runs import jobs, lookup, procs, registry
+from slurmkit.runs.folders import find_sweep
 from slurmkit.runs.lookup import find_run
 from slurmkit.runs.snapshot import take
-from slurmkit.sweeps.store import find_sweep
 from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
 from tests.conftest import write_spec
 

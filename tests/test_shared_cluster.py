@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.common import outcomes, perms
-from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile, RunRecord
+from slurmkit.errors import SlurmkitError
 from slurmkit.runs import jobs, procs, registry
 from slurmkit.runs.lookup import list_runs
 from slurmkit.worker.ft import effects, restarts

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit.common.errors import ConfigError
+from slurmkit.errors import ConfigError
 from slurmkit.runs import snapshot
 
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from slurmkit.common import sweep_layout
-from slurmkit.common.errors import ConfigError
 from slurmkit.common.locked import CorruptRecordError
+from slurmkit.errors import ConfigError
 from slurmkit.sweeps import plan as plan_mod
-from slurmkit.sweeps import resolve, spec, store
+from slurmkit.sweeps import resolve, spec
 from slurmkit.sweeps import submit as sub
 from tests.test_sweeps import write_sweep
 
@@ -105,7 +105,7 @@ def test_manifest_is_compact_and_written_once(tmp_path: Path, local_profile: Pat
     with sweep_layout.ArrayLog(paths).editing() as log:
         log.arrays.append(sweep_layout.ArrayEntry(indices=[0], base=0, job_id="7", kind="initial"))
     assert paths.manifest.read_text() == text  # recording an array leaves the manifest alone
-    assert store.latest_job_ids(sweep_layout.Manifest(paths).read())[0] == "7_0"
+    assert sweep_layout.latest_job_ids(sweep_layout.Manifest(paths).read())[0] == "7_0"
 
 
 def test_a_manifest_of_the_wrong_shape_is_one_error_naming_its_field(tmp_path: Path, local_profile: Path) -> None:

@@ -19,10 +19,11 @@ from slurmkit.cli.app import app
 from slurmkit.common import sweep_layout
 from slurmkit.common.record import Failure, RunFile
 from slurmkit.common.sweep_layout import ArrayEntry
+from slurmkit.runs import folders
 from slurmkit.runs.dependency import after_dependency
 from slurmkit.sweeps import plan as plan_mod
 from slurmkit.sweeps import resolve as resolve_mod
-from slurmkit.sweeps import results, spec, store
+from slurmkit.sweeps import results, spec
 from slurmkit.sweeps import submit as sub
 from tests.conftest import EXAMPLES
 
@@ -152,9 +153,9 @@ def test_manifest_maps_every_task_to_its_config_folder_and_seed(tmp_path: Path, 
     assert [e.spec["env"] for e in entries] == [{"X": "1"}, {"X": "2"}, {"X": "3"}]
     assert len({e.run_dir for e in entries}) == 3
     assert all(Path(e.run_dir).parent == paths.sweep_dir / "tasks" for e in entries)
-    assert store.find_sweep(str(tmp_path / "runs"), paths.sweep_id[:8]) == paths
+    assert folders.find_sweep(str(tmp_path / "runs"), paths.sweep_id[:8]) == paths
     # Nothing submitted yet: every task is visibly NOT_SUBMITTED, none silently missing.
-    assert store.latest_job_ids(manifest) == {0: None, 1: None, 2: None}
+    assert sweep_layout.latest_job_ids(manifest) == {0: None, 1: None, 2: None}
 
 
 def test_task_record_is_made_once_and_a_new_job_id_clears_old_verdicts(tmp_path: Path, local_profile: Path) -> None:

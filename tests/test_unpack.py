@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmkit.cli import serve as cli_serve
 from slurmkit.remote import serve
 from slurmkit.remote.request import Request
 
@@ -124,6 +125,6 @@ def test_a_refused_request_leaves_no_stage_behind(tmp_path: Path, monkeypatch: p
     data = tar_of(member("files/0-spec.yaml", data=b"name: x\ncommand: echo\n"),
                   member("work/data", tarfile.SYMTYPE, link="/scratch/ds"))
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
-    assert serve.main([req.encode()]) == 2
+    assert cli_serve.main([req.encode()]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert list(serve.stage_root().iterdir()) == []

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from slurmkit.common.errors import ConfigError, RunNotFoundError
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import resolve
+from slurmkit.errors import ConfigError, RunNotFoundError
 from slurmkit.runs.jobs import dry_run
 from tests.conftest import write_spec
 

@@ -21,9 +21,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurmkit.api import submitit_names
+from slurmkit.api import mapped, submitit_names
 from slurmkit.api.handles import Job, SweepHandle
-from slurmkit.common.errors import ConfigError, did_you_mean, squash
 from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.loader import (
     Layer,
@@ -36,10 +35,10 @@ from slurmkit.config.loader import (
 )
 from slurmkit.config.overrides import split_sets
 from slurmkit.config.profile import ClusterProfile, Resources
+from slurmkit.errors import ConfigError, did_you_mean, squash
 from slurmkit.remote import api as remote_api
 from slurmkit.remote.forward import site_of
 from slurmkit.runs import jobs
-from slurmkit.sweeps import mapped
 from slurmkit.sweeps import spec as sweep_spec
 from slurmkit.sweeps.submit import submit
 

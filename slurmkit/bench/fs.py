@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
-from slurmkit.common.errors import SlurmkitError
+from slurmkit.errors import SlurmkitError
 
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?$", re.IGNORECASE)
 CHUNK = 1 << 20
@@ -132,5 +132,3 @@ def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, A
     ckpt = checkpoint_bytes or size
     out.update(checkpoint_bytes=ckpt, estimated_save_s=round(ckpt / (size / write_s), 2))
     return out
-
-

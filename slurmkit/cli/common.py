@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from slurmkit.common.errors import SlurmkitError
+from slurmkit.errors import SlurmkitError
 
 if TYPE_CHECKING:  # the CLI imports the library where a command needs it, to start fast
     from slurmkit.common.layout import RunPaths
@@ -73,9 +73,10 @@ AfterNotOkOpt = Annotated[str | None, typer.Option(
     "--after-notok", help="Start only if this run, sweep or Slurm job failed (afternotok).")]
 
 
-def dependency_for(profile: str | None, after: str | None, after_any: str | None,
+def dependency_for(run_root: str, after: str | None, after_any: str | None,
                    after_notok: str | None) -> str | None:
-    """The sbatch --dependency of the --after* option given (at most one)."""
+    """The sbatch --dependency of the --after* option given (at most one); a run or sweep it names
+    is looked up under `run_root` (the profile the command already loaded)."""
     given = [(kind, ident) for kind, ident in (("afterok", after), ("afterany", after_any),
                                                 ("afternotok", after_notok)) if ident]
     if len(given) > 1:
@@ -86,7 +87,7 @@ def dependency_for(profile: str | None, after: str | None, after_any: str | None
     from slurmkit.runs.dependency import after_dependency
 
     kind, ident = given[0]
-    return after_dependency(run_root_for(profile), ident, kind)
+    return after_dependency(run_root, ident, kind)
 
 
 def run_root_for(profile: str | None) -> str:

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from slurmkit.runs.jobs import Submitted
 
 
-
 @user_errors
 def submit(
     runspec: Annotated[Path, typer.Argument(help="Run spec YAML.")],
@@ -50,7 +49,7 @@ def submit(
     from slurmkit.runs import jobs
 
     resolved = resolve(runspec, profile, set_ or [])
-    dependency = dependency_for(profile, after, after_any, after_notok)
+    dependency = dependency_for(resolved.profile.run_root, after, after_any, after_notok)
     if dry_run:
         typer.echo(jobs.dry_run(resolved, dependency).script, nl=False)
         return

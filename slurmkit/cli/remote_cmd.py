@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from slurmkit.cli.common import ProfileOpt, print_json, user_errors
-from slurmkit.common.errors import ConfigError
+from slurmkit.errors import ConfigError
 
 
 def _site(profile: str | None):  # type: ignore[no-untyped-def]

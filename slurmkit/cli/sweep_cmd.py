@@ -67,12 +67,13 @@ def submit(
     from slurmkit.sweeps import spec as spec_mod
     from slurmkit.sweeps import submit as sub
 
-    plan = spec_mod.load(spec, grid, max_parallel, max_tasks=load_profile(profile_name(profile)).sweep_max_tasks)
+    prof = load_profile(profile_name(profile))
+    plan = spec_mod.load(spec, grid, max_parallel, max_tasks=prof.sweep_max_tasks)
     if dry_run:
         _print_preview(plan_mod.preview(plan, resolve_mod.resolve_tasks(plan, profile, set_), max_array_size),
                        plan.varying, as_json)
         return
-    dependency = dependency_for(profile, after, after_any, after_notok)
+    dependency = dependency_for(prof.run_root, after, after_any, after_notok)
     done = sub.submit(plan, profile, set_, max_array_size, dependency)
     if wait:
         from slurmkit.common import sweep_layout
@@ -111,9 +112,10 @@ def _print_preview(info: dict[str, Any], varying: list[str], as_json: bool) -> N
 @user_errors
 def status(sweep: SweepArg, profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Counts by state and a per-task table (one squeue call, at most one sacct)."""
-    from slurmkit.sweeps import results, store
+    from slurmkit.runs import folders
+    from slurmkit.sweeps import results
 
-    paths = store.find_sweep(run_root_for(profile), sweep)
+    paths = folders.find_sweep(run_root_for(profile), sweep)
     states = results.task_states(paths)
     if as_json:
         print_json({"sweep_id": paths.sweep_id, "counts": results.counts(states), "cost": results.total_cost(states),
@@ -140,9 +142,10 @@ def results(
     as_json: JsonOpt = False,
 ) -> None:
     """One row per task: its varying config, final metrics and state; the best row is marked."""
-    from slurmkit.sweeps import results, store
+    from slurmkit.runs import folders
+    from slurmkit.sweeps import results
 
-    paths = store.find_sweep(run_root_for(profile), sweep)
+    paths = folders.find_sweep(run_root_for(profile), sweep)
     if as_json and sort is None and csv_file is None:
         print_json_list(results.iter_rows(paths))  # streamed: no table to build
         return
@@ -169,14 +172,15 @@ def resubmit(
     as_json: JsonOpt = False,
 ) -> None:
     """Run again, in one new array under the same sweep, only the tasks that did not succeed."""
-    from slurmkit.common.errors import SlurmkitError
-    from slurmkit.sweeps import results, store
+    from slurmkit.errors import SlurmkitError
+    from slurmkit.runs import folders
+    from slurmkit.sweeps import results
     from slurmkit.sweeps import submit as sub
     from slurmkit.sweeps.plan import compress
 
     if not failed:
         raise SlurmkitError("say which tasks to resubmit", where="resubmit", valid="valid: --failed")
-    paths = store.find_sweep(run_root_for(profile), sweep)
+    paths = folders.find_sweep(run_root_for(profile), sweep)
     states = {s.index: s.state for s in results.task_states(paths)}
     indices = sub.resubmit_failed(paths, states)
     if as_json:
@@ -190,11 +194,11 @@ def resubmit(
 def list_sweeps(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Sweeps under the run root, newest first."""
     from slurmkit.common import sweep_layout
+    from slurmkit.runs import folders
     from slurmkit.runs.lookup import readable
-    from slurmkit.sweeps import store
 
     rows = []
-    for _, m in readable(store.list_sweeps(run_root_for(profile)), lambda p: sweep_layout.Manifest(p).read()):
+    for _, m in readable(folders.list_sweeps(run_root_for(profile)), lambda p: sweep_layout.Manifest(p).read()):
         rows.append({"sweep_id": m.sweep_id, "tasks": len(m.tasks), "created": m.created,
                      "arrays": ",".join(a.job_id for a in m.arrays if a.job_id)})
     if as_json:
@@ -207,10 +211,10 @@ def list_sweeps(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
 @user_errors
 def cancel(sweep: SweepArg, profile: ProfileOpt = None) -> None:
     """Cancel every array of the sweep."""
-    from slurmkit.sweeps import store
+    from slurmkit.runs import folders
     from slurmkit.sweeps import submit as sub
 
-    ids = sub.cancel(store.find_sweep(run_root_for(profile), sweep))
+    ids = sub.cancel(folders.find_sweep(run_root_for(profile), sweep))
     typer.echo(f"cancelled {', '.join(ids) or 'nothing'}")
 
 

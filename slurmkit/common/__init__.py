@@ -12,7 +12,6 @@ and facts read from the Slurm environment. Torch-free; imports nothing from work
 - record:     run.json: its record (RunRecord, with the restart budget arithmetic) and its file (RunFile)
 - markers:    the marker files one process leaves for another, each with its schema, writer and reader
 - sweep_layout: a sweep folder's paths, its manifest (SweepManifest) and array log (ArrayList)
-- errors:     the one root error class (a one-line message, where, what is valid, an exit code)
 - perms:      folder and file modes of a run (private, or group), and the umask
 - trust:      whether a file, folder, pickle or job id is the caller's own; the run's secret
 """

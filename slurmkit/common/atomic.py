@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from slurmkit.common import perms
-from slurmkit.common.errors import SlurmkitError
+from slurmkit.errors import SlurmkitError
 
 WRITE_CHUNK = 1 << 20  # 1 MiB writes, as dd bs=1M: one huge write() was 3x slower here
 PRIVATE_FILE = 0o600

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import outcomes, trust
-from slurmkit.common.errors import ConfigError, clip
 from slurmkit.common.outcomes import Outcome
+from slurmkit.errors import ConfigError, clip
 
 RUN_FILE = "run.json"
 _VAR_RE = re.compile(r"\$(\w+|\{[^}]*\})")
@@ -60,7 +60,6 @@ def expand_root(run_root: str) -> Path:
 def expand_checkpoint_root(checkpoint_root: str) -> str:
     """checkpoint_root with $VARS expanded (a path or an fsspec URL), without a trailing /."""
     return expand_vars(checkpoint_root, "checkpoint_root").rstrip("/")
-
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from slurmkit.common import perms, trust
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.errors import RunNotFoundError, SlurmkitError, clip
+from slurmkit.errors import RunNotFoundError, SlurmkitError, clip
 
 MAX_RECORD_BYTES = 64 << 20  # a record holds a script and restarts: far below this; a larger file is not one
 

@@ -23,8 +23,8 @@ import errno
 import random
 import socket
 
-from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.slurm_env import base_id
+from slurmkit.errors import SlurmkitError
 
 EPHEMERAL_LOW = 32768  # Linux's default net.ipv4.ip_local_port_range starts here
 TRAINING = (20000, 5000)

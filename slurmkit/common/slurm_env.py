@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 
 _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
 # What a job's own environment says about that job, and what slurmkit sets for a run's ranks (its
@@ -32,11 +31,6 @@ def outer_job_env(environ: dict[str, str]) -> list[str]:
     if not {"SLURM_JOB_ID", "SUBMITIT_EXECUTOR", "SLURMKIT_RUN_DIR"} & environ.keys():
         return []
     return sorted(k for k in environ if k not in KEPT_ENV and (k.startswith(JOB_ENV_PREFIXES) or k in JOB_ENV_NAMES))
-
-
-def slurm_here() -> bool:
-    """Whether this machine can submit to Slurm (sbatch on PATH; nothing is run)."""
-    return shutil.which("sbatch") is not None
 
 
 def base_id(job_id: str) -> str:

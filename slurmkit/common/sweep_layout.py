@@ -76,7 +76,7 @@ class SweepPaths:
 
     @property
     def function_pickle(self) -> Path:
-        """A map_array's function and every task's arguments (slurmkit.sweeps.mapped)."""
+        """A map_array's function and every task's arguments (slurmkit.api.mapped)."""
         return self.sweep_dir / "function.pkl"
 
     @property
@@ -268,7 +268,30 @@ def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: Sweep
 
 
 def load_call(paths: SweepPaths, index: int) -> tuple[Any, tuple[Any, ...]]:
-    """On the node: a map_array's function and task `index`'s arguments (slurmkit.sweeps.mapped),
+    """On the node: a map_array's function and task `index`'s arguments (slurmkit.api.mapped),
     from the user's own private sweep folder, checked on the open file as submitit's own pickles are."""
     fn, items = trust.load_pickle(paths.function_pickle, "the sweep's function")
     return fn, tuple(items[index])
+
+
+def newest_arrays(manifest: SweepManifest) -> dict[int, ArrayEntry | None]:
+    """Each task's newest array entry (None if none holds it yet)."""
+    newest: dict[int, ArrayEntry | None] = {t.index: None for t in manifest.tasks}
+    for arr in manifest.arrays:
+        if arr.job_id or arr.kind == "local":
+            for index in arr.indices:
+                newest[index] = arr
+    return newest
+
+
+def latest_job_ids(manifest: SweepManifest) -> dict[int, str | None]:
+    """Each task's newest job id: ARRAY_TASK on Slurm, the controller pid on local; None before it exists."""
+    latest: dict[int, str | None] = {}
+    for index, arr in newest_arrays(manifest).items():
+        if arr is None:
+            latest[index] = None
+        elif arr.kind == "local":
+            latest[index] = arr.jobs.get(str(index))
+        else:
+            latest[index] = f"{arr.job_id}_{index - arr.base}"
+    return latest

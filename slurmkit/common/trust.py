@@ -29,7 +29,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common.errors import SlurmkitError, clip
+from slurmkit.errors import SlurmkitError, clip
 
 JOB_ID_RE = re.compile(r"^(\d+)(?:_(\d+))?$")
 """A job id (`123`), or an array task's (`123_4`): what slurmkit records and passes to Slurm."""
@@ -41,6 +41,8 @@ def job_of(ident: str) -> str:
     `123_4.extern`, `123+0` -> `123`, `123_4`; anything else unchanged."""
     m = _STEP_RE.match(ident)
     return m.group(1) if m else ident
+
+
 WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
 

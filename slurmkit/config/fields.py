@@ -8,7 +8,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationInfo, field_validator
 
-from slurmkit.common.errors import clip
+from slurmkit.errors import clip
 
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
 _MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$")

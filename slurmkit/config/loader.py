@@ -6,14 +6,13 @@ Precedence, highest first: --set on the command line > run spec file > profile >
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from slurmkit.common.errors import ConfigError, clip, cut, did_you_mean, warn
-from slurmkit.common.slurm_env import slurm_here
 from slurmkit.config.fields import gres_gpus, node_gpus
 from slurmkit.config.overrides import deep_merge, split_sets
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
@@ -21,6 +20,7 @@ from slurmkit.config.runspec import RunSpec
 from slurmkit.config.tracking import Tracking
 from slurmkit.config.train import TrainConfig
 from slurmkit.config.yamlio import read_yaml
+from slurmkit.errors import ConfigError, clip, cut, did_you_mean, warn
 from slurmkit.resources import shipped_dir
 
 DEFAULT_PROFILE = "local"
@@ -85,6 +85,11 @@ class Resolved:
 
 
 MAX_EXTENDS = 32
+
+
+def slurm_here() -> bool:
+    """Whether this machine can submit to Slurm (sbatch on PATH; nothing is run)."""
+    return shutil.which("sbatch") is not None
 
 
 def profile_search_path() -> list[Path]:

@@ -6,11 +6,11 @@ import copy
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from slurmkit.common.errors import ConfigError, clip
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.train import TrainConfig
 from slurmkit.config.yamlio import MAX_DEPTH, YamlSyntaxError, load_text
+from slurmkit.errors import ConfigError, clip
 
 PROFILE_PREFIX = "profile."
 

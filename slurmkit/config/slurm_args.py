@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator
 
-from slurmkit.common.errors import clip
 from slurmkit.config.fields import sbatch_safe
+from slurmkit.errors import clip
 
 _OPTION = re.compile(r"^--([a-z][a-z0-9-]*)(=.+)?$", re.DOTALL)
 _NAME = re.compile(r"^[a-z][a-z0-9-]+$")  # long names: a one-letter key is an abbreviation

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from slurmkit.common.errors import ConfigError, clip
+from slurmkit.errors import ConfigError, clip
 
 
 class UserLoader(yaml.SafeLoader):
@@ -30,6 +30,8 @@ _INT_RE = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|
 _FLOAT_RE = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
                        r"|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
                        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
 def _unique_keys(loader: UserLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     """A mapping whose keys are all different: YAML forbids a repeated key, which PyYAML would let
     the last one win silently (a second `resources:` dropping the first). A merge (`<<: *base`) may

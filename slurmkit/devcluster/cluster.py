@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.errors import DevClusterError, SlurmError, squash
 from slurmkit.devcluster import names, network
+from slurmkit.errors import DevClusterError, SlurmError, squash
 from slurmkit.runs.procs import pid_alive
 from slurmkit.slurm import commands
 

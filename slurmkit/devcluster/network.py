@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.errors import DevClusterError
 from slurmkit.devcluster import names
+from slurmkit.errors import DevClusterError
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

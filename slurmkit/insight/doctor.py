@@ -16,9 +16,9 @@ import subprocess
 from dataclasses import asdict, dataclass
 
 from slurmkit.bench import fs as fs_bench
-from slurmkit.common.errors import SlurmError, SlurmkitError, squash
 from slurmkit.common.layout import expand_checkpoint_root, expand_root
 from slurmkit.config.loader import Resolved
+from slurmkit.errors import SlurmError, SlurmkitError, squash
 from slurmkit.slurm import commands, limits, preflight
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"

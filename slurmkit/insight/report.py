@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common.atomic import write_output
-from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, steps_of
 from slurmkit.common.record import RunFile
+from slurmkit.errors import SlurmkitError
 from slurmkit.insight import cost, goodput, report_html
 from slurmkit.insight.report_data import ReportData, Segment
 from slurmkit.insight.report_html import STATE_COLORS

@@ -21,9 +21,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from slurmkit import __version__
-from slurmkit.common import errors
-from slurmkit.common.errors import SlurmkitError
+from slurmkit import __version__, errors
+from slurmkit.errors import SlurmkitError
 from slurmkit.remote.connection import ConnectError
 from slurmkit.remote.forward import Site, run_request, site_of
 from slurmkit.remote.request import Request
@@ -197,4 +196,3 @@ def as_error(exc: SlurmkitError) -> dict[str, Any]:
         err |= {"log_tail": exc.log_tail, "rank": exc.rank, "cause": exc.cause, "trace": list(exc.trace),
                 "full": exc.full}
     return {"error": err}
-

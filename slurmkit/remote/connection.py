@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmkit.common import trust
-from slurmkit.common.errors import SlurmkitError, clip
 from slurmkit.config.login import LoginHost
+from slurmkit.errors import SlurmkitError, clip
 
 CHECK_TIMEOUT_S = 15
 CALL_TIMEOUT_S = 300

@@ -1,4 +1,5 @@
-"""The login host's side of a forwarded command: `python -P -m slurmkit.remote.serve REQUEST`.
+"""The login host's side of a forwarded command (its entry: `python -P -m slurmkit.cli.serve REQUEST`,
+or slurmkit.api.serve for a Python API call): the stage the request's files go to, and `fetch`.
 
 REQUEST (base64 JSON, slurmkit.remote.request) carries the command line, the profile's layers as
 the laptop read them (without `login`) and, where files go with the command, says a tar stream
@@ -24,14 +25,11 @@ from typing import Any
 import yaml
 
 from slurmkit import __version__
-from slurmkit.cli.app import app
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.errors import SlurmkitError
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.remote import unpack
 from slurmkit.remote.connection import private_cache
-from slurmkit.remote.request import STAGE_PREFIX, Request
-from slurmkit.runs import snapshot
+from slurmkit.remote.request import Request
 
 
 def stage_root() -> Path:
@@ -55,7 +53,7 @@ def _limit(req: Request) -> int:
 
 
 @contextlib.contextmanager
-def _stage(req: Request, keep_output: bool = False) -> Iterator[Path]:
+def staging(req: Request, keep_output: bool = False) -> Iterator[Path]:
     """A private stage folder with the request's files unpacked in it (slurmkit.remote.unpack),
     always removed after, unless `keep_output` and the command left an out/ for the laptop to fetch."""
     stage = stage_root() / req.stage_id
@@ -88,32 +86,11 @@ def profile_file(req: Request) -> Path:
     return folder / str(parent)
 
 
-def _argv(req: Request, stage: Path) -> list[str]:
-    argv = [str(stage / a[len(STAGE_PREFIX):]) if a.startswith(STAGE_PREFIX) else a for a in req.argv]
-    return [*argv, "-p", str(profile_file(req))]
-
-
-def run(req: Request) -> int:
-    """The command, run here with the files sent along in the stage; its exit status."""
-    req.check_versions(hello())
-    with _stage(req, keep_output=True) as stage:
-        # A run without the code sent along starts in the login account's home, as `ssh HOST sbatch`
-        # would: never in the stage, which is gone once the command returns.
-        os.chdir(stage / "work" / req.workdir if (stage / "work").is_dir() else Path.home())
-        if req.origin:
-            os.environ[snapshot.ORIGIN_ENV] = json.dumps(req.origin)
-        try:
-            app(args=_argv(req, stage), prog_name="slurmkit", standalone_mode=True)
-            return 0
-        except SystemExit as exc:
-            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-
-
 def api(req: Request, print_answer: Callable[[dict[str, Any], Path, str], int]) -> int:
-    """A Python API method (slurmkit.remote.serve_api's entry, which passes its `print_answer`);
+    """A Python API method (slurmkit.api.serve's entry, which passes its `print_answer`);
     the stage holds the function sent along."""
     req.check_versions(hello())
-    with _stage(req) as stage:
+    with staging(req) as stage:
         os.chdir(Path.home())
         assert req.api is not None
         return print_answer(req.api, stage, str(profile_file(req)))
@@ -130,23 +107,3 @@ def fetch(stage_id: str) -> int:
         shutil.rmtree(stage, ignore_errors=True)
     sys.stdout.flush()
     return 0
-
-
-def main(args: list[str]) -> int:
-    try:
-        req = Request.decode(args[0] if args else "")
-        if req.op == "hello":
-            print(json.dumps(hello()))
-            return 0
-        if req.op == "fetch":
-            return fetch(req.stage_id)
-        if req.op == "api":
-            raise SlurmkitError("an API request goes to slurmkit.remote.serve_api", where="slurmkit.remote.serve")
-        return run(req)
-    except SlurmkitError as exc:
-        print(f"error: {exc.one_line()}", file=sys.stderr)
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -24,7 +24,7 @@ import tarfile
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from slurmkit.common.errors import SlurmkitError
+from slurmkit.errors import SlurmkitError
 
 MAX_MEMBERS = 200_000
 CHUNK = 1 << 20

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import RankProcess
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.config.loader import Resolved
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
+from slurmkit.errors import SlurmkitError
 from slurmkit.render import render_interactive
 from slurmkit.runs.jobs import statuses
 from slurmkit.runs.shell import LAUNCHER

@@ -6,13 +6,13 @@ Serves plain runs (`slurmkit submit --after`) and sweeps (`slurmkit sweep --afte
 
 from __future__ import annotations
 
-from slurmkit.common.errors import PreflightError, RunNotFoundError, clip
 from slurmkit.common.record import RunFile
-from slurmkit.common.sweep_layout import Manifest
+from slurmkit.common.sweep_layout import Manifest, latest_job_ids
 from slurmkit.common.trust import JOB_ID_RE
+from slurmkit.errors import PreflightError, RunNotFoundError, clip
+from slurmkit.runs.folders import find_sweep
 from slurmkit.runs.lookup import find
 from slurmkit.slurm import commands
-from slurmkit.sweeps.store import find_sweep, latest_job_ids
 
 AFTER_KINDS = ("afterok", "afterany", "afternotok")
 

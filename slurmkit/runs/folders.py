@@ -4,7 +4,7 @@ Listing trusts only what the caller owns: folders of other users under a shared 
 skipped (and counted), symlinked folders and records too, and a record's own folder is where it
 was found, whatever it says. An id is looked up under run_root only, never in the working folder;
 a path (it holds a `/`) gets the same rules, and no one else may be able to swap it
-(slurmkit.common.trust). Runs (slurmkit.runs.lookup) and sweeps (slurmkit.sweeps.store) are found here.
+(slurmkit.common.trust). Runs (slurmkit.runs.lookup) and sweeps (list_sweeps, find_sweep) are found here.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import stat
 from pathlib import Path
 
 from slurmkit.common import trust
-from slurmkit.common.errors import ConfigError, RunNotFoundError, did_you_mean, warn
 from slurmkit.common.layout import expand_root
+from slurmkit.common.sweep_layout import MANIFEST, SweepPaths
+from slurmkit.errors import ConfigError, RunNotFoundError, did_you_mean, warn
 
 _ID_STAMP_RE = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 
@@ -106,3 +107,11 @@ def owned_folders(run_root: str, marker: str, what: str) -> list[Path]:
     if foreign:
         warn(f"skipped {foreign} {what} folder(s) under {expand_root(run_root)} owned by other users")
     return folders
+
+
+def list_sweeps(run_root: str) -> list[SweepPaths]:
+    return [SweepPaths(d) for d in owned_folders(run_root, MANIFEST, "sweep")]
+
+
+def find_sweep(run_root: str, sweep: str) -> SweepPaths:
+    return SweepPaths(find_folder(run_root, sweep, MANIFEST, "sweep"))

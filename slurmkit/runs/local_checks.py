@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from slurmkit.common.errors import SlurmkitError, warn
 from slurmkit.config.loader import Resolved
+from slurmkit.errors import SlurmkitError, warn
 from slurmkit.slurm import imports
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")

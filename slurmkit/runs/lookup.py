@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from slurmkit.common import trust
-from slurmkit.common.errors import RunNotFoundError, warn
 from slurmkit.common.layout import RUN_FILE, RunPaths
 from slurmkit.common.locked import CorruptRecordError
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.sweep_layout import ArrayLog
-from slurmkit.runs.folders import find_folder, owned_folders
-from slurmkit.sweeps.store import list_sweeps
+from slurmkit.errors import RunNotFoundError, warn
+from slurmkit.runs.folders import find_folder, list_sweeps, owned_folders
 
 
 @dataclass(frozen=True)

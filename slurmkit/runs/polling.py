@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from slurmkit.common.errors import warn
+from slurmkit.errors import warn
 
 DEFAULT_MAX_S = 30.0
 FRACTION = 0.1

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from slurmkit.common import perms, trust
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.errors import ConfigError, SlurmkitError, clip
 from slurmkit.common.layout import RunPaths, expand_checkpoint_root, expand_root
+from slurmkit.errors import ConfigError, SlurmkitError, clip
 
 CREATE_ATTEMPTS = 20
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import perms
-from slurmkit.common.errors import ConfigError
+from slurmkit.errors import ConfigError
 
 GIT_TIMEOUT_S = 30
 MB = 1 << 20

@@ -15,10 +15,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import STACK_SIGNAL, RankProcess
 from slurmkit.common.record import RunFile
+from slurmkit.errors import SlurmkitError
 from slurmkit.runs.jobs import is_active, statuses
 from slurmkit.slurm import commands
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmkit.common import trust
-from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
+from slurmkit.errors import SlurmkitError
 from slurmkit.runs import jobs
 
 SYNC_TIMEOUT_S = 1800.0
@@ -56,11 +56,11 @@ def track(paths: RunPaths, dry_run: bool = False) -> Synced:
 
 
 def send_accounting(paths: RunPaths, python: str) -> dict[str, float] | None:
-    """An ended run's goodput and cost (cached in run.json by the status this asks for) to its trackers."""
-    if jobs.is_active(jobs.run_state(paths).state):
+    """An ended run's goodput and cost (its status's accounting) to its trackers."""
+    st = jobs.run_state(paths)
+    if jobs.is_active(st.state):
         return None
-    cached = RunFile(paths).read().goodput or {}
-    values = {k: float(v) for k, v in cached.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values = {k: float(v) for k, v in st.accounting.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if not values:
         return None
     _run([python, "-P", "-m", "slurmkit.worker.tracking", str(paths.run_dir), json.dumps(values)], paths,

@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from slurmkit.common import trust
-from slurmkit.common.errors import SlurmError, squash, warn
 from slurmkit.common.slurm_env import base_id, expand_hostlist
+from slurmkit.errors import SlurmError, squash, warn
 from slurmkit.slurm import parse
 
 # What Slurm prints is read in slurm/parse.py; callers know ACTIVE_STATES as commands.ACTIVE_STATES.
@@ -25,7 +25,6 @@ IN_GRACE_TIMEOUT_S = 10.0  # a question asked inside a job's grace: an unanswere
 # Slurm calls made by this process, by program: bounded (one counter per program), so a long
 # --wait or logs --follow does not grow it; tests and benchmarks read it through counting().
 CALLS: Counter[str] = Counter()
-
 
 
 @contextmanager

@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 from slurmkit import __version__
-from slurmkit.common.errors import PreflightError
 from slurmkit.common.layout import OBJECT_STORES, expand_checkpoint_root
 from slurmkit.config.loader import Resolved
+from slurmkit.errors import PreflightError
 
 PYTHON_PROBE_TIMEOUT_S = 30
 _STORE_PROBE = ("import sys\nfrom slurmkit.worker.ckptstore import CheckpointError, CheckpointStore\n"

@@ -8,9 +8,9 @@ from __future__ import annotations
 import getpass
 from dataclasses import dataclass, field
 
-from slurmkit.common.errors import PreflightError, SlurmError
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
+from slurmkit.errors import PreflightError, SlurmError
 from slurmkit.slurm import commands
 
 TRES_KEYS = ("node", "cpu", "gres/gpu")

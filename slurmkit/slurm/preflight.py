@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from slurmkit.common.errors import PreflightError
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
+from slurmkit.errors import PreflightError
 from slurmkit.slurm import commands, imports, limits
 
 

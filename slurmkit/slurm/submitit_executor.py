@@ -21,11 +21,11 @@ from submitit.core.utils import DelayedSubmission, JobPaths
 
 from slurmkit.common import perms, ports, trust
 from slurmkit.common.atomic import atomic_write, atomic_write_text
-from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import outer_job_env
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
+from slurmkit.errors import SlurmkitError
 from slurmkit.render import JobFiles, RenderInput, render, shell_quote
 from slurmkit.slurm import commands
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurmkit.calls import SweepTask
 from slurmkit.common import trust
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, Manifest, SweepPaths, materialize_task
@@ -42,7 +43,6 @@ def start(paths: SweepPaths, indices: list[int]) -> int:
 def run(paths: SweepPaths, number: int) -> None:
     """Run the tasks of local array `number`, at most max_parallel at once; each job's pid goes to the array log."""
     from slurmkit.slurm.submitit_executor import local_executor
-    from slurmkit.worker.sweep_task import SweepTask  # the pickled callable: where the two sides meet
 
     manifest = Manifest(paths).read()
     groups, group_of = manifest_tasks(manifest)

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from slurmkit.common.errors import ConfigError
 from slurmkit.config.loader import Layer, Resolved, load_profile, profile_name, resolve_layers
 from slurmkit.config.overrides import nested, split_sets
 from slurmkit.config.train import TrainConfig
+from slurmkit.errors import ConfigError
 from slurmkit.sweeps.spec import SweepPlan
 
 if TYPE_CHECKING:
-    from slurmkit.config.train import TrainConfig
+    pass
 
 FACTORED_SECTIONS = ("config", "env")
 _SCALARS = (int, float, str, bool, type(None))

@@ -12,17 +12,24 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.errors import SlurmkitError, did_you_mean
 from slurmkit.common.metrics import last_record
 from slurmkit.common.record import RunFile
-from slurmkit.common.sweep_layout import ArrayLog, Manifest, SweepManifest, SweepPaths, task_entry
+from slurmkit.common.sweep_layout import (
+    ArrayLog,
+    Manifest,
+    SweepManifest,
+    SweepPaths,
+    latest_job_ids,
+    newest_arrays,
+    task_entry,
+)
+from slurmkit.errors import SlurmkitError, did_you_mean
 from slurmkit.insight import cost
 from slurmkit.runs.jobs import is_active, local_state, outcome_state
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.procs import same_process
 from slurmkit.slurm import commands
 from slurmkit.slurm.commands import TransientSlurmError
-from slurmkit.sweeps.store import latest_job_ids, newest_arrays
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 DEFAULT_METRIC = "loss"

@@ -1,45 +1,13 @@
-"""Sweeps on the login node: listing and finding them under run_root, each task's newest array and
-job id from the array log, and the manifest's resource groups rebuilt as Resolved. The sweep
-folder's layout and its records are slurmkit.common.sweep_layout's."""
+"""The manifest's resource groups rebuilt as Resolved, on the login node. Listing and finding sweeps
+is slurmkit.runs.folders's; the sweep folder's layout, its records and what they say (each task's
+newest array and job id) are slurmkit.common.sweep_layout's."""
 
 from __future__ import annotations
 
-from slurmkit.common.sweep_layout import MANIFEST, ArrayEntry, SweepManifest, SweepPaths, task_spec
+from slurmkit.common.sweep_layout import SweepManifest, task_spec
 from slurmkit.config.loader import Resolved
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
-from slurmkit.runs.folders import find_folder, owned_folders
-
-
-def newest_arrays(manifest: SweepManifest) -> dict[int, ArrayEntry | None]:
-    """Each task's newest array entry (None if none holds it yet)."""
-    newest: dict[int, ArrayEntry | None] = {t.index: None for t in manifest.tasks}
-    for arr in manifest.arrays:
-        if arr.job_id or arr.kind == "local":
-            for index in arr.indices:
-                newest[index] = arr
-    return newest
-
-
-def latest_job_ids(manifest: SweepManifest) -> dict[int, str | None]:
-    """Each task's newest job id: ARRAY_TASK on Slurm, the controller pid on local; None before it exists."""
-    latest: dict[int, str | None] = {}
-    for index, arr in newest_arrays(manifest).items():
-        if arr is None:
-            latest[index] = None
-        elif arr.kind == "local":
-            latest[index] = arr.jobs.get(str(index))
-        else:
-            latest[index] = f"{arr.job_id}_{index - arr.base}"
-    return latest
-
-
-def list_sweeps(run_root: str) -> list[SweepPaths]:
-    return [SweepPaths(d) for d in owned_folders(run_root, MANIFEST, "sweep")]
-
-
-def find_sweep(run_root: str, sweep: str) -> SweepPaths:
-    return SweepPaths(find_folder(run_root, sweep, MANIFEST, "sweep"))
 
 
 def manifest_tasks(manifest: SweepManifest) -> tuple[list[Resolved], list[int]]:

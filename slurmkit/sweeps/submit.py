@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from slurmkit.calls import SweepTask
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.errors import PreflightError, SlurmError, SlurmkitError, squash
 from slurmkit.common.layout import RunPaths, expand_checkpoint_root
 from slurmkit.common.sweep_layout import (
     ArrayEntry,
@@ -28,6 +28,7 @@ from slurmkit.common.sweep_layout import (
 )
 from slurmkit.config.loader import Resolved, load_profile, profile_name
 from slurmkit.config.overrides import split_sets
+from slurmkit.errors import PreflightError, SlurmError, SlurmkitError, squash
 from slurmkit.runs import registry
 from slurmkit.runs.jobs import take_snapshot
 from slurmkit.runs.procs import signal_process
@@ -68,7 +69,6 @@ def _submit_arrays(paths: SweepPaths, groups: list[Resolved], planned: list[dict
                    kind: Literal["initial", "resubmit"], dependency: str | None, max_parallel: int | None) -> list[str]:
     """sbatch each planned array, recording each job id in the array log as soon as it exists."""
     from slurmkit.slurm.submitit_executor import ArraySpec, RenderedSlurmExecutor
-    from slurmkit.worker.sweep_task import SweepTask  # the pickled callable: where the two sides meet
 
     created = dt.datetime.now().isoformat(timespec="seconds")
     arrays = [ArrayEntry(kind=kind, created=created, **arr) for arr in planned]

@@ -30,8 +30,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from slurmkit.common import trust
 from slurmkit.common.atomic import atomic_write
-from slurmkit.common.errors import squash
 from slurmkit.common.layout import OBJECT_STORES
+from slurmkit.errors import squash
 from slurmkit.worker import record_crc
 
 MARKER = "COMMITTED.json"

@@ -97,6 +97,14 @@ def rank_env(denv: DistEnv) -> dict[str, str]:
             "LOCAL_WORLD_SIZE": str(denv.local_world_size)}
 
 
+def _tcp_store(addr: str, port: int, world_size: int, is_main: bool, timeout: dt.timedelta,
+               secret: bytes) -> Any:
+    """The run's signed store (slurmkit.worker.signed_store.tcp_store; torch.distributed: imported on first use)."""
+    from slurmkit.worker.signed_store import tcp_store
+
+    return tcp_store(addr, port, world_size, is_main, timeout, secret)
+
+
 class Group:
     """The default process group over a store of its own, which outlives it: a warm restart
     (slurmkit.worker.ft.warm) aborts the group and builds the next generation on the same store
@@ -104,11 +112,9 @@ class Group:
 
     def __init__(self, denv: DistEnv, backend: str, device: Any, timeout: dt.timedelta,
                  secret: bytes | None = None) -> None:
-        from slurmkit.worker.signed_store import tcp_store
-
         self.denv, self.backend, self.device, self.timeout = denv, backend, device, timeout
         # Signed with the run's secret: another user who reaches the port cannot feed the ranks a value.
-        self.store = tcp_store(denv.master_addr, denv.master_port, denv.world_size, denv.rank == 0, timeout,
+        self.store = _tcp_store(denv.master_addr, denv.master_port, denv.world_size, denv.rank == 0, timeout,
                                secret if secret is not None else run_secret(denv))
         self.generation = 0
         self._pairs: set[tuple[int, str]] = set()
@@ -316,14 +322,12 @@ def distributed(timeout_s: float | None = None) -> Iterator[Dist]:
     owns_group = denv.world_size > 1 and not tdist.is_initialized()
     group: Group | None = None
     if owns_group and denv.launcher == "torchrun":
-        from slurmkit.worker.signed_store import tcp_store
-
         # torchrun's agent hosts the store at MASTER_ADDR:MASTER_PORT (else rank 0 does, as env://
         # would); the group's values are signed with the run's secret as on srun, while torchrun's
         # own rendezvous keys stay torchrun's.
         hosts = denv.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-        store = tcp_store(denv.master_addr, denv.master_port, denv.world_size, hosts,
-                          dt.timedelta(seconds=timeout), run_secret(denv))
+        store = _tcp_store(denv.master_addr, denv.master_port, denv.world_size, hosts,
+                           dt.timedelta(seconds=timeout), run_secret(denv))
         tdist.init_process_group(backend, store=tdist.PrefixStore(f"slurmkit/torchrun/{denv.job_id}/", store),
                                  rank=denv.rank, world_size=denv.world_size, timeout=dt.timedelta(seconds=timeout),
                                  device_id=device if backend == "nccl" else None)

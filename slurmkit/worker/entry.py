@@ -1,4 +1,4 @@
-"""The callable submitit carries to the compute nodes: resolve the spec and run it on each rank.
+"""What every rank runs for the callable submitit carries (slurmkit.calls.Run): its spec, on this rank.
 
 Kept free of torch at import time: shell-command and callable runs must not pay for it.
 """
@@ -8,9 +8,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from dataclasses import dataclass, field
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmkit.common import outcomes, user_trace
 from slurmkit.common.layout import RunPaths
@@ -22,73 +22,62 @@ from slurmkit.worker.dist import detect, rank_env
 from slurmkit.worker.ft import checkpointable, restarts
 from slurmkit.worker.ft.interrupt import Interrupted, requeue_on_signal
 
+if TYPE_CHECKING:  # the record imports this module where a rank calls it
+    from slurmkit.calls import Run
+
 STDERR_TAIL_BYTES = 64 * 1024
 
 
-@dataclass
-class Run:
-    """What every rank executes; rank 0's return value is the run's result."""
+def run(call: Run) -> Any:
+    """Run the call's spec on this rank; the rank's outcome goes to outcomes/ as JSON (a stop for
+    requeue writes none)."""
+    outcome_file, stderr_log = _rank_files(call.run_dir)
+    try:
+        value = _run(call)
+    except Exception as exc:
+        if isinstance(exc, CommandFailed):
+            sys.stderr.flush()
+            why, trace = user_trace.of_command(exc.returncode, _tail(stderr_log))
+        else:
+            why, trace = user_trace.of_exception(exc)
+        outcomes.record(outcome_file, outcomes.ERROR, error=traceback.format_exc(), cause=why, trace=trace)
+        raise
+    outcomes.record(outcome_file, outcomes.SUCCESS, value=value)
+    return value
 
-    spec: dict[str, Any]
-    run_dir: str
-    env: dict[str, str] = field(default_factory=dict)
-    checkpoint_uri: str | None = None
-    fn: Any = None
-    """A `function` spec's Python function (slurmkit.Executor), pickled by value with its arguments."""
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    code_dir: str | None = None
-    """The run's code snapshot: the working directory and first import path of every incarnation."""
 
-    def __call__(self) -> Any:
-        """Run the spec; the rank's outcome goes to outcomes/ as JSON (a stop for requeue writes none)."""
-        outcome_file, stderr_log = _rank_files(self.run_dir)
-        try:
-            value = self._run()
-        except Exception as exc:
-            import traceback
+def _run(call: Run) -> Any:
+    # slurmkit's own interpreters start with -P (or PYTHONSAFEPATH); the user's code keeps Python's rules.
+    os.environ.pop("PYTHONSAFEPATH", None)
+    os.environ.update(call.env)
+    os.environ["SLURMKIT_RUN_DIR"] = call.run_dir
+    if call.code_dir:  # the batch shell has done this on Slurm; the local executor has not
+        os.chdir(call.code_dir)
+        sys.path.insert(0, call.code_dir)
+    if call.checkpoint_uri:
+        os.environ["SLURMKIT_CHECKPOINT_URI"] = call.checkpoint_uri
+    spec = call.spec
+    if spec.get("task") is not None:  # `train` (config.runspec.TASKS): its own stop and restart records
+        from slurmkit.worker.tasks import train_task  # torch: only a task run pays for it
 
-            if isinstance(exc, CommandFailed):
-                sys.stderr.flush()
-                why, trace = user_trace.of_command(exc.returncode, _tail(stderr_log))
-            else:
-                why, trace = user_trace.of_exception(exc)
-            outcomes.record(outcome_file, outcomes.ERROR, error=traceback.format_exc(), cause=why, trace=trace)
-            raise
-        outcomes.record(outcome_file, outcomes.SUCCESS, value=value)
-        return value
+        return train_task.run(spec.get("config") or {}, call.run_dir)
 
-    def _run(self) -> Any:
-        # slurmkit's own interpreters start with -P (or PYTHONSAFEPATH); the user's code keeps Python's rules.
-        os.environ.pop("PYTHONSAFEPATH", None)
-        os.environ.update(self.env)
-        os.environ["SLURMKIT_RUN_DIR"] = self.run_dir
-        if self.code_dir:  # the batch shell has done this on Slurm; the local executor has not
-            os.chdir(self.code_dir)
-            sys.path.insert(0, self.code_dir)
-        if self.checkpoint_uri:
-            os.environ["SLURMKIT_CHECKPOINT_URI"] = self.checkpoint_uri
-        if self.spec.get("task") is not None:  # `train` (config.runspec.TASKS): its own stop and restart records
-            from slurmkit.worker.tasks import train_task  # torch: only a task run pays for it
-
-            return train_task.run(self.spec.get("config") or {}, self.run_dir)
-
-        record_restart(self.run_dir)
-        # A function's or command's own wandb.init() / mlflow.start_run() go on with the run's tracker runs
-        os.environ.update(tracking.environment(self.run_dir, detect().rank))
-        user_imports()
-        with requeue_on_signal(self.run_dir):
-            if self.spec.get("command") is not None:
-                return run_command(self.spec["command"], _command_marker(self.run_dir))
-            if self.spec.get("ray") is not None:
-                return ray_driver.run(self.spec["ray"])
-            # The env:// rendezvous variables, as a command gets them: a function that calls
-            # init_process_group() (or runs a torchrun-style script in a subprocess) needs no slurmkit call.
-            os.environ.update(rank_env(detect()))
-            if self.spec.get("callable") is not None:
-                return call(self.spec["callable"], self.spec.get("kwargs") or {})
-            paths = RunPaths(Path(self.run_dir))
-            return call_function(*checkpointable.load(paths, self.fn, self.args, self.kwargs), paths)
+    record_restart(call.run_dir)
+    # A function's or command's own wandb.init() / mlflow.start_run() go on with the run's tracker runs
+    os.environ.update(tracking.environment(call.run_dir, detect().rank))
+    user_imports()
+    with requeue_on_signal(call.run_dir):
+        if spec.get("command") is not None:
+            return run_command(spec["command"], _command_marker(call.run_dir))
+        if spec.get("ray") is not None:
+            return ray_driver.run(spec["ray"])
+        # The env:// rendezvous variables, as a command gets them: a function that calls
+        # init_process_group() (or runs a torchrun-style script in a subprocess) needs no slurmkit call.
+        os.environ.update(rank_env(detect()))
+        if spec.get("callable") is not None:
+            return call_target(spec["callable"], spec.get("kwargs") or {})
+        paths = RunPaths(Path(call.run_dir))
+        return call_function(*checkpointable.load(paths, call.fn, call.args, call.kwargs), paths)
 
 
 def _rank_id() -> tuple[str, int]:
@@ -136,7 +125,7 @@ def user_imports() -> None:
         sys.path.append(here)
 
 
-def call(target: str, kwargs: dict[str, Any]) -> Any:
+def call_target(target: str, kwargs: dict[str, Any]) -> Any:
     """A spec's `callable: module:function`, imported by the user's rules (user_imports)."""
     module_name, _, attr = target.partition(":")
     obj: Any = importlib.import_module(module_name)

@@ -15,10 +15,10 @@ import os
 import sys
 from pathlib import Path
 
-from slurmkit.common.errors import squash
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import HealthReport
 from slurmkit.common.ports import health_port
+from slurmkit.errors import squash
 from slurmkit.worker.dist import distributed
 from slurmkit.worker.gpu import GpuState, query
 
@@ -49,7 +49,6 @@ def allreduce_problem(timeout_s: float = 60.0) -> str | None:
     try:
         import torch
         import torch.distributed as tdist
-
 
         # Not the training's port: its store must not meet this one, even in TIME_WAIT.
         os.environ.setdefault("MASTER_PORT", str(health_port(os.environ.get("SLURM_JOB_ID", "0"))))

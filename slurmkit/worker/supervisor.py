@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common import outcomes, ports, trust
-from slurmkit.common.errors import SlurmkitError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import StandbyGo, Stopped
 from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
 from slurmkit.common.supervisor_plan import Plan
+from slurmkit.errors import SlurmkitError
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
 from slurmkit.worker.ft import effects

@@ -88,8 +88,6 @@ def restart_fields(entry: RestartEntry) -> dict[str, Any]:
     return {k: v for k, v in json.loads(entry.model_dump_json()).items() if v not in (None, "", [])}
 
 
-
-
 def for_run(info: RunInfo, resumed_from: int) -> Iterator[tuple[str, Callable[[], Backend]]]:
     t = info.tracking
     if t.mlflow:

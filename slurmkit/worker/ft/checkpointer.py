@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
-from slurmkit.common.errors import squash
 from slurmkit.common.layout import RunPaths
+from slurmkit.errors import squash
 from slurmkit.worker import at_exit
 from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy, on_device, reserve
 from slurmkit.worker.ckptstore import SHARDED, CheckpointError, CheckpointStore, Entry
@@ -40,6 +41,13 @@ def checkpoint_uri(run_dir: str | None) -> str | None:
     if os.environ.get("SLURMKIT_CHECKPOINT_URI"):
         return os.environ["SLURMKIT_CHECKPOINT_URI"]
     return RunPaths(Path(run_dir)).checkpoint_uri(None) if run_dir else None
+
+
+def _dcp_io() -> ModuleType:
+    """slurmkit.worker.sharded (torch.distributed.checkpoint): imported only where a sharded state is."""
+    from slurmkit.worker import sharded
+
+    return sharded
 
 
 @dataclass
@@ -73,8 +81,7 @@ class StepFiles:
     def load_sharded(self, state: dict[str, Any]) -> None:
         """Fill `state` (DTensors of this run's sharding, as get_state_dict gives them) from the step's
         DCP shards, resharded from whatever world size saved them; every rank calls it."""
-        from slurmkit.worker import sharded as dcp_io
-
+        dcp_io = _dcp_io()
         if not self.sharded:
             raise CheckpointError(f"step-{self.step} holds no sharded state (saved without DTensors)")
         # Each rank checksums its share of the files: the step is read once in all, not once a rank.
@@ -207,8 +214,7 @@ class Checkpointer:
             self._in_flight = HostCopy(step, taken, True)
         shards = None
         if sharded is not None:
-            from slurmkit.worker import sharded as dcp_io  # torch.distributed.checkpoint: only where used
-
+            dcp_io = _dcp_io()
             live = wait and not on_device(sharded)  # DCP writes each tensor's own bytes, a view's too
             staged, group = sharded if live else cpu_copy(sharded, self._shard_buffers), self._dcp_group()
             shards = lambda: dcp_io.save(staged, self.store, step, group)  # noqa: E731 - runs in the writer thread

@@ -11,12 +11,12 @@ import signal
 from dataclasses import replace
 
 from slurmkit.common import outcomes
-from slurmkit.common.errors import SlurmError
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import HangMarker, HealthReport, RestartRequest, Stopped
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.slurm_env import expand_hostlist
+from slurmkit.errors import SlurmError
 from slurmkit.slurm import commands
 from slurmkit.worker.ft import policy
 from slurmkit.worker.ft.allocation import Allocation

@@ -26,12 +26,12 @@ import sys
 import time
 from pathlib import Path
 
-import slurmkit.worker.entry  # noqa: F401 - what the pickle names: imported before the go, as the rest
+import slurmkit.worker.entry  # noqa: F401 - what the pickled call runs: imported before the go, as the rest
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import StandbyGo
 from slurmkit.common.slurm_env import slurm_job_id
-from slurmkit.worker import startup
+from slurmkit.worker import rank, startup
 from slurmkit.worker.ft.stop import requeue_signal
 
 POLL_S = 0.01
@@ -85,8 +85,6 @@ def main(argv: list[str] | None = None) -> None:
     startup.restart_clock()
     print(f"slurmkit: standby rank takes in-job attempt {args.attempt} (its imports took {paid:.1f} s "
           f"before){renice}", file=sys.stderr, flush=True)
-    from slurmkit.worker import rank
-
     rank.run(args.folder)
 
 

@@ -17,16 +17,15 @@ from typing import TYPE_CHECKING, Any
 from slurmkit.api.handles import Job
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write
-from slurmkit.common.sweep_layout import Manifest, SweepPaths
+from slurmkit.common.sweep_layout import Manifest, SweepPaths, latest_job_ids
 from slurmkit.config.loader import Resolved
 from slurmkit.runs.jobs import Call
 from slurmkit.sweeps.resolve import SweepTasks
 from slurmkit.sweeps.spec import SweepPlan, SweepSection
-from slurmkit.sweeps.store import latest_job_ids
 from slurmkit.sweeps.submit import launch
 
 if TYPE_CHECKING:
-    from slurmkit.api.handles import Job
+    pass
 
 SOURCE = "Executor.map_array"
 
@@ -42,7 +41,6 @@ def plan_for(resolved: Resolved, n: int, max_parallel: int | None) -> tuple[Swee
 def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ...]], max_parallel: int | None,
            max_array_size: int | None) -> list[Job]:
     import cloudpickle
-
 
     plan, tasks = plan_for(resolved, len(items), max_parallel)
     payload = cloudpickle.dumps((fn, items))

@@ -1,0 +1,164 @@
+"""Submitting a run: check the request, create its folder and record, hand the pickled call to
+submitit (or render it only: a dry run)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from slurmkit.calls import Run
+from slurmkit.common import perms
+from slurmkit.common.layout import RunPaths, expand_root
+from slurmkit.common.record import RunFile, RunRecord
+from slurmkit.config.loader import Resolved
+from slurmkit.errors import ConfigError, SlurmError, SlurmkitError, squash
+from slurmkit.runs import local_checks, procs, registry, snapshot
+from slurmkit.slurm import preflight
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run_id: str
+    job_id: str | None
+    run_dir: str
+    script: str
+
+
+def run_env(resolved: Resolved, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every rank gets on top of the batch script's: profile, then spec, then extra."""
+    return {**resolved.profile.setup.env, **resolved.spec.env, **(extra or {})}
+
+
+@dataclass(frozen=True)
+class Call:
+    """A Python function and its arguments, carried by value in the job's pickle (slurmkit.Executor)."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None) -> Any:
+    """The callable submitit pickles for this run."""
+    return Run(spec=resolved.spec.model_dump(), run_dir=str(paths.run_dir), env=run_env(resolved),
+               checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root),
+               fn=call.fn if call else None, args=call.args if call else (),
+               kwargs=dict(call.kwargs) if call else {},
+               code_dir=str(paths.code_dir) if resolved.snapshot else None)
+
+
+def check_function_kind(resolved: Resolved, call: Call | None) -> None:
+    """A spec's `function` is a Python function's name; only a submit from Python carries the function."""
+    if resolved.spec.function is not None and call is None:
+        raise ConfigError("function is set only by slurmkit.Executor.submit", where=f"{resolved.spec_source}:function",
+                          valid="valid: callable: module:function in a spec file")
+    if call is not None and resolved.spec.function is None:
+        raise ConfigError("a Python function needs a spec of kind function", where=resolved.spec_source)
+
+
+def take_snapshot(resolved: Resolved, run_dir: Path, call: Call | None) -> dict[str, Any] | None:
+    """The code snapshot (when the run asks for one) into the run folder; what run.json records."""
+    if not resolved.snapshot:
+        return None
+
+    module = sys.modules.get(getattr(call.fn, "__module__", "") or "") if call else None
+    return snapshot.into(run_dir, RunPaths(run_dir).code_dir, getattr(module, "__file__", None),
+                         resolved.profile.snapshot_max_mb)
+
+
+def _submitit_executor() -> ModuleType:
+    """slurmkit.slurm.submitit_executor (submitit and the templates, ~0.3 s): only a submit pays for it."""
+    from slurmkit.slurm import submitit_executor
+
+    return submitit_executor
+
+
+def dry_run(resolved: Resolved, dependency: str | None = None) -> Submitted:
+    """Render exactly what submit would, creating nothing and calling no Slurm daemon."""
+    ex_mod = _submitit_executor()
+    local_checks.warn_idle_gpus(resolved)
+    paths = RunPaths(expand_root(resolved.profile.run_root) / "<run-id>")
+    script = ex_mod.render_for(resolved, paths.job_folder,
+                               ex_mod.submitit_command(ex_mod.rank_python(resolved), paths.job_folder),
+                               dependency=dependency)
+    return Submitted(run_id="<run-id>", job_id=None, run_dir=str(paths.run_dir), script=script)
+
+
+def submit(resolved: Resolved, dependency: str | None = None, call: Call | None = None,
+           preflighted: bool = False) -> Submitted:
+    """Pre-flight, create the run folder and record, submit through submitit, record the job id.
+
+    dependency is an sbatch --dependency value, e.g. from dependency.after_dependency. call is
+    the Python function a `function` spec runs (slurmkit.Executor.submit). preflighted: the caller
+    has just checked this same request against the live cluster (an Executor submitting again).
+    Everything the submit creates gets the run's umask (perms); a submit that fails before
+    anything is queued leaves nothing behind.
+    """
+    ex_mod = _submitit_executor()
+    slurm = _check_request(resolved, dependency, call, preflighted)
+    run_mode = resolved.profile.run_mode
+    with perms.umask(run_mode):
+        paths = registry.create(resolved.profile.run_root, resolved.spec.name, run_mode,
+                                resolved.profile.checkpoint_root)
+        record = RunFile(paths)
+        with registry.or_nothing(paths):  # nothing queued: no folder, no record that could claim a job
+            record.create(RunRecord(
+                run_id=paths.run_id, name=resolved.spec.name, run_dir=str(paths.run_dir),
+                created=dt.datetime.now().isoformat(timespec="seconds"), executor=resolved.profile.executor,
+                profile_name=resolved.profile_name, spec_source=resolved.spec_source,
+                spec=resolved.spec.model_dump(), profile=resolved.profile.model_dump(),
+                resources=resolved.resources.model_dump(), num_tasks=resolved.num_tasks))
+            if (snap := take_snapshot(resolved, paths.run_dir, call)) is not None:
+                record.update(snapshot=snap)
+            try:
+                if slurm:
+                    executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved, dependency)
+                else:
+                    executor = ex_mod.local_executor(paths.job_folder, resolved)
+                job = executor.submit(entry(resolved, paths, call))
+            except Exception as exc:
+                if isinstance(exc, (SlurmkitError, OSError)):
+                    raise
+                raise SlurmError(f"submission failed: {squash(str(exc))}", where=resolved.profile_name) from exc
+        # Queued: the job id is recorded first (with the script, in one write), so nothing later can lose it.
+        job_id = str(job.job_id)
+        script = getattr(executor, "last_script", None) or ""
+        record.add_job_id(job_id, pid_start=None if slurm else procs.start_time(int(job_id)), script=script)
+        if script:
+            registry.write_script(paths, script)
+    return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
+
+
+def _check_request(resolved: Resolved, dependency: str | None, call: Call | None, preflighted: bool) -> bool:
+    """What can be checked before anything is created; whether the run goes to Slurm."""
+    check_function_kind(resolved, call)
+    container = resolved.profile.container
+    check_secrets(resolved.spec.secret_env, resolved.spec_source,
+                  {**resolved.profile.setup.env, **(container.env if container else {})})
+    local_checks.warn_idle_gpus(resolved)
+    if resolved.profile.executor == "slurm":
+        if not preflighted:
+            preflight.check(resolved)
+        return True
+    if dependency:
+        raise SlurmkitError("--after needs the slurm executor", where=resolved.profile_name,
+                            valid="valid: a Slurm profile, e.g. -p devcluster")
+    local_checks.check(resolved)
+    return False
+
+
+def check_secrets(names: list[str], source: str, written: dict[str, str]) -> None:
+    """secret_env's variables are set here (the job takes them from this environment) and given no
+    value that would be written down (the profile's setup.env or container.env)."""
+    if missing := [n for n in names if n not in os.environ]:
+        raise ConfigError(f"secret_env {', '.join(missing)} not set in this environment", where=f"{source}:secret_env",
+                          valid="valid: export them before submitting (their values go only to the job)")
+    if named := sorted(set(names) & set(written)):
+        raise ConfigError(f"secret_env {', '.join(named)} has a value in the profile, which would be written down",
+                          where=f"{source}:secret_env", valid="valid: leave it out of the profile's env")
