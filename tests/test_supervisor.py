@@ -116,11 +116,23 @@ def test_sigterm_is_noted_and_outlived_not_passed_on(tmp_path: Path) -> None:
         ("SIGTERM", False), ("SIGUSR2", True)]
 
 
-def test_a_step_that_stopped_is_decided_as_a_stop_whatever_its_exit_code(
+def test_a_stop_record_counts_on_the_requeue_signal_whatever_the_exit_and_on_sigterm_only_when_clean() -> None:
+    """Rank 0 records the stop. On the requeue signal the step may yet exit non-zero (torchrun dying
+    under the ranks' save did): still the stop, never a crash. On SIGTERM, a non-zero exit is srun
+    ending the others after a rank died: the failure, not a stop (a kill -9 of a rank once read as
+    Slurm's own SIGTERM, and the run was not restarted)."""
+    from slurmkit.common.markers import Stopped
+
+    usr2, term = Stopped("77", 0, 0, 12, True, 0.0), Stopped("77", 0, 0, 12, False, 0.0)
+    assert supervisor.a_stop(usr2, 140) is usr2 and supervisor.a_stop(usr2, 0) is usr2
+    assert supervisor.a_stop(term, 0) is term and supervisor.a_stop(term, 137) is None
+    assert supervisor.a_stop(None, 0) is None
+
+
+def test_a_step_that_stopped_on_sigterm_is_decided_as_that_stop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rank 0 records the stop; the step may yet exit non-zero (torchrun dying under the ranks'
-    save did): the supervisor decides the stop, never a crash, and exits 0. Here the stop is
-    SIGTERM's with no preemption, so Slurm decides and nothing is requeued."""
+    """The supervisor's loop: a clean SIGTERM stop with no preemption is Slurm's to decide (END,
+    slurm_decides): no crash noted, no restart, exit 0."""
     from slurmkit.common.markers import Stopped
     from slurmkit.common.record import RunFile, RunRecord
 
@@ -130,27 +142,13 @@ def test_a_step_that_stopped_is_decided_as_a_stop_whatever_its_exit_code(
     RunFile(paths).create(RunRecord(run_id="run", job_ids=["77"], num_tasks=2, profile={"requeue": {"crash": 1}}))
     stand_in_step = ("import sys, time\nfrom pathlib import Path\nfrom slurmkit.common.layout import RunPaths\n"
                      "from slurmkit.common.markers import Stopped\n"
-                     "Stopped('77', 0, 0, 12, False, time.time()).write(RunPaths(Path(sys.argv[1])))\nsys.exit(140)\n")
+                     "Stopped('77', 0, 0, 12, False, time.time()).write(RunPaths(Path(sys.argv[1])))\n")
     sup = supervisor.Supervisor(PLAN.model_copy(update={"in_job": 1}), paths, "77", Container())
     monkeypatch.setattr(sup, "_launch", lambda: subprocess.Popen([sys.executable, "-P", "-c", stand_in_step,
                                                                   str(paths.run_dir)]))
     assert sup.run() == 0
-    found = Stopped.read(paths, "77", 0, 0)
-    assert found is not None and (found.step, found.requeue_signal) == (12, False)
     (decision,) = supervisor_events(paths.run_dir, "decision")
     assert (decision["action"], decision["why"], decision["step"]) == ("end", "slurm_decides", 12)
     record = RunFile(paths).read()
     assert record.failures == [] and record.restarts == []  # no crash noted, no in-job restart
     assert Stopped.read(paths, "77", 0, 1) is None and Stopped.read(paths, "77", 1, 0) is None  # another step's: stale
-
-
-def test_a_record_the_policy_cannot_read_ends_the_job_with_a_decision_not_a_traceback(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)  # no nodes to ask Slurm about
-    paths = RunPaths(tmp_path / "run")
-    paths.run_dir.mkdir()
-    paths.record.write_text("[]\n")  # not a record
-    decision = supervisor.Supervisor(PLAN, paths, "77", Container())._decide(1)
-    assert (decision.action.value, decision.why) == ("end", "unreadable")
-    (recorded,) = supervisor_events(paths.run_dir, "decision")
-    assert (recorded["action"], recorded["why"]) == ("end", "unreadable")

@@ -92,7 +92,7 @@ class Supervisor:
                 self._start_standby()
                 self._enter(State.RUNNING)
                 rc = self._wait(ranks)
-                stopped = Stopped.read(self.paths, self.job_id, outcomes.restart_count(), self.attempt)
+                stopped = a_stop(Stopped.read(self.paths, self.job_id, outcomes.restart_count(), self.attempt), rc)
                 if stopped is not None:  # the ranks stopped as asked (and saved): not a failure
                     self._enter(State.DECIDING, exit_code=rc)
                     after_stop(self.paths, self.job_id, stopped)
@@ -216,6 +216,14 @@ def decide(paths: RunPaths, job_id: str, gather: Callable[[], Event], alloc: All
           step=decision.step, nodes=decision.nodes, exclude=list(decision.exclude), why=decision.why)
     _say(said + decision.message)
     return decision
+
+
+def a_stop(stopped: Stopped | None, exit_code: int) -> Stopped | None:
+    """Rank 0's stop record, where the step ended as that stop: on the requeue signal, whatever the
+    step's exit code (torchrun dying under the ranks' save once made it non-zero); on SIGTERM, only
+    where every rank left cleanly. srun's own SIGTERM to the other ranks, once one of them died
+    (--kill-on-bad-exit), reads to them as a stop, and is the failure it follows."""
+    return stopped if stopped is not None and (stopped.requeue_signal or exit_code == 0) else None
 
 
 def after_stop(paths: RunPaths, job_id: str, stopped: Stopped) -> Decision:
