@@ -311,6 +311,20 @@ def test_sacct_reports_finished_jobs_in_one_call(cluster: None, tmp_path: Path, 
     assert all(infos[i].restarts == 0 and infos[i].exit_code == "0:0" for i in ids)
 
 
+def test_the_dry_run_is_the_very_request_submit_sends(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    """As TorchX's dry run: one typed value, shown, then sent as it is (the run id and folder it
+    names included), byte for byte what sbatch got."""
+    from slurmkit.config.loader import resolve
+
+    resolved = resolve(write_spec(tmp_path, name="same", command="true", resources={"nodes": 1}), str(dev_profile))
+    request = jobs.dry_run(resolved)
+    assert str(request.paths.job_folder) in request.script
+    sub = jobs.send(request)
+    assert (sub.run_id, sub.run_dir, sub.script) == (request.paths.run_id, str(request.paths.run_dir), request.script)
+    assert RunPaths(Path(sub.run_dir)).script.read_text() == request.script
+    assert finish(sub.run_dir, timeout_s=120).state == "COMPLETED"
+
+
 @pytest.mark.parametrize("kind", ["command", "callable"])
 def test_preemption_signal_requeues_a_run_without_steps(cluster: None, tmp_path: Path, dev_profile: Path,
                                                         kind: str) -> None:

@@ -95,10 +95,11 @@ def test_apptainer_wraps_each_rank_with_nv_only_when_gpus_are_used(tmp_path: Pat
     prefix = container.rank_prefix
     assert prefix[:4] == ["apptainer", "exec", "--nv", "--bind"] and prefix[4].startswith("/data:/data:ro,")
     assert prefix[5:] == ["--pwd", "/work", "--env", "HF_HOME=/data/hf cache", "/images/torch.sif"]
-    plan, container = supervisor_call(script_for(tmp_path, no_gpu))
+    script = script_for(tmp_path, no_gpu)
+    plan, container = supervisor_call(script)
     assert "--nv" not in container.rank_prefix
     # Each rank's command runs under the prefix: it ends the srun argv.
-    argv = step_argv(script_for(tmp_path, no_gpu))
+    argv = step_argv(script)
     assert argv[-len(plan.command) - len(container.rank_prefix):] == [*container.rank_prefix, *plan.command]
 
 

@@ -42,9 +42,10 @@ def new_run_id(name: str) -> str:
 
 
 def create(run_root: str, name: str, run_mode: str = perms.PRIVATE,
-           checkpoint_root: str | None = None) -> RunPaths:
+           checkpoint_root: str | None = None, run_id: str | None = None) -> RunPaths:
     """A new, empty run folder (0700, or 0750+setgid for run_mode group); one clear error if it cannot be.
-    A local checkpoint_root others could swap a run's checkpoints in is refused here too."""
+    A local checkpoint_root others could swap a run's checkpoints in is refused here too. `run_id`:
+    the id a dry run chose (its script names the folder), taken as it is; else a fresh one."""
     check_checkpoint_root(checkpoint_root)
     root = expand_root(run_root)
     where = f"profile:run_root={clip(run_root)}"
@@ -60,8 +61,8 @@ def create(run_root: str, name: str, run_mode: str = perms.PRIVATE,
     if reason := trust.chain_reason(root):
         raise ConfigError(reason, where=where, valid="valid: a folder of your own, in folders only you or root "
                                                      "can write, or shared ones with the sticky bit (as /tmp)")
-    for _ in range(CREATE_ATTEMPTS):  # a clash on the random id is rare; never spin forever
-        paths = RunPaths(root / new_run_id(name))
+    for _ in range(1 if run_id else CREATE_ATTEMPTS):  # a clash on the random id is rare; never spin forever
+        paths = RunPaths(root / (run_id or new_run_id(name)))
         try:
             perms.make_run_folder(paths.run_dir, run_mode)
             return paths
@@ -70,7 +71,8 @@ def create(run_root: str, name: str, run_mode: str = perms.PRIVATE,
         except OSError as exc:
             raise ConfigError(f"cannot create a run folder: {exc.strerror or exc}", where=where,
                               valid="valid: a writable folder with free space") from exc
-    raise SlurmkitError(f"no free run id after {CREATE_ATTEMPTS} attempts", where=where)
+    raise SlurmkitError(f"run id {run_id} is taken" if run_id else f"no free run id after {CREATE_ATTEMPTS} attempts",
+                        where=where, valid="valid: submit again (a new run id)")
 
 
 @contextmanager

@@ -131,11 +131,14 @@ def render_for(resolved: Resolved, folder: Path, command: str, array: ArraySpec 
 class RenderedSlurmExecutor(submitit.SlurmExecutor):
     """A SlurmExecutor whose submission file is slurmkit's rendered script."""
 
-    def __init__(self, folder: Path, resolved: Resolved, dependency: str | None = None) -> None:
+    def __init__(self, folder: Path, resolved: Resolved, dependency: str | None = None,
+                 script: str | None = None) -> None:
+        """`script`: the dry run's rendering for this folder, sent as it is (else rendered here)."""
         super().__init__(folder, max_num_timeout=resolved.profile.requeue.timeout,
                          python=rank_python(resolved))
         self.resolved = resolved
         self.dependency = dependency
+        self.given_script = script
         self.last_script: str | None = None
         self._array: ArraySpec | None = None
         r = resolved.resources
@@ -152,7 +155,8 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
         return submitit_command(self.python, Path(self.folder))
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        self.last_script = render_for(self.resolved, Path(self.folder), command, self._array, self.dependency)
+        given = self.given_script if self._array is None else None
+        self.last_script = given or render_for(self.resolved, Path(self.folder), command, self._array, self.dependency)
         return self.last_script
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:

@@ -19,16 +19,18 @@ from slurmkit.runs.jobs.status import (
 )
 from slurmkit.runs.jobs.submit import (
     Call,
+    Request,
     Submitted,
     check_function_kind,
     check_secrets,
     dry_run,
     entry,
     run_env,
+    send,
     submit,
     take_snapshot,
 )
 
-__all__ = ["FAILED_STATES", "Call", "RunStatus", "Submitted", "cancel", "check_function_kind", "check_secrets",
-           "describe", "dry_run", "entry", "is_active", "local_state", "outcome_state", "resubmit", "result",
-           "run_env", "run_state", "status", "statuses", "submit", "take_snapshot", "wait"]
+__all__ = ["FAILED_STATES", "Call", "Request", "RunStatus", "Submitted", "cancel", "check_function_kind",
+           "check_secrets", "describe", "dry_run", "entry", "is_active", "local_state", "outcome_state", "resubmit",
+           "result", "run_env", "run_state", "send", "status", "statuses", "submit", "take_snapshot", "wait"]

@@ -79,33 +79,54 @@ def _submitit_executor() -> ModuleType:
     return submitit_executor
 
 
-def dry_run(resolved: Resolved, dependency: str | None = None) -> Submitted:
-    """Render exactly what submit would, creating nothing and calling no Slurm daemon."""
-    ex_mod = _submitit_executor()
+@dataclass(frozen=True)
+class Request:
+    """What a submit sends, as the dry run returns it (TorchX's dry run): the run's id and folder
+    to be, and the very script sbatch gets (rendered for a local profile too, unused there)."""
+
+    resolved: Resolved
+    paths: RunPaths
+    dependency: str | None
+    script: str
+
+
+def dry_run(resolved: Resolved, dependency: str | None = None) -> Request:
+    """Render exactly what submit would send, creating nothing and calling no Slurm daemon; `send`
+    sends this very value."""
     local_checks.warn_idle_gpus(resolved)
-    paths = RunPaths(expand_root(resolved.profile.run_root) / "<run-id>")
+    return _request(resolved, dependency)
+
+
+def _request(resolved: Resolved, dependency: str | None) -> Request:
+    ex_mod = _submitit_executor()
+    paths = RunPaths(expand_root(resolved.profile.run_root) / registry.new_run_id(resolved.spec.name))
     script = ex_mod.render_for(resolved, paths.job_folder,
                                ex_mod.submitit_command(ex_mod.rank_python(resolved), paths.job_folder),
                                dependency=dependency)
-    return Submitted(run_id="<run-id>", job_id=None, run_dir=str(paths.run_dir), script=script)
+    return Request(resolved, paths, dependency, script)
 
 
 def submit(resolved: Resolved, dependency: str | None = None, call: Call | None = None,
            preflighted: bool = False) -> Submitted:
-    """Pre-flight, create the run folder and record, submit through submitit, record the job id.
+    """Check the request (pre-flight included, unless `preflighted`: the caller has just checked
+    this same request against the live cluster, an Executor submitting again), then send what a
+    dry run returns. dependency is an sbatch --dependency value (dependency.after_dependency); call
+    is the Python function a `function` spec runs (slurmkit.Executor.submit)."""
+    _check_request(resolved, dependency, call, preflighted)
+    return send(_request(resolved, dependency), call)
 
-    dependency is an sbatch --dependency value, e.g. from dependency.after_dependency. call is
-    the Python function a `function` spec runs (slurmkit.Executor.submit). preflighted: the caller
-    has just checked this same request against the live cluster (an Executor submitting again).
-    Everything the submit creates gets the run's umask (perms); a submit that fails before
-    anything is queued leaves nothing behind.
-    """
+
+def send(request: Request, call: Call | None = None) -> Submitted:
+    """Create the run folder and record the request names, submit it through submitit (sbatch gets
+    request.script, byte for byte), record the job id. Everything the submit creates gets the run's
+    umask (perms); a submit that fails before anything is queued leaves nothing behind."""
     ex_mod = _submitit_executor()
-    slurm = _check_request(resolved, dependency, call, preflighted)
+    resolved = request.resolved
+    slurm = resolved.profile.executor == "slurm"
     run_mode = resolved.profile.run_mode
     with perms.umask(run_mode):
         paths = registry.create(resolved.profile.run_root, resolved.spec.name, run_mode,
-                                resolved.profile.checkpoint_root)
+                                resolved.profile.checkpoint_root, run_id=request.paths.run_id)
         record = RunFile(paths)
         with registry.or_nothing(paths):  # nothing queued: no folder, no record that could claim a job
             record.create(RunRecord(
@@ -118,7 +139,8 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
                 record.update(snapshot=snap)
             try:
                 if slurm:
-                    executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved, dependency)
+                    executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved, request.dependency,
+                                                                 script=request.script)
                 else:
                     executor = ex_mod.local_executor(paths.job_folder, resolved)
                 job = executor.submit(entry(resolved, paths, call))
@@ -135,8 +157,8 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
 
 
-def _check_request(resolved: Resolved, dependency: str | None, call: Call | None, preflighted: bool) -> bool:
-    """What can be checked before anything is created; whether the run goes to Slurm."""
+def _check_request(resolved: Resolved, dependency: str | None, call: Call | None, preflighted: bool) -> None:
+    """What can be checked before anything is created."""
     check_function_kind(resolved, call)
     container = resolved.profile.container
     check_secrets(resolved.spec.secret_env, resolved.spec_source,
@@ -145,12 +167,11 @@ def _check_request(resolved: Resolved, dependency: str | None, call: Call | None
     if resolved.profile.executor == "slurm":
         if not preflighted:
             preflight.check(resolved)
-        return True
+        return
     if dependency:
         raise SlurmkitError("--after needs the slurm executor", where=resolved.profile_name,
                             valid="valid: a Slurm profile, e.g. -p devcluster")
     local_checks.check(resolved)
-    return False
 
 
 def check_secrets(names: list[str], source: str, written: dict[str, str]) -> None:
