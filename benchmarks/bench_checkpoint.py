@@ -32,7 +32,7 @@ def commit_vs_dd(folder: Path, reps: int = 3) -> dict[str, float]:
 
     import torch
 
-    from slurmkit.worker.ckptstore import CheckpointStore, to_bytes
+    from slurmkit.worker.checkpoint.store import CheckpointStore, to_bytes
 
     data = to_bytes({"w": torch.randn(SIZE // 4)})
     t0 = time.perf_counter()
@@ -75,7 +75,7 @@ def stall_async_vs_sync(folder: Path) -> dict[str, float]:
 
 KILLED_WRITER = """
 import sys
-from slurmkit.worker.ckptstore import CheckpointStore
+from slurmkit.worker.checkpoint.store import CheckpointStore
 store = CheckpointStore(sys.argv[1])
 step = int(sys.argv[2])
 payload = bytes([step % 251]) * (8 * 1024 * 1024)
@@ -89,7 +89,7 @@ while True:
 
 def crash_consistency(folder: Path, kills: int) -> dict[str, float]:
     """After every kill: is the newest committed checkpoint whole (the one latest_valid() picks)?"""
-    from slurmkit.worker.ckptstore import CheckpointStore
+    from slurmkit.worker.checkpoint.store import CheckpointStore
 
     root = folder / "crash"
     rng = random.Random(0)

@@ -37,7 +37,7 @@ def checkpoint_sizes(steps: int, folder: Path) -> dict[str, Any]:
     import torch
 
     from slurmkit.config.train import TrainConfig
-    from slurmkit.worker.ckptstore import CheckpointStore, to_bytes
+    from slurmkit.worker.checkpoint.store import CheckpointStore, to_bytes
     from slurmkit.worker.dist import distributed
     from slurmkit.worker.ft.incarnation import Incarnation
     from slurmkit.worker.trainer import Trainer, TrainerOptions, TrainState

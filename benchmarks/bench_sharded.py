@@ -43,8 +43,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from slurmkit.worker.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from slurmkit.worker.dist import Ranks  # noqa: E402
-from slurmkit.worker.ft.checkpointer import Checkpointer  # noqa: E402
 
 
 def _rank(rank: int, world: int, port: int, mb: int, root: str, repeat: int, out: str) -> None:
@@ -112,7 +112,7 @@ def stall_rank(rank: int, world: int, port: int, root: str, gpt: dict[str, Any],
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from slurmkit.worker.ft.checkpointer import Checkpointer
+    from slurmkit.worker.checkpoint.checkpointer import Checkpointer
     from slurmkit.worker.tasks import train_task
 
     saves: dict[str, list[float]] = {"ours": [], "dcp": []}
@@ -185,8 +185,8 @@ def _saving_forever(rank: int, root: Path, first_step: int, store_file: Path) ->
 
 
 def crash_consistency(folder: Path, kills: int) -> dict[str, int]:
-    from slurmkit.worker import sharded
-    from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
+    from slurmkit.worker.checkpoint import sharded
+    from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore
 
     root, rng = folder / "crash", random.Random(0)
     inside_a_save = checks = corrupt = torn_markers = 0

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from slurmkit.worker.ckptstore import CheckpointStore, digest  # noqa: E402
+from slurmkit.worker.checkpoint.store import CheckpointStore, digest  # noqa: E402
 
 FILE = 256 << 20
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from slurmkit.worker import record_crc
-from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy
-from slurmkit.worker.ckptstore import MARKER, TRAINER_FILES, CheckpointError, CheckpointStore
+from slurmkit.worker.checkpoint import crc as record_crc
+from slurmkit.worker.checkpoint.store import MARKER, TRAINER_FILES, CheckpointError, CheckpointStore
+from slurmkit.worker.checkpoint.threads import AsyncWriter, Prefetch, cpu_copy
 
 
 def _uris(tmp_path: Path) -> list[str]:
@@ -134,8 +134,8 @@ def test_cpu_copy_is_a_copy() -> None:
 
 KILLER = """
 import sys, torch
-from slurmkit.worker.ckpt_threads import AsyncWriter
-from slurmkit.worker.ckptstore import CheckpointStore
+from slurmkit.worker.checkpoint.threads import AsyncWriter
+from slurmkit.worker.checkpoint.store import CheckpointStore
 store = CheckpointStore(sys.argv[1])
 step = int(sys.argv[2])
 w = AsyncWriter(store)
@@ -269,3 +269,18 @@ def test_overlapping_checkpoint_writes_share_one_crc_switch() -> None:
     assert not torch.serialization.get_crc32_options()  # the second write is still out
     second.__exit__(None, None, None)
     assert torch.serialization.get_crc32_options()
+
+
+def test_the_storage_seam_is_what_every_store_here_opens(tmp_path: Path) -> None:
+    """CheckpointStore reads and writes only through Storage's names; each URI kind the tests use
+    (a folder, file://, memory://) opens a storage that has all of them."""
+    from slurmkit.worker.checkpoint.storage import Storage, open_storage
+
+    names = [n for n in Storage.__dict__ if not n.startswith("_")] + list(Storage.__annotations__)
+    assert {"ls", "cat_file", "pipe_file", "protocol"} <= set(names)  # the check sees the Protocol's members
+    for uri in _uris(tmp_path):
+        fs, root = open_storage(uri)
+        assert root and all(hasattr(fs, n) for n in names), uri
+        assert CheckpointStore(uri).fs is not None
+    with pytest.raises(CheckpointError):
+        open_storage("nosuchprotocol://x")

@@ -24,8 +24,8 @@ from slurmkit.devcluster import ranks
 from slurmkit.runs import jobs, track
 from slurmkit.runs import logs as run_logs
 from slurmkit.runs.failure import failure
-from slurmkit.worker import sharded
-from slurmkit.worker.ckptstore import CheckpointStore
+from slurmkit.worker.checkpoint import sharded
+from slurmkit.worker.checkpoint.store import CheckpointStore
 from tests import sshd
 from tests.conftest import EXAMPLES, executed_steps, steady, supervisor_events, write_dev_profile
 

@@ -19,7 +19,7 @@ import slurmkit
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker.checkpoint import STATE_FILE
-from slurmkit.worker.ckptstore import CheckpointStore
+from slurmkit.worker.checkpoint.store import CheckpointStore
 from slurmkit.worker.command import run_command
 from slurmkit.worker.ft.interrupt import _raising_handler
 from slurmkit.worker.ft.stop import install_handlers

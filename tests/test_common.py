@@ -147,7 +147,7 @@ CLIENT_MAY_IMPORT = {
     ("calls.py", "slurmkit.worker.entry"), ("calls.py", "slurmkit.worker.sweep_task"),
     # `slurmkit bench` measures the job side's own code: the all-reduce runs as a job, `bench fs`
     # writes through the checkpoint store.
-    ("bench/allreduce.py", "slurmkit.worker.dist"), ("bench/fs.py", "slurmkit.worker.ckptstore"),
+    ("bench/allreduce.py", "slurmkit.worker.dist"), ("bench/fs.py", "slurmkit.worker.checkpoint.store"),
     *((name, module) for name in PUBLIC_JOB_NAMES
       for module in ("slurmkit.worker", f"slurmkit.worker.{name.removesuffix('.py')}")),
 }

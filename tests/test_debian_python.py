@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch.distributed.checkpoint.metadata as dcp_metadata
 
-from slurmkit.worker import sharded
+from slurmkit.worker.checkpoint import sharded
 
 ROOT = Path(__file__).resolve().parent.parent
 DEBIAN_PYTHON = Path("/usr/bin/python3")
@@ -69,7 +69,7 @@ sys.stdout.write(folder)
 """
 READ_METADATA = """
 import io, sys
-from slurmkit.worker import sharded
+from slurmkit.worker.checkpoint import sharded
 meta = sharded._MetadataUnpickler(io.BytesIO(open(sys.argv[1] + "/.metadata", "rb").read())).load()
 print(sys.version.split()[0], sorted(meta.state_dict_metadata))
 """

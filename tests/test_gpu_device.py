@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slurmkit.worker import gpu
-from slurmkit.worker.ckpt_threads import cpu_copy, reserve
+from slurmkit.worker.checkpoint.threads import cpu_copy, reserve
 from slurmkit.worker.flops import peak_flops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),

@@ -13,7 +13,7 @@ from slurmkit.common.metrics import Interval, iter_records, iter_records_reverse
 from slurmkit.config.train import TrainConfig
 from slurmkit.insight import goodput
 from slurmkit.slurm.parse import Incarnation
-from slurmkit.worker.ckptstore import CheckpointStore, from_bytes
+from slurmkit.worker.checkpoint.store import CheckpointStore, from_bytes
 from slurmkit.worker.dist import distributed
 from slurmkit.worker.tasks.train_task import build
 from slurmkit.worker.tasks.train_task import run as train

@@ -20,7 +20,7 @@ from slurmkit.cli.app import app
 from slurmkit.config.loader import resolve
 from slurmkit.errors import PreflightError
 from slurmkit.slurm.imports import check_storage
-from slurmkit.worker.ckptstore import MARKER, CheckpointError, CheckpointStore, to_bytes
+from slurmkit.worker.checkpoint.store import MARKER, CheckpointError, CheckpointStore, to_bytes
 from tests.conftest import write_spec
 from tests.s3_server import BUCKET, S3
 
@@ -43,8 +43,8 @@ def test_a_step_on_s3_counts_only_once_its_marker_is_written(s3_server: S3) -> N
 
 KILLED_SAVE = """
 import os, signal, sys, torch
-from slurmkit.worker.ckpt_threads import AsyncWriter
-from slurmkit.worker.ckptstore import CheckpointStore
+from slurmkit.worker.checkpoint.threads import AsyncWriter
+from slurmkit.worker.checkpoint.store import CheckpointStore
 store = CheckpointStore(sys.argv[1], ("a.pt", "b.pt"))
 first = AsyncWriter(store)
 first.start(5, {"a.pt": torch.ones(2), "b.pt": torch.ones(2)})
@@ -71,7 +71,7 @@ def test_a_kill_during_a_save_to_s3_leaves_no_committed_step(s3_server: S3) -> N
 
 KILLED_UPLOAD = """
 import os, signal, sys, torch
-from slurmkit.worker import ckptstore
+from slurmkit.worker.checkpoint import store as ckptstore
 store = ckptstore.CheckpointStore(sys.argv[1])
 store.commit(5, [store.write_obj(5, "a.pt", torch.ones(2))])
 write = ckptstore.HashingStream.write
@@ -100,7 +100,7 @@ def test_a_kill_inside_one_files_upload_leaves_no_object_and_no_committed_step(s
 
 STREAMED = """
 import json, sys, tracemalloc, torch
-from slurmkit.worker.ckptstore import UPLOAD_PART, CheckpointStore
+from slurmkit.worker.checkpoint.store import UPLOAD_PART, CheckpointStore
 store = CheckpointStore(sys.argv[1])
 tensor = torch.arange(2 * UPLOAD_PART, dtype=torch.float32)  # 8 parts' worth (128 MiB)
 tracemalloc.start()

@@ -199,7 +199,7 @@ def test_a_function_checkpoint_that_verifies_but_does_not_load_falls_back_to_the
     import torch
 
     from slurmkit.worker.checkpoint import STATE_FILE, Checkpoint
-    from slurmkit.worker.ckptstore import Entry
+    from slurmkit.worker.checkpoint.store import Entry
 
     uri = f"file://{tmp_path}/ckpt"
     ckpt = Checkpoint(uri, every=4)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker.ckptstore import DIGEST, CheckpointStore, Entry, to_bytes
+from slurmkit.worker.checkpoint.store import DIGEST, CheckpointStore, Entry, to_bytes
 from slurmkit.worker.dist import distributed
 from slurmkit.worker.ft.faults import InjectedError
 from slurmkit.worker.ft.incarnation import Incarnation

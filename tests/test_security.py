@@ -29,7 +29,7 @@ from slurmkit.runs import jobs, lookup, procs, registry
 from slurmkit.runs.folders import find_sweep
 from slurmkit.runs.lookup import find_run
 from slurmkit.runs.snapshot import take
-from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
+from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore
 from tests.conftest import write_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from slurmkit.worker import sharded
-from slurmkit.worker.ckptstore import SHARDED, CheckpointError, CheckpointStore
+from slurmkit.worker.checkpoint import sharded
+from slurmkit.worker.checkpoint.store import SHARDED, CheckpointError, CheckpointStore
 from slurmkit.worker.rank import finish
 from tests.s3_server import BUCKET, S3
 
@@ -285,7 +285,7 @@ def test_reserved_host_memory_is_what_the_first_save_copies_into_dtensors_too(tm
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from slurmkit.worker.ckpt_threads import cpu_copy, reserve
+    from slurmkit.worker.checkpoint.threads import cpu_copy, reserve
 
     def memory(t: Any) -> int:
         return int((t.to_local() if isinstance(t, DTensor) else t).data_ptr())
@@ -326,8 +326,8 @@ def test_a_sharded_save_leaves_its_shard_out_of_the_page_cache(tmp_path: Path) -
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.fsdp import fully_shard
 
+    from slurmkit.worker.checkpoint.checkpointer import Checkpointer
     from slurmkit.worker.dist import Ranks
-    from slurmkit.worker.ft.checkpointer import Checkpointer
 
     def resident(path: Path) -> int:
         out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
@@ -361,9 +361,9 @@ def test_a_waited_save_of_a_cpu_state_is_written_from_it_and_an_async_one_from_i
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    from slurmkit.worker.ckptstore import CheckpointStore
+    from slurmkit.worker.checkpoint.checkpointer import Checkpointer
+    from slurmkit.worker.checkpoint.store import CheckpointStore
     from slurmkit.worker.dist import Ranks
-    from slurmkit.worker.ft.checkpointer import Checkpointer
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

@@ -176,7 +176,7 @@ def test_group_run_mode_gives_setgid_group_readable_folders(tmp_path: Path, run_
 
 
 def test_checkpoints_written_under_the_run_umask_are_not_world_readable(tmp_path: Path) -> None:
-    from slurmkit.worker.ckptstore import CheckpointStore
+    from slurmkit.worker.checkpoint.store import CheckpointStore
 
     store = CheckpointStore(str(tmp_path / "ckpt"))
     with perms.umask(perms.PRIVATE):

@@ -102,7 +102,7 @@ def _timed(store: Any, size: int) -> tuple[float, float, float | None]:
 
 
 def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, Any]:
-    from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
+    from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore
 
     root = f"{uri.rstrip('/')}/.slurmkit-bench-{uuid.uuid4().hex[:8]}"
     try:

@@ -27,7 +27,7 @@ from slurmkit.config.loader import Resolved
 from slurmkit.errors import PreflightError
 
 PYTHON_PROBE_TIMEOUT_S = 30
-_STORE_PROBE = ("import sys\nfrom slurmkit.worker.ckptstore import CheckpointError, CheckpointStore\n"
+_STORE_PROBE = ("import sys\nfrom slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore\n"
                 "try:\n    CheckpointStore(sys.argv[1])\nexcept CheckpointError as exc:\n    print(exc)\n"
                 "    sys.exit(3)\n")
 _MISSING_PROBE = ("import importlib.util, json, sys; "

@@ -15,11 +15,11 @@ from slurmkit.common.markers import HangMarker, StopMarker
 from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker.ckpt_threads import Prefetch
-from slurmkit.worker.ckptstore import CheckpointStore, trainer_files
+from slurmkit.worker.checkpoint.checkpointer import checkpoint_uri
+from slurmkit.worker.checkpoint.store import CheckpointStore, trainer_files
+from slurmkit.worker.checkpoint.threads import Prefetch
 from slurmkit.worker.dist import Dist
 from slurmkit.worker.ft import effects, policy, restarts, warm
-from slurmkit.worker.ft.checkpointer import checkpoint_uri
 from slurmkit.worker.ft.decision import Action, Decision
 from slurmkit.worker.ft.faults import FaultInjection
 from slurmkit.worker.ft.stop import Stop, ended

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from slurmkit.worker.ckpt_threads import Prefetch, cpu_copy
-from slurmkit.worker.ckptstore import trainer_files
+from slurmkit.worker.checkpoint.checkpointer import Checkpointer, HostCopy, StepFiles
+from slurmkit.worker.checkpoint.store import trainer_files
+from slurmkit.worker.checkpoint.threads import Prefetch, cpu_copy
 from slurmkit.worker.dist import Dist, Ranks
-from slurmkit.worker.ft.checkpointer import Checkpointer, HostCopy, StepFiles
 from slurmkit.worker.ft.faults import FaultInjection
 from slurmkit.worker.ft.stop import StopCoordinator
 from slurmkit.worker.ft.watchdog import Watchdog
@@ -144,7 +144,7 @@ class TrainerFT:
     # --------------------------------------------------------------- restore
 
     def restore(self, trainer: Trainer) -> int | None:
-        """Load the newest valid checkpoint (slurmkit.worker.ft.checkpointer: rank 0 picks it, every
+        """Load the newest valid checkpoint (slurmkit.worker.checkpoint.checkpointer: rank 0 picks it, every
         rank loads it, one that fails to load on any rank is skipped by all); none left means a
         fresh start from the model's initial state."""
         initial: dict[str, Any] = {}

@@ -1,4 +1,5 @@
-"""Checkpoints over any fsspec URI: step-N folders, valid only once their commit marker exists.
+"""Checkpoints over any fsspec URI (through the storage seam, slurmkit.worker.checkpoint.storage): step-N
+folders, valid only once their commit marker exists.
 
 Layout: <root>/step-N/<files> and <root>/step-N/COMMITTED.json, written last, holding the checksum
 and size of every file. On a local or parallel filesystem every file is written to a temp file in
@@ -24,15 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
-import fsspec
 import xxhash
 from fsspec.implementations.local import LocalFileSystem
 
+import slurmkit.worker.checkpoint.crc as record_crc
 from slurmkit.common import trust
 from slurmkit.common.atomic import atomic_write
 from slurmkit.common.layout import OBJECT_STORES
 from slurmkit.errors import squash
-from slurmkit.worker import record_crc
+from slurmkit.worker.checkpoint.storage import CheckpointError, Storage, open_storage
 
 MARKER = "COMMITTED.json"
 TRAINER_FILES = ("model.pt", "optim.pt", "trainer.pt")
@@ -41,12 +42,8 @@ KEEP_MAX_BYTES = 8 << 30  # verified bytes kept for the load that follows; above
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read; older committed checkpoints are untouched."""
-
-
 SHARDED = "dcp"
-"""The manifest's `format` of a sharded step (slurmkit.worker.sharded); absent: one file per name."""
+"""The manifest's `format` of a sharded step (slurmkit.worker.checkpoint.sharded); absent: one file per name."""
 SHARDED_INDEX = ".metadata"
 """DCP's index of a sharded step (which rank's file holds which slice)."""
 
@@ -163,13 +160,8 @@ class CheckpointStore:
     """Storage only: atomic files, the commit marker, listing, verification, pruning. No collectives."""
 
     def __init__(self, uri: str, required: tuple[str, ...] = ()) -> None:
-        try:
-            self.fs, root = fsspec.core.url_to_fs(uri)
-        except ImportError as exc:  # fsspec names the package a protocol needs: "Install s3fs to access S3"
-            extra = " (pip install 'slurmkit[s3]')" if uri.startswith("s3://") else ""
-            raise CheckpointError(f"{uri.split('://')[0]}:// needs a package not installed: {exc}{extra}") from exc
-        except ValueError as exc:  # "Protocol not known: nosuch"
-            raise CheckpointError(f"{exc}; valid: a folder, file://, s3:// or another fsspec URI") from exc
+        self.fs: Storage
+        self.fs, root = open_storage(uri)
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
@@ -320,7 +312,7 @@ class CheckpointStore:
         return manifest
 
     def _verify_sharded(self, step: int, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        """A sharded step (slurmkit.worker.sharded): every file there with its size, and DCP's index
+        """A sharded step (slurmkit.worker.checkpoint.sharded): every file there with its size, and DCP's index
         checksummed; the shards' checksums are checked at load, each by one rank (one read in all,
         not one per rank)."""
         try:

@@ -14,14 +14,14 @@ the run's checkpoint URI (profile checkpoint_root, else the run folder). Without
 functions `slurmkit.checkpoint.restore()`, `step()` and `save()` use a default Checkpoint.
 
 What it gives, as `task: train` has it: step-N folders valid only once their commit marker is
-written (slurmkit.worker.ckptstore), a save every `every` steps written in the background, the
+written (slurmkit.worker.checkpoint.store), a save every `every` steps written in the background, the
 newest `keep_latest_k` valid steps kept, and the stop: the signal handler only sets a flag; at
 the next `step()` every rank agrees (one small all-reduce), the state of that step is saved and
 committed, and the job's supervisor requeues within the profile's budget. The next incarnation's `restore()`
 returns that state, so no finished step is lost. Rank 0 writes a plain state: the ranks of a
 data-parallel function hold the same one. A sharded state (FSDP2's DTensors) is written by every
 rank, its own shard, through torch.distributed.checkpoint, and `restore(like=state)` reshards it
-to the run's ranks (slurmkit.worker.sharded). Torch is imported on first use.
+to the run's ranks (slurmkit.worker.checkpoint.sharded). Torch is imported on first use.
 
 In a `command` run's script (`python train.py` under srun or torchrun, the script's own
 init_process_group()), a Checkpoint tells the rank's worker that the script agrees stops
@@ -39,9 +39,9 @@ from typing import Any
 
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker import at_exit
-from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore
+from slurmkit.worker.checkpoint.checkpointer import Checkpointer, StepFiles, checkpoint_uri
+from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore
 from slurmkit.worker.dist import Ranks
-from slurmkit.worker.ft.checkpointer import Checkpointer, StepFiles, checkpoint_uri
 from slurmkit.worker.ft.stop import AgreedStop, Stop, StopCoordinator, StopFlag
 
 STATE_FILE = "state.pt"
@@ -124,7 +124,7 @@ class Checkpoint:
 
     def _files(self, value: Any, rank_state: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """What a save of `value` hands the Checkpointer: this rank's files, and the sharded state."""
-        from slurmkit.worker.sharded import is_sharded  # torch: on first use
+        from slurmkit.worker.checkpoint.sharded import is_sharded  # torch: on first use
 
         ckpt = self._ckpt
         files = {_rank_file(ckpt.ranks.rank): rank_state} if rank_state is not None else {}

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slurmkit.worker import at_exit
-from slurmkit.worker.ckptstore import CheckpointError, CheckpointStore, Entry
+from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore, Entry
 
 
 def cpu_copy(obj: Any, buffers: dict[str, Any] | None = None) -> Any:
@@ -172,7 +172,7 @@ class AsyncWriter:
 
     def start(self, step: int, files: dict[str, Any], before: Callable[[], list[Entry]] | None = None) -> None:
         """Write `files` (one per name) in the background; `before`, a writer of its own (a sharded
-        save: slurmkit.worker.sharded), runs first in the same thread, and its entries count too."""
+        save: slurmkit.worker.checkpoint.sharded), runs first in the same thread, and its entries count too."""
         self.wait()
         self.step, self._entries, self._error = step, [], None
 

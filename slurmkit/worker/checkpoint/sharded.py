@@ -4,7 +4,7 @@ A state holding DTensors (FSDP2's parameters and optimizer state, from
 torch.distributed.checkpoint.state_dict.get_state_dict) is saved with DCP: every rank writes its own
 shard (`__R_0.distcp`) and rank 0 DCP's `.metadata`, into the step's folder, through fsspec (a local
 or parallel filesystem and an object store are the same code). What DCP does not do is slurmkit's
-(slurmkit.worker.ft.checkpointer): the files are checksummed as they are written (xxh3-128, in the
+(slurmkit.worker.checkpoint.checkpointer): the files are checksummed as they are written (xxh3-128, in the
 stream: no second read), every rank's entries are gathered, and the commit marker is written last.
 Loading reshards: DCP reads each rank's slices of whatever world size saved it.
 
@@ -33,9 +33,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.tensor import DTensor
 
-from slurmkit.worker import record_crc
-from slurmkit.worker.ckpt_threads import any_tensor
-from slurmkit.worker.ckptstore import (
+import slurmkit.worker.checkpoint.crc as record_crc
+from slurmkit.worker.checkpoint.store import (
     DIGEST,
     SHARDED,
     SHARDED_INDEX,
@@ -46,6 +45,7 @@ from slurmkit.worker.ckptstore import (
     HashingStream,
     digest,
 )
+from slurmkit.worker.checkpoint.threads import any_tensor
 
 
 def is_sharded(state: Any) -> bool:

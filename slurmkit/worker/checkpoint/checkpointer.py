@@ -4,7 +4,7 @@ At a step boundary every rank hands it its share of a save. It copies that to ho
 save's sharded CPU state needs no copy), writes it in the background (one save in flight), and
 commits it at a later boundary, once no rank is still writing (the StopCoordinator's `writing`
 vote): every rank's file entries are gathered, rank 0 writes the commit marker (from then on step-N
-is valid: slurmkit.worker.ckptstore) and prunes to the newest keep_latest_k verified steps.
+is valid: slurmkit.worker.checkpoint.store) and prunes to the newest keep_latest_k verified steps.
 restore() has rank 0 pick the newest valid step and every rank load it through the caller's `load`;
 a step that fails to load on any rank is skipped by all, for the next older one. With `host_copy`,
 every rank also keeps the last committed state in its memory: a warm restart's source
@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 from slurmkit.common.layout import RunPaths
 from slurmkit.errors import squash
 from slurmkit.worker import at_exit
-from slurmkit.worker.ckpt_threads import AsyncWriter, Prefetch, cpu_copy, on_device, reserve
-from slurmkit.worker.ckptstore import SHARDED, CheckpointError, CheckpointStore, Entry
+from slurmkit.worker.checkpoint.store import SHARDED, CheckpointError, CheckpointStore, Entry
+from slurmkit.worker.checkpoint.threads import AsyncWriter, Prefetch, cpu_copy, on_device, reserve
 from slurmkit.worker.dist import Ranks
 
 T = TypeVar("T")
@@ -44,8 +44,8 @@ def checkpoint_uri(run_dir: str | None) -> str | None:
 
 
 def _dcp_io() -> ModuleType:
-    """slurmkit.worker.sharded (torch.distributed.checkpoint): imported only where a sharded state is."""
-    from slurmkit.worker import sharded
+    """slurmkit.worker.checkpoint.sharded (torch.distributed.checkpoint): imported only where a sharded state is."""
+    import slurmkit.worker.checkpoint.sharded as sharded
 
     return sharded
 
@@ -200,7 +200,7 @@ class Checkpointer:
              sharded: dict[str, Any] | None = None) -> None:
         """Start this rank's share of step's save: `files` copied to host memory, those named in `mine`
         (all by default) written in the background, and `sharded` (a state of DTensors) as this
-        rank's shard of a DCP checkpoint in the same step (slurmkit.worker.sharded). Every rank calls
+        rank's shard of a DCP checkpoint in the same step (slurmkit.worker.checkpoint.sharded). Every rank calls
         it at the same step; `wait` commits before returning. A save still pending is committed first.
 
         A waited save's sharded state on the CPU is written from the state itself, with no host copy:
