@@ -9,19 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurmkit.common.work import Work
+
 
 @dataclass
 class Run:
     """What every rank of a run executes (worker.entry.run); rank 0's return value is the run's result."""
 
-    spec: dict[str, Any]
+    work: Work
     run_dir: str
     env: dict[str, str] = field(default_factory=dict)
     checkpoint_uri: str | None = None
-    fn: Any = None
-    """A `function` spec's Python function (slurmkit.Executor), pickled by value with its arguments."""
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
     code_dir: str | None = None
     """The run's code snapshot: the working directory and first import path of every incarnation."""
 
@@ -34,7 +32,7 @@ class Run:
 @dataclass(frozen=True)
 class SweepTask:
     """The callable of every task of one array: sweep task base + SLURM_ARRAY_TASK_ID (or index),
-    whose Run the job's side looks up in the sweep's manifest (worker.sweep_task.task_run)."""
+    whose Run the job's side builds from the sweep's manifest (worker.sweep_task.task_run)."""
 
     sweep_dir: str
     base: int = 0

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -289,3 +290,23 @@ def test_atomic_write_replaces_whole_files_and_leaves_no_temp(tmp_path: Path, mo
     assert target.read_text() == "new\n" * 1000
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
     assert len(synced) == (4 if durable else 0)
+
+
+def test_what_a_run_runs_is_one_typed_kind_for_each_kind_of_spec() -> None:
+    """The pickled Run carries a tagged union (common.work.Work), not a spec dict read with .get:
+    each of config.runspec.KINDS maps to its own type, with its fields."""
+    import typing
+
+    from slurmkit.common.work import PythonFunction, RayDriver, ShellCommand, Target, TrainTask, Work, work_of
+    from slurmkit.config.runspec import KINDS, RunSpec
+
+    specs: dict[str, dict[str, Any]] = {
+        "command": {"command": "true"}, "callable": {"callable": "m:f", "kwargs": {"a": 1}},
+        "function": {"function": "__main__.f"}, "task": {"task": "train", "config": {"steps": 3}},
+        "ray": {"ray": {"driver": "d.py"}}}
+    assert set(specs) == set(KINDS)
+    works = {kind: work_of(RunSpec(name="x", **fields), pow, (2, 3)) for kind, fields in specs.items()}
+    assert works == {"command": ShellCommand("true"), "callable": Target("m:f", {"a": 1}),
+                     "function": PythonFunction(pow, (2, 3), {}), "task": TrainTask("train", {"steps": 3}),
+                     "ray": RayDriver(RunSpec(name="x", ray={"driver": "d.py"}).ray.model_dump())}  # type: ignore[union-attr]
+    assert {type(w) for w in works.values()} == set(typing.get_args(Work))

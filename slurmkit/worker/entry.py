@@ -16,6 +16,7 @@ from slurmkit.common import outcomes, user_trace
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import CommandStop
 from slurmkit.common.slurm_env import slurm_job_id
+from slurmkit.common.work import RayDriver, ShellCommand, Target, TrainTask
 from slurmkit.worker import checkpoint, ray_driver, tracking
 from slurmkit.worker.command import CommandFailed, run_command
 from slurmkit.worker.dist import detect, rank_env
@@ -56,28 +57,29 @@ def _run(call: Run) -> Any:
         sys.path.insert(0, call.code_dir)
     if call.checkpoint_uri:
         os.environ["SLURMKIT_CHECKPOINT_URI"] = call.checkpoint_uri
-    spec = call.spec
-    if spec.get("task") is not None:  # `train` (config.runspec.TASKS): its own stop and restart records
+    work = call.work
+    if isinstance(work, TrainTask):  # its own stop and restart records
         from slurmkit.worker.tasks import train_task  # torch: only a task run pays for it
 
-        return train_task.run(spec.get("config") or {}, call.run_dir)
+        return train_task.run(work.config, call.run_dir)
 
     record_restart(call.run_dir)
     # A function's or command's own wandb.init() / mlflow.start_run() go on with the run's tracker runs
     os.environ.update(tracking.environment(call.run_dir, detect().rank))
     user_imports()
     with requeue_on_signal(call.run_dir):
-        if spec.get("command") is not None:
-            return run_command(spec["command"], _command_marker(call.run_dir))
-        if spec.get("ray") is not None:
-            return ray_driver.run(spec["ray"])
+        match work:
+            case ShellCommand(command):
+                return run_command(command, _command_marker(call.run_dir))
+            case RayDriver(ray):
+                return ray_driver.run(ray)
         # The env:// rendezvous variables, as a command gets them: a function that calls
         # init_process_group() (or runs a torchrun-style script in a subprocess) needs no slurmkit call.
         os.environ.update(rank_env(detect()))
-        if spec.get("callable") is not None:
-            return call_target(spec["callable"], spec.get("kwargs") or {})
+        if isinstance(work, Target):
+            return call_target(work.target, work.kwargs)
         paths = RunPaths(Path(call.run_dir))
-        return call_function(*checkpointable.load(paths, call.fn, call.args, call.kwargs), paths)
+        return call_function(*checkpointable.load(paths, work.fn, work.args, work.kwargs), paths)
 
 
 def _rank_id() -> tuple[str, int]:

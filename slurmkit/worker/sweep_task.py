@@ -7,8 +7,8 @@ The batch shell of each array task first runs
 which creates the task's run folder and run.json (once), records this job id there, links the
 array's one pickle under this task's job id (--pickle), and prints shell assignments for the
 batch shell to eval: the run folder and the task's own environment (every value shell-quoted).
-Then every rank calls the pickled SweepTask (slurmkit.calls), whose run `task_run` looks
-up here in the manifest by its array index. Kept free of torch at import time.
+Then every rank calls the pickled SweepTask (slurmkit.calls), whose Run `task_run` builds here
+from the manifest, by its array index. Kept free of torch at import time.
 """
 
 from __future__ import annotations
@@ -24,18 +24,20 @@ from typing import Any
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.common.sweep_layout import Manifest, SweepPaths, load_call, materialize_task, task_entry
+from slurmkit.common.work import work_of
+from slurmkit.config.runspec import RunSpec
 
 
 def task_run(sweep_dir: str, base: int, index: int | None) -> dict[str, Any]:
-    """Array task base + SLURM_ARRAY_TASK_ID's (or `index`'s) run, as slurmkit.calls.Run's
-    fields: its own config, looked up in the manifest."""
+    """Array task base + SLURM_ARRAY_TASK_ID's (or `index`'s) run, as slurmkit.calls.Run's fields
+    (that module calls this one): its own config, looked up in the manifest."""
     index = index if index is not None else base + int(os.environ["SLURM_ARRAY_TASK_ID"])
     paths = SweepPaths(Path(sweep_dir))
     entry = task_entry(paths, Manifest(paths).read(), index)
     fn, args = load_call(paths, index) if entry.spec.get("function") else (None, ())
     code = RunPaths(paths.sweep_dir).code_dir
-    return {"spec": entry.spec, "run_dir": entry.run_dir, "env": entry.env, "checkpoint_uri": entry.checkpoint_uri,
-            "fn": fn, "args": args, "code_dir": str(code) if code.is_dir() else None}
+    return {"work": work_of(RunSpec.model_validate(entry.spec), fn, args), "run_dir": entry.run_dir, "env": entry.env,
+            "checkpoint_uri": entry.checkpoint_uri, "code_dir": str(code) if code.is_dir() else None}
 
 
 def link_pickle(paths: SweepPaths, pickle: Path, job_id: str) -> None:

@@ -16,6 +16,7 @@ from slurmkit.calls import Run
 from slurmkit.common import perms
 from slurmkit.common.layout import RunPaths, expand_root
 from slurmkit.common.record import RunFile, RunRecord
+from slurmkit.common.work import work_of
 from slurmkit.config.loader import Resolved
 from slurmkit.errors import ConfigError, SlurmError, SlurmkitError, squash
 from slurmkit.runs import local_checks, procs, registry, snapshot
@@ -46,10 +47,9 @@ class Call:
 
 def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None) -> Any:
     """The callable submitit pickles for this run."""
-    return Run(spec=resolved.spec.model_dump(), run_dir=str(paths.run_dir), env=run_env(resolved),
+    work = work_of(resolved.spec, call.fn, call.args, call.kwargs) if call else work_of(resolved.spec)
+    return Run(work, run_dir=str(paths.run_dir), env=run_env(resolved),
                checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root),
-               fn=call.fn if call else None, args=call.args if call else (),
-               kwargs=dict(call.kwargs) if call else {},
                code_dir=str(paths.code_dir) if resolved.snapshot else None)
 
 
