@@ -12,14 +12,14 @@ The supervisor's side (torch-free):
 The ranks' side:
 - stop: the stop signals (their handlers only set a flag), the StopCoordinator, the one
   agreement on a stop and on a save's commit at a step boundary, and the stop's typed record.
-- checkpointer: the one Checkpointer (save in the background, commit, prune, restore, host copy),
-  under the Trainer and slurmkit.Checkpoint alike.
 - trainer_ft: the Trainer's fault tolerance at its step boundaries (checkpointer, stop, watchdog,
   the live state a warm restart resumes from).
 - incarnation: one incarnation of `task: train` (resume, record the restart, warm restarts, the stop).
 - warm: restarting in the process after an exception; standby: rank processes kept ready for an
   in-job restart; watchdog: hang detection; interrupt: the stop for runs without step boundaries;
   faults: fault injection on purpose (config.faults).
+
+The one Checkpointer the Trainer and slurmkit.Checkpoint share is slurmkit.worker.checkpoint's.
 
 The supervisor (slurmkit.worker.supervisor) decides in its own process after every step: after a
 stop (rank 0's record, common.markers.Stopped) and after a failure. Rank 0 asks the same decide only
