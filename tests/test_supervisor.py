@@ -129,6 +129,46 @@ def test_a_stop_record_counts_on_the_requeue_signal_whatever_the_exit_and_on_sig
     assert supervisor.a_stop(None, 0) is None
 
 
+# A supervisor whose ranks' step is a stand-in: it sends Slurm's SIGTERM to the supervisor (as scancel
+# does to the batch step), then exits 143 before any rank wrote a stop record, as srun did.
+CANCELLED = """
+import subprocess, sys
+from pathlib import Path
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunFile, RunRecord
+from slurmkit.common.supervisor_plan import Plan
+from slurmkit.slurm.steps import Container
+from slurmkit.worker.supervisor import Supervisor
+
+paths = RunPaths(Path(sys.argv[1]))
+paths.job_folder.mkdir(parents=True)
+RunFile(paths).create(RunRecord(run_id="run", job_ids=["77"], num_tasks=2,
+                                profile={"requeue": {"crash": 3, "in_job": 2, "preemption": 3}}))
+sup = Supervisor(Plan.model_validate_json(sys.argv[2]), paths, "77", Container())
+step = "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(0.5); raise SystemExit(143)"
+sup._launch = lambda: subprocess.Popen([sys.executable, "-c", step])
+sys.exit(sup.run())
+"""
+
+
+def test_after_slurms_sigterm_a_failed_step_is_no_crash_to_restart_or_requeue(tmp_path: Path) -> None:
+    """scancel signals the batch step too: the supervisor, outliving its SIGTERM, once took the step's
+    exit 143 for a crash, restarted it in the job and requeued the cancelled job. Now the step's end
+    is Slurm's stop: no restart, no requeue, nothing noted."""
+    from slurmkit.common.record import RunFile
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-P", "-c", CANCELLED, str(run_dir), PLAN.model_dump_json()],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "SLURM_RESTART_COUNT": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert [e["signal"] for e in supervisor_events(run_dir, "signal")] == ["SIGTERM"]
+    (decision,) = supervisor_events(run_dir, "decision")
+    assert (decision["action"], decision["why"]) == ("end", "slurm_decides")
+    record = RunFile(RunPaths(run_dir)).read()
+    assert record.failures == [] and record.restarts == []
+    assert [e["state"] for e in supervisor_events(run_dir, "state")].count("launch") == 1  # no second step
+
+
 def test_a_step_that_stopped_on_sigterm_is_decided_as_that_stop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The supervisor's loop: a clean SIGTERM stop with no preemption is Slurm's to decide (END,

@@ -10,7 +10,8 @@
 - RUNNING: wait for the step. Slurm's batch signal (the profile's, --signal=B:SIG) comes to this
   process; its handler only sets a flag, and the loop passes the signal on to the ranks' step.
   SIGTERM is noted and not passed on: Slurm sends it to the ranks' step itself, and this process
-  must outlive it to decide once the ranks have saved.
+  must outlive it to decide once the ranks have saved. After it, the step's end is that stop,
+  never a failure to restart or requeue (a scancel is not a crash).
 - DECIDING: the ranks stopped on a signal (rank 0's record, common.markers.Stopped: a StepStopped
   event), and the supervisor exits 0 once it is decided; or the step exited non-zero (StepFailed).
   The pure policy (worker.ft.policy.decide) answers with a Decision, whose effects the decider's
@@ -75,6 +76,8 @@ class Supervisor:
         self.nodes = plan.shrink.nodes if plan.shrink else None
         self.exclude: tuple[str, ...] = ()
         self._standby: subprocess.Popen[bytes] | None = None
+        self.terminated = False
+        """Slurm's SIGTERM came: the job is ending, by Slurm's hand (_stop_of)."""
         if plan.launcher == "torchrun":  # c10d on the first node; the job's own id, as MASTER_PORT is picked
             first = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))[:1] or ["localhost"]
             os.environ["SLURMKIT_RDZV_ENDPOINT"] = f"{first[0]}:{ports.training_port(os.environ['SLURM_JOB_ID'])}"
@@ -92,7 +95,7 @@ class Supervisor:
                 self._start_standby()
                 self._enter(State.RUNNING)
                 rc = self._wait(ranks)
-                stopped = a_stop(Stopped.read(self.paths, self.job_id, outcomes.restart_count(), self.attempt), rc)
+                stopped = self._stop_of(rc)
                 if stopped is not None:  # the ranks stopped as asked (and saved): not a failure
                     self._enter(State.DECIDING, exit_code=rc)
                     after_stop(self.paths, self.job_id, stopped)
@@ -112,6 +115,16 @@ class Supervisor:
             self._end_standby()
         self._enter(State.DONE, exit_code=rc)
         return rc
+
+    def _stop_of(self, rc: int) -> Stopped | None:
+        """How the step ended, if by a stop. Once Slurm's SIGTERM has come to this process, Slurm is
+        ending the job (scancel, the time limit, a preemption): the step ended by that, whatever its
+        exit (srun, signalled too, may be gone before its ranks' record), never as a failure to
+        restart or requeue. Else rank 0's record, as a_stop reads it."""
+        found = Stopped.read(self.paths, self.job_id, outcomes.restart_count(), self.attempt)
+        if self.terminated:
+            return found or Stopped(self.job_id, outcomes.restart_count(), self.attempt, None, False, time.time())
+        return a_stop(found, rc)
 
     def _decide(self, rc: int) -> Decision:
         alloc = effects.read_allocation(self.job_id, self.nodes, self.plan.shrink.least if self.plan.shrink else None)
@@ -174,6 +187,7 @@ class Supervisor:
                 select.select(ready, [], [], 1.0 if pidfd is not None else 0.05)
                 for signum in self._inbox.take():
                     forward = signum == self._forwarded
+                    self.terminated = self.terminated or signum == signal.SIGTERM
                     _say(f"caught {signal.Signals(signum).name}" + (", forwarding to ranks" if forward else ""))
                     self._event("signal", signal=signal.Signals(signum).name, forwarded=forward)
                     if forward:
