@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
-from slurmkit.runs import lookup
-from slurmkit.sweeps import store
+from slurmkit.runs import folders, lookup
 
 OTHER_UID = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="other users' folders are made by chown (root)")
@@ -72,7 +71,7 @@ def found(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
         return folder
 
     monkeypatch.setattr(lookup, "find_folder", spy)
-    monkeypatch.setattr(store, "find_folder", spy)
+    monkeypatch.setattr(folders, "find_folder", spy)  # find_sweep
     return seen
 
 
