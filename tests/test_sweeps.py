@@ -271,3 +271,29 @@ def test_results_pick_the_best_row_and_write_csv(tmp_path: Path, local_profile: 
     assert "best: task 1 by loss" in result.output
     lines = csv_path.read_text().splitlines()
     assert lines[0] == "index,state,env.X,step,loss,accuracy" and len(lines) == 4
+
+
+def test_submit_and_sweep_submit_read_the_profile_once(tmp_path: Path, local_profile: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """One profile load a command (its extends chain read once, --set applied to it), after the
+    root group's own read (does the profile name a login host: slurmkit.remote.forward.site_of).
+    A sweep's command once read it three times (its task cap, its umask, its tasks), submit's twice."""
+    from slurmkit.config import loader
+
+    reads: list[str] = []
+    real = loader.profile_layers
+
+    def counted(name: str) -> list[Any]:
+        reads.append(name)
+        return real(name)
+
+    monkeypatch.setattr(loader, "profile_layers", counted)
+    spec_path = tmp_path / "one.yaml"
+    spec_path.write_text(yaml.safe_dump({"name": "one", "command": "true"}))
+    sweep = write_sweep(tmp_path, {"grid": {"env.MODE": ["a", "b"]}})
+    for argv in (["submit", str(spec_path), "--dry-run"], ["sweep", "submit", str(sweep), "--dry-run"],
+                 ["sweep", "submit", str(sweep), "--set", "profile.sweep_max_tasks=5"]):
+        reads.clear()
+        result = runner.invoke(app, [*argv, "-p", str(local_profile)])
+        assert result.exit_code == 0, result.output
+        assert reads == [str(local_profile)] * 2, argv  # site_of's, then the command's one load

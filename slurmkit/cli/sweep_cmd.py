@@ -62,19 +62,20 @@ def submit(
 ) -> None:
     """Submit a sweep: one job array per chunk of at most MaxArraySize tasks."""
     from slurmkit.config.loader import load_profile, profile_name
+    from slurmkit.config.overrides import split_sets
     from slurmkit.sweeps import plan as plan_mod
     from slurmkit.sweeps import resolve as resolve_mod
     from slurmkit.sweeps import spec as spec_mod
     from slurmkit.sweeps import submit as sub
 
-    prof = load_profile(profile_name(profile))
+    prof = load_profile(profile_name(profile), split_sets(set_ or [])[1])  # the one load, --set included
     plan = spec_mod.load(spec, grid, max_parallel, max_tasks=prof.sweep_max_tasks)
     if dry_run:
-        _print_preview(plan_mod.preview(plan, resolve_mod.resolve_tasks(plan, profile, set_), max_array_size),
-                       plan.varying, as_json)
+        resolved = resolve_mod.resolve_tasks(plan, profile, set_, loaded=prof)
+        _print_preview(plan_mod.preview(plan, resolved, max_array_size), plan.varying, as_json)
         return
     dependency = dependency_for(prof.run_root, after, after_any, after_notok)
-    done = sub.submit(plan, profile, set_, max_array_size, dependency)
+    done = sub.submit(plan, profile, set_, max_array_size, dependency, loaded=prof)
     if wait:
         from slurmkit.common import sweep_layout
         from slurmkit.sweeps import results

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from slurmkit.config.loader import Layer, Resolved, load_profile, profile_name, resolve_layers
 from slurmkit.config.overrides import nested, split_sets
+from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError
 from slurmkit.sweeps.spec import SweepPlan
@@ -61,12 +62,13 @@ def task_seed(resolved: Resolved, base_seed: int, index: int) -> int:
 
 
 def resolve_tasks(plan: SweepPlan, profile: str | None = None, sets: list[str] | None = None,
-                  factor: bool = True) -> SweepTasks:
+                  factor: bool = True, loaded: ClusterProfile | None = None) -> SweepTasks:
     """Every task's run spec against the profile: base spec < sweep overrides < --set.
-    factor=False validates every task in full, the reference the factored path must equal."""
+    factor=False validates every task in full, the reference the factored path must equal.
+    `loaded`: the profile as the command already loaded it (its --set layers included)."""
     spec_sets, profile_sets = split_sets(sets or [])
     name = profile_name(profile)
-    prof = load_profile(name, profile_sets)
+    prof = loaded if loaded is not None else load_profile(name, profile_sets)
     top: list[Layer] = [("--set", spec_sets)] if spec_sets else []
     factored = _factored(plan, top, prof, name, spec_sets) if factor else None
     return factored if factored is not None else _full(plan, top, prof, name, spec_sets)

@@ -28,6 +28,7 @@ from slurmkit.common.sweep_layout import (
 )
 from slurmkit.config.loader import Resolved, load_profile, profile_name
 from slurmkit.config.overrides import split_sets
+from slurmkit.config.profile import ClusterProfile
 from slurmkit.errors import PreflightError, SlurmError, SlurmkitError, squash
 from slurmkit.runs import registry
 from slurmkit.runs.jobs import take_snapshot
@@ -131,25 +132,27 @@ def _write_manifest(paths: SweepPaths, plan: SweepPlan, tasks: SweepTasks) -> No
 
 
 def submit(plan: SweepPlan, profile: str | None = None, sets: list[str] | None = None,
-           max_array_size: int | None = None, after: str | None = None) -> SweepSubmitted:
+           max_array_size: int | None = None, after: str | None = None,
+           loaded: ClusterProfile | None = None) -> SweepSubmitted:
     """Pre-flight, write the manifest, submit. max_array_size lowers the live MaxArraySize.
+    `loaded`: the profile as the command already loaded it (its --set layers included).
 
     Everything created, here and by the jobs, gets the profile's run_mode umask (perms).
     """
-    prof = load_profile(profile_name(profile), split_sets(sets or [])[1])
+    prof = loaded if loaded is not None else load_profile(profile_name(profile), split_sets(sets or [])[1])
     with perms.umask(prof.run_mode):
-        return _submit(plan, profile, sets, max_array_size, after, prof.executor)
+        return _submit(plan, profile, sets, max_array_size, after, prof)
 
 
 def _submit(plan: SweepPlan, profile: str | None, sets: list[str] | None, max_array_size: int | None,
-            after: str | None, executor: str) -> SweepSubmitted:
+            after: str | None, prof: ClusterProfile) -> SweepSubmitted:
     n = len(plan.overrides)
-    if executor == "slurm":
+    if prof.executor == "slurm":
         _, max_jobs = cluster_limits()
         if n > max_jobs:  # before resolving: a runaway spec is refused at once
             raise PreflightError(f"sweep of {n} tasks exceeds the cluster's MaxJobCount={max_jobs}",
                                  where=f"{plan.source}:sweep", valid=f"valid: at most {max_jobs} tasks")
-    return launch(plan, resolve_tasks(plan, profile, sets), max_array_size, after)
+    return launch(plan, resolve_tasks(plan, profile, sets, loaded=prof), max_array_size, after)
 
 
 def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None, after: str | None = None,
