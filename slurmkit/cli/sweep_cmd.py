@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -32,6 +32,9 @@ class _SubmitByDefault(TyperGroup):
             args = ["submit", *args]
         return super().parse_args(ctx, args)
 
+
+if TYPE_CHECKING:
+    from slurmkit.sweeps.submit import SweepSubmitted
 
 app = typer.Typer(cls=_SubmitByDefault, no_args_is_help=True,
                   help="Config sweeps as Slurm job arrays: `slurmkit sweep SPEC` submits one.")
@@ -77,14 +80,7 @@ def submit(
     dependency = dependency_for(prof.run_root, after, after_any, after_notok)
     done = sub.submit(plan, profile, set_, max_array_size, dependency, loaded=prof)
     if wait:
-        from slurmkit.common import sweep_layout
-        from slurmkit.sweeps import results
-
-        states = results.wait(sweep_layout.SweepPaths(Path(done.sweep_dir)), on_answer=transitions(results.describe))
-        if as_json:
-            print_json({**done.as_dict(), "counts": results.counts(states)})
-        else:
-            typer.echo(f"sweep {done.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items()))
+        _wait_and_print(done, as_json)
         return
     if as_json:
         print_json(done.as_dict())
@@ -95,6 +91,18 @@ def submit(
     _table(["index", *plan.varying], tasks)
     if done.tasks > SHOWN_TASKS:
         typer.echo(f"... and {done.tasks - SHOWN_TASKS} more: `slurmkit sweep status {done.sweep_id}`")
+
+
+def _wait_and_print(done: SweepSubmitted, as_json: bool) -> None:
+    """--wait: follow the sweep until no task is active; its counts."""
+    from slurmkit.common import sweep_layout
+    from slurmkit.sweeps import results
+
+    states = results.wait(sweep_layout.SweepPaths(Path(done.sweep_dir)), on_answer=transitions(results.describe))
+    if as_json:
+        print_json({**done.as_dict(), "counts": results.counts(states)})
+    else:
+        typer.echo(f"sweep {done.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items()))
 
 
 def _print_preview(info: dict[str, Any], varying: list[str], as_json: bool) -> None:
