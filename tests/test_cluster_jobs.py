@@ -75,8 +75,8 @@ def test_shell_command_result_and_record(cluster: None, tmp_path: Path, dev_prof
     assert value == {"returncode": 0, "stdout": "out-42\n"}
     record = RunFile(RunPaths(Path(sub["run_dir"]))).read()
     assert record.job_ids == [sub["job_id"]]
-    assert record.spec["command"] == "echo out-$((6*7))"
-    assert record.profile["partition"] == "debug"
+    assert record.spec is not None and record.spec.command == "echo out-$((6*7))"
+    assert record.profile.partition == "debug"
     # The raw Slurm job id names the run wherever a run id does.
     by_job = runner.invoke(app, ["result", sub["job_id"], "-p", str(dev_profile), "--json"])
     assert by_job.exit_code == 0 and json.loads(by_job.output)["stdout"] == "out-42\n", by_job.output

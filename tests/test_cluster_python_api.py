@@ -72,7 +72,7 @@ def test_main_function_lambda_nested_submit_failure_and_from_id(cluster: None, t
     assert out["state"] == "FAILED" and "boom-9931" in out["tail"] and "ValueError" in out["tail"]
     # The nested run is a run like the others: its own folder and record under the same root.
     inner = RunFile(RunPaths(run_root / out["outer"]["inner_run"])).read()
-    assert inner.spec["function"].endswith("<lambda>") and inner.job_ids
+    assert inner.spec is not None and str(inner.spec.function).endswith("<lambda>") and inner.job_ids
     # A fresh process reattaches by Slurm job id; the CLI's result reads the same run.
     code = (f"import slurmkit, json; j = slurmkit.Job.from_id({out['outer_job']!r}, profile={str(dev_profile)!r}); "
             "print(json.dumps([j.state, j.result()]))")

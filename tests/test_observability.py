@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
+from slurmkit.config.profile import Resources
 from slurmkit.insight import goodput
 from slurmkit.slurm.parse import Incarnation
 from tests.conftest import EXAMPLES, ROOT
@@ -209,7 +210,7 @@ def test_cost_sums_every_incarnations_node_hours_and_splits_out_what_was_lost() 
     incs = [Incarnation("7", 0.0, 100.0, 460.0, "REQUEUED", "node[1-2]"),  # 360 s on 2 nodes
             Incarnation("7", 470.0, 500.0, 680.0, "COMPLETED", "node[1-2]"),  # 180 s on 2 nodes
             Incarnation("8", 690.0, None, None, "CANCELLED", "")]  # never ran: costs nothing
-    spent = cost.of_run(incs, cost.gpus_per_node({"gpus_per_task": 2, "tasks_per_node": 4}), productive_s=432.0)
+    spent = cost.of_run(incs, cost.gpus_per_node(Resources(gpus_per_task=2, tasks_per_node=4)), productive_s=432.0)
     assert spent.node_hours == pytest.approx(2 * 540 / 3600)
     assert spent.gpu_hours == pytest.approx(8 * spent.node_hours)
     assert spent.lost_node_hours == pytest.approx(2 * (540 - 432) / 3600)  # held 540 s a node, 432 s of steps

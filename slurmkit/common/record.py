@@ -1,17 +1,22 @@
 """run.json as a typed record (RunRecord) and its file (RunFile, the one reader and writer: every
 change goes through its `update` or `editing`, under its lock); the entries it holds (RestartEntry,
-Failure, UnhealthyNode, Preempted, SweepRef); the restart budget arithmetic over them.
+Failure, UnhealthyNode, Preempted, SweepRef); the restart budget arithmetic over them; how a spec
+or profile another slurmkit version wrote is read (readable).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import copy
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, StringConstraints
+from pydantic import BaseModel, Field, StringConstraints, ValidationError, model_validator
 
 from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.locked import LockedJson, Record, assign
+from slurmkit.config.profile import ClusterProfile, Resources
+from slurmkit.config.runspec import RunSpec
+from slurmkit.config.tracking import Tracking
 
 MAX_TASKS = 1_000_000
 JobId = Annotated[str, StringConstraints(pattern=r"^\d+(?:_\d+)?$")]
@@ -98,10 +103,16 @@ class RunRecord(Record):
     """slurm or local."""
     profile_name: str = ""
     spec_source: str = ""
-    spec: dict[str, Any] = {}
-    profile: dict[str, Any] = {}
+    spec: RunSpec | None = None
+    """The run spec as validated at submit; None only in a record whose spec this slurmkit cannot read
+    at all (kept in `unread`)."""
+    profile: ClusterProfile = Field(default_factory=ClusterProfile)
     """The cluster profile as validated at submit (its `requeue` budgets among it)."""
-    resources: dict[str, Any] = {}
+    resources: Resources = Field(default_factory=Resources)
+    """The resources the job asked for, every layer applied."""
+    unread: dict[str, Any] | None = None
+    """What another slurmkit version wrote into spec, profile or resources that this one cannot read:
+    a key it does not know, or a value it now refuses, kept here as written (by field, then path)."""
     num_tasks: Annotated[int, Field(strict=True, ge=1, le=MAX_TASKS)] = 1
     job_ids: list[JobId] = []
     pid_starts: dict[str, int] = {}
@@ -125,13 +136,30 @@ class RunRecord(Record):
     goodput: dict[str, Any] | None = None
     """The goodput accounting (insight.goodput) of the last job that finished, with its job_id."""
 
-    def tracking(self) -> dict[str, Any] | None:
-        """The run's `tracking:` as submitted: the spec's, else the profile's (config.tracking.Tracking)."""
-        return self.spec.get("tracking") or self.profile.get("tracking") or None
+    @model_validator(mode="before")
+    @classmethod
+    def _other_versions(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        unread = dict(data.get("unread") or {})
+        for field, model in (("spec", RunSpec), ("profile", ClusterProfile), ("resources", Resources)):
+            if isinstance(data.get(field), dict):
+                data[field], dropped = readable(model, data[field])
+                if dropped:
+                    unread[field] = {**unread.get(field, {}), **dropped}
+        data["unread"] = unread or None
+        return data
+
+    def tracking(self) -> Tracking | None:
+        """The run's `tracking:` as submitted (the spec's replaces the profile's); None when it names
+        no tracker."""
+        tracking = self.spec.tracking if self.spec and self.spec.tracking else self.profile.tracking
+        return tracking if tracking and tracking.any else None
 
     def budget(self, cause: Cause) -> int:
         """The profile's `requeue` budget for cause (Cause.budget_key)."""
-        return int(self._budgets().get(Cause(cause).budget_key, 0))
+        return int(getattr(self.profile.requeue, Cause(cause).budget_key, 0))  # resubmit has none
 
     def spent(self, cause: Cause) -> int:
         """Restarts that spent cause's budget: an external requeue's spent the preemption budget."""
@@ -150,7 +178,7 @@ class RunRecord(Record):
 
     def in_job_left(self, job_id: str, restart_count: int) -> bool:
         """The profile's requeue.in_job is per incarnation, warm and cold restarts together."""
-        return len(self.in_job_entries(job_id, restart_count)) < int(self._budgets().get("in_job", 0))
+        return len(self.in_job_entries(job_id, restart_count)) < self.profile.requeue.in_job
 
     def started_by(self, job_id: str, restart_count: int, attempt: int = 0) -> RestartEntry | None:
         """The entry that started incarnation `restart_count`'s srun step `attempt` (0: the
@@ -167,8 +195,47 @@ class RunRecord(Record):
         self.job_ids = [*self.job_ids, job_id]
         return True
 
-    def _budgets(self) -> dict[str, Any]:
-        return self.profile.get("requeue") or {}
+
+M = TypeVar("M", bound=BaseModel)
+_MAX_DROPS = 64
+
+
+def readable(model: type[M], data: dict[str, Any]) -> tuple[M | None, dict[str, Any]]:
+    """`data` (a spec, profile or resources another slurmkit version wrote) as this version reads it,
+    and what it had to leave out: each key it does not know, or whose value it now refuses, is moved
+    out so its default applies. None when even that leaves no valid model (a required field refused)."""
+    data = copy.deepcopy(data)
+    dropped: dict[str, Any] = {}
+    for _ in range(_MAX_DROPS):
+        try:
+            return model.model_validate(data), dropped
+        except ValidationError as exc:
+            paths = {_key_path(e["loc"]) for e in exc.errors() if e["type"] != "missing"}
+            if () in paths or not paths:
+                break
+            for path in paths:
+                _move(data, path, dropped)
+    return None, {**dropped, **data}
+
+
+def _key_path(loc: tuple[int | str, ...]) -> tuple[str, ...]:
+    """The error's location up to its first list index: a list is dropped whole, not item by item."""
+    keys: list[str] = []
+    for part in loc:
+        if not isinstance(part, str):
+            break
+        keys.append(part)
+    return tuple(keys)
+
+
+def _move(data: dict[str, Any], path: tuple[str, ...], into: dict[str, Any]) -> None:
+    *parents, last = path
+    for key in parents:
+        if not isinstance(data.get(key), dict):
+            return
+        data, into = data[key], into.setdefault(key, {})
+    if last in data:
+        into[last] = data.pop(last)
 
 
 class RunFile(LockedJson[RunRecord]):

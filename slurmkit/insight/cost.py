@@ -4,10 +4,10 @@ the part of them that was lost, as the goodput accounting splits the run's time 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from slurmkit.common.slurm_env import expand_hostlist
 from slurmkit.config.fields import node_gpus
+from slurmkit.config.profile import Resources
 from slurmkit.slurm.parse import Incarnation
 
 
@@ -25,10 +25,9 @@ class Cost:
         return {k: round(v, 4) for k, v in asdict(self).items()}
 
 
-def gpus_per_node(resources: dict[str, Any]) -> int:
+def gpus_per_node(resources: Resources) -> int:
     """From run.json's resources (as validated at submit)."""
-    return node_gpus(resources.get("gpus_per_node"), resources.get("gpus_per_task"),
-                     resources.get("tasks_per_node"), resources.get("gres"))
+    return node_gpus(resources.gpus_per_node, resources.gpus_per_task, resources.tasks_per_node, resources.gres)
 
 
 def of_run(incs: list[Incarnation], gpus: int, productive_s: float) -> Cost:

@@ -14,8 +14,6 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import RankProcess
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.config.loader import Resolved
-from slurmkit.config.profile import ClusterProfile, Resources
-from slurmkit.config.runspec import RunSpec
 from slurmkit.errors import SlurmkitError
 from slurmkit.render import render_interactive
 from slurmkit.runs.jobs import statuses
@@ -56,10 +54,9 @@ def target(paths: RunPaths, rank: int = 0) -> Target:
 def _launcher(paths: RunPaths, record: RunRecord) -> str | None:
     """A run in a container: the launcher into the same image, mounts and variables as its ranks
     (written into the run folder, which the container mounts); None for a run on the host."""
-    if not record.profile.get("container"):
+    if record.profile.container is None or record.spec is None:
         return None
-    resolved = Resolved(RunSpec.model_validate(record.spec), ClusterProfile.model_validate(record.profile),
-                        record.profile_name, Resources.model_validate(record.resources), record.spec_source)
+    resolved = Resolved(record.spec, record.profile, record.profile_name, record.resources, record.spec_source)
     launcher = paths.run_dir / LAUNCHER
     atomic_write_text(launcher, render_interactive(resolved, str(paths.run_dir)))
     return str(launcher)

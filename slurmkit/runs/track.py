@@ -47,7 +47,7 @@ def track(paths: RunPaths, dry_run: bool = False) -> Synced:
     if record.tracking() is None:
         raise SlurmkitError(f"run {paths.run_id} names no tracker", where=str(paths.record),
                             valid="valid: a run with tracking: in its spec or profile (docs/tracking.md)")
-    python = os.path.expanduser(str(record.profile.get("python") or sys.executable))
+    python = os.path.expanduser(record.profile.python or sys.executable)
     accounting = None if dry_run else send_accounting(paths, python)
     folders = offline_runs(paths)
     if not folders:

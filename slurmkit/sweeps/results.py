@@ -23,6 +23,7 @@ from slurmkit.common.sweep_layout import (
     newest_arrays,
     task_entry,
 )
+from slurmkit.config.profile import Resources
 from slurmkit.errors import SlurmkitError, did_you_mean
 from slurmkit.insight import cost
 from slurmkit.runs.jobs import is_active, local_state, outcome_state
@@ -101,7 +102,7 @@ def task_states(paths: SweepPaths, manifest: SweepManifest | None = None) -> lis
             out.append(TaskState(index, _by_outcomes(paths, manifest, index, jid, pending) if jid else NOT_SUBMITTED,
                                  jid or ""))
         else:
-            gpus = cost.gpus_per_node(manifest.groups[manifest.tasks[index].group].resources)
+            gpus = cost.gpus_per_node(Resources.model_validate(manifest.groups[manifest.tasks[index].group].resources))
             ended = info.history and not info.active
             spent = cost.of_run(list(info.history), gpus, 0.0) if ended else cost.Cost(0.0, 0.0, 0.0)
             out.append(TaskState(index, info.state, jid or "", info.nodes, info.elapsed, info.restarts,

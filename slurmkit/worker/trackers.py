@@ -39,11 +39,10 @@ class RunInfo:
     @classmethod
     def of(cls, paths: RunPaths, record: RunRecord) -> RunInfo | None:
         """None when the run names no tracker."""
-        raw = record.tracking()
-        if raw is None:
+        tracking = record.tracking()
+        if tracking is None:
             return None
-        tracking = Tracking.model_validate(raw)
-        name = str(record.spec.get("name") or record.name)
+        name = record.spec.name if record.spec else record.name
         sweep = record.sweep
         return cls(record.run_id, record.name or name, tracking.project or name, tracking, paths, _params(record),
                    sweep.sweep_id if sweep else None, sweep.index if sweep else None)
@@ -59,11 +58,12 @@ def _params(record: RunRecord) -> dict[str, str]:
         elif value is not None:
             flat[prefix] = str(value)[:PARAM_CHARS]
 
-    put("config", record.spec.get("config") or {})
-    put("resources", record.resources)
+    spec = record.spec.model_dump() if record.spec else {}
+    put("config", spec.get("config") or {})
+    put("resources", record.resources.model_dump())
     for key in ("task", "command", "callable", "function", "launcher"):
-        if record.spec.get(key):
-            put(key, record.spec[key])
+        if spec.get(key):
+            put(key, spec[key])
     if record.snapshot:
         put("git", {k: record.snapshot.get(k) for k in ("commit", "dirty", "origin") if k in record.snapshot})
     if record.sweep:

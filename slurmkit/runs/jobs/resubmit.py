@@ -27,7 +27,7 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
     if is_active(st.state) or st.state == "COMPLETED":
         raise SlurmkitError(f"run is {st.state} (job {st.job_id}); nothing to resubmit", where=paths.run_id,
                             valid="valid: a run that ended other than COMPLETED; `slurmkit cancel` a live one first")
-    check_secrets(list(rec.spec.get("secret_env") or []), paths.run_id, {})
+    check_secrets(rec.spec.secret_env if rec.spec else [], paths.run_id, {})
     script = "".join(ln for ln in (rec.script or paths.script.read_text()).splitlines(keepends=True)
                      if not ln.startswith("#SBATCH --dependency="))
     from slurmkit.slurm import submitit_executor as ex_mod  # submitit: only a resubmit pays for it

@@ -152,7 +152,7 @@ def _exclude(job_id: str, nodes: list[str], record: RunRecord) -> str:
     part of its batch step, has exited."""
     if not nodes:
         return ""
-    profile_exclude = expand_hostlist(record.profile.get("exclude") or "")
+    profile_exclude = expand_hostlist(record.profile.exclude or "")
     partition = os.environ.get("SLURM_JOB_PARTITION", "")
     needed = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
     try:

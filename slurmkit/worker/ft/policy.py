@@ -220,7 +220,7 @@ def _step_stopped(s: State, e: StepStopped) -> Decision:
     if not e.requeue_signal:
         return Decision(Action.END, None, e.step, why="slurm_decides",
                         message=f"SIGTERM: {at}; Slurm ends or requeues the job itself")
-    cause, detail = cause_of_signal(e.left_s, int(s.record.profile.get("signal_delay_s", 0)))
+    cause, detail = cause_of_signal(e.left_s, s.record.profile.signal_delay_s)
     # Time left unknown (squeue did not answer): the controller may be back within a usual retry span.
     return _requeue(s, cause, e.step, detail, within_s=e.left_s, said=f"{at} ({cause}: {detail})")
 
