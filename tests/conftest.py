@@ -14,6 +14,10 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+USER_CODE = ROOT / "tests" / "user_code"
+"""Scripts as users write them, each headed by what it stands for."""
+LIGHTNING = ["pytorch-lightning>=2.5,<2.7", "lightning-utilities", "torchmetrics", "tqdm"]
+"""pytorch-lightning and what it needs beyond slurmkit's environment (torch, fsspec, PyYAML)."""
 EXAMPLES = ROOT / "examples"
 
 
@@ -162,3 +166,17 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("bare") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     return venv / "bin" / "python"
+
+
+def pip_target(target: Path, packages: list[str]) -> Path:
+    """Packages from the package index, installed at test time into a folder of their own that the
+    ranks' interpreter reads through PYTHONPATH; --no-deps: torch and the rest stay the environment's."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+                    "--target", str(target), *packages], check=True, timeout=600)
+    return target
+
+
+@pytest.fixture(scope="session")
+def lightning(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding pytorch-lightning, from the package index (nothing vendored)."""
+    return pip_target(tmp_path_factory.mktemp("lightning"), LIGHTNING)

@@ -68,3 +68,17 @@ def test_a_command_whose_python_lacks_an_import_is_refused_at_submit(tmp_path: P
     check_command_imports(resolve(spec, str(dev_profile)), str(spec))
     check_command_imports(resolve(write_spec(tmp_path, name="c", command="python -c 'import torch'"),
                                   str(profile)), "spec")
+
+
+def test_a_command_finds_what_the_runs_pythonpath_adds(tmp_path: Path, bare_python: Path, dev_profile: Path) -> None:
+    """A package installed into a folder of its own (pip install --target) that the run's env puts on
+    PYTHONPATH is importable by the ranks: not refused. Without that env it is."""
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "only_here.py").write_text("")
+    script = tmp_path / "uses.py"
+    script.write_text("import only_here\n")
+    spec = write_spec(tmp_path, name="own", command=f"python {script}", env={"PYTHONPATH": str(tmp_path / "extra")})
+    check_command_imports(resolve(spec, str(dev_profile)), str(spec))
+    bare = write_spec(tmp_path, filename="bare.yaml", name="own", command=f"python {script}")
+    with pytest.raises(PreflightError):
+        check_command_imports(resolve(bare, str(dev_profile)), str(bare))

@@ -42,16 +42,16 @@ def test_the_lines_a_user_adds_are_ten_and_marked() -> None:
     assert all(ln[2:].split("  # slurmkit")[0].strip() in doc for ln in changed if ln.strip("+ "))
 
 
-def ranks_script_pid(marker: Path) -> int | None:
-    """The user's script process (python ddp_toy_resumable.py) the rank's worker handed `marker` to
-    (the dev cluster's nodes share this machine's /proc)."""
+def ranks_script_pid(marker: Path, script: str = "ddp_toy_resumable.py") -> int | None:
+    """The user's script process (python `script`) the rank's worker handed `marker` to (the dev
+    cluster's nodes share this machine's /proc)."""
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith(b"ddp_toy_resumable.py") for a in argv) and f"{COMMAND_STOP_ENV}={marker}".encode() in env:
+        if any(a.endswith(script.encode()) for a in argv) and f"{COMMAND_STOP_ENV}={marker}".encode() in env:
             return int(entry.name)
     return None
 

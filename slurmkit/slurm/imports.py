@@ -254,12 +254,21 @@ def check_command_imports(resolved: Resolved, where: str) -> None:
     if found is None or asked is None or not asked[0]:
         return
     modules, path, what = asked
-    gone = missing(found[0], modules, path)
+    gone = missing(found[0], modules, [*path, *_run_pythonpath(resolved)])
     if gone:
         raise PreflightError(
             f"{what} imports {', '.join(gone)}, which the command's python {found[0]} cannot import",
             where=f"{where}:command",
             valid=f"valid: install it there ({found[0]} -m pip install ...), or name the interpreter that has it")
+
+
+def _run_pythonpath(resolved: Resolved) -> list[str]:
+    """The PYTHONPATH the ranks get: the spec's env, else the profile's setup env, else the one
+    submit runs in (Slurm carries it), after the script's own folder, as Python orders them."""
+    for env in (resolved.spec.env, resolved.profile.setup.env, os.environ):
+        if "PYTHONPATH" in env:
+            return [p for p in env["PYTHONPATH"].split(os.pathsep) if p]
+    return []
 
 
 def check_storage(resolved: Resolved) -> None:

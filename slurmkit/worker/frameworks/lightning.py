@@ -1,0 +1,70 @@
+"""A Lightning script, unmodified, gets slurmkit's agreed stop (docs/frameworks.md).
+
+Lightning loads external callbacks from the entry points `pytorch_lightning.callbacks_factory` and
+`lightning.pytorch.callbacks_factory`; slurmkit declares one of each (pyproject.toml), so every
+Trainer a command run's script makes carries an AgreedStopCallback, with no line of it changed.
+Outside a slurmkit command run the factories give nothing.
+
+What the callback does:
+- At the Trainer's making, slurmkit's StopFlag takes the profile's signal and SIGTERM (a handler
+  only sets the flag), and the rank's worker is told the script agrees stops (markers.CommandStop):
+  it then passes the signal on rather than ending the script.
+- Lightning's own requeue handler never goes in: Lightning installs it only where the signal has no
+  handler yet. So nothing but the job's supervisor runs `scontrol requeue`: one requeue, never two.
+- After each training batch the ranks agree in one small all-reduce. At the agreed stop every rank
+  saves Lightning's own "hpc" checkpoint (`hpc_ckpt_N.ckpt` in the Trainer's default_root_dir:
+  Lightning's collective save, at one step on every rank), and the script ends with status 0
+  and the stop recorded for the supervisor, which requeues within the profile's budget.
+- The requeued job's Trainer is again under Slurm, and Lightning itself resumes from the newest
+  hpc checkpoint when `fit` is given no ckpt_path: no finished optimizer step runs twice.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
+from slurmkit.worker import at_exit
+from slurmkit.worker.dist import Ranks
+from slurmkit.worker.ft.stop import Stop, StopCoordinator, StopFlag
+
+
+def pytorch_lightning_callbacks() -> list[Any]:
+    """The entry point `pytorch_lightning.callbacks_factory`."""
+    return _callbacks("pytorch_lightning")
+
+
+def lightning_callbacks() -> list[Any]:
+    """The entry point `lightning.pytorch.callbacks_factory` (the unified `lightning` package)."""
+    return _callbacks("lightning.pytorch")
+
+
+def _callbacks(package: str) -> list[Any]:
+    marker = os.environ.get(COMMAND_STOP_ENV)
+    if not marker:
+        return []
+    base = importlib.import_module(package).Callback  # the package that asked: its Trainer checks the type
+    return [type("AgreedStopCallback", (_AgreedStop, base), {})(Path(marker))]
+
+
+class _AgreedStop:
+    """The agreed stop at Lightning's batch boundary (mixed into the asking package's Callback)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+        self.stop = StopCoordinator(lambda: False, StopFlag().install())
+        CommandStop().write(marker)  # now the rank's worker passes the signal on
+        at_exit.install()  # the script's exit must not abort in torch's teardown (slurmkit.worker.at_exit)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        agreed = self.stop.agree(Ranks.current())
+        if agreed.stop == Stop.NONE:
+            return
+        step = int(trainer.global_step)
+        trainer.save_checkpoint(trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir))
+        self.stop.stop(step, agreed.stop)
+        CommandStop(step, agreed.stop == Stop.REQUEUE).write(self.marker)
+        raise SystemExit(0)  # the script ends here, as at a slurmkit.Checkpoint's agreed stop

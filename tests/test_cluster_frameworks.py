@@ -1,0 +1,46 @@
+"""The frameworks users already run, installed from the package index at test time (nothing
+vendored), run as commands on the dev cluster with not a line of slurmkit in them: each gets the
+agreed stop, one requeue, and resumes with no finished step run twice (docs/frameworks.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunFile
+from slurmkit.slurm import commands
+from tests.conftest import USER_CODE, write_spec
+from tests.test_cluster_faults import wait_until
+from tests.test_cluster_jobs import _rank0_steps, finish, submit
+
+pytestmark = pytest.mark.cluster
+
+
+def test_an_unmodified_lightning_script_preempted_resumes_where_it_stopped_after_one_requeue(
+        cluster: None, tmp_path: Path, dev_profile: Path, lightning: Path) -> None:
+    """tests/user_code/lightning_toy.py, a LightningModule and `Trainer(num_nodes=2, devices=1,
+    strategy="ddp", max_steps=...)`, as a command on 2 nodes. Preempted (the profile's signal, which
+    Lightning's own handler does not take), its ranks stop at one agreed step and save Lightning's
+    hpc checkpoint; the job's supervisor requeues it once (Slurm counts one restart: Lightning's
+    own scontrol requeue never ran), and Lightning resumes from that checkpoint."""
+    steps, root = 400, tmp_path / "lightning-root"
+    spec = write_spec(tmp_path, name="lightning", resources={"nodes": 2, "tasks_per_node": 1, "time": "00:10:00"},
+                      command=f"python {USER_CODE / 'lightning_toy.py'} --steps {steps} --nodes 2 --step-time 0.02 "
+                              f"--root {root}", env={"PYTHONPATH": str(lightning)})
+    sub = submit(spec, dev_profile)
+    paths, job_id = RunPaths(Path(sub["run_dir"])), sub["job_id"]
+    log = paths.rank_log(job_id, 0)
+    wait_until(lambda: log.exists() and len(_rank0_steps(paths, job_id)) >= 50, 240, "step 50", poll_s=0.2)
+    commands.run(["scancel", "--batch", "--signal=USR2", job_id])  # the supervisor passes it on to the ranks
+    status = finish(sub["run_dir"], timeout_s=400)
+    assert status.state == "COMPLETED" and status.restarts == 1
+    record = RunFile(paths).read()
+    assert [(r.kind, r.cause) for r in record.restarts] == [("requeue", "preemption")]
+    saved = sorted(p.name for p in root.iterdir())
+    assert saved == ["hpc_ckpt_1.ckpt"]  # one save, at the agreed stop
+    done = _rank0_steps(paths, job_id)
+    assert done == list(range(1, steps + 1))  # no step lost, none run twice (the issue allows 1 %)
+    text = log.read_text()
+    assert text.count(f"rank=0 done global_step={steps}") == 1

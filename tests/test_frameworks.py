@@ -1,0 +1,54 @@
+"""A Lightning script with no line of slurmkit in it, run as a command on the local profile (two
+ranks, gloo): the profile's signal to one rank stops both at one agreed batch, where Lightning's own
+hpc checkpoint is saved (docs/frameworks.md). The requeue and the resume under Slurm are
+tests/test_cluster_frameworks.py's."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import slurmkit
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import CommandStop
+from slurmkit.worker.frameworks import lightning as lightning_hook
+from tests.conftest import USER_CODE
+from tests.test_cluster_faults import wait_until
+from tests.test_command_stop import ranks_script_pid
+
+
+def test_the_factories_give_nothing_outside_a_slurmkit_command(lightning: Path) -> None:
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from slurmkit.worker.frameworks import lightning as h; "
+            "print(h.pytorch_lightning_callbacks())")
+    out = subprocess.run([sys.executable, "-c", code, str(lightning)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert lightning_hook.lightning_callbacks() == []  # this process is no command's rank either
+
+
+def test_a_signalled_lightning_script_stops_at_one_agreed_batch_with_its_hpc_checkpoint(
+        local_profile: Path, lightning: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2, name="lit",
+                            env={"PYTHONPATH": str(lightning)}).submit_command(
+        ["python", str(USER_CODE / "lightning_toy.py"), "--steps", "100000", "--devices", "2",
+         "--step-time", "0.01", "--root", str(root)])
+    paths = RunPaths(Path(job.run_dir))
+    log = paths.rank_log(job.job_id, 0)
+    wait_until(lambda: log.exists() and "step=30 " in log.read_text(), 180, "step 30", poll_s=0.2)
+    pid = ranks_script_pid(paths.command_stop(job.job_id, 1), "lightning_toy.py")
+    assert pid is not None
+    os.kill(pid, signal.SIGUSR2)  # the local profile's signal to one rank: both stop, at the same batch
+    job.wait(timeout=120)
+    stops = [CommandStop.read(paths.command_stop(job.job_id, rank)) for rank in (0, 1)]
+    assert stops[0] is not None and stops[0].step is not None and stops[0].requeue
+    assert stops[0] == stops[1]
+    saved = torch.load(root / "hpc_ckpt_1.ckpt", weights_only=False)
+    assert saved["global_step"] == stops[0].step  # Lightning's own checkpoint, of the agreed step
+    last = [int(m) for m in re.findall(r"rank=0 step=(\d+) ", log.read_text())][-1]
+    assert last == stops[0].step  # no batch ran past it
