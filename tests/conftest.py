@@ -16,8 +16,15 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 USER_CODE = ROOT / "tests" / "user_code"
 """Scripts as users write them, each headed by what it stands for."""
-LIGHTNING = ["pytorch-lightning>=2.5,<2.7", "lightning-utilities", "torchmetrics", "tqdm"]
-"""pytorch-lightning and what it needs beyond slurmkit's environment (torch, fsspec, PyYAML)."""
+LIGHTNING = ["pytorch-lightning==2.6.6", "lightning-utilities==0.15.3", "torchmetrics==1.9.0", "tqdm==4.70.1"]
+"""pytorch-lightning and what it needs beyond slurmkit's environment (torch, fsspec, PyYAML), pinned:
+installed with --no-deps, the list is what pip resolved for these versions."""
+HUGGINGFACE = ["transformers==5.25.0", "accelerate==1.16.0", "huggingface_hub==2.4.0", "hf-xet==1.8.0",
+               "httpcore2==2.17.0", "httpx2==2.17.0", "kernels==0.19.1", "psutil==7.2.2", "safetensors==0.8.0",
+               "tokenizers==0.23.3", "tqdm==4.70.1", "truststore==0.10.5"]
+"""transformers and accelerate and what they need beyond slurmkit's environment (torch, numpy,
+requests), pinned as LIGHTNING. transformers 4.57 cannot resume a multi-process CPU run on torch
+2.13 (it loads the optimizer with map_location "cpu:0", which torch refuses)."""
 EXAMPLES = ROOT / "examples"
 
 
@@ -180,3 +187,9 @@ def pip_target(target: Path, packages: list[str]) -> Path:
 def lightning(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding pytorch-lightning, from the package index (nothing vendored)."""
     return pip_target(tmp_path_factory.mktemp("lightning"), LIGHTNING)
+
+
+@pytest.fixture(scope="session")
+def huggingface(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding transformers and accelerate, from the package index (nothing vendored)."""
+    return pip_target(tmp_path_factory.mktemp("huggingface"), HUGGINGFACE)

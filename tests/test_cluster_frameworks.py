@@ -44,3 +44,28 @@ def test_an_unmodified_lightning_script_preempted_resumes_where_it_stopped_after
     assert done == list(range(1, steps + 1))  # no step lost, none run twice (the issue allows 1 %)
     text = log.read_text()
     assert text.count(f"rank=0 done global_step={steps}") == 1
+
+
+def test_an_hf_trainer_with_the_callback_preempted_resumes_at_the_agreed_step(
+        cluster: None, tmp_path: Path, dev_profile: Path, huggingface: Path) -> None:
+    """tests/user_code/hf_toy.py (a tiny GPT-2 from a config, the usual get_last_checkpoint resume)
+    with its two marked lines, on 2 nodes. Preempted, its ranks save the agreed step as the Trainer's
+    own checkpoint-N, the supervisor requeues once, and the next incarnation resumes there: every
+    step ran once, where its own save_steps alone would have lost those since its last save."""
+    steps, out = 300, tmp_path / "out"
+    spec = write_spec(tmp_path, name="hf", resources={"nodes": 2, "tasks_per_node": 1, "time": "00:10:00"},
+                      command=f"python {USER_CODE / 'hf_toy.py'} --steps {steps} --save-steps 1000 --out {out} "
+                              "--slurmkit", env={"PYTHONPATH": str(huggingface)})
+    sub = submit(spec, dev_profile)
+    paths, job_id = RunPaths(Path(sub["run_dir"])), sub["job_id"]
+    log = paths.rank_log(job_id, 0)
+    wait_until(lambda: log.exists() and len(_rank0_steps(paths, job_id)) >= 40, 240, "step 40", poll_s=0.2)
+    commands.run(["scancel", "--batch", "--signal=USR2", job_id])
+    status = finish(sub["run_dir"], timeout_s=400)
+    assert status.state == "COMPLETED" and status.restarts == 1
+    assert [(r.kind, r.cause) for r in RunFile(paths).read().restarts] == [("requeue", "preemption")]
+    done = _rank0_steps(paths, job_id)
+    assert done == list(range(1, steps + 1))  # none lost, none run twice
+    saved = sorted(int(p.name.split("-")[1]) for p in out.iterdir())
+    assert len(saved) == 2 and 40 <= saved[0] < steps and saved[1] == steps  # the agreed step's, the final one
+    assert log.read_text().count(f"rank=0 done global_step={steps}") == 1

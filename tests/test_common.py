@@ -125,7 +125,7 @@ def _top_level_imports(path: Path) -> set[str]:
 
 # `import slurmkit.distributed` (and .checkpoint, .tracking): the worker's modules under their documented
 # names, imported only by code that runs in the job (the login side reaches them lazily, never these files).
-PUBLIC_JOB_NAMES = ("distributed.py", "checkpoint.py", "tracking.py")
+PUBLIC_JOB_NAMES = ("distributed.py", "checkpoint.py", "tracking.py", "huggingface.py")
 
 
 def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -> None:
@@ -149,6 +149,7 @@ CLIENT_MAY_IMPORT = {
     # `slurmkit bench` measures the job side's own code: the all-reduce runs as a job, `bench fs`
     # writes through the checkpoint store.
     ("bench/allreduce.py", "slurmkit.worker.dist"), ("bench/fs.py", "slurmkit.worker.checkpoint.store"),
+    ("huggingface.py", "slurmkit.worker.frameworks.huggingface"),
     *((name, module) for name in PUBLIC_JOB_NAMES
       for module in ("slurmkit.worker", f"slurmkit.worker.{name.removesuffix('.py')}")),
 }

@@ -5,6 +5,7 @@ tests/test_cluster_frameworks.py's."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -52,3 +53,29 @@ def test_a_signalled_lightning_script_stops_at_one_agreed_batch_with_its_hpc_che
     assert saved["global_step"] == stops[0].step  # Lightning's own checkpoint, of the agreed step
     last = [int(m) for m in re.findall(r"rank=0 step=(\d+) ", log.read_text())][-1]
     assert last == stops[0].step  # no batch ran past it
+
+
+def test_a_signalled_hf_trainer_with_the_callback_saves_the_agreed_step_and_ends(
+        local_profile: Path, huggingface: Path, tmp_path: Path) -> None:
+    """tests/user_code/hf_toy.py with its two marked lines (slurmkit.huggingface.AgreedStop): both
+    ranks stop at one step, and the Trainer's own checkpoint-N of that step is what
+    get_last_checkpoint finds next time."""
+    out = tmp_path / "out"
+    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2, name="hf",
+                            env={"PYTHONPATH": str(huggingface)}).submit_command(
+        ["python", str(USER_CODE / "hf_toy.py"), "--steps", "100000", "--save-steps", "100000", "--out", str(out),
+         "--slurmkit"])
+    paths = RunPaths(Path(job.run_dir))
+    log = paths.rank_log(job.job_id, 0)
+    wait_until(lambda: log.exists() and "step=30 " in log.read_text(), 180, "step 30", poll_s=0.2)
+    pid = ranks_script_pid(paths.command_stop(job.job_id, 1), "hf_toy.py")
+    assert pid is not None
+    os.kill(pid, signal.SIGUSR2)
+    job.wait(timeout=120)
+    stops = [CommandStop.read(paths.command_stop(job.job_id, rank)) for rank in (0, 1)]
+    assert stops[0] is not None and stops[0].step is not None and stops[0].requeue and stops[0] == stops[1]
+    assert sorted(p.name for p in out.iterdir()) == [f"checkpoint-{stops[0].step}"]
+    state = json.loads((out / f"checkpoint-{stops[0].step}" / "trainer_state.json").read_text())
+    assert state["global_step"] == stops[0].step
+    last = [int(m) for m in re.findall(r"rank=0 step=(\d+) ", log.read_text())][-1]
+    assert last == stops[0].step

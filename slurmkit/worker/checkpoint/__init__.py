@@ -34,15 +34,13 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker import at_exit
 from slurmkit.worker.checkpoint.checkpointer import Checkpointer, StepFiles, checkpoint_uri
 from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore
 from slurmkit.worker.dist import Ranks
-from slurmkit.worker.ft.stop import AgreedStop, Stop, StopCoordinator, StopFlag
+from slurmkit.worker.ft.stop import AgreedStop, ScriptStop, StopCoordinator
 
 STATE_FILE = "state.pt"
 SHARDED_KEY = "state"
@@ -56,14 +54,10 @@ class Checkpoint:
                  async_save: bool = True) -> None:
         """uri: an fsspec URI; unset, the run's ($SLURMKIT_CHECKPOINT_URI, else the run folder's)."""
         self.uri, self.every, self.keep, self.async_save = uri or _run_folder_uri(), every, keep_latest_k, async_save
-        self.flag = StopFlag().install()  # now: a signal before the first step is not lost
+        self.script = ScriptStop()
         self._parts: tuple[Checkpointer, StopCoordinator] | None = None
         self.rank_state: Any | None = None
         """This rank's own part of the restored step (`rank_state=` of its save), or None."""
-        self._command_stop = Path(os.environ[COMMAND_STOP_ENV]) if os.environ.get(COMMAND_STOP_ENV) else None
-        if self._command_stop is not None:  # a command run's script: its worker now passes the signal on
-            CommandStop().write(self._command_stop)
-        at_exit.install()  # the script's exit, past its last line, must not abort (slurmkit.worker.at_exit)
 
     @property
     def _ckpt(self) -> Checkpointer:
@@ -77,7 +71,7 @@ class Checkpoint:
         if self._parts is None:
             # Nothing required by name: a step holds state.pt, or a sharded state's DCP files.
             ckpt = Checkpointer(self.uri, ranks, keep_latest_k=self.keep)
-            self._parts = ckpt, StopCoordinator(lambda: ckpt.writing, self.flag)
+            self._parts = ckpt, StopCoordinator(lambda: ckpt.writing, self.script.flag)
         self._parts[0].ranks = ranks
         return self._parts
 
@@ -144,10 +138,7 @@ class Checkpoint:
         if agreed.stop:
             self.save(step, state, wait=True, rank_state=rank_state)  # committed on every rank before any leaves
             stop.stop(step, agreed.stop)
-            if self._command_stop is not None:  # the script ends here; its worker acts on the stop
-                CommandStop(step, agreed.stop == Stop.REQUEUE).write(self._command_stop)
-                raise SystemExit(0)
-            raise AgreedStop(agreed.stop == Stop.REQUEUE, step)
+            self.script.end(step, agreed.stop)
         if self.every and step % self.every == 0:
             self.save(step, state, rank_state=rank_state)
         elif self.every and not callable(state):  # its host memory, before the first save needs it

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import importlib
 import os
-from pathlib import Path
 from typing import Any
 
-from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
-from slurmkit.worker import at_exit
+from slurmkit.common.markers import COMMAND_STOP_ENV
 from slurmkit.worker.dist import Ranks
-from slurmkit.worker.ft.stop import Stop, StopCoordinator, StopFlag
+from slurmkit.worker.ft.stop import ScriptStop, Stop, StopCoordinator
 
 
 def pytorch_lightning_callbacks() -> list[Any]:
@@ -43,21 +41,18 @@ def lightning_callbacks() -> list[Any]:
 
 
 def _callbacks(package: str) -> list[Any]:
-    marker = os.environ.get(COMMAND_STOP_ENV)
-    if not marker:
+    if not os.environ.get(COMMAND_STOP_ENV):
         return []
     base = importlib.import_module(package).Callback  # the package that asked: its Trainer checks the type
-    return [type("AgreedStopCallback", (_AgreedStop, base), {})(Path(marker))]
+    return [type("AgreedStopCallback", (_AgreedStop, base), {})()]
 
 
 class _AgreedStop:
     """The agreed stop at Lightning's batch boundary (mixed into the asking package's Callback)."""
 
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-        self.stop = StopCoordinator(lambda: False, StopFlag().install())
-        CommandStop().write(marker)  # now the rank's worker passes the signal on
-        at_exit.install()  # the script's exit must not abort in torch's teardown (slurmkit.worker.at_exit)
+    def __init__(self) -> None:
+        self.script = ScriptStop()  # now the rank's worker passes the signal on
+        self.stop = StopCoordinator(lambda: False, self.script.flag)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         agreed = self.stop.agree(Ranks.current())
@@ -66,5 +61,4 @@ class _AgreedStop:
         step = int(trainer.global_step)
         trainer.save_checkpoint(trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir))
         self.stop.stop(step, agreed.stop)
-        CommandStop(step, agreed.stop == Stop.REQUEUE).write(self.marker)
-        raise SystemExit(0)  # the script ends here, as at a slurmkit.Checkpoint's agreed stop
+        self.script.end(step, agreed.stop)  # the script ends here, as at a slurmkit.Checkpoint's agreed stop

@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import Stopped
+from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop, Stopped
 from slurmkit.common.slurm_env import slurm_job_id
+from slurmkit.worker import at_exit
 
 if TYPE_CHECKING:  # the Trainer imports torch; this module is imported by torch-free code too
     from slurmkit.worker.dist import Ranks
@@ -135,6 +136,30 @@ class StopCoordinator:
     def stop(self, step: int, kind: Stop) -> None:
         """Every rank stops at `step`, for `kind`."""
         self.kind, self.stopped_at = kind, step
+
+
+class ScriptStop:
+    """A user script's side of the agreed stop, wherever it steps (a slurmkit.Checkpoint, a
+    framework's callback: slurmkit.worker.frameworks): the signal only sets `flag`. Made in a
+    command run's script, it tells the rank's worker that the script agrees stops, and the worker
+    then passes the signal on rather than ending the script (worker.command)."""
+
+    def __init__(self) -> None:
+        self.flag = StopFlag().install()  # now: a signal before the first step is not lost
+        marker = os.environ.get(COMMAND_STOP_ENV)
+        self.marker = Path(marker) if marker else None
+        if self.marker is not None:
+            CommandStop().write(self.marker)
+        at_exit.install()  # the script's exit, past its last line, must not abort (slurmkit.worker.at_exit)
+
+    def end(self, step: int, kind: Stop) -> NoReturn:
+        """The ranks stopped at `step` and saved it: a command's script exits 0 here and its worker
+        acts on the stop; a function's run gets AgreedStop."""
+        requeue = kind == Stop.REQUEUE
+        if self.marker is not None:
+            CommandStop(step, requeue).write(self.marker)
+            raise SystemExit(0)
+        raise AgreedStop(requeue, step)
 
 
 def ended(run_dir: str | None, step: int | None, requeue: bool, main: bool | None = None) -> str:

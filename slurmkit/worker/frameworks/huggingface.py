@@ -1,0 +1,50 @@
+"""The Hugging Face Trainer's agreed stop: one callback (docs/frameworks.md).
+
+    from slurmkit.huggingface import AgreedStop
+    trainer = Trainer(model, args, train_dataset=data, callbacks=[AgreedStop()])
+    trainer.train(resume_from_checkpoint=get_last_checkpoint(args.output_dir))   # the usual resume
+
+The profile's signal only sets slurmkit's flag. After each optimizer step (`on_step_end`) the
+ranks agree in one small all-reduce; at the agreed stop the callback asks the Trainer for a save
+and the end of training at that step (its TrainerControl), so the Trainer writes its own
+`checkpoint-N` in output_dir on every rank's behalf as a `save_steps` save would. Once saved
+(`on_save`) the stop is recorded and the script ends with status 0 (a command run's; a function
+run's entry gets AgreedStop), and the job's supervisor requeues. The next incarnation's
+`get_last_checkpoint` finds checkpoint-N: no step runs twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slurmkit.worker.dist import Ranks
+from slurmkit.worker.ft.stop import ScriptStop, Stop, StopCoordinator
+
+try:
+    from transformers import TrainerCallback
+except ImportError:  # no Trainer to call it then; the module still imports (docs, type checks)
+    TrainerCallback = object
+
+
+class AgreedStop(TrainerCallback):
+    """slurmkit's agreed stop for a transformers Trainer: add it to `callbacks=`."""
+
+    def __init__(self) -> None:
+        self.script = ScriptStop()  # a command's script: its worker now passes the signal on
+        self.stop = StopCoordinator(lambda: False, self.script.flag)
+        self.agreed = Stop.NONE
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        agreed = self.stop.agree(Ranks.current())
+        if agreed.stop != Stop.NONE:
+            self.agreed = agreed.stop
+            control.should_save = True  # the Trainer's own save of this step, next
+            control.should_training_stop = True
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.agreed == Stop.NONE:
+            return control
+        step = int(state.global_step)
+        self.stop.stop(step, self.agreed)
+        self.script.end(step, self.agreed)
