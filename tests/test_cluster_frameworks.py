@@ -46,15 +46,25 @@ def test_an_unmodified_lightning_script_preempted_resumes_where_it_stopped_after
     assert text.count(f"rank=0 done global_step={steps}") == 1
 
 
+ACCELERATE = "python -m accelerate.commands.launch --mixed_precision no --dynamo_backend no"
+ACCELERATE_TORCHRUN = (f"{ACCELERATE} --multi_gpu --num_processes 4 --num_machines 2 --machine_rank $SLURM_NODEID "
+                       "--main_process_ip $MASTER_ADDR --main_process_port $MASTER_PORT --rdzv_backend c10d")
+"""accelerate's multi-node launch (torch's elastic launcher underneath: 2 ranks a node); --multi_gpu
+is accelerate's word for "several processes", on CPU too."""
+
+
+@pytest.mark.parametrize("launch", [f"{ACCELERATE} --num_processes 1", ACCELERATE_TORCHRUN],
+                         ids=["accelerate-under-srun", "accelerate-torchrun"])
 def test_an_hf_trainer_with_the_callback_preempted_resumes_at_the_agreed_step(
-        cluster: None, tmp_path: Path, dev_profile: Path, huggingface: Path) -> None:
+        cluster: None, tmp_path: Path, dev_profile: Path, huggingface: Path, launch: str) -> None:
     """tests/user_code/hf_toy.py (a tiny GPT-2 from a config, the usual get_last_checkpoint resume)
-    with its two marked lines, on 2 nodes. Preempted, its ranks save the agreed step as the Trainer's
-    own checkpoint-N, the supervisor requeues once, and the next incarnation resumes there: every
-    step ran once, where its own save_steps alone would have lost those since its last save."""
+    with its two marked lines, started by `accelerate launch` on 2 nodes: one process an srun task,
+    or accelerate's own multi-node launch of 2 a node. Preempted, its ranks save the agreed step as
+    the Trainer's own checkpoint-N, the supervisor requeues once, and the next incarnation resumes
+    there: every step ran once, where save_steps alone would have lost those since its last save."""
     steps, out = 300, tmp_path / "out"
     spec = write_spec(tmp_path, name="hf", resources={"nodes": 2, "tasks_per_node": 1, "time": "00:10:00"},
-                      command=f"python {USER_CODE / 'hf_toy.py'} --steps {steps} --save-steps 1000 --out {out} "
+                      command=f"{launch} {USER_CODE / 'hf_toy.py'} --steps {steps} --save-steps 1000 --out {out} "
                               "--slurmkit", env={"PYTHONPATH": str(huggingface)})
     sub = submit(spec, dev_profile)
     paths, job_id = RunPaths(Path(sub["run_dir"])), sub["job_id"]
