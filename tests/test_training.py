@@ -9,6 +9,7 @@ import pytest
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
+from slurmkit.config.train import TrainConfig
 from slurmkit.runs import jobs
 from slurmkit.worker.tasks.train_task import run as train
 from tests.conftest import EXAMPLES, steady
@@ -31,6 +32,17 @@ def test_metrics_file_has_one_line_per_step_when_asked(tmp_path: Path) -> None:
     assert [ln["step"] for ln in lines] == list(range(1, 13)) and {ln["steps"] for ln in lines} == {1}
     assert {"loss", "step_s", "samples_per_s", "tokens_per_s", "mfu"} <= set(lines[0])
     assert summary["steps"] == 12 and 0 < summary["mfu"] < 1
+
+
+def test_a_log_every_set_by_hand_is_kept_without_a_floor_of_its_own(tmp_path: Path) -> None:
+    """`log_every: 5` on a 40-step run: a record every 5 steps, however fast they are (the one-a-second
+    floor is the unset cadence's, or one set by hand)."""
+    train({**SHORT, "steps": 40, "log_every": 5}, str(tmp_path))
+    lines = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [ln["step"] for ln in lines] == [1, *range(5, 41, 5)]
+    assert TrainConfig().metrics_cadence == (10, 1.0)
+    assert TrainConfig(log_every=5).metrics_cadence == (5, 0.0)
+    assert TrainConfig(log_every=5, log_min_interval_s=2).metrics_cadence == (5, 2.0)
 
 
 def test_metrics_records_aggregate_intervals_and_always_keep_first_and_last(tmp_path: Path) -> None:

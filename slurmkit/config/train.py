@@ -29,6 +29,10 @@ class Faults(Strict):
     until a stop signal arrives, then stops at the next step: a run sure to meet its time limit."""
 
 
+DEFAULT_LOG_EVERY = 10
+DEFAULT_LOG_MIN_INTERVAL_S = 1.0
+
+
 class TrainConfig(Strict):
     """Every key is settable with --set config.KEY=VALUE."""
 
@@ -69,12 +73,13 @@ class TrainConfig(Strict):
     host memory), within the profile's requeue.in_job and requeue.crash (docs/fault-tolerance.md)."""
     faults: Faults = Field(default_factory=Faults)
     """Fault injection, for trying fault tolerance on purpose (config.faults.*; none by default)."""
-    log_every: int = Field(10, ge=1)
+    log_every: int | None = Field(None, ge=1)
     """Write a metrics record (and a progress line in the job log) every N steps; each record aggregates
-    the steps since the previous one (docs/observability.md)."""
-    log_min_interval_s: float = Field(1.0, ge=0)
-    """At most one metrics record per this many seconds, whatever log_every says (0: no floor; with
-    log_every 1, a record per step). The first, last and stopping steps always get their record."""
+    the steps since the previous one (docs/long-runs.md). Unset: every 10 steps, at most one a second."""
+    log_min_interval_s: float | None = Field(None, ge=0)
+    """At most one metrics record per this many seconds, whatever log_every says (0: no floor). Unset: 1 s
+    when log_every is unset too, else none (a log_every you set is kept). The first, last and stopping
+    steps always get their record."""
     peak_flops: float | None = Field(None, gt=0)
     """Peak FLOP/s of one rank's device for MFU; unset: the bf16 table on GPUs, an estimate on CPU."""
     hidden: int = Field(128, ge=1)
@@ -102,6 +107,15 @@ class TrainConfig(Strict):
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not a multiple of n_head={self.n_head}")
         return self
+
+    @property
+    def metrics_cadence(self) -> tuple[int, float]:
+        """(a record every N steps, at most one per S seconds) as log_every and log_min_interval_s
+        say: a log_every set by hand is kept exactly unless a floor is set too."""
+        floor = self.log_min_interval_s
+        if floor is None:
+            floor = DEFAULT_LOG_MIN_INTERVAL_S if self.log_every is None else 0.0
+        return self.log_every or DEFAULT_LOG_EVERY, floor
 
     def per_rank_batch(self, world_size: int) -> int:
         """Micro-batch of one rank; the global batch must split evenly."""

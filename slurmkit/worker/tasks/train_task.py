@@ -52,8 +52,8 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     metrics = MetricsWriter(RunPaths(run_dir).metrics if run_dir else None, dist.is_main)
     options = TrainerOptions(steps=cfg.steps, micro_batch=cfg.per_rank_batch(dist.world_size),
                              grad_accum=cfg.grad_accum, seed=cfg.seed, flops_per_sample=per_sample,
-                             tokens_per_sample=tokens, peak_flops=peak, log_every=cfg.log_every,
-                             log_min_interval_s=cfg.log_min_interval_s,
+                             tokens_per_sample=tokens, peak_flops=peak, log_every=cfg.metrics_cadence[0],
+                             log_min_interval_s=cfg.metrics_cadence[1],
                              autocast_dtype=_dtype(cfg, dist), parallel=cfg.parallel)
     trainer = Trainer(net, optimizer, train_set, loss, dist, options, scheduler=scheduler, metrics=metrics)
     return trainer, extras
