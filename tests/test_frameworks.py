@@ -18,6 +18,7 @@ import torch
 import slurmkit
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import CommandStop
+from slurmkit.common.metrics import read_records
 from slurmkit.worker.frameworks import lightning as lightning_hook
 from tests.conftest import USER_CODE
 from tests.test_cluster_faults import wait_until
@@ -51,6 +52,8 @@ def test_a_signalled_lightning_script_stops_at_one_agreed_batch_with_its_hpc_che
     assert stops[0] == stops[1]
     saved = torch.load(root / "hpc_ckpt_1.ckpt", weights_only=False)
     assert saved["global_step"] == stops[0].step  # Lightning's own checkpoint, of the agreed step
+    logged = read_records(paths.logged)  # what the module logged (self.log), every log_every_n_steps
+    assert logged and all(r["step"] % 10 == 0 and "train_loss" in r for r in logged)
     last = [int(m) for m in re.findall(r"rank=0 step=(\d+) ", log.read_text())][-1]
     assert last == stops[0].step  # no batch ran past it
 
@@ -77,5 +80,7 @@ def test_a_signalled_hf_trainer_with_the_callback_saves_the_agreed_step_and_ends
     assert sorted(p.name for p in out.iterdir()) == [f"checkpoint-{stops[0].step}"]
     state = json.loads((out / f"checkpoint-{stops[0].step}" / "trainer_state.json").read_text())
     assert state["global_step"] == stops[0].step
+    logged = read_records(paths.logged)  # what the Trainer logged, every logging_steps (10)
+    assert logged and all(r["step"] % 10 == 0 and "loss" in r for r in logged)
     last = [int(m) for m in re.findall(r"rank=0 step=(\d+) ", log.read_text())][-1]
     assert last == stops[0].step

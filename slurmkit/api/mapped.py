@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from slurmkit.api.handles import Job
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write
+from slurmkit.common.code_source import source_of
 from slurmkit.common.sweep_layout import Manifest, SweepPaths, latest_job_ids
 from slurmkit.config.loader import Resolved
 from slurmkit.runs.jobs import Call
@@ -43,7 +44,7 @@ def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ..
     import cloudpickle
 
     plan, tasks = plan_for(resolved, len(items), max_parallel)
-    payload = cloudpickle.dumps((fn, items))
+    payload = cloudpickle.dumps((fn, items, source_of(fn)))
 
     def write_function(paths: SweepPaths) -> None:
         atomic_write(paths.function_pickle, payload, perms.file_mode(paths.sweep_dir))

@@ -89,6 +89,13 @@ class RunPaths:
     def metrics(self) -> Path:
         return self.run_dir / "metrics.jsonl"
 
+    @property
+    def logged(self) -> Path:
+        """What the run's own code logs (slurmkit.tracking.log; Lightning's and the HF Trainer's
+        logged metrics), one JSON line a call: `step`, `time` and the values. metrics.jsonl is the
+        Trainer's step accounting, which goodput reads; this file is not."""
+        return self.run_dir / "logged.jsonl"
+
     def gpu_metrics(self, host: str) -> Path:
         """GPU samples of one node (each node's first rank writes its own file)."""
         return self.run_dir / f"metrics-gpu-{host}.jsonl"
@@ -208,6 +215,16 @@ class RunPaths:
     def outcome(self, job_id: str, rank: int) -> Outcome | None:
         """A rank's outcome, or None when it wrote none (still running, requeued, killed)."""
         return outcomes.read(self.outcome_file(job_id, rank))
+
+    def outcome_state(self, job_id: str, num_tasks: int) -> str:
+        """What the ranks' outcome records say of an ended job: COMPLETED (every rank succeeded),
+        FAILED (one recorded an error), else UNKNOWN. For a job neither squeue nor sacct knows (no
+        accounting, or sacct failing), as for a local run."""
+        # Only the records present are read (one listing): a record's num_tasks never costs a stat per rank.
+        found = [self.outcome(job_id, t) for t in self.outcome_ranks(job_id) if t < num_tasks]
+        if len(found) == num_tasks and all(o is not None and o.ok for o in found):
+            return "COMPLETED"
+        return "FAILED" if any(o is not None and not o.ok for o in found) else "UNKNOWN"
 
     def unpickle_result(self, job_id: str, rank: int) -> tuple[str, Any]:
         """submitit's result pickle, only from a folder the caller owns and no one else can write,

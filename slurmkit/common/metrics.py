@@ -85,6 +85,30 @@ def last_record(path: Path) -> dict[str, Any] | None:
     return next(iter_records_reversed(path), None)
 
 
+def numbers(record: dict[str, Any]) -> dict[str, float]:
+    """A record's values a tracker or a report plots: numbers, not the step bookkeeping."""
+    skip = {"time", "step", "steps"}
+    return {k: float(v) for k, v in record.items()
+            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+LAST_VALUES_SCAN = 1000
+"""How many of the newest records last_values reads back through."""
+
+
+def last_values(path: Path, scan: int = LAST_VALUES_SCAN) -> dict[str, float | int]:
+    """The newest value of each number among the newest `scan` records (a value logged once an
+    epoch is still found behind a thousand per-step ones), `time` left out."""
+    found: dict[str, float | int] = {}
+    for i, record in enumerate(iter_records_reversed(path)):
+        if i >= scan:
+            break
+        for key, value in record.items():
+            if key != "time" and key not in found and isinstance(value, (int, float)) and not isinstance(value, bool):
+                found[key] = value
+    return found
+
+
 def steps_of(record: dict[str, Any]) -> int:
     """How many steps a record covers (1 in files from before intervals)."""
     return int(record.get("steps", 1))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from slurmkit.common import trust
+from slurmkit.common.code_source import with_source
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.locked import LockedJson, Record
 from slurmkit.common.record import RunFile, RunRecord, SweepRef
@@ -270,8 +271,8 @@ def materialize_task(paths: SweepPaths, index: int, job_id: str, manifest: Sweep
 def load_call(paths: SweepPaths, index: int) -> tuple[Any, tuple[Any, ...]]:
     """On the node: a map_array's function and task `index`'s arguments (slurmkit.api.mapped),
     from the user's own private sweep folder, checked on the open file as submitit's own pickles are."""
-    fn, items = trust.load_pickle(paths.function_pickle, "the sweep's function")
-    return fn, tuple(items[index])
+    fn, items, *source = trust.load_pickle(paths.function_pickle, "the sweep's function")  # older: no source
+    return with_source(fn, source[0] if source else None), tuple(items[index])
 
 
 def newest_arrays(manifest: SweepManifest) -> dict[int, ArrayEntry | None]:

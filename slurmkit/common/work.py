@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurmkit.common.code_source import source_of
 from slurmkit.config.runspec import RunSpec
 
 
@@ -46,6 +47,9 @@ class PythonFunction:
     fn: Any
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None
+    """The file the function's code names on the login side (common.code_source): its traceback
+    on a rank names that file, not cloudpickle's <dynamic-code>."""
 
 
 Work = TrainTask | ShellCommand | RayDriver | Target | PythonFunction
@@ -62,4 +66,4 @@ def work_of(spec: RunSpec, fn: Any = None, args: tuple[Any, ...] = (), kwargs: d
         return RayDriver(spec.ray.model_dump())
     if spec.callable is not None:
         return Target(spec.callable, spec.kwargs)
-    return PythonFunction(fn, args, dict(kwargs or {}))
+    return PythonFunction(fn, args, dict(kwargs or {}), source_of(fn))

@@ -15,13 +15,18 @@ goodput = productive / wall. Incarnations come from one `sacct --duplicates` cal
 from __future__ import annotations
 
 import bisect
+import datetime as dt
+import itertools
+import os
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s, iter_records_reversed, steps_of
+from slurmkit.common.record import RunRecord
 from slurmkit.slurm import commands
 from slurmkit.slurm.parse import Incarnation
 
@@ -49,9 +54,45 @@ def incarnations(job_ids: list[str]) -> list[Incarnation]:
 
 
 def local_incarnation(oldest: dict[str, Any], newest: dict[str, Any]) -> Incarnation:
-    """Without accounting (a local run): the run's own clock, from the start of its first step to its last."""
+    """Without accounting or a run record (metrics alone): the run's own clock, from the start of its
+    first step to its last."""
     return Incarnation("local", None, float(oldest["time"]) - busy_s(oldest), float(newest["time"]), "LOCAL",
                        "this machine")
+
+
+def run_incarnations(paths: RunPaths, record: RunRecord) -> list[Incarnation]:
+    """A run's incarnations: Slurm's accounting for a Slurm run (one sacct call). A local run has
+    one, on this machine's clock: from its controller's start (run.json's `created` where that is
+    not known) to the last its ranks wrote (their outcome records, its metrics), so start-up counts
+    as the job's time; in the state its ranks' outcome records say (UNKNOWN while they have not all
+    ended, or when a rank was killed)."""
+    if record.executor == "slurm":
+        return incarnations(record.job_ids)
+    job_id = record.job_ids[-1] if record.job_ids else ""
+    start = _ticks_epoch(record.pid_starts.get(job_id)) or iso_epoch(record.created)
+    ends = [iso_epoch(o.time) for r in paths.outcome_ranks(job_id) if (o := paths.outcome(job_id, r)) is not None]
+    ends += [float(rec["time"]) for log in (paths.metrics, paths.logged)
+             for rec in itertools.islice(iter_records_reversed(log), 1) if "time" in rec]
+    state = paths.outcome_state(job_id, record.num_tasks) if job_id else "UNKNOWN"
+    end = max((e for e in ends if e is not None), default=None)
+    return [Incarnation(job_id or "local", start, start, end, state, "this machine")]
+
+
+def iso_epoch(iso: Any) -> float | None:
+    """run.json's and the outcome records' local ISO times as epoch seconds."""
+    try:
+        return dt.datetime.fromisoformat(str(iso)).timestamp()
+    except ValueError:
+        return None
+
+
+def _ticks_epoch(ticks: int | None) -> float | None:
+    """A process start in clock ticks since boot (runs.procs) as epoch seconds, on this machine."""
+    try:
+        boot = next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith("btime"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK") if ticks is not None else None
 
 
 def step_bucket(step_s: float) -> float:

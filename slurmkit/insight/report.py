@@ -13,15 +13,17 @@ from typing import Any
 
 from slurmkit.common.atomic import write_output
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, steps_of
+from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, numbers, steps_of
 from slurmkit.common.record import RunFile
 from slurmkit.errors import SlurmkitError
 from slurmkit.insight import cost, goodput, report_html
-from slurmkit.insight.report_data import ReportData, Segment
+from slurmkit.insight.report_data import ReportData, Segment, headline
 from slurmkit.insight.report_html import STATE_COLORS
 
 MAX_POINTS = 2000
 """Points per curve: records are averaged into step buckets, so a report's memory does not grow with the run."""
+MAX_LOGGED = 8
+"""Names of the run's own logged values a report draws: the newest logged."""
 
 
 class Curve:
@@ -55,10 +57,26 @@ class Curve:
                 for k, b in sorted(self._buckets.items())]
 
 
+def logged_points(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """The run's own logged values (logged.jsonl) by name, read from the end: each name's values
+    averaged into step buckets as the loss curve's, MAX_LOGGED names at most."""
+    width, buckets = 0, dict[str, dict[int, list[float]]]()
+    for rec in iter_records_reversed(path):
+        if "step" not in rec:
+            continue
+        step = int(rec["step"])
+        width = width or max(1, -(-step // MAX_POINTS))  # the newest step sets the bucket width
+        for name, value in numbers(rec).items():
+            if name in buckets or len(buckets) < MAX_LOGGED:
+                b = buckets.setdefault(name, {}).setdefault(step // width, [0.0, 0.0, step])
+                b[0], b[1] = b[0] + value, b[1] + 1
+    return {name: [(int(b[2]), b[0] / b[1]) for _, b in sorted(points.items())] for name, points in buckets.items()}
+
+
 def collect(paths: RunPaths) -> ReportData:
     """Everything the report draws: one backward pass over the metrics file, run.json restarts, one sacct call."""
     record = RunFile(paths).read()
-    acc = goodput.Accountant(goodput.incarnations(record.job_ids) if record.executor == "slurm" else [])
+    acc = goodput.Accountant(goodput.run_incarnations(paths, record))
     curve = Curve()
     for rec in iter_records_reversed(paths.metrics):
         acc.add(rec)
@@ -69,7 +87,7 @@ def collect(paths: RunPaths) -> ReportData:
     # Of the restarts in run.json, the k-th that was not in-job ended incarnation k (and started k + 1).
     causes = [r.cause for r in restarts if not r.in_job]
     in_job = [(t, r.cause + (", warm" if r.kind == "warm" else "")) for r in restarts
-              if r.in_job and (t := _epoch(r.time)) is not None]
+              if r.in_job and (t := goodput.iso_epoch(r.time)) is not None]
     startups = {id(inc): goodput.startup_spans(inc, rec["startup"]) for inc, rec in acc.firsts() if "startup" in rec}
     segments = []
     for n, inc in enumerate(incs):
@@ -88,15 +106,7 @@ def collect(paths: RunPaths) -> ReportData:
                        "cost": spent.as_dict()},
                       [(step, r.cause + ("" if r.kind == "requeue" else f", {r.kind.replace('_', '-')}"))
                        for r in restarts if (step := r.resumed_step if r.resumed_step is not None else r.step)
-                       is not None])
-
-
-def _epoch(iso: Any) -> float | None:
-    """run.json's local ISO times as epoch seconds, the timeline's clock."""
-    try:
-        return dt.datetime.fromisoformat(str(iso)).timestamp()
-    except ValueError:
-        return None
+                       is not None], logged_points(paths.logged))
 
 
 def _plt() -> Any:
@@ -172,7 +182,10 @@ def figure(data: ReportData) -> Any:
     fig, axes = plt.subplots(panels, 1, figsize=(10, 3 * panels), constrained_layout=True)
     t0 = min([s.queued or s.start or 0.0 for s in data.segments] or [0.0])
     steps = [s["step"] for s in data.steps]
-    _loss(axes[0], data)
+    if data.steps or not data.logged:
+        _loss(axes[0], data)
+    else:  # a script's own loop: what it logged, as it logged it
+        _logged(axes[0], data)
     # MFU is samples/s times a constant of the model: one curve, two scales.
     axes[1].plot(steps, [s.get("samples_per_s", 0.0) for s in data.steps], "-", linewidth=0.8, color="#2e7d32")
     axes[1].set_ylabel("samples/s")
@@ -190,12 +203,17 @@ def figure(data: ReportData) -> Any:
         axes[2].set_ylabel("GPU util % (mean)")
         axes[2].set_xlabel("seconds since the first submit")
     _timeline(axes[-1], data, t0)
-    a = data.accounting
-    fig.suptitle(f"run {plain(data.run_id)}: goodput {a.goodput:.1%} of {a.wall_s:.0f} s wall; lost: queue "
-                 f"{a.queue_wait_s:.0f} s, restarts {a.restart_overhead_s:.0f} s, recomputed "
-                 f"{a.recomputed_s:.0f} s, checkpoint stalls {a.checkpoint_stall_s:.0f} s, other {a.other_s:.0f} s",
-                 fontsize=9)
+    fig.suptitle(plain(f"run {data.run_id}: {headline(data.accounting)}"), fontsize=9)
     return fig
+
+
+def _logged(ax: Any, data: ReportData) -> None:
+    for name, points in data.logged.items():
+        ax.plot([s for s, _ in points], [v for _, v in points], "-", linewidth=1.0, label=plain(name))
+    ax.set_ylabel("logged values")
+    ax.set_xlabel("step")
+    ax.set_title("what the run's own code logged (slurmkit.tracking.log)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
 
 
 def render_png(data: ReportData) -> bytes:

@@ -39,3 +39,22 @@ class ReportData:
     restarts: list[tuple[int, str]] = field(default_factory=list)
     """Every restart at the step training went on from (the checkpoint resumed, or the failed step's
     start for an in-job one), with its cause: marked on the curves."""
+    logged: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """What the run's own code logged (logged.jsonl), by name: (step, mean value) points, oldest
+    first, at most about MAX_POINTS a name and MAX_LOGGED names (the newest logged)."""
+
+
+def headline(a: goodput.Goodput) -> str:
+    """The goodput line both reports print. A run none of whose steps was timed (a command's or a
+    function's own loop: only the built-in Trainer times its steps) says so rather than 0.0 %."""
+    if a.steps == 0:
+        return (f"{_secs(a.wall_s)} wall; goodput not measured: no step of this run was timed (the built-in "
+                "Trainer times its steps, a script's own loop does not)")
+    return (f"goodput {a.goodput:.1%} ({_secs(a.productive_s)} productive of {_secs(a.wall_s)} wall); lost: queue "
+            f"{_secs(a.queue_wait_s)}, restarts {_secs(a.restart_overhead_s)}, recomputed {_secs(a.recomputed_s)}, "
+            f"checkpoint stalls {_secs(a.checkpoint_stall_s)}, other {_secs(a.other_s)}")
+
+
+def _secs(seconds: float) -> str:
+    """Seconds as a report prints them: tenths below ten, so a short run reads 0.4 s, not 0 s."""
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"

@@ -10,7 +10,7 @@ import math
 from importlib import resources
 from typing import Any
 
-from slurmkit.insight.report_data import ReportData
+from slurmkit.insight.report_data import ReportData, headline
 
 STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
                 "PREEMPTED": "#ef6c00", "TIMEOUT": "#ef6c00", "NODE_FAIL": "#c62828", "FAILED": "#c62828",
@@ -47,7 +47,6 @@ def page_data(data: ReportData) -> dict[str, Any]:
 
 def render(data: ReportData) -> str:
     """The page: the panels with data (no GPU panel without GPU samples), then the tables."""
-    a = data.accounting
     # Every "<" as \u003c (JSON reads it the same): "</script" would end the element early and "<!--<script"
     # would keep the page from drawing; JSON itself has "<" only inside strings. ">" and "&" likewise.
     payload = (json.dumps(_finite(page_data(data)), allow_nan=False)
@@ -57,9 +56,7 @@ def render(data: ReportData) -> str:
     divs = "".join(f"<div id='{name}'></div>" for name in ("loss", "throughput", "gpu", "timeline"))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>slurmkit report {title}</title>"
             f"<style>{STYLE}</style></head><body><h1>{title}</h1>"
-            f"<p>goodput {a.goodput:.1%} of {a.wall_s:.0f} s wall; lost: queue {a.queue_wait_s:.0f} s, restarts "
-            f"{a.restart_overhead_s:.0f} s, recomputed {a.recomputed_s:.0f} s, checkpoint stalls "
-            f"{a.checkpoint_stall_s:.0f} s, other {a.other_s:.0f} s. Drag across a step panel to zoom, "
+            f"<p>{html.escape(headline(data.accounting))}. Drag across a step panel to zoom, "
             f"double-click to zoom out, hover for a step's values.</p>{divs}"
             f"<script type='application/json' id='report-data'>{payload}</script><script>{script}</script>"
             f"{_tables(data)}</body></html>\n")
@@ -83,7 +80,11 @@ def _tables(data: ReportData) -> str:
                    f"<td>{html.escape(s.state)}</td><td>{html.escape(s.cause)}</td>"
                    f"<td>{html.escape(', '.join(c for _, c in s.in_job))}</td>"
                    f"<td>{html.escape(_spans(s.startup))}</td></tr>" for s in data.segments)
-    return (f"<h2>Goodput</h2><table>{rows}</table>"
+    logged = "".join(f"<tr><td>{html.escape(name)}</td><td>{pts[-1][1]:.6g}</td><td>{pts[-1][0]}</td>"
+                     f"<td>{len(pts)}</td></tr>" for name, pts in data.logged.items())
+    logged_table = (f"<h2>Logged by the run's own code</h2><table><tr><th>name</th><th>last value</th><th>at step"
+                    f"</th><th>points</th></tr>{logged}</table>") if logged else ""
+    return (f"{logged_table}<h2>Goodput</h2><table>{rows}</table>"
             f"<h2>Incarnations</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>state</th><th>restarted "
             f"because</th><th>in-job restarts</th><th>start-up (s)</th></tr>{segs}</table>"
             f"{_code(data.summary.get('snapshot'))}")

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.metrics import last_record
+from slurmkit.common.metrics import last_record, last_values
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import (
     ArrayLog,
@@ -26,7 +26,7 @@ from slurmkit.common.sweep_layout import (
 from slurmkit.config.profile import Resources
 from slurmkit.errors import SlurmkitError, did_you_mean
 from slurmkit.insight import cost
-from slurmkit.runs.jobs import is_active, local_state, outcome_state
+from slurmkit.runs.jobs import is_active, local_state
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.procs import same_process
 from slurmkit.slurm import commands
@@ -70,14 +70,14 @@ def _local_states(paths: SweepPaths, manifest: SweepManifest) -> list[TaskState]
 
 def _by_outcomes(paths: SweepPaths, manifest: SweepManifest, index: int, job_id: str,
                  pending_arrays: set[str]) -> str:
-    """A task neither squeue nor sacct knows: what its ranks' outcome records say (jobs.outcome_state).
+    """A task neither squeue nor sacct knows: what its ranks' outcome records say (RunPaths.outcome_state).
     One that never started, of an array with tasks still pending, is pending too: Slurm 22.05's
     `squeue --array` leaves out the last task of a pending array it holds in stepped form (submitted
     `--array=1,3,...,39`, shown `_[1-39:2]`, listed 1..37; measured on the dev cluster)."""
     task = paths.task(index)
     if not task.record.exists():
         return "PENDING" if commands.base_id(job_id) in pending_arrays else "UNKNOWN"
-    return outcome_state(task, job_id, task_entry(paths, manifest, index).num_tasks)
+    return task.outcome_state(job_id, task_entry(paths, manifest, index).num_tasks)
 
 
 def task_states(paths: SweepPaths, manifest: SweepManifest | None = None) -> list[TaskState]:
@@ -143,12 +143,14 @@ def _numbers(mapping: dict[str, Any]) -> dict[str, float | int]:
 
 
 def final_metrics(paths: SweepPaths, index: int, job_id: str) -> dict[str, float | int]:
-    """Rank 0's returned numbers, else the last line of the task's metrics.jsonl."""
+    """The newest value of each number the task's own code logged (logged.jsonl: a command's
+    slurmkit.tracking.log, Lightning's and HF's metrics), with rank 0's returned numbers (a train
+    task's summary, a command's returncode) over them, or else the last metrics.jsonl record's."""
     task = paths.task(index)
     outcome = task.outcome(job_id, 0) if job_id else None
-    if outcome is not None and outcome.ok and isinstance(outcome.value, dict):
-        return _numbers(outcome.value)
-    return _numbers(last_record(task.metrics) or {})
+    returned = outcome.value if outcome is not None and outcome.ok and isinstance(outcome.value, dict) else None
+    last = returned if returned is not None else last_record(task.metrics) or {}
+    return {**last_values(task.logged), **_numbers(last)}
 
 
 def minimize(metric: str) -> bool:

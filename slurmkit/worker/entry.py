@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmkit.common import outcomes, user_trace
+from slurmkit.common.code_source import with_source
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import CommandStop
 from slurmkit.common.slurm_env import slurm_job_id
@@ -44,6 +45,8 @@ def run(call: Run) -> Any:
         outcomes.record(outcome_file, outcomes.ERROR, error=traceback.format_exc(), cause=why, trace=trace)
         raise
     outcomes.record(outcome_file, outcomes.SUCCESS, value=value)
+    if not isinstance(call.work, TrainTask) and detect().rank == 0:  # a train task finishes its own
+        tracking.finish_run(call.run_dir)
     return value
 
 
@@ -79,7 +82,8 @@ def _run(call: Run) -> Any:
         if isinstance(work, Target):
             return call_target(work.target, work.kwargs)
         paths = RunPaths(Path(call.run_dir))
-        return call_function(*checkpointable.load(paths, work.fn, work.args, work.kwargs), paths)
+        fn = with_source(work.fn, work.source)
+        return call_function(*checkpointable.load(paths, fn, work.args, work.kwargs), paths)
 
 
 def _rank_id() -> tuple[str, int]:

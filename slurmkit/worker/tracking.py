@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.metrics import iter_records_reversed
+from slurmkit.common.metrics import MetricsWriter, iter_records_reversed, numbers
 from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.common.trust import NotOwnError, read_own
 from slurmkit.config.tracking import redact
@@ -66,13 +66,6 @@ def bounded(call: Callable[[], T], timeout_s: float) -> T:
 
 def say(what: str, exc: BaseException) -> None:
     print(redact(f"slurmkit: tracking: {what}: {type(exc).__name__}: {exc}"), file=sys.stderr, flush=True)
-
-
-def numbers(record: dict[str, Any]) -> dict[str, float]:
-    """A metrics record's values a tracker plots: numbers, not the step bookkeeping."""
-    skip = {"time", "step", "steps"}
-    return {k: float(v) for k, v in record.items()
-            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 @dataclass
@@ -174,6 +167,9 @@ _active: Trackers | None = None
 _opened = False
 
 
+_logged: MetricsWriter | None = None
+
+
 def activate(trackers: Trackers | None) -> None:
     """The trackers `log` uses in this process (the train task's own, so both log to one writer)."""
     global _active, _opened
@@ -181,17 +177,23 @@ def activate(trackers: Trackers | None) -> None:
 
 
 def log(metrics: dict[str, float], step: int) -> None:
-    """Log `metrics` at `step` to the run's trackers from a user's function or command; a no-op on
-    every rank but 0, outside a slurmkit run, and where the run names no tracker."""
-    global _active, _opened
+    """Log `metrics` at `step` from a user's function or command (or a framework's callback):
+    written to the run's logged.jsonl, which `sweep results` and `report` read, and to the run's
+    trackers. A no-op on every rank but 0 and outside a slurmkit run."""
+    global _active, _opened, _logged
     if detect().rank != 0:
         return
+    run_dir = os.environ.get("SLURMKIT_RUN_DIR")
     if not _opened:
         _opened = True
-        run_dir = os.environ.get("SLURMKIT_RUN_DIR")
         _active = Trackers.open(run_dir) if run_dir else None
+    values = {k: float(v) for k, v in metrics.items()}
+    if run_dir and _logged is None:
+        _logged = MetricsWriter(RunPaths(Path(run_dir)).logged, True)
+    if _logged is not None:
+        _logged.write({"step": int(step), **values})
     if _active is not None:
-        _active.log({k: float(v) for k, v in metrics.items()}, int(step))
+        _active.log(values, int(step))
 
 
 def environment(run_dir: str, rank: int) -> dict[str, str]:
@@ -220,17 +222,28 @@ def environment(run_dir: str, rank: int) -> dict[str, str]:
     return env
 
 
-def send_accounting(run_dir: str, values: dict[str, float]) -> bool:
-    """An ended run's goodput accounting (computed by `slurmkit track` on the login node, from
-    sacct) to its trackers, as their end-of-run numbers; False when the run names no tracker."""
-    paths = RunPaths(Path(run_dir))
-    last = next((int(r["step"]) for r in iter_records_reversed(paths.metrics) if "step" in r), 0)
+def _finish(run_dir: str, log: Path, summary: dict[str, Any]) -> bool:
+    """The run's tracker runs closed as finished with `summary`; False when it names no tracker."""
+    last = next((int(r["step"]) for r in iter_records_reversed(log) if "step" in r), 0)
     opened = Trackers.open(run_dir, resumed_from=last)  # as a resumed incarnation: nothing purged
     if opened is None:
         return False
-    opened.finish({(k if k.startswith("goodput") else f"goodput_{k}"): v for k, v in values.items()})
+    opened.finish(summary)
     opened.close()
     return True
+
+
+def finish_run(run_dir: str) -> None:
+    """A function's or command's run ended well: its tracker runs end FINISHED (a user's script
+    that logged with `log` leaves them running; a train task's Trainer finishes its own)."""
+    _finish(run_dir, RunPaths(Path(run_dir)).logged, {})
+
+
+def send_accounting(run_dir: str, values: dict[str, float]) -> bool:
+    """An ended run's goodput accounting (computed by `slurmkit track` on the login node, from
+    sacct) to its trackers, as their end-of-run numbers; False when the run names no tracker."""
+    summary = {(k if k.startswith("goodput") else f"goodput_{k}"): v for k, v in values.items()}
+    return _finish(run_dir, RunPaths(Path(run_dir)).metrics, summary)
 
 
 def main(argv: list[str] | None = None) -> int:

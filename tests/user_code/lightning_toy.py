@@ -19,6 +19,7 @@ class Regression(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss)
         print(f"rank={self.global_rank} step={self.global_step + 1} loss={loss.item():.6f}", flush=True)
         time.sleep(self.step_time)  # stands in for a bigger model's step
         return loss
@@ -38,7 +39,7 @@ def main():
     pl.seed_everything(0)
     data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
     trainer = pl.Trainer(accelerator="cpu", num_nodes=args.nodes, devices=args.devices, strategy="ddp",
-                         max_steps=args.steps, default_root_dir=args.root, logger=False,
+                         max_steps=args.steps, default_root_dir=args.root, logger=False, log_every_n_steps=10,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Regression(args.step_time), DataLoader(data, batch_size=32, shuffle=True))
     print(f"rank={trainer.global_rank} done global_step={trainer.global_step}", flush=True)

@@ -11,7 +11,6 @@ from slurmkit.runs.jobs.status import (
     describe,
     is_active,
     local_state,
-    outcome_state,
     run_state,
     status,
     statuses,
@@ -32,5 +31,5 @@ from slurmkit.runs.jobs.submit import (
 )
 
 __all__ = ["FAILED_STATES", "Call", "Request", "RunStatus", "Submitted", "cancel", "check_function_kind",
-           "check_secrets", "describe", "dry_run", "entry", "is_active", "local_state", "outcome_state", "resubmit",
+           "check_secrets", "describe", "dry_run", "entry", "is_active", "local_state", "resubmit",
            "result", "run_env", "run_state", "send", "status", "statuses", "submit", "take_snapshot", "wait"]

@@ -64,19 +64,7 @@ def local_state(paths: RunPaths, record: RunRecord) -> str:
     job_id = record.job_ids[-1] if record.job_ids else ""
     if procs.same_process(job_id, record.pid_starts.get(job_id)):
         return "RUNNING"
-    by_outcomes = outcome_state(paths, job_id, record.num_tasks)
-    return "COMPLETED" if by_outcomes == "COMPLETED" else "FAILED"
-
-
-def outcome_state(paths: RunPaths, job_id: str, num_tasks: int) -> str:
-    """What the ranks' outcome records say of an ended job: COMPLETED (every rank succeeded),
-    FAILED (one recorded an error), else UNKNOWN. For a job neither squeue nor sacct knows (no
-    accounting, or sacct failing), as for a local run."""
-    # Only the records present are read (one listing): a record's num_tasks never costs a stat per rank.
-    found = [paths.outcome(job_id, t) for t in paths.outcome_ranks(job_id) if t < num_tasks]
-    if len(found) == num_tasks and all(o is not None and o.ok for o in found):
-        return "COMPLETED"
-    return "FAILED" if any(o is not None and not o.ok for o in found) else "UNKNOWN"
+    return "COMPLETED" if paths.outcome_state(job_id, record.num_tasks) == "COMPLETED" else "FAILED"
 
 
 def statuses(runs: list[tuple[RunPaths, RunRecord]]) -> list[RunStatus]:
@@ -95,7 +83,7 @@ def statuses(runs: list[tuple[RunPaths, RunRecord]]) -> list[RunStatus]:
             state = local_state(paths, rec)
         elif jid:
             info = infos.get(jid)
-            state = info.state if info else outcome_state(paths, jid, rec.num_tasks)
+            state = info.state if info else paths.outcome_state(jid, rec.num_tasks)
             nodes, elapsed = (info.nodes, info.elapsed) if info else ("", "")
             if not is_active(state) and rec.preempted is not None and rec.preempted.job_id == jid:
                 state = "PREEMPTED"  # it saved and exited within GraceTime, so Slurm says COMPLETED

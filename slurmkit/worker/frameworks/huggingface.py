@@ -10,13 +10,16 @@ and the end of training at that step (its TrainerControl), so the Trainer writes
 `checkpoint-N` in output_dir on every rank's behalf as a `save_steps` save would. Once saved
 (`on_save`) the stop is recorded and the script ends with status 0 (a command run's; a function
 run's entry gets AgreedStop), and the job's supervisor requeues. The next incarnation's
-`get_last_checkpoint` finds checkpoint-N: no step runs twice.
+`get_last_checkpoint` finds checkpoint-N: no step runs twice. What the Trainer logs reaches the
+run's logged.jsonl and trackers (`on_log`): `sweep results` and the report show it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from slurmkit.common.metrics import numbers
+from slurmkit.worker import tracking
 from slurmkit.worker.dist import Ranks
 from slurmkit.worker.ft.stop import ScriptStop, Stop, StopCoordinator
 
@@ -40,6 +43,14 @@ class AgreedStop(TrainerCallback):
             self.agreed = agreed.stop
             control.should_save = True  # the Trainer's own save of this step, next
             control.should_training_stop = True
+        return control
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        """What the Trainer logs (loss, learning rate, eval metrics) to the run's logged.jsonl and
+        trackers (slurmkit.tracking.log; rank 0)."""
+        values = numbers(logs or {})
+        if values:
+            tracking.log(values, int(state.global_step))
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -15,6 +15,9 @@ What the callback does:
   saves Lightning's own "hpc" checkpoint (`hpc_ckpt_N.ckpt` in the Trainer's default_root_dir:
   Lightning's collective save, at one step on every rank), and the script ends with status 0
   and the stop recorded for the supervisor, which requeues within the profile's budget.
+- What the LightningModule logs (`self.log`) reaches the run's logged.jsonl and trackers, every
+  `log_every_n_steps` and after each validation (slurmkit.tracking.log): `sweep results` and the
+  report show it.
 - The requeued job's Trainer is again under Slurm, and Lightning itself resumes from the newest
   hpc checkpoint when `fit` is given no ckpt_path: no finished optimizer step runs twice.
 """
@@ -26,6 +29,7 @@ import os
 from typing import Any
 
 from slurmkit.common.markers import COMMAND_STOP_ENV
+from slurmkit.worker import tracking
 from slurmkit.worker.dist import Ranks
 from slurmkit.worker.ft.stop import ScriptStop, Stop, StopCoordinator
 
@@ -55,6 +59,8 @@ class _AgreedStop:
         self.stop = StopCoordinator(lambda: False, self.script.flag)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step % max(1, int(trainer.log_every_n_steps)) == 0:
+            _log(trainer)
         agreed = self.stop.agree(Ranks.current())
         if agreed.stop == Stop.NONE:
             return
@@ -62,3 +68,14 @@ class _AgreedStop:
         trainer.save_checkpoint(trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir))
         self.stop.stop(step, agreed.stop)
         self.script.end(step, agreed.stop)  # the script ends here, as at a slurmkit.Checkpoint's agreed stop
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        _log(trainer)
+
+
+def _log(trainer: Any) -> None:
+    """What the LightningModule logged (self.log), as Lightning's own loggers get it, to the run's
+    logged.jsonl and trackers (slurmkit.tracking.log; rank 0)."""
+    values = {name: float(v) for name, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 0)() == 1}
+    if values:
+        tracking.log(values, int(trainer.global_step))
