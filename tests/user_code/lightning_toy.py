@@ -1,6 +1,6 @@
 # A user's Lightning script, as one writes it for a Slurm cluster: nothing of slurmkit in it.
 # Each training step prints `rank=R step=N ` (N: the global step it runs, from 1), so a test can
-# count the steps that ran, and ran twice.
+# count the steps that ran, and ran twice, and a benchmark can time them (t=).
 import argparse
 import time
 
@@ -20,7 +20,8 @@ class Regression(pl.LightningModule):
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss)
-        print(f"rank={self.global_rank} step={self.global_step + 1} loss={loss.item():.6f}", flush=True)
+        print(f"rank={self.global_rank} step={self.global_step + 1} loss={loss.item():.6f} t={time.time():.6f}",
+              flush=True)
         time.sleep(self.step_time)  # stands in for a bigger model's step
         return loss
 

@@ -5,7 +5,8 @@
     trainer.train(resume_from_checkpoint=get_last_checkpoint(args.output_dir))   # the usual resume
 
 The profile's signal only sets slurmkit's flag. After each optimizer step (`on_step_end`) the
-ranks agree in one small all-reduce; at the agreed stop the callback asks the Trainer for a save
+ranks vote in a small all-reduce run in the background (ft.stop.LaggedVote: a vote about every
+50 ms); at the agreed stop the callback asks the Trainer for a save
 and the end of training at that step (its TrainerControl), so the Trainer writes its own
 `checkpoint-N` in output_dir on every rank's behalf as a `save_steps` save would. Once saved
 (`on_save`) the stop is recorded and the script ends with status 0 (a command run's; a function
@@ -20,8 +21,7 @@ from typing import Any
 
 from slurmkit.common.metrics import numbers
 from slurmkit.worker import tracking
-from slurmkit.worker.dist import Ranks
-from slurmkit.worker.ft.stop import ScriptStop, Stop, StopCoordinator
+from slurmkit.worker.ft.stop import LaggedVote, ScriptStop, Stop
 
 try:
     from transformers import TrainerCallback
@@ -34,13 +34,14 @@ class AgreedStop(TrainerCallback):
 
     def __init__(self) -> None:
         self.script = ScriptStop()  # a command's script: its worker now passes the signal on
-        self.stop = StopCoordinator(lambda: False, self.script.flag)
+        self.votes = LaggedVote(self.script.flag)
         self.agreed = Stop.NONE
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        agreed = self.stop.agree(Ranks.current())
-        if agreed.stop != Stop.NONE:
-            self.agreed = agreed.stop
+        agreed = self.votes.vote()
+        if agreed != Stop.NONE and self.agreed == Stop.NONE:
+            self.votes.drain()
+            self.agreed = agreed
             control.should_save = True  # the Trainer's own save of this step, next
             control.should_training_stop = True
         return control
@@ -56,6 +57,4 @@ class AgreedStop(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.agreed == Stop.NONE:
             return control
-        step = int(state.global_step)
-        self.stop.stop(step, self.agreed)
-        self.script.end(step, self.agreed)
+        self.script.end(int(state.global_step), self.agreed)

@@ -11,7 +11,8 @@ What the callback does:
   it then passes the signal on rather than ending the script.
 - Lightning's own requeue handler never goes in: Lightning installs it only where the signal has no
   handler yet. So nothing but the job's supervisor runs `scontrol requeue`: one requeue, never two.
-- After each training batch the ranks agree in one small all-reduce. At the agreed stop every rank
+- After the training batches the ranks vote in a small all-reduce that runs in the background
+  (ft.stop.LaggedVote: no step waits on it, a vote about every 50 ms). At the agreed stop every rank
   saves Lightning's own "hpc" checkpoint (`hpc_ckpt_N.ckpt` in the Trainer's default_root_dir:
   Lightning's collective save, at one step on every rank), and the script ends with status 0
   and the stop recorded for the supervisor, which requeues within the profile's budget.
@@ -30,8 +31,7 @@ from typing import Any
 
 from slurmkit.common.markers import COMMAND_STOP_ENV
 from slurmkit.worker import tracking
-from slurmkit.worker.dist import Ranks
-from slurmkit.worker.ft.stop import ScriptStop, Stop, StopCoordinator
+from slurmkit.worker.ft.stop import LaggedVote, ScriptStop, Stop
 
 
 def pytorch_lightning_callbacks() -> list[Any]:
@@ -56,18 +56,18 @@ class _AgreedStop:
 
     def __init__(self) -> None:
         self.script = ScriptStop()  # now the rank's worker passes the signal on
-        self.stop = StopCoordinator(lambda: False, self.script.flag)
+        self.votes = LaggedVote(self.script.flag)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step % max(1, int(trainer.log_every_n_steps)) == 0:
             _log(trainer)
-        agreed = self.stop.agree(Ranks.current())
-        if agreed.stop == Stop.NONE:
+        agreed = self.votes.vote()
+        if agreed == Stop.NONE:
             return
+        self.votes.drain()
         step = int(trainer.global_step)
         trainer.save_checkpoint(trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir))
-        self.stop.stop(step, agreed.stop)
-        self.script.end(step, agreed.stop)  # the script ends here, as at a slurmkit.Checkpoint's agreed stop
+        self.script.end(step, agreed)  # the script ends here, as at a slurmkit.Checkpoint's agreed stop
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         _log(trainer)

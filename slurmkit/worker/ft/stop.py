@@ -17,6 +17,7 @@ handler, and guesses timeout vs preemption from wall-clock time; its SIGTERM han
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
@@ -136,6 +137,63 @@ class StopCoordinator:
     def stop(self, step: int, kind: Stop) -> None:
         """Every rank stops at `step`, for `kind`."""
         self.kind, self.stopped_at = kind, step
+
+
+VOTE_EVERY_S = 0.05
+"""How often a framework's ranks vote on the stop, at most: a vote every step of a 4 ms step would
+cost a few per cent of it; at this cadence the stop still comes within a tenth of a second."""
+MAX_VOTE_GAP = 1000
+
+
+class LaggedVote:
+    """The stop vote of a framework's step (Lightning's, the HF Trainer's: slurmkit.worker.frameworks),
+    all-reduced in the background over a gloo group of its own, so no step waits on it and a GPU
+    run's NCCL stream never carries it. A vote is read at the next voting boundary, which starts
+    the next vote; the ranks vote every k boundaries, k agreed in the vote before (the smallest any
+    rank asked for: a vote about every VOTE_EVERY_S by its own step time). Every rank reads the same
+    result at the same boundary, so all stop at one step."""
+
+    def __init__(self, flag: StopFlag) -> None:
+        self.flag = flag
+        self._group: Any = None
+        self._pending: tuple[Any, Any] | None = None
+        self._started = False
+        self._boundary = self._next = self._voted_at = 0
+        self._voted_time = 0.0
+
+    def vote(self) -> Stop:
+        """At every step boundary, on every rank: the stop the ranks agreed on (NONE until they do)."""
+        import torch
+        import torch.distributed as tdist
+
+        if not self._started:  # every rank makes the group at its first boundary: the same collective call
+            self._started = True
+            if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
+                self._group = tdist.new_group(backend="gloo")
+        self._boundary += 1
+        if self._group is None:
+            return self.flag.kind
+        if self._boundary < self._next:
+            return Stop.NONE
+        now = time.monotonic()
+        step_s = (now - self._voted_time) / max(1, self._boundary - self._voted_at) if self._voted_at else 0.0
+        wanted = min(MAX_VOTE_GAP, max(1, math.ceil(VOTE_EVERY_S / step_s))) if step_s > 0 else 1
+        self._voted_time, self._voted_at = now, self._boundary
+        agreed, gap = self.drain()
+        self._next = self._boundary + gap
+        votes = torch.tensor([int(self.flag.kind), -wanted], dtype=torch.int64)  # max of -k: the smallest k
+        self._pending = (tdist.all_reduce(votes, op=tdist.ReduceOp.MAX, group=self._group, async_op=True), votes)
+        return agreed
+
+    def drain(self) -> tuple[Stop, int]:
+        """The vote in flight, waited for (before the ranks stop: none is left behind): the stop, and
+        how many boundaries until the next vote."""
+        if self._pending is None:
+            return Stop.NONE, 1
+        work, votes = self._pending
+        self._pending = None
+        work.wait()
+        return Stop(int(votes[0])), int(-votes[1])
 
 
 class ScriptStop:
