@@ -131,6 +131,15 @@ def local_profile(tmp_path: Path, run_root: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def local_once(tmp_path: Path, run_root: Path) -> Path:
+    """The local profile with no preemption budget: a stop on the profile's signal ends the run
+    rather than start it again (the local rehearsal of a requeue: tests/test_local_rehearsal.py)."""
+    path = tmp_path / "once.yaml"
+    path.write_text(yaml.safe_dump({"extends": "local", "run_root": str(run_root), "requeue": {"preemption": 0}}))
+    return path
+
+
 def write_spec(tmp_path: Path, *, filename: str = "spec.yaml", **fields: Any) -> Path:
     path = tmp_path / filename
     path.write_text(yaml.safe_dump(fields))

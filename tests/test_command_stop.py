@@ -56,8 +56,8 @@ def ranks_script_pid(marker: Path, script: str = "ddp_toy_resumable.py") -> int 
     return None
 
 
-def test_a_signalled_script_stops_at_one_agreed_step_saved_on_every_rank(local_profile: Path) -> None:
-    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2, name="resumable").submit_command(
+def test_a_signalled_script_stops_at_one_agreed_step_saved_on_every_rank(local_once: Path) -> None:
+    job = slurmkit.Executor(profile=str(local_once), tasks_per_node=2, name="resumable").submit_command(
         ["python", str(USER_CODE / "ddp_toy_resumable.py"), "--steps", "100000", "--step-time", "0.01"])
     paths = RunPaths(Path(job.run_dir))
     log = paths.rank_log(job.job_id, 0)

@@ -34,9 +34,9 @@ def test_the_factories_give_nothing_outside_a_slurmkit_command(lightning: Path) 
 
 
 def test_a_signalled_lightning_script_stops_at_one_agreed_batch_with_its_hpc_checkpoint(
-        local_profile: Path, lightning: Path, tmp_path: Path) -> None:
+        local_once: Path, lightning: Path, tmp_path: Path) -> None:
     root = tmp_path / "root"
-    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2, name="lit",
+    job = slurmkit.Executor(profile=str(local_once), tasks_per_node=2, name="lit",
                             env={"PYTHONPATH": str(lightning)}).submit_command(
         ["python", str(USER_CODE / "lightning_toy.py"), "--steps", "100000", "--devices", "2",
          "--step-time", "0.01", "--root", str(root)])
@@ -59,12 +59,12 @@ def test_a_signalled_lightning_script_stops_at_one_agreed_batch_with_its_hpc_che
 
 
 def test_a_signalled_hf_trainer_with_the_callback_saves_the_agreed_step_and_ends(
-        local_profile: Path, huggingface: Path, tmp_path: Path) -> None:
+        local_once: Path, huggingface: Path, tmp_path: Path) -> None:
     """tests/user_code/hf_toy.py with its two marked lines (slurmkit.huggingface.AgreedStop): both
     ranks stop at one step, and the Trainer's own checkpoint-N of that step is what
     get_last_checkpoint finds next time."""
     out = tmp_path / "out"
-    job = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2, name="hf",
+    job = slurmkit.Executor(profile=str(local_once), tasks_per_node=2, name="hf",
                             env={"PYTHONPATH": str(huggingface)}).submit_command(
         ["python", str(USER_CODE / "hf_toy.py"), "--steps", "100000", "--save-steps", "100000", "--out", str(out),
          "--slurmkit"])

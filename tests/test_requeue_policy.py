@@ -87,16 +87,6 @@ def test_a_partition_preempt_mode_decides_who_brings_the_job_back() -> None:
     assert Preemption("t", "REQUEUE", "2000-01-01T00:00:00").left_s == 0 == Preemption("t", "CANCEL", "?").left_s
 
 
-def test_resubmit_refuses_a_local_run_in_one_line(tmp_path: Path) -> None:
-    import pytest
-
-    from slurmkit.errors import SlurmkitError
-    from slurmkit.runs import jobs
-
-    with pytest.raises(SlurmkitError, match="only a run on a Slurm profile can be resubmitted"):
-        jobs.resubmit(_run(tmp_path, executor="local"))
-
-
 def test_an_in_job_restart_is_its_own_entry_beside_the_incarnations(tmp_path: Path) -> None:
     entries = [_entry(n=1, job_id="7", cause="preemption", resumed_step=40),
                _entry(kind="in_job", n=1, in_job=1, job_id="7", cause="crash")]

@@ -43,13 +43,7 @@ def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = 
     """sbatch a run's recorded script again; the new job's call is job `job_id`'s pickle, copied
     (never unpickled here) under the new id (submitit's worker waits up to 60 s for it).
     `partition` overrides the script's. Returns the new job id."""
-    old = JobPaths(paths.job_folder, job_id=job_id).submitted_pickle
-    try:  # the copy is read from the open file of the caller's own pickle: never another user's
-        with os.fdopen(trust.open_own(old), "rb") as f:
-            call = f.read()
-    except FileNotFoundError:
-        raise SlurmkitError(f"job {job_id}'s call is gone ({old})", where=paths.run_id,
-                            valid="submit the run again with `slurmkit submit`") from None
+    call = _call_bytes(paths, job_id)
     tag = uuid.uuid4().hex
     tmp_script, tmp_pickle = paths.job_folder / f".resubmit-{tag}.sh", paths.job_folder / f".{tag}.pkl"
     parent = set(outer_job_env(dict(os.environ)))
@@ -64,6 +58,28 @@ def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = 
         tmp_script.unlink(missing_ok=True)
         tmp_pickle.unlink(missing_ok=True)
     return new
+
+
+def resubmit_local(paths: RunPaths, job_id: str, resolved: Resolved) -> str:
+    """Start a local run's ranks again as a new local job (a new controller) on job `job_id`'s
+    pickle, copied (never unpickled here) under the new id. Returns the new job id."""
+    call = _call_bytes(paths, job_id)
+    ex = local_executor(paths.job_folder, resolved)
+    job = ex._submit_command(ex._submitit_command_str)  # what submitit's own submit starts, without a pickle
+    new = str(job.job_id)
+    atomic_write(JobPaths(paths.job_folder, job_id=new).submitted_pickle, call, perms.file_mode(paths.run_dir))
+    return new
+
+
+def _call_bytes(paths: RunPaths, job_id: str) -> bytes:
+    """Job `job_id`'s pickled call, read from the open file of the caller's own pickle: never another user's."""
+    old = JobPaths(paths.job_folder, job_id=job_id).submitted_pickle
+    try:
+        with os.fdopen(trust.open_own(old), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise SlurmkitError(f"job {job_id}'s call is gone ({old})", where=paths.run_id,
+                            valid="submit the run again with `slurmkit submit`") from None
 
 
 SAFE_PATH = "-P"

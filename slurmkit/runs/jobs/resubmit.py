@@ -8,8 +8,9 @@ from slurmkit.common import perms
 from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RestartEntry, RunFile
+from slurmkit.config.loader import Resolved
 from slurmkit.errors import SlurmkitError
-from slurmkit.runs import registry
+from slurmkit.runs import procs, registry
 from slurmkit.runs.jobs.status import is_active, run_state
 from slurmkit.runs.jobs.submit import Submitted, check_secrets
 
@@ -20,28 +21,40 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
     for a run Slurm did not bring back: preempted under PreemptMode=CANCEL, a spent requeue
     budget, a cancel, a failure fixed since. Its dependency is dropped (it was met)."""
     rec = RunFile(paths).read()
-    if rec.executor != "slurm":
-        raise SlurmkitError("only a run on a Slurm profile can be resubmitted", where=paths.run_id,
-                            valid="submit a local run again with `slurmkit submit`")
     st = run_state(paths)
     if is_active(st.state) or st.state == "COMPLETED":
         raise SlurmkitError(f"run is {st.state} (job {st.job_id}); nothing to resubmit", where=paths.run_id,
                             valid="valid: a run that ended other than COMPLETED; `slurmkit cancel` a live one first")
     check_secrets(rec.spec.secret_env if rec.spec else [], paths.run_id, {})
-    script = "".join(ln for ln in (rec.script or paths.script.read_text()).splitlines(keepends=True)
-                     if not ln.startswith("#SBATCH --dependency="))
     from slurmkit.slurm import submitit_executor as ex_mod  # submitit: only a resubmit pays for it
 
+    if rec.executor == "local":  # a laptop's rehearsal of what a cluster's resubmit does
+        if rec.spec is None:
+            raise SlurmkitError("its run.json has no spec this slurmkit can read", where=paths.run_id,
+                                valid="submit the run again with `slurmkit submit`")
+        resolved = Resolved(rec.spec, rec.profile, rec.profile_name, rec.resources, rec.spec_source)
+        with perms.umask(perms.folder_kind(paths.run_dir)):
+            job_id = ex_mod.resubmit_local(paths, st.job_id, resolved)
+        RunFile(paths).add_job_id(job_id, pid_start=procs.start_time(int(job_id)))
+        _resubmitted(paths, job_id, st.job_id, st.state, partition)
+        return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script="")
+    script = "".join(ln for ln in (rec.script or paths.script.read_text()).splitlines(keepends=True)
+                     if not ln.startswith("#SBATCH --dependency="))
     with perms.umask(perms.folder_kind(paths.run_dir)):
         job_id = ex_mod.resubmit(paths, st.job_id, script, partition)
     # The job id first, in its own write, as submit does: nothing later may lose it.
     RunFile(paths).add_job_id(job_id, script=script)
+    _resubmitted(paths, job_id, st.job_id, st.state, partition)
+    registry.write_script(paths, script)
+    return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
+
+
+def _resubmitted(paths: RunPaths, job_id: str, old_job: str, old_state: str, partition: str | None) -> None:
+    """The run's verdicts cleared and the resubmit recorded as its restart entry."""
     on = f" on partition {partition}" if partition else ""
     with RunFile(paths).editing() as record:
         record.final = record.preempted = record.cancelled = None
         record.restarts.append(RestartEntry(
             kind="resubmit", n=0, job_id=job_id, cause=Cause.RESUBMIT,
             time=dt.datetime.now().isoformat(timespec="seconds"),
-            detail=f"slurmkit resubmit{on} after job {st.job_id} ended {st.state}"))
-    registry.write_script(paths, script)
-    return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
+            detail=f"slurmkit resubmit{on} after job {old_job} ended {old_state}"))

@@ -93,17 +93,7 @@ def carry_out(paths: RunPaths, job_id: str, decision: Decision) -> Decision:
     Slurm refuses, or whose controller does not answer in time, comes back as the Decision it
     became (END slurm_failed, REQUEUE uncertain), never a traceback."""
     d = decision
-    if d.failure or d.entry or d.final or d.unhealthy or d.preempted:
-        with RunFile(paths).editing() as record:
-            if d.failure:
-                record.failures.append(d.failure)
-            if d.entry:
-                record.restarts.append(d.entry)
-            if d.final:
-                record.final = d.final
-            record.unhealthy.extend(d.unhealthy)
-            if d.preempted:
-                record.preempted = d.preempted
+    write_down(paths, d)
     if d.action is not Action.REQUEUE:
         return d
     try:
@@ -115,6 +105,21 @@ def carry_out(paths: RunPaths, job_id: str, decision: Decision) -> Decision:
         return replace(d, action=Action.END, why="slurm_failed",
                        message=f"{d.said}; the requeue failed, so the job ends here: {exc.one_line()}")
     return d
+
+
+def write_down(paths: RunPaths, d: Decision) -> None:
+    """The Decision's part of run.json (one locked write, where it has one)."""
+    if d.failure or d.entry or d.final or d.unhealthy or d.preempted:
+        with RunFile(paths).editing() as record:
+            if d.failure:
+                record.failures.append(d.failure)
+            if d.entry:
+                record.restarts.append(d.entry)
+            if d.final:
+                record.final = d.final
+            record.unhealthy.extend(d.unhealthy)
+            if d.preempted:
+                record.preempted = d.preempted
 
 
 def requeue(paths: RunPaths, job_id: str, d: Decision) -> None:

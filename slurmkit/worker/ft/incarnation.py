@@ -147,14 +147,14 @@ class Incarnation:
         """After the final save: rank 0 records the stop for the job's supervisor (stop.ended), which
         decides whether the job is requeued; then every rank exits."""
         assert self.ft is not None
-        line = ended(str(self.paths.run_dir) if self.paths else None, trainer.state.step,
-                     self.ft.stop.kind == Stop.REQUEUE, self.dist.is_main)
+        line, status = ended(str(self.paths.run_dir) if self.paths else None, trainer.state.step,
+                             self.ft.stop.kind == Stop.REQUEUE, self.dist.is_main)
         if self.dist.is_main:
             print(f"slurmkit: {line}", flush=True)
         if self.dist.world_size > 1:
             tdist.barrier()
         # Not an exception: submitit must not record a result (or an error) for this incarnation.
-        raise SystemExit(0)
+        raise SystemExit(status)
 
     @property
     def resumed_step(self) -> int | None:

@@ -38,15 +38,16 @@ def _raising_handler(requeue: bool) -> Any:
 
 @contextmanager
 def requeue_on_signal(run_dir: str) -> Iterator[None]:
-    """Under Slurm: the stop signals interrupt the body; then the stop is recorded for the job's
+    """Under Slurm and the local profile: the stop signals interrupt the body; then the stop is recorded for the job's
     supervisor (stop.ended), and the rank exits without a result.
     A function with a slurmkit.Checkpoint replaces these handlers by its flag, and stops at the
     step its ranks agree on (AgreedStop), its state saved; that is requeued the same way."""
-    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+    if os.environ.get("SUBMITIT_EXECUTOR") in ("slurm", "local"):  # the local profile rehearses Slurm's
         install_handlers(_raising_handler(True), _raising_handler(False))
     try:
         yield
     except (Interrupted, AgreedStop) as stop:
         step = stop.step if isinstance(stop, AgreedStop) else None
-        print(f"slurmkit: {ended(run_dir, step, stop.requeue)}", flush=True)
-        raise SystemExit(0) from None  # not an exception: no result (or error) for this incarnation
+        line, status = ended(run_dir, step, stop.requeue)
+        print(f"slurmkit: {line}", flush=True)
+        raise SystemExit(status) from None  # not an exception: no result (or error) for this incarnation

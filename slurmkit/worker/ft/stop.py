@@ -33,6 +33,7 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop, Stopped
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.worker import at_exit
+from slurmkit.worker.ft.local_requeue import local_stop
 
 if TYPE_CHECKING:  # the Trainer imports torch; this module is imported by torch-free code too
     from slurmkit.worker.dist import Ranks
@@ -220,15 +221,21 @@ class ScriptStop:
         raise AgreedStop(requeue, step)
 
 
-def ended(run_dir: str | None, step: int | None, requeue: bool, main: bool | None = None) -> str:
-    """The ranks stopped on a signal (at `step`, saved): rank 0 (`main`; by default Slurm's task 0)
-    records the step's typed end for the job's supervisor, which decides what it means; the line to print."""
+def ended(run_dir: str | None, step: int | None, requeue: bool, main: bool | None = None) -> tuple[str, int]:
+    """The ranks stopped on a signal (at `step`, saved): rank 0 (`main`; by default the job's task 0)
+    records the step's typed end for the job's supervisor, which decides what it means; on the local
+    profile rank 0 decides itself (ft.local_requeue). (The line to print, the rank's exit status.)"""
     at = f"stopped at step {step}" if step is not None else "stopped"
-    if not (os.environ.get("SLURM_PROCID", "0") == "0" if main is None else main):
-        return f"{at}; rank 0 records the stop"
+    executor = os.environ.get("SUBMITIT_EXECUTOR")
+    task = os.environ.get("SLURM_PROCID" if executor == "slurm" else "SUBMITIT_LOCAL_GLOBALID", "0")
+    if not (task == "0" if main is None else main):
+        return f"{at}; rank 0 records the stop", 0
+    local_job = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "")
+    if executor == "local" and local_job and run_dir:
+        return local_stop(RunPaths(Path(run_dir)), local_job, step, requeue)
     job_id = slurm_job_id()
-    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or not job_id or not run_dir:
-        return f"{at}; not under Slurm: no requeue"
+    if executor != "slurm" or not job_id or not run_dir:
+        return f"{at}; not under Slurm: no requeue", 0
     Stopped(job_id, outcomes.restart_count(), outcomes.attempt(), step, requeue, time.time()).write(
         RunPaths(Path(run_dir)))
-    return f"{at} on {'the requeue signal' if requeue else 'SIGTERM'}; the job's supervisor decides what comes next"
+    return f"{at} on {'the requeue signal' if requeue else 'SIGTERM'}; the job's supervisor decides what comes next", 0
