@@ -25,7 +25,7 @@ def test_an_unmodified_lightning_script_preempted_resumes_where_it_stopped_after
     Lightning's own handler does not take), its ranks stop at one agreed step and save Lightning's
     hpc checkpoint; the job's supervisor requeues it once (Slurm counts one restart: Lightning's
     own scontrol requeue never ran), and Lightning resumes from that checkpoint."""
-    steps, root = 400, tmp_path / "lightning-root"
+    steps, root = 200, tmp_path / "lightning-root"
     spec = write_spec(tmp_path, name="lightning", resources={"nodes": 2, "tasks_per_node": 1, "time": "00:10:00"},
                       command=f"python {USER_CODE / 'lightning_toy.py'} --steps {steps} --nodes 2 --step-time 0.02 "
                               f"--root {root}", env={"PYTHONPATH": str(lightning)})
@@ -62,7 +62,7 @@ def test_an_hf_trainer_with_the_callback_preempted_resumes_at_the_agreed_step(
     or accelerate's own multi-node launch of 2 a node. Preempted, its ranks save the agreed step as
     the Trainer's own checkpoint-N, the supervisor requeues once, and the next incarnation resumes
     there: every step ran once, where save_steps alone would have lost those since its last save."""
-    steps, out = 300, tmp_path / "out"
+    steps, out = 150, tmp_path / "out"
     spec = write_spec(tmp_path, name="hf", resources={"nodes": 2, "tasks_per_node": 1, "time": "00:10:00"},
                       command=f"{launch} {USER_CODE / 'hf_toy.py'} --steps {steps} --save-steps 1000 --out {out} "
                               "--slurmkit", env={"PYTHONPATH": str(huggingface)})
