@@ -1,6 +1,6 @@
-"""`from slurmkit.huggingface import AgreedStop`: the Hugging Face Trainer's agreed stop, a
+"""`from slurmkit.huggingface import AgreedStopCallback`: the Hugging Face Trainer's agreed stop, a
 TrainerCallback (slurmkit.worker.frameworks.huggingface; docs/frameworks.md). Imports transformers."""
 
-from slurmkit.worker.frameworks.huggingface import AgreedStop
+from slurmkit.worker.frameworks.huggingface import AgreedStopCallback
 
-__all__ = ["AgreedStop"]
+__all__ = ["AgreedStopCallback"]

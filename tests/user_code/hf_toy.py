@@ -38,9 +38,9 @@ def main():
                                  dataloader_num_workers=0, seed=0, disable_tqdm=True)
     callbacks = [PrintSteps()]
     if args.slurmkit:
-        from slurmkit.huggingface import AgreedStop  # slurmkit: 1
+        from slurmkit.huggingface import AgreedStopCallback  # slurmkit: 1
 
-        callbacks.append(AgreedStop())  # slurmkit: 2
+        callbacks.append(AgreedStopCallback())  # slurmkit: 2
     trainer = Trainer(model=GPT2LMHeadModel(config), args=training, train_dataset=Tokens(4096, 32, 128),
                       callbacks=callbacks)
     last = get_last_checkpoint(args.out) if os.path.isdir(args.out) else None  # as HF's examples resume

@@ -1,7 +1,7 @@
 """The Hugging Face Trainer's agreed stop: one callback (docs/frameworks.md).
 
-    from slurmkit.huggingface import AgreedStop
-    trainer = Trainer(model, args, train_dataset=data, callbacks=[AgreedStop()])
+    from slurmkit.huggingface import AgreedStopCallback
+    trainer = Trainer(model, args, train_dataset=data, callbacks=[AgreedStopCallback()])
     trainer.train(resume_from_checkpoint=get_last_checkpoint(args.output_dir))   # the usual resume
 
 The profile's signal only sets slurmkit's flag. After each optimizer step (`on_step_end`) the
@@ -10,7 +10,7 @@ ranks vote in a small all-reduce run in the background (ft.stop.LaggedVote: a vo
 and the end of training at that step (its TrainerControl), so the Trainer writes its own
 `checkpoint-N` in output_dir on every rank's behalf as a `save_steps` save would. Once saved
 (`on_save`) the stop is recorded and the script ends with status 0 (a command run's; a function
-run's entry gets AgreedStop), and the job's supervisor requeues. The next incarnation's
+run's entry gets the AgreedStop exception), and the job's supervisor requeues. The next incarnation's
 `get_last_checkpoint` finds checkpoint-N: no step runs twice. What the Trainer logs reaches the
 run's logged.jsonl and trackers (`on_log`): `sweep results` and the report show it.
 """
@@ -29,7 +29,7 @@ except ImportError:  # no Trainer to call it then; the module still imports (doc
     TrainerCallback = object
 
 
-class AgreedStop(TrainerCallback):
+class AgreedStopCallback(TrainerCallback):
     """slurmkit's agreed stop for a transformers Trainer: add it to `callbacks=`."""
 
     def __init__(self) -> None:

@@ -33,8 +33,9 @@ class FaultInjection:
         self.paths = RunPaths(Path(run_dir)) if run_dir else None
         self.resumed = False
         """This incarnation resumed from a checkpoint (set by its owner once restored)."""
-        self.stopping = False
-        """The agreed stop's save is being written (set by its owner)."""
+        self.stopping: int | None = None
+        """The step the ranks stop at, once they agreed: only that step's own save gets the slow-save
+        fault (a periodic save still in flight at the stop is not the stop's). Set by its owner."""
         self._fired: set[int] = set()
 
     @property
@@ -49,11 +50,11 @@ class FaultInjection:
         if step == self.faults.kill_in_save_at_step:
             print(f"slurmkit: injected SIGKILL during the save of step {step}, after {name}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.stopping and self.faults.slow_stop_save_s:
+        if step == self.stopping and self.faults.slow_stop_save_s:
             print(f"slurmkit: injected {self.faults.slow_stop_save_s:g} s delay in the stop's save of step {step}",
                   flush=True)
             time.sleep(self.faults.slow_stop_save_s)
-            self.stopping = False  # once per save
+            self.stopping = None  # once per save
 
     def attach(self, trainer: Trainer, flag: StopFlag | None, watchdog: Watchdog | None) -> None:
         """flag: this rank's stop signal, which ends a hold (none: a run without checkpoints is not

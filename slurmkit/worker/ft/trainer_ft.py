@@ -263,7 +263,7 @@ class TrainerFT:
         if agreed.stop:
             # Every rank stops at this same step and takes part in the final save.
             if self.faults is not None:
-                self.faults.stopping = True
+                self.faults.stopping = trainer.state.step
             if self.on_stop is not None:
                 self.on_stop(trainer.state.step)
             self.save(trainer, wait=True)
