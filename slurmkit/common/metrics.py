@@ -85,11 +85,15 @@ def last_record(path: Path) -> dict[str, Any] | None:
     return next(iter_records_reversed(path), None)
 
 
+def is_number(value: Any) -> bool:
+    """An int or a float, not a bool (JSON's true is no metric)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def numbers(record: dict[str, Any]) -> dict[str, float]:
     """A record's values a tracker or a report plots: numbers, not the step bookkeeping."""
     skip = {"time", "step", "steps"}
-    return {k: float(v) for k, v in record.items()
-            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: float(v) for k, v in record.items() if k not in skip and is_number(v)}
 
 
 LAST_VALUES_SCAN = 1000
@@ -104,7 +108,7 @@ def last_values(path: Path, scan: int = LAST_VALUES_SCAN) -> dict[str, float | i
         if i >= scan:
             break
         for key, value in record.items():
-            if key != "time" and key not in found and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key != "time" and key not in found and is_number(value):
                 found[key] = value
     return found
 

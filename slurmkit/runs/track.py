@@ -15,6 +15,7 @@ from pathlib import Path
 
 from slurmkit.common import trust
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.metrics import is_number
 from slurmkit.common.record import RunFile
 from slurmkit.errors import SlurmkitError
 from slurmkit.runs import jobs
@@ -60,7 +61,7 @@ def send_accounting(paths: RunPaths, python: str) -> dict[str, float] | None:
     st = jobs.run_state(paths)
     if jobs.is_active(st.state):
         return None
-    values = {k: float(v) for k, v in st.accounting.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values = {k: float(v) for k, v in st.accounting.items() if is_number(v)}
     if not values:
         return None
     _run([python, "-P", "-m", "slurmkit.worker.tracking", str(paths.run_dir), json.dumps(values)], paths,

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.common.metrics import last_record, last_values
+from slurmkit.common.metrics import is_number, last_record, last_values
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import (
     ArrayLog,
@@ -139,7 +139,7 @@ def counts(states: list[TaskState]) -> dict[str, int]:
 
 
 def _numbers(mapping: dict[str, Any]) -> dict[str, float | int]:
-    return {k: v for k, v in mapping.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: v for k, v in mapping.items() if is_number(v)}
 
 
 def final_metrics(paths: SweepPaths, index: int, job_id: str) -> dict[str, float | int]:
