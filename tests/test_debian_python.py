@@ -130,3 +130,13 @@ def test_a_local_run_whose_ranks_run_debians_python_trains_and_runs_a_command(de
                             "--wait", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert json.loads(shown.stdout)["result"]["stdout"].split() == ["3", "11", "2"]  # the ranks' own python
+
+
+def test_the_local_rehearsal_and_the_named_tracebacks_on_debians_python(debian_python: Path) -> None:
+    """This issue's job side on 3.11.2: a signalled local run stopped, recorded and started again
+    (ft.local_requeue), a submitit Checkpointable going on, a local resubmit, and a __main__
+    function's traceback naming its file (common.code_source), run by Debian's python itself."""
+    done = run_there(debian_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                     "tests/test_local_rehearsal.py", "tests/test_from_submitit.py")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "5 passed" in done.stdout
