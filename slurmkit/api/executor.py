@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmkit.api import mapped, submitit_names
-from slurmkit.api.handles import Job, SweepHandle
+from slurmkit.api.handles import Job, SearchHandle, SweepHandle
 from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.loader import (
     Layer,
@@ -207,15 +207,33 @@ class Executor:
         return mapped.submit(self.resolve(fn), fn, items, throttle, max_array_size)
 
 
-def sweep(spec: str | Path | dict[str, Any], profile: str | None = None, grid: dict[str, list[Any]] | None = None,
-          max_parallel: int | None = None, set: list[str] | None = None) -> SweepHandle:
-    """Submit a sweep spec (a file, or a mapping with a `sweep:` section) as `slurmkit sweep` does."""
+def sweep(spec: str | Path | dict[str, Any] | Callable[..., Any], profile: str | None = None,
+          grid: dict[str, list[Any]] | None = None, max_parallel: int | None = None, set: list[str] | None = None,
+          search: dict[str, Any] | None = None, prune: dict[str, Any] | None = None,
+          **fields: Any) -> SweepHandle:
+    """Submit a sweep spec (a file, or a mapping with a `sweep:` section) as `slurmkit sweep` does.
+
+    `search` (and `prune`) make it a search (docs/sweeps.md): the spec's own section, or given
+    here. A function with search=: each trial calls fn(**params), a param without a section
+    (`lr`) being its keyword, and returns its metric (a number, or a dict holding it); `fields`
+    are Executor's (nodes, time, ...). The handle of a search is a SearchHandle (best(), trials())."""
     prof = load_profile(profile_name(profile))
     if prof.login is not None:
         raise ConfigError("slurmkit.sweep does not run through a login host yet",
                           where=f"{profile_name(profile)}:login",
                           valid="valid: `slurmkit sweep SPEC -p PROFILE` (the CLI's sweeps do), docs/remote.md")
+    if callable(spec):
+        if search is None:
+            raise ConfigError("a function is swept by search=", where="slurmkit.sweep",
+                              valid="valid: search={...}, or Executor.map_array for a list of arguments")
+        ex = Executor(profile, max_parallel=max_parallel, set=set, **fields)
+        return SearchHandle(mapped.search(ex.resolve(spec), spec, search, prune, max_parallel))
+    if fields:
+        raise ConfigError(f"unknown keyword argument {next(iter(fields))!r}", where="slurmkit.sweep",
+                          valid="valid: a spec's resources are its own (resources:), or --set")
     plan = sweep_spec.load(spec if isinstance(spec, dict) else Path(spec), max_parallel=max_parallel,
-                           grid_values=grid, max_tasks=prof.sweep_max_tasks)
+                           grid_values=grid, max_tasks=prof.sweep_max_tasks,
+                           search={"search": search, "prune": prune})
     done = submit(plan, profile, set)
-    return SweepHandle(SweepPaths(Path(done.sweep_dir)))
+    paths = SweepPaths(Path(done.sweep_dir))
+    return SearchHandle(paths) if plan.section.search is not None else SweepHandle(paths)

@@ -26,6 +26,8 @@ from slurmkit.runs.polling import Poller
 from slurmkit.slurm import commands
 from slurmkit.slurm.commands import TransientSlurmError
 from slurmkit.sweeps.results import results, task_states, wait
+from slurmkit.sweeps.search_view import SearchState, follow, search_state
+from slurmkit.sweeps.study import Trial
 from slurmkit.sweeps.submit import resubmit_failed
 
 
@@ -174,3 +176,24 @@ class SweepHandle:
     def resubmit(self, failed: bool = True) -> list[int]:
         """A new array of the tasks that ended failed, cancelled or timed out; their indices."""
         return resubmit_failed(self.paths, self.status()) if failed else []
+
+
+@dataclass(frozen=True)
+class SearchHandle(SweepHandle):
+    """A search sweep (slurmkit.sweep(..., search=...)): its trials as the study holds them, and
+    the best; `wait` follows the driver to the end of the search."""
+
+    def trials(self) -> list[Trial]:
+        """Every trial asked so far: number (its task index), state, params, value."""
+        return search_state(self.paths).trials
+
+    def best(self) -> Trial | None:
+        """The completed trial with the best value so far (None before one completes)."""
+        return search_state(self.paths).best
+
+    def state(self) -> SearchState:
+        return search_state(self.paths)
+
+    def wait(self, timeout: float | None = None) -> dict[int, str]:
+        """Until the driver ends (every trial ended, or the driver stopped); each trial's state."""
+        return {t.number: t.state for t in follow(self.paths, timeout_s=timeout).trials}

@@ -22,13 +22,14 @@ from slurmkit.common.sweep_layout import Manifest, SweepPaths, latest_job_ids
 from slurmkit.config.loader import Resolved
 from slurmkit.runs.jobs import Call
 from slurmkit.sweeps.resolve import SweepTasks
-from slurmkit.sweeps.spec import SweepPlan, SweepSection
+from slurmkit.sweeps.spec import SweepPlan, SweepSection, check_keys, section_of
 from slurmkit.sweeps.submit import launch
 
 if TYPE_CHECKING:
     pass
 
 SOURCE = "Executor.map_array"
+SEARCH_SOURCE = "slurmkit.sweep"
 
 
 def plan_for(resolved: Resolved, n: int, max_parallel: int | None) -> tuple[SweepPlan, SweepTasks]:
@@ -39,11 +40,12 @@ def plan_for(resolved: Resolved, n: int, max_parallel: int | None) -> tuple[Swee
     return plan, SweepTasks([resolved], [0] * n, list(range(n)), [None] * n, spec, {})
 
 
-def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ...]], max_parallel: int | None,
-           max_array_size: int | None) -> list[Job]:
+def _launch(plan: SweepPlan, tasks: SweepTasks, resolved: Resolved, fn: Callable[..., Any],
+            items: list[tuple[Any, ...]] | None, max_array_size: int | None) -> SweepPaths:
+    """The sweep made with the function pickle written into it (items None: a search's, whose
+    tasks take their params as keywords), then submitted."""
     import cloudpickle
 
-    plan, tasks = plan_for(resolved, len(items), max_parallel)
     payload = cloudpickle.dumps((fn, items, source_of(fn)))
 
     def write_function(paths: SweepPaths) -> None:
@@ -51,6 +53,25 @@ def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ..
 
     with perms.umask(resolved.profile.run_mode):
         done = launch(plan, tasks, max_array_size, prepare=write_function, call=Call(fn))
-    paths = SweepPaths(Path(done.sweep_dir))
+    return SweepPaths(Path(done.sweep_dir))
+
+
+def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ...]], max_parallel: int | None,
+           max_array_size: int | None) -> list[Job]:
+    plan, tasks = plan_for(resolved, len(items), max_parallel)
+    paths = _launch(plan, tasks, resolved, fn, items, max_array_size)
     latest = latest_job_ids(Manifest(paths).read())
     return [Job(f"{paths.sweep_id}/{i}", latest[i] or "", str(paths.task(i).run_dir)) for i in range(len(items))]
+
+
+def search(resolved: Resolved, fn: Callable[..., Any], search: dict[str, Any], prune: dict[str, Any] | None,
+           max_parallel: int | None) -> SweepPaths:
+    """slurmkit.sweep(fn, search=...): a search whose trials call fn(**params); a param key without
+    a section (`lr`) is the function's keyword (`kwargs.lr`)."""
+    params = {k if "." in k else f"kwargs.{k}": v for k, v in dict(search.get("params") or {}).items()}
+    section = section_of({"search": {**search, "params": params}, "prune": prune, "max_parallel": max_parallel},
+                         SEARCH_SOURCE)
+    check_keys(section, SEARCH_SOURCE, None)
+    spec = resolved.spec.model_dump()
+    plan = SweepPlan(SEARCH_SOURCE, resolved.spec.name, [(SEARCH_SOURCE, spec)], section, [])
+    return _launch(plan, SweepTasks([resolved], [], [], [], spec, {}), resolved, fn, None, None)

@@ -1,4 +1,4 @@
-"""`slurmkit sweep SPEC | status | results | resubmit | list | cancel`."""
+"""`slurmkit sweep SPEC | status | results | resubmit | resume | list | cancel`."""
 
 from __future__ import annotations
 
@@ -79,6 +79,9 @@ def submit(
         return
     dependency = dependency_for(prof.run_root, after, after_any, after_notok)
     done = sub.submit(plan, profile, set_, max_array_size, dependency, loaded=prof)
+    if plan.section.search is not None:
+        _search_submitted(done, plan.section.search.batch, wait, as_json)
+        return
     if wait:
         _wait_and_print(done, as_json)
         return
@@ -105,6 +108,27 @@ def _wait_and_print(done: SweepSubmitted, as_json: bool) -> None:
         typer.echo(f"sweep {done.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items()))
 
 
+def _search_submitted(done: SweepSubmitted, batch: int, wait: bool, as_json: bool) -> None:
+    """A search: its first array and driver; with --wait, the best so far each time trials end."""
+    from slurmkit.common import sweep_layout
+    from slurmkit.sweeps import search_view
+
+    paths = sweep_layout.SweepPaths(Path(done.sweep_dir))
+    if not wait:
+        if as_json:
+            print_json(done.as_dict())
+        else:
+            typer.echo(f"sweep {done.sweep_id}  search of {done.tasks} trials, {batch} a batch  first array "
+                       f"{', '.join(done.array_job_ids) or 'local runner'}  {done.sweep_dir}\n"
+                       f"its driver runs detached: `slurmkit sweep status {done.sweep_id}`")
+        return
+    state = search_view.follow(paths, None if as_json else typer.echo)
+    if as_json:
+        print_json({**done.as_dict(), "search": state.as_dict()})
+    elif state.driver != "done":
+        raise typer.Exit(1)
+
+
 def _print_preview(info: dict[str, Any], varying: list[str], as_json: bool) -> None:
     """What a sweep would submit (--dry-run)."""
     if as_json:
@@ -120,16 +144,19 @@ def _print_preview(info: dict[str, Any], varying: list[str], as_json: bool) -> N
 @app.command("status")
 @user_errors
 def status(sweep: SweepArg, profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
-    """Counts by state and a per-task table (one squeue call, at most one sacct)."""
+    """Counts by state and a per-task table (one squeue call, at most one sacct); a search's driver and best."""
     from slurmkit.runs import folders
-    from slurmkit.sweeps import results
+    from slurmkit.sweeps import results, search_view
 
     paths = folders.find_sweep(run_root_for(profile), sweep)
     states = results.task_states(paths)
+    search = search_view.search_state(paths) if paths.driver.exists() else None
     if as_json:
         print_json({"sweep_id": paths.sweep_id, "counts": results.counts(states), "cost": results.total_cost(states),
-                    "tasks": [s.as_dict() for s in states]})
+                    "tasks": [s.as_dict() for s in states], **({"search": search.as_dict()} if search else {})})
         return
+    if search is not None:
+        typer.echo(f"search: {search.line()}")
     spent = results.total_cost(states)
     typer.echo(f"sweep {paths.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items())
                + (f"  ({spent['node_hours']:.3f} node-hours, {spent['gpu_hours']:.3f} GPU-hours so far)"
@@ -216,10 +243,23 @@ def list_sweeps(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
         _table(["sweep_id", "tasks", "arrays", "created"], rows)
 
 
+@app.command("resume")
+@user_errors
+def resume(sweep: SweepArg, profile: ProfileOpt = None) -> None:
+    """Start a search's driver again (after the login node's reboot): no trial lost or run twice."""
+    from slurmkit.runs import folders
+    from slurmkit.sweeps import search_view
+
+    paths = folders.find_sweep(run_root_for(profile), sweep)
+    pid = search_view.resume(paths)
+    typer.echo(f"driver started (pid {pid}): `slurmkit sweep status {paths.sweep_id}`" if pid is not None
+               else "a driver already runs this search")
+
+
 @app.command("cancel")
 @user_errors
 def cancel(sweep: SweepArg, profile: ProfileOpt = None) -> None:
-    """Cancel every array of the sweep."""
+    """Cancel every array of the sweep (and a search's driver)."""
     from slurmkit.runs import folders
     from slurmkit.sweeps import submit as sub
 

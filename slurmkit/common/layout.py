@@ -142,6 +142,11 @@ class RunPaths:
         return self.run_dir / "restart-request.json"
 
     @property
+    def prune_request(self) -> Path:
+        """A search's pruner stopped this trial (common.markers.PruneRequest): it must not restart."""
+        return self.run_dir / "prune-request.json"
+
+    @property
     def stop_marker(self) -> Path:
         """The step the ranks agreed to stop at, written before its save: if the save never ends
         (killed after GraceTime) the next incarnation still knows how far the last one got."""

@@ -3,6 +3,9 @@ writes it and who reads it, and the only code that reads or writes them. RunPath
 
 - restart-request.json (RestartRequest): written by ft.effects.requeue (in the job's supervisor)
   before it asks Slurm; read by the next incarnation (ft.restarts).
+- prune-request.json (PruneRequest): written by a search's driver (sweeps.search, on the login
+  node) before it signals a trial's job to stop; read by the job's decider (ft.effects.state): a
+  pruned trial ends at its stop, never restarted or requeued.
 - stopping.json (StopMarker): written by rank 0 before the agreed stop's save (ft.incarnation);
   read by the next start (ft.restarts.lost_steps).
 - stopped.json (Stopped): written by rank 0 once the ranks stopped on a signal (and saved, where
@@ -101,6 +104,26 @@ class StopMarker:
     @staticmethod
     def clear(paths: RunPaths) -> None:
         paths.stop_marker.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class PruneRequest:
+    """The pruner's verdict on a running trial: stop it, and never start it again."""
+
+    step: int
+    """The step of the intermediate value the pruner judged."""
+    value: float
+    time: str
+
+    def write(self, paths: RunPaths) -> None:
+        atomic_write_text(paths.prune_request, json.dumps(asdict(self)) + "\n")
+
+    @staticmethod
+    def read(paths: RunPaths) -> PruneRequest | None:
+        found = _read_json(paths.prune_request)
+        if found is None or not isinstance(found.get("step"), int) or not isinstance(found.get("value"), int | float):
+            return None
+        return PruneRequest(found["step"], float(found["value"]), str(found.get("time", "")))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ folder, every rank reads its own task).
     <run_root>/<sweep_id>/arrays.json       every job array submitted for it, updated under a lock
     <run_root>/<sweep_id>/submitit/         submitit's folder, shared by every array of the sweep
     <run_root>/<sweep_id>/tasks/<index>/    each task's own run folder (run.json, metrics, checkpoints)
+    <run_root>/<sweep_id>/study.journal     a search's Optuna study (sweeps.study), its driver's
+                         driver.json, driver.log  and the driver's record and output (sweeps.search)
 
 The manifest maps every task index to its config (the validated base spec plus the task's
 overrides, or the task's whole spec where it cannot be rebuilt so), seed and resource group. The
@@ -13,6 +15,9 @@ array log lists every job array submitted for the sweep (initial, split and resu
 task is ever dropped silently: a task whose array failed to submit shows up as NOT_SUBMITTED. The
 two are apart so that recording a job id rewrites a small file, not a 100,000-task manifest.
 Both are typed records (SweepManifest, ArrayList) with one reader and one writer each (Manifest, ArrayLog).
+The manifest is written once, before anything is submitted, except that a search's driver adds
+each batch's trials to it (Manifest.add_tasks) before it submits their array: a task is in the
+manifest before any job can run it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from slurmkit.common.locked import LockedJson, Record
 from slurmkit.common.record import RunFile, RunRecord, SweepRef
 from slurmkit.config.overrides import deep_merge, nested
 from slurmkit.config.runspec import RunSpec
+from slurmkit.config.search import PruneSection, SearchSection
 
 MANIFEST = "sweep.json"
 ARRAYS = "arrays.json"
@@ -79,6 +85,21 @@ class SweepPaths:
     def function_pickle(self) -> Path:
         """A map_array's function and every task's arguments (slurmkit.api.mapped)."""
         return self.sweep_dir / "function.pkl"
+
+    @property
+    def study(self) -> Path:
+        """A search's Optuna study: its journal file (sweeps.study)."""
+        return self.sweep_dir / "study.journal"
+
+    @property
+    def driver(self) -> Path:
+        """A search's driver: its pid, host and state (sweeps.search.DriverRecord)."""
+        return self.sweep_dir / "driver.json"
+
+    @property
+    def driver_log(self) -> Path:
+        """A search driver's output."""
+        return self.sweep_dir / "driver.log"
 
     @property
     def local_runner_log(self) -> Path:
@@ -154,13 +175,19 @@ class SweepManifest(Record):
     """--set values, applied over each task's overrides."""
     groups: list[ResourceGroup] = []
     checkpoint_base: str | None = None
+    search: SearchSection | None = None
+    """A search sweep's section: its tasks are its trials, added batch by batch (task i is trial i)."""
+    prune: PruneSection | None = None
+    seed: int = 0
+    """Base of the per-task seed for tasks without config.seed (the sweep section's seed)."""
     tasks: list[ManifestTask] = []
     arrays: list[ArrayEntry] = []
     """Filled on read from arrays.json (ArrayLog); written empty."""
 
 
 class Manifest(LockedJson[SweepManifest]):
-    """sweep.json, with the array log folded in as its `arrays` on read. Written once: `create` only."""
+    """sweep.json, with the array log folded in as its `arrays` on read. Written once (`create`),
+    but for a search's trials, added batch by batch (`add_tasks`)."""
 
     model = SweepManifest
     missing_error = "sweep has no sweep.json"
@@ -182,6 +209,19 @@ class Manifest(LockedJson[SweepManifest]):
         manifest.arrays = ArrayLog(self.paths).read().arrays
         return manifest
 
+    def add_tasks(self, tasks: list[ManifestTask]) -> SweepManifest:
+        """A search's next trials, appended under the lock; each must be the next index."""
+        with self._locked():
+            manifest = super().read()
+            if manifest.search is None:
+                raise TypeError("only a search sweep adds tasks after it is created")
+            for task in tasks:
+                if task.index != len(manifest.tasks):
+                    raise ValueError(f"task {task.index} added as task {len(manifest.tasks)}")
+                manifest.tasks.append(task)
+            self._save(manifest)
+        return manifest
+
 
 class ArrayLog(LockedJson[ArrayList]):
     """arrays.json: what was submitted for the sweep; `editing()` is the only way to change it."""
@@ -193,6 +233,30 @@ class ArrayLog(LockedJson[ArrayList]):
     def __init__(self, paths: SweepPaths) -> None:
         super().__init__(paths.arrays)
         self.paths = paths
+
+
+class DriverRecord(Record):
+    """driver.json: who drives the search now, and the pruner's verdicts (one writer: the driver)."""
+
+    pid: int | None = None
+    start: int | None = None
+    """The pid's start time (runs.procs): a pid reused by another process is never taken for it."""
+    host: str = ""
+    state: Literal["running", "done", "stopped", "failed"] = "running"
+    detail: str = ""
+    """Why it failed or stopped, in one line."""
+    pruned: dict[str, int] = {}
+    """Task index -> the step at which the pruner stopped it."""
+
+
+class DriverFile(LockedJson[DriverRecord]):
+    """driver.json: written by the search's driver (sweeps.search), read by `sweep status`."""
+
+    model = DriverRecord
+    missing_error = "the search has no driver record"
+
+    def __init__(self, paths: SweepPaths) -> None:
+        super().__init__(paths.driver)
 
 
 @dataclass(frozen=True)
@@ -272,7 +336,8 @@ def load_call(paths: SweepPaths, index: int) -> tuple[Any, tuple[Any, ...]]:
     """On the node: a map_array's function and task `index`'s arguments (slurmkit.api.mapped),
     from the user's own private sweep folder, checked on the open file as submitit's own pickles are."""
     fn, items, *source = trust.load_pickle(paths.function_pickle, "the sweep's function")  # older: no source
-    return with_source(fn, source[0] if source else None), tuple(items[index])
+    # A search's function (items None) takes its trial's params as keywords, from the task's spec.
+    return with_source(fn, source[0] if source else None), tuple(items[index]) if items is not None else ()
 
 
 def newest_arrays(manifest: SweepManifest) -> dict[int, ArrayEntry | None]:

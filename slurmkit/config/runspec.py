@@ -32,7 +32,7 @@ class RunSpec(Strict):
     callable: str | None = None
     """A Python callable as module:function, called on every rank with kwargs; rank 0's return is the result."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments for callable."""
+    """Keyword arguments for callable (and a search's function: its trial's params, slurmkit.sweep)."""
     function: str | None = None
     """Set only by slurmkit.Executor.submit/map_array: the name of the Python function carried by value in the
     job's pickle (e.g. __main__.train), shown by status and the report. A spec file names a callable instead."""
@@ -92,8 +92,8 @@ class RunSpec(Strict):
         given = [k for k in KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"exactly one of {', '.join(KINDS)} is needed, got {', '.join(given) or 'none'}")
-        if self.kwargs and self.callable is None:
-            raise ValueError("kwargs is only valid with callable")
+        if self.kwargs and self.callable is None and self.function is None:
+            raise ValueError("kwargs is only valid with callable (or a search's function)")
         if self.config and self.task is None:
             raise ValueError("config is only valid with task")
         if self.launcher == "torchrun" and self.ray is not None:

@@ -8,7 +8,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from slurmkit.common.atomic import atomic_write_text
@@ -16,6 +16,7 @@ from slurmkit.common.metrics import is_number, last_record, last_values
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import (
     ArrayLog,
+    DriverFile,
     Manifest,
     SweepManifest,
     SweepPaths,
@@ -33,7 +34,9 @@ from slurmkit.slurm import commands
 from slurmkit.slurm.commands import TransientSlurmError
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
+PRUNED = "PRUNED"
 DEFAULT_METRIC = "loss"
+RESULT = "result"
 _MINIMIZE_RE = re.compile(r"loss|err|perplexity|ppl|time|latency|_s$")
 
 
@@ -81,10 +84,17 @@ def _by_outcomes(paths: SweepPaths, manifest: SweepManifest, index: int, job_id:
 
 
 def task_states(paths: SweepPaths, manifest: SweepManifest | None = None) -> list[TaskState]:
-    """Every task's state: the newest job of each task, from one squeue and (if needed) one sacct."""
+    """Every task's state: the newest job of each task, from one squeue and (if needed) one sacct;
+    a search's trial that its pruner stopped, once ended, is PRUNED."""
     manifest = manifest or Manifest(paths).read()
-    if manifest.executor == "local":
-        return _local_states(paths, manifest)
+    states = _local_states(paths, manifest) if manifest.executor == "local" else _slurm_states(paths, manifest)
+    if manifest.search is not None and paths.driver.exists():
+        pruned = DriverFile(paths).read().pruned
+        states = [replace(s, state=PRUNED) if str(s.index) in pruned and not is_active(s.state) else s for s in states]
+    return states
+
+
+def _slurm_states(paths: SweepPaths, manifest: SweepManifest) -> list[TaskState]:
     latest = latest_job_ids(manifest)
     if not any(latest.values()):
         return [TaskState(i, NOT_SUBMITTED, "") for i in latest]
@@ -142,13 +152,16 @@ def _numbers(mapping: dict[str, Any]) -> dict[str, float | int]:
     return {k: v for k, v in mapping.items() if is_number(v)}
 
 
-def final_metrics(paths: SweepPaths, index: int, job_id: str) -> dict[str, float | int]:
+def final_metrics(paths: SweepPaths, index: int, job_id: str, bare: str = RESULT) -> dict[str, float | int]:
     """The newest value of each number the task's own code logged (logged.jsonl: a command's
     slurmkit.tracking.log, Lightning's and HF's metrics), with rank 0's returned numbers (a train
-    task's summary, a command's returncode) over them, or else the last metrics.jsonl record's."""
+    task's summary, a command's returncode; one number returned is named `bare`, a search's metric
+    or `result`) over them, or else the last metrics.jsonl record's."""
     task = paths.task(index)
     outcome = task.outcome(job_id, 0) if job_id else None
-    returned = outcome.value if outcome is not None and outcome.ok and isinstance(outcome.value, dict) else None
+    value = outcome.value if outcome is not None and outcome.ok else None
+    # A function that returns one number (a search's objective) reports it as `bare`.
+    returned = value if isinstance(value, dict) else {bare: value} if is_number(value) else None
     last = returned if returned is not None else last_record(task.metrics) or {}
     return {**last_values(task.logged), **_numbers(last)}
 
@@ -173,30 +186,35 @@ def iter_rows(paths: SweepPaths, manifest: SweepManifest | None = None) -> Itera
     metrics: one listing of tasks/ finds them, rather than a failed open per pending task."""
     manifest = manifest or Manifest(paths).read()
     states = task_states(paths, manifest)
+    bare = manifest.search.metric if manifest.search is not None else RESULT
     started = set(os.listdir(paths.tasks_dir)) if paths.tasks_dir.is_dir() else set()
     for task, st in zip(manifest.tasks, states, strict=True):
         row = {"index": task.index, "state": st.state, **{k: task.overrides.get(k) for k in manifest.varying}}
         if str(task.index) in started:
-            row.update(final_metrics(paths, task.index, st.job_id))
+            row.update(final_metrics(paths, task.index, st.job_id, bare))
         yield row
 
 
 def results(paths: SweepPaths, sort: str | None = None, maximize: bool | None = None) -> Results:
-    """Every row (iter_rows), the metrics seen, and the best row by `sort` (or loss)."""
+    """Every row (iter_rows), the metrics seen, and the best row by `sort` (or loss; a search's
+    rows are sorted by its metric, in its mode, unless `sort` names another)."""
     manifest = Manifest(paths).read()
+    search = manifest.search
     rows = list(iter_rows(paths, manifest))
     fixed = {"index", "state", *manifest.varying}
     metrics = list(dict.fromkeys(k for r in rows for k in r if k not in fixed))
     if sort is not None and sort not in metrics:
         raise SlurmkitError(f"unknown metric '{sort}'{did_you_mean(sort, metrics)}", where="--sort",
                             valid=f"valid: {', '.join(metrics) or 'none yet (no task has finished)'}")
-    key = sort or (DEFAULT_METRIC if DEFAULT_METRIC in metrics else None)
+    default = search.metric if search is not None else DEFAULT_METRIC
+    key = sort or (default if default in metrics else None)
     best = None
     if key is not None:
-        largest = maximize if maximize is not None else not minimize(key)
+        by_mode = search.mode == "max" if search is not None and key == search.metric else not minimize(key)
+        largest = maximize if maximize is not None else by_mode
         ranked = sorted((r for r in rows if key in r), key=lambda r: r[key], reverse=largest)
         best = ranked[0]["index"] if ranked else None
-        if sort is not None:
+        if sort is not None or search is not None:
             rows = ranked + [r for r in rows if key not in r]
     return Results(rows, manifest.varying, metrics, key, best)
 

@@ -9,7 +9,9 @@
       random: {n: 4, seed: 0, params: {config.weight_decay: {uniform: [0, 0.1]}}}
 
 Keys are dotted run-spec paths. When several modes are given, the tasks are their product
-(grid x list x random), in that order, so task indices are stable for a given spec.
+(grid x list x random), in that order, so task indices are stable for a given spec. A `search:`
+section (config.search) is a sweep of its own: its tasks are its trials, asked from an Optuna
+study batch by batch (sweeps.search), never mixed with grid, list or random.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ from slurmkit.config.loader import Layer, read_yaml
 from slurmkit.config.overrides import parse_set
 from slurmkit.config.profile import SWEEP_MAX_TASKS as DEFAULT_MAX_TASKS
 from slurmkit.config.runspec import RunSpec
+from slurmkit.config.search import PruneSection, SearchSection, check_distributions
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError, clip, did_you_mean
 
 SWEEP_KEY = "sweep"
 _ABSENT = object()
-DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
 
 
 class RandomSection(Strict):
@@ -50,16 +52,7 @@ class RandomSection(Strict):
 
     @model_validator(mode="after")
     def _distributions(self) -> RandomSection:
-        for key, dist in self.params.items():
-            if len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
-                raise ValueError(f"{key}: one of {', '.join(DISTRIBUTIONS)} is needed, got {sorted(dist)}")
-            kind, args = next(iter(dist.items()))
-            if not isinstance(args, list) or not args:
-                raise ValueError(f"{key}: {kind} takes a non-empty list")
-            if kind != "choice" and (len(args) != 2 or args[0] > args[1]):
-                raise ValueError(f"{key}: {kind} takes [low, high] with low <= high")
-            if kind == "log_uniform" and args[0] <= 0:
-                raise ValueError(f"{key}: log_uniform needs low > 0")
+        check_distributions(self.params)
         return self
 
 
@@ -72,6 +65,10 @@ class SweepSection(Strict):
     """Explicit configs, each a mapping of KEY: value."""
     random: RandomSection | None = None
     """Sampled configs."""
+    search: SearchSection | None = None
+    """Trials suggested from the results so far (Optuna), batch by batch; not mixed with the three above."""
+    prune: PruneSection | None = None
+    """With search: stop trials whose intermediate values are clearly worse."""
     max_parallel: int | None = Field(None, ge=1)
     """Tasks running at once (sbatch --array=...%N); --max-parallel overrides it."""
     seed: int = 0
@@ -82,8 +79,15 @@ class SweepSection(Strict):
         for key, values in self.grid.items():
             if not values:
                 raise ValueError(f"grid key {key} has no values; valid: a non-empty list")
-        if not (self.grid or self.configs or self.random):
-            raise ValueError("the sweep is empty; valid: at least one of grid, list or random")
+        fixed = [name for name, given in (("grid", self.grid), ("list", self.configs), ("random", self.random))
+                 if given]
+        if self.search is not None and fixed:
+            raise ValueError(f"search is not mixed with {', '.join(fixed)}; valid: search alone, or grid, list "
+                             "and/or random")
+        if self.prune is not None and self.search is None:
+            raise ValueError("prune needs a search section; valid: prune beside search")
+        if not (fixed or self.search):
+            raise ValueError("the sweep is empty; valid: at least one of grid, list, random or search")
         return self
 
 
@@ -99,7 +103,9 @@ class SweepPlan:
 
     @cached_property
     def varying(self) -> list[str]:
-        """Keys whose value differs between tasks, in first-seen order."""
+        """Keys whose value differs between tasks, in first-seen order (a search's: its params)."""
+        if self.section.search is not None:
+            return list(self.section.search.params)
         keys = dict.fromkeys(k for o in self.overrides for k in o)
         return [k for k in keys if self._varies(k)]
 
@@ -147,7 +153,9 @@ def _sample(rng: random.Random, kind: str, args: list[Any]) -> Any:
 
 
 def count(section: SweepSection) -> int:
-    """How many tasks the section makes, counted without making them."""
+    """How many tasks the section makes, counted without making them (a search: its trials)."""
+    if section.search is not None:
+        return section.search.trials
     sizes = [math.prod(len(v) for v in section.grid.values()) if section.grid else 1,
              len(section.configs) or 1, section.random.n if section.random else 1]
     return math.prod(sizes)
@@ -155,10 +163,13 @@ def count(section: SweepSection) -> int:
 
 def expand(section: SweepSection, max_tasks: int = DEFAULT_MAX_TASKS, where: str = "<spec>") -> list[dict[str, Any]]:
     """Every task's flat overrides: grid x list x random; counted first, and more than max_tasks
-    (the profile's sweep_max_tasks) is one ConfigError, before a task is made."""
+    (the profile's sweep_max_tasks) is one ConfigError, before a task is made. A search has none
+    before its study asks them."""
     if (n := count(section)) > max_tasks:
         raise ConfigError(f"the sweep makes {n} tasks, over sweep_max_tasks={max_tasks}", where=f"{where}:{SWEEP_KEY}",
                           valid="valid: fewer values or samples, or raise sweep_max_tasks in the profile")
+    if section.search is not None:
+        return []
     parts: list[list[dict[str, Any]]] = []
     if section.grid:
         keys = list(section.grid)
@@ -184,36 +195,50 @@ def parse_grid_option(item: str) -> tuple[str, list[Any]]:
 
 
 def load(path: Path | dict[str, Any], grid: list[str] | None = None, max_parallel: int | None = None,
-         grid_values: dict[str, list[Any]] | None = None, max_tasks: int = DEFAULT_MAX_TASKS) -> SweepPlan:
+         grid_values: dict[str, list[Any]] | None = None, max_tasks: int = DEFAULT_MAX_TASKS,
+         search: dict[str, Any] | None = None) -> SweepPlan:
     """Read a sweep spec (a file, or a mapping built in Python: slurmkit.sweep); --grid options and
-    grid_values replace (or add) grid keys. Keys are checked here."""
+    grid_values replace (or add) grid keys; `search` sets the section's search and prune
+    (slurmkit.sweep's keywords). Keys are checked here."""
     raw = copy.deepcopy(path) if isinstance(path, dict) else read_yaml(path)
     source = "<spec>" if isinstance(path, dict) else str(path)
     section_raw = raw.pop(SWEEP_KEY, None)
-    if section_raw is None and grid_values:
+    if section_raw is None and (grid_values or search):
         section_raw = {}
     if not isinstance(section_raw, dict):
         raise ConfigError("no sweep section", where=f"{source}:{SWEEP_KEY}",
-                          valid="valid: a mapping with grid, list and/or random")
+                          valid="valid: a mapping with grid, list and/or random, or search")
     section_raw = dict(section_raw)
     section_raw["grid"] = {**(section_raw.get("grid") or {}), **(grid_values or {}),
                            **dict(parse_grid_option(g) for g in grid or [])}
     if max_parallel is not None:
         section_raw["max_parallel"] = max_parallel
+    section_raw.update({k: v for k, v in (search or {}).items() if v is not None})
+    section = section_of(section_raw, source)
+    task = raw.get("task")
+    check_keys(section, source, task)
+    name = str(raw.get("name") or (path.stem if isinstance(path, Path) else "sweep"))
+    return SweepPlan(source, name, [(source, raw)], section, expand(section, max_tasks, source))
+
+
+def section_of(raw: dict[str, Any], source: str) -> SweepSection:
+    """The sweep section validated; the first error as one line naming its field."""
     try:
-        section = SweepSection.model_validate(section_raw)
+        return SweepSection.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         raise ConfigError(err["msg"].removeprefix("Value error, "),
                           where=f"{source}:{SWEEP_KEY}" + (f".{field}" if field else "")) from None
-    task = raw.get("task")
-    for mode, keys in (("grid", list(section.grid)), ("random.params", list(section.random.params)
-                                                       if section.random else [])):
+
+
+def check_keys(section: SweepSection, source: str, task: str | None) -> None:
+    """Every key the section varies names a run-spec field (check_key)."""
+    for mode, keys in (("grid", list(section.grid)),
+                       ("random.params", list(section.random.params) if section.random else []),
+                       ("search.params", list(section.search.params) if section.search else [])):
         for key in keys:
             check_key(key, f"{source}:{SWEEP_KEY}.{mode}", task)
     for i, entry in enumerate(section.configs):
         for key in entry:
             check_key(key, f"{source}:{SWEEP_KEY}.list[{i}]", task)
-    name = str(raw.get("name") or (path.stem if isinstance(path, Path) else "sweep"))
-    return SweepPlan(source, name, [(source, raw)], section, expand(section, max_tasks, source))

@@ -10,14 +10,12 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from slurmkit.calls import SweepTask
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths, expand_checkpoint_root
 from slurmkit.common.sweep_layout import (
-    ArrayEntry,
     ArrayList,
     ArrayLog,
     Manifest,
@@ -26,18 +24,21 @@ from slurmkit.common.sweep_layout import (
     SweepManifest,
     SweepPaths,
 )
-from slurmkit.config.loader import Resolved, load_profile, profile_name
+from slurmkit.config.loader import load_profile, profile_name
 from slurmkit.config.overrides import split_sets
 from slurmkit.config.profile import ClusterProfile
-from slurmkit.errors import PreflightError, SlurmError, SlurmkitError, squash
+from slurmkit.errors import PreflightError, SlurmkitError
 from slurmkit.runs import registry
 from slurmkit.runs.jobs import take_snapshot
 from slurmkit.runs.procs import signal_process
 from slurmkit.slurm import commands, preflight
 from slurmkit.sweeps import local
-from slurmkit.sweeps.plan import compress, plan_arrays
+from slurmkit.sweeps.arrays import cluster_limits, submit_arrays
+from slurmkit.sweeps.plan import plan_arrays
 from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
-from slurmkit.sweeps.spec import SweepPlan
+from slurmkit.sweeps.search import begin, search_base
+from slurmkit.sweeps.search_view import stop_driver
+from slurmkit.sweeps.spec import SweepPlan, count
 from slurmkit.sweeps.store import manifest_tasks
 
 if TYPE_CHECKING:
@@ -58,48 +59,6 @@ class SweepSubmitted:
     def as_dict(self) -> dict[str, Any]:
         return {"sweep_id": self.sweep_id, "tasks": self.tasks, "array_job_ids": self.array_job_ids,
                 "sweep_dir": self.sweep_dir}
-
-
-def cluster_limits() -> tuple[int, int]:
-    """(MaxArraySize, MaxJobCount) of the live cluster."""
-    conf = commands.show_config()
-    return int(conf.get("MaxArraySize", "1001")), int(conf.get("MaxJobCount", "10000"))
-
-
-def _submit_arrays(paths: SweepPaths, groups: list[Resolved], planned: list[dict[str, Any]],
-                   kind: Literal["initial", "resubmit"], dependency: str | None, max_parallel: int | None) -> list[str]:
-    """sbatch each planned array, recording each job id in the array log as soon as it exists."""
-    from slurmkit.slurm.submitit_executor import ArraySpec, RenderedSlurmExecutor
-
-    created = dt.datetime.now().isoformat(timespec="seconds")
-    arrays = [ArrayEntry(kind=kind, created=created, **arr) for arr in planned]
-    chain = max_parallel and len(arrays) > 1
-    with ArrayLog(paths).editing() as log:
-        first_number = len(log.arrays)
-        log.arrays.extend(arrays)
-    ids: list[str] = []
-    for k, arr in enumerate(arrays):
-        deps = [d for d in (dependency, f"afterany:{ids[-1]}" if chain and ids else None) if d]
-        executor = RenderedSlurmExecutor(paths.job_folder, groups[arr.group], ",".join(deps) or None)
-        spec = ArraySpec(arr.array, [i - arr.base for i in arr.indices], arr.base, str(paths.sweep_dir),
-                         str(paths.array_pickle(first_number + k)))
-        try:
-            job_id = executor.submit_sweep_array(SweepTask(str(paths.sweep_dir), arr.base), spec)
-        except Exception as exc:
-            detail = squash(str(exc))
-            with ArrayLog(paths).editing() as log:
-                log.arrays[first_number + k].error = detail
-            if isinstance(exc, SlurmkitError):
-                raise
-            queued = first_number + k > 0  # else submit() removes the sweep: nothing to resubmit
-            raise SlurmError(f"array {first_number + k} (tasks {compress(arr.indices)}) failed to submit: {detail}",
-                             where=paths.sweep_id, valid="its tasks show NOT_SUBMITTED; `slurmkit sweep resubmit "
-                             "SWEEP --failed` retries them" if queued else None) from exc
-        ids.append(job_id)
-        atomic_write_text(paths.script(first_number + k), executor.last_script or "", perms.file_mode(paths.sweep_dir))
-        with ArrayLog(paths).editing() as log:
-            log.arrays[first_number + k].job_id = job_id
-    return ids
 
 
 def create(plan: SweepPlan, tasks: SweepTasks) -> SweepPaths:
@@ -125,6 +84,7 @@ def _write_manifest(paths: SweepPaths, plan: SweepPlan, tasks: SweepTasks) -> No
         created=dt.datetime.now().isoformat(timespec="seconds"), executor=first.profile.executor,
         profile_name=first.profile_name, profile=first.profile.model_dump(), varying=plan.varying,
         max_parallel=plan.section.max_parallel, base_spec=tasks.base_spec, top=tasks.top,
+        search=plan.section.search, prune=plan.section.prune, seed=plan.section.seed,
         groups=[ResourceGroup(resources=g.resources.model_dump(), num_tasks=g.num_tasks) for g in tasks.groups],
         # Expanded once, here, as a plain run's is at submit: $VARS mean the login node's values.
         checkpoint_base=expand_checkpoint_root(root) if root else None, tasks=entries))
@@ -146,12 +106,14 @@ def submit(plan: SweepPlan, profile: str | None = None, sets: list[str] | None =
 
 def _submit(plan: SweepPlan, profile: str | None, sets: list[str] | None, max_array_size: int | None,
             after: str | None, prof: ClusterProfile) -> SweepSubmitted:
-    n = len(plan.overrides)
+    n = count(plan.section)
     if prof.executor == "slurm":
         _, max_jobs = cluster_limits()
         if n > max_jobs:  # before resolving: a runaway spec is refused at once
             raise PreflightError(f"sweep of {n} tasks exceeds the cluster's MaxJobCount={max_jobs}",
                                  where=f"{plan.source}:sweep", valid=f"valid: at most {max_jobs} tasks")
+    if plan.section.search is not None:
+        return launch(plan, search_base(plan, profile, sets, prof), max_array_size, after)
     return launch(plan, resolve_tasks(plan, profile, sets, loaded=prof), max_array_size, after)
 
 
@@ -159,8 +121,8 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
            prepare: Callable[[SweepPaths], None] | None = None, call: Call | None = None) -> SweepSubmitted:
     """Pre-flight, write the manifest (then `prepare` the folder: the function of a map_array),
     take the code snapshot if asked for (of `call`'s module folder outside git), and submit the
-    arrays (on local: start the runner)."""
-    n = len(tasks)
+    arrays (on local: start the runner); a search, its first batch and its driver."""
+    n = count(plan.section)
     first = tasks.groups[0]
     slurm = first.profile.executor == "slurm"
     if slurm:
@@ -174,14 +136,17 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
         if (snap := take_snapshot(first, paths.sweep_dir, call)) is not None:
             # Each task's run.json is made when it starts (sweep_layout.task_record), and carries this.
             atomic_write_text(paths.snapshot_record, json.dumps(snap), perms.file_mode(paths.sweep_dir))
-    if not slurm:
+    if not slurm and plan.section.search is None:
         local.start(paths, list(range(n)))
         return SweepSubmitted(paths.sweep_id, str(paths.sweep_dir), n, [])
-    live_array, _ = cluster_limits()
-    limit = min(max_array_size or live_array, live_array)
-    arrays = plan_arrays(tasks.group_of, list(range(n)), limit, plan.section.max_parallel)
     try:
-        ids = _submit_arrays(paths, tasks.groups, arrays, "initial", after, plan.section.max_parallel)
+        if plan.section.search is not None:  # its first batch now, the rest by its driver
+            ids = begin(paths, plan.section.search, after)
+        else:
+            live_array, _ = cluster_limits()
+            limit = min(max_array_size or live_array, live_array)
+            arrays = plan_arrays(tasks.group_of, list(range(n)), limit, plan.section.max_parallel)
+            ids = submit_arrays(paths, tasks.groups, arrays, "initial", after, plan.section.max_parallel)
     except SlurmkitError:
         if not any(a.job_id for a in ArrayLog(paths).read().arrays):
             shutil.rmtree(paths.sweep_dir, ignore_errors=True)  # nothing queued: leave no sweep behind
@@ -206,13 +171,17 @@ def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | N
     groups, group_of = manifest_tasks(manifest)
     live_array, _ = cluster_limits()
     arrays = plan_arrays(group_of, indices, max_array_size or live_array, manifest.max_parallel)
-    _submit_arrays(paths, groups, arrays, "resubmit", None, manifest.max_parallel)
+    submit_arrays(paths, groups, arrays, "resubmit", None, manifest.max_parallel)
     return indices
 
 
 def cancel(paths: SweepPaths) -> list[str]:
-    """scancel every array of the sweep (local: stop the runner and every task's controller)."""
+    """scancel every array of the sweep (local: stop the runner and every task's controller); a
+    search's driver first, so that it asks no more."""
     manifest = Manifest(paths).read()
+    if manifest.search is not None:
+        stop_driver(paths)
+        manifest = Manifest(paths).read()  # with any array it submitted before it stopped
     arrays = manifest.arrays
     if manifest.executor == "local":
         # Each pid with its recorded start time: a pid reused by another process is never signalled.

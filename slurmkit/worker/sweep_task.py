@@ -36,7 +36,8 @@ def task_run(sweep_dir: str, base: int, index: int | None) -> dict[str, Any]:
     entry = task_entry(paths, Manifest(paths).read(), index)
     fn, args = load_call(paths, index) if entry.spec.get("function") else (None, ())
     code = RunPaths(paths.sweep_dir).code_dir
-    return {"work": work_of(RunSpec.model_validate(entry.spec), fn, args), "run_dir": entry.run_dir, "env": entry.env,
+    spec = RunSpec.model_validate(entry.spec)
+    return {"work": work_of(spec, fn, args, spec.kwargs), "run_dir": entry.run_dir, "env": entry.env,
             "checkpoint_uri": entry.checkpoint_uri, "code_dir": str(code) if code.is_dir() else None}
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import HangMarker, HealthReport, RestartRequest, Stopped
+from slurmkit.common.markers import HangMarker, HealthReport, PruneRequest, RestartRequest, Stopped
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.slurm_env import expand_hostlist
@@ -28,7 +28,7 @@ from slurmkit.worker.ft.restarts import last_step, now
 def state(paths: RunPaths, job_id: str, alloc: Allocation | None = None) -> State:
     """The run as the decider sees it now (this incarnation, this in-job attempt)."""
     return State(RunFile(paths).read(), job_id, outcomes.restart_count(), outcomes.attempt(), last_step(paths),
-                 now(), alloc)
+                 now(), alloc, PruneRequest.read(paths))
 
 
 def decide(paths: RunPaths, job_id: str, event: Event, alloc: Allocation | None = None) -> Decision:

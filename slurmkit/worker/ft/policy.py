@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from slurmkit.common.cause import Cause
-from slurmkit.common.markers import HealthReport
+from slurmkit.common.markers import HealthReport, PruneRequest
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import Failure, Preempted, RestartEntry, RunRecord, UnhealthyNode
 from slurmkit.worker.ft.allocation import Allocation
@@ -42,6 +42,8 @@ class State:
     """The time to stamp records with."""
     alloc: Allocation | None = None
     """What the job holds now (None where Slurm could not say, or nothing to ask)."""
+    pruned: PruneRequest | None = None
+    """A search's pruner stopped this trial: whatever ended its step, it never starts again."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ Event = StepFailed | StepStopped | HealthFailed | RankRaised
 
 def decide(state: State, event: Event) -> Decision:
     """What comes next. Every restart, in the job or through the queue, is decided here."""
+    if state.pruned is not None:
+        return _pruned(state, event, state.pruned)
     if isinstance(event, StepFailed):
         return _step_failed(state, event)
     if isinstance(event, StepStopped):
@@ -223,6 +227,17 @@ def _step_stopped(s: State, e: StepStopped) -> Decision:
     cause, detail = cause_of_signal(e.left_s, s.record.profile.signal_delay_s)
     # Time left unknown (squeue did not answer): the controller may be back within a usual retry span.
     return _requeue(s, cause, e.step, detail, within_s=e.left_s, said=f"{at} ({cause}: {detail})")
+
+
+def _pruned(s: State, e: Event, p: PruneRequest) -> Decision:
+    """A pruned trial ends at its stop (the driver's signal) or whatever else ended its step: no
+    restart in the job, warm or through the queue, whatever budget is left."""
+    step = e.step if isinstance(e, StepStopped | RankRaised) and e.step is not None else s.last_step
+    if isinstance(e, RankRaised):
+        return Decision(Action.ESCALATE, None, step, message="no warm restart: the search pruned this trial")
+    said = f"pruned by the search (value {p.value:g} at step {p.step})"
+    return Decision(Action.END, None, step, why="pruned", said=said, final=said,
+                    message=f"{said}; stopped at step {step}, not restarted")
 
 
 def _health_failed(s: State, e: HealthFailed) -> Decision:

@@ -1,0 +1,111 @@
+"""A search sweep as the login side sees it: its driver and trials (SearchState), followed until
+the driver ends (`sweep --wait`, SearchHandle.wait), resumed (`sweep resume`) or stopped (`sweep
+cancel`). The driver itself is sweeps.search."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slurmkit.common.sweep_layout import DriverFile, Manifest, SweepPaths
+from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.runs.polling import Poller
+from slurmkit.runs.procs import same_process, signal_process
+from slurmkit.sweeps import study
+from slurmkit.sweeps.search import driver_alive, start_driver
+
+ENDED = (study.COMPLETE, study.PRUNED, study.FAIL)
+STOP_WAIT_S = 120.0  # an sbatch in flight has its own timeout (60 s) and retries
+
+
+@dataclass(frozen=True)
+class SearchState:
+    """Where a search stands: its driver, its trials and the best of them."""
+
+    driver: str
+    """running, done, stopped, failed; or dead: its record says running but its process is gone
+    (the login node rebooted): `slurmkit sweep resume` starts another."""
+    detail: str
+    budget: int
+    metric: str
+    mode: str
+    trials: list[study.Trial]
+    best: study.Trial | None
+
+    @property
+    def ended(self) -> int:
+        return sum(t.state in ENDED for t in self.trials)
+
+    def line(self) -> str:
+        """One line for people: how far, and the best so far."""
+        by = {s: sum(t.state == s for t in self.trials) for s in (study.PRUNED, study.FAIL)}
+        extra = ", ".join(f"{n} {s.lower()}" for s, n in by.items() if n)
+        best = (f"best {self.metric} {self.best.value:g} (trial {self.best.number}: {_params(self.best.params)})"
+                if self.best is not None and self.best.value is not None else f"no {self.metric} yet")
+        return (f"{self.ended}/{self.budget} trials ended" + (f" ({extra})" if extra else "") + f"; {best}; "
+                f"driver {self.driver}" + (f": {self.detail}" if self.detail else ""))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"driver": self.driver, "detail": self.detail, "budget": self.budget, "metric": self.metric,
+                "mode": self.mode, "ended": self.ended, "best": self.best.as_dict() if self.best else None,
+                "trials": [t.as_dict() for t in self.trials]}
+
+
+def _params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+def search_state(paths: SweepPaths) -> SearchState:
+    manifest = Manifest(paths).read()
+    search = manifest.search
+    if search is None:
+        raise ConfigError("not a search sweep", where=paths.sweep_id, valid="valid: a sweep whose spec has search:")
+    driver: str
+    try:
+        record = DriverFile(paths).read()
+        driver, detail = record.state, record.detail
+    except SlurmkitError:
+        driver, detail = "dead", "no driver record"
+    if driver == "running" and not driver_alive(paths):
+        driver = "dead"
+    found = study.trials(study.open_study(paths, search, manifest.prune))
+    return SearchState(driver, detail, search.trials, search.metric, search.mode, found, study.best(found, search.mode))
+
+
+def follow(paths: SweepPaths, emit: Callable[[str], None] | None = None, timeout_s: float | None = None,
+           poller: Poller | None = None) -> SearchState:
+    """Poll (backing off, as every wait does) until the driver is no longer running; `emit` gets
+    a line each time more trials have ended (the best so far). The last state."""
+    last: list[int] = []
+
+    def seen(st: SearchState) -> None:
+        if emit is not None and (not last or st.ended != last[0]):
+            emit(st.line())
+        last[:] = [st.ended]
+
+    return (poller or Poller(first_s=2.0)).until_ended(
+        lambda: search_state(paths), lambda st: {st.driver} if st.driver == "running" else set(), timeout_s, seen)
+
+
+def resume(paths: SweepPaths) -> int | None:
+    """Start a driver for the search unless one runs; its pid (None: one was running)."""
+    if search_state(paths).driver == "running":
+        return None
+    return start_driver(paths)
+
+
+def stop_driver(paths: SweepPaths) -> bool:
+    """SIGTERM to the search's driver, then wait until it has exited (it stops between two of its
+    steps, never with an sbatch unrecorded); False where none runs here."""
+    try:
+        record = DriverFile(paths).read()
+    except SlurmkitError:
+        return False
+    if record.state != "running" or not signal_process(record.pid, record.start, signal.SIGTERM):
+        return False
+    poller = Poller(first_s=0.2, max_s=1.0)
+    while same_process(record.pid, record.start) and poller.elapsed() < STOP_WAIT_S:
+        poller.wait()
+    return True

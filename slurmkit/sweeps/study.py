@@ -1,0 +1,144 @@
+"""A search sweep's Optuna study: its journal in the sweep folder (SweepPaths.study, JSON lines, no
+server and no pickle), the sampler and pruner the spec names (config.search), the params as
+Optuna's distributions, and the typed view the login side reads (Trial).
+
+Trial i of the study is task i of the sweep: the driver (sweeps.search) asks trials in order and
+adds each to the manifest under its number. Optuna is imported here only, where a search is
+driven or read; the rest of the login CLI never loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from slurmkit.common import trust
+from slurmkit.common.sweep_layout import SweepPaths
+from slurmkit.config.search import PruneSection, SearchSection
+from slurmkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    import optuna
+
+# Trial states as `sweep status` and the Python API show them (Optuna's names).
+COMPLETE, PRUNED, FAIL, RUNNING, WAITING = "COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING"
+
+
+def optuna_module() -> Any:
+    """Optuna, or one line saying how to get it."""
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("a search sweep needs Optuna, which is not installed", where="sweep.search",
+                          valid="valid: pip install 'slurmkit[search]' (or optuna) where slurmkit runs") from None
+    optuna.logging.set_verbosity(logging.WARNING)
+    return optuna
+
+
+def distributions(search: SearchSection) -> dict[str, Any]:
+    """Each param's Optuna distribution, by its dotted key."""
+    d = optuna_module().distributions
+    out: dict[str, Any] = {}
+    for key, spec in search.params.items():
+        kind, args = next(iter(spec.items()))
+        if kind == "choice":
+            out[key] = d.CategoricalDistribution(args)
+        elif kind == "int":
+            out[key] = d.IntDistribution(int(args[0]), int(args[1]))
+        else:
+            out[key] = d.FloatDistribution(float(args[0]), float(args[1]), log=kind == "log_uniform")
+    return out
+
+
+def sampler(search: SearchSection, asked: int = 0) -> Any:
+    """The sampler the spec names, for the batch after `asked` trials. TPE asked for a batch at
+    once lies about the pending trials (constant liar), so that one batch spreads out rather than
+    repeating one guess.
+
+    Seeded with seed + asked: a sampler's generator lives in its process, not in the study, so a
+    driver started again (or the next batch, asked in another process than the first) would
+    otherwise draw the same numbers again. So seeded, a resumed search asks exactly what an
+    uninterrupted one would. QMC keeps the one seed: its sequence goes on from the study's count."""
+    s = optuna_module().samplers
+    seed = search.seed if search.sampler == "qmc" else search.seed + asked
+    if search.sampler == "tpe":
+        return s.TPESampler(seed=seed, constant_liar=search.batch > 1)
+    if search.sampler == "random":
+        return s.RandomSampler(seed=seed)
+    if search.sampler == "cmaes":
+        try:
+            import cmaes  # noqa: F401 - Optuna's CmaEsSampler needs it, and says so only when it first samples
+        except ImportError:
+            raise ConfigError("sampler cmaes needs the cmaes package", where="sweep.search.sampler",
+                              valid="valid: pip install cmaes, or another sampler") from None
+        return s.CmaEsSampler(seed=seed)
+    if search.sampler == "grid":
+        return s.GridSampler({k: v["choice"] for k, v in search.params.items()}, seed=seed)
+    if search.sampler == "qmc":
+        return s.QMCSampler(seed=seed)
+    if search.sampler == "nsgaii":
+        return s.NSGAIISampler(seed=seed)
+    return s.BruteForceSampler(seed=seed)
+
+
+def pruner(prune: PruneSection | None) -> Any:
+    p = optuna_module().pruners
+    if prune is None or prune.pruner == "nop":
+        return p.NopPruner()
+    if prune.pruner == "median":
+        return p.MedianPruner(n_startup_trials=prune.startup_trials, n_warmup_steps=prune.warmup_steps)
+    if prune.pruner == "percentile":
+        return p.PercentilePruner(prune.percentile, n_startup_trials=prune.startup_trials,
+                                  n_warmup_steps=prune.warmup_steps)
+    if prune.pruner == "hyperband":
+        return p.HyperbandPruner(min_resource=prune.min_resource, max_resource=prune.max_resource or "auto")
+    if prune.pruner == "successive_halving":
+        return p.SuccessiveHalvingPruner(min_resource=prune.min_resource)
+    return p.ThresholdPruner(lower=prune.lower, upper=prune.upper, n_warmup_steps=prune.warmup_steps)
+
+
+def open_study(paths: SweepPaths, search: SearchSection, prune: PruneSection | None) -> optuna.Study:
+    """The sweep's study (made on first open). The sweep folder and the journal are the caller's
+    own, checked here: what another user planted would steer the search."""
+    optuna = optuna_module()
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    trust.check(trust.reason(paths.sweep_dir), str(paths.sweep_dir), "valid: a sweep folder of your own")
+    os.close(trust.open_append(paths.study, 0o600))  # made here, never through a planted link
+    os.close(trust.open_own(paths.study))
+    # The open lock (O_EXCL of a .lock file) rather than Optuna's default symlink lock: the same
+    # on NFS, and a link in a run folder would read as one planted there.
+    backend = JournalFileBackend(str(paths.study), lock_obj=JournalFileOpenLock(str(paths.study)))
+    return optuna.create_study(storage=optuna.storages.JournalStorage(backend), study_name=paths.sweep_id,
+                               direction="minimize" if search.mode == "min" else "maximize",
+                               sampler=sampler(search), pruner=pruner(prune), load_if_exists=True)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial as the login side shows it: its task index, state, params and value."""
+
+    number: int
+    state: str
+    """COMPLETE, PRUNED, FAIL, RUNNING or WAITING (Optuna's)."""
+    params: dict[str, Any]
+    value: float | None
+    steps: int
+    """Intermediate values reported to the pruner."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "state": self.state, "params": self.params, "value": self.value,
+                "steps": self.steps}
+
+
+def trials(study: optuna.Study) -> list[Trial]:
+    return [Trial(t.number, t.state.name, dict(t.params), t.value, len(t.intermediate_values))
+            for t in study.get_trials(deepcopy=False)]
+
+
+def best(found: list[Trial], mode: str) -> Trial | None:
+    """The completed trial with the best value (None before one completes)."""
+    done = [(t.value if mode == "min" else -t.value, t) for t in found if t.state == COMPLETE and t.value is not None]
+    return min(done, key=lambda pair: pair[0])[1] if done else None
