@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from slurmkit.common.cause import Cause
-from slurmkit.common.markers import HealthReport
+from slurmkit.common.markers import HealthReport, PruneRequest
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.worker.ft import policy
@@ -30,6 +30,7 @@ WHOLE = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
 SPARE = Allocation(("node1", "node2", "node3", "node4"), ("node1", "node3", "node4"), ("node4",), 2)
 ELASTIC = Allocation(("node1", "node2"), ("node1",), (), 2, least=1)
 SHRUNK = Allocation(("node1", "node2"), ("node1",), (), 2)  # not elastic: a step needs both
+PRUNED = PruneRequest(20, 3.5, "t")  # a search's pruner stopped the trial at its value of step 20
 
 
 def ok() -> Outcome:
@@ -53,6 +54,7 @@ class Case:
                                                              "node_failure": 2, "in_job": 1})
     record: dict[str, Any] = field(default_factory=dict)
     alloc: Allocation | None = None
+    pruned: PruneRequest | None = None
     last_step: int | None = 30
     attempt: int = 0
     signal_delay_s: int = 120
@@ -60,7 +62,7 @@ class Case:
     def state(self) -> State:
         record = RunRecord.model_validate({"run_id": "run", "num_tasks": 2, "profile": {
             "requeue": self.budgets, "signal_delay_s": self.signal_delay_s}, **self.record})
-        return State(record, "7", 0, self.attempt, self.last_step, "now", self.alloc)
+        return State(record, "7", 0, self.attempt, self.last_step, "now", self.alloc, self.pruned)
 
 
 CASES = [
@@ -131,6 +133,12 @@ CASES = [
     Case("no warm restart for the same error at the same step", RankRaised(75, "ValueError: x", "rank 1", 50, True),
          {"action": Action.ESCALATE, "entry": None, "failure": None},
          record={"failures": [{"error": "ValueError: x", "step": 75}]}),
+    Case("a pruned trial's stop ends it, whatever time and budget it has", StepStopped(24, True, None, 3600.0),
+         {"action": Action.END, "why": "pruned", "cause": None, "step": 24, "entry": None}, pruned=PRUNED),
+    Case("a pruned trial is not restarted after a crash either", StepFailed(1, (err(BAD), None)),
+         {"action": Action.END, "why": "pruned", "failure": None, "entry": None}, alloc=WHOLE, pruned=PRUNED),
+    Case("a pruned trial gets no warm restart", RankRaised(75, "ValueError: x", "rank 1", 50, True),
+         {"action": Action.ESCALATE, "entry": None}, pruned=PRUNED),
 ]
 
 

@@ -227,6 +227,7 @@ def sweep(spec: str | Path | dict[str, Any] | Callable[..., Any], profile: str |
             raise ConfigError("a function is swept by search=", where="slurmkit.sweep",
                               valid="valid: search={...}, or Executor.map_array for a list of arguments")
         ex = Executor(profile, max_parallel=max_parallel, set=set, **fields)
+        check_call(jobs.Call(spec))  # it pickles, by value where the nodes cannot import its module
         return SearchHandle(mapped.search(ex.resolve(spec), spec, search, prune, max_parallel))
     if fields:
         raise ConfigError(f"unknown keyword argument {next(iter(fields))!r}", where="slurmkit.sweep",

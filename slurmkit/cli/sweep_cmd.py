@@ -73,6 +73,15 @@ def submit(
 
     prof = load_profile(profile_name(profile), split_sets(set_ or [])[1])  # the one load, --set included
     plan = spec_mod.load(spec, grid, max_parallel, max_tasks=prof.sweep_max_tasks)
+    if dry_run and plan.section.search is not None:
+        from slurmkit.sweeps import search as search_mod
+
+        search_mod.search_base(plan, profile, set_, prof)  # a param the spec refuses: one line now
+        info = search_mod.preview(plan)
+        print_json(info) if as_json else typer.echo(
+            f"search of {info['tasks']} trials in {info['arrays']} array(s) of {plan.section.search.batch}, "
+            f"sampler {plan.section.search.sampler}, {plan.section.search.mode} {plan.section.search.metric}")
+        return
     if dry_run:
         resolved = resolve_mod.resolve_tasks(plan, profile, set_, loaded=prof)
         _print_preview(plan_mod.preview(plan, resolved, max_array_size), plan.varying, as_json)

@@ -19,6 +19,7 @@ model of config/; the study that reads them is slurmkit.sweeps.study.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -48,6 +49,13 @@ def check_distributions(params: dict[str, dict[str, Any]]) -> None:
             raise ValueError(f"{key}: {kind} takes [low, high] with low <= high")
         if kind == "log_uniform" and args[0] <= 0:
             raise ValueError(f"{key}: log_uniform needs low > 0")
+
+
+def _combinations(params: dict[str, dict[str, Any]]) -> int:
+    """How many distinct configs discrete params make (choices, inclusive int ranges)."""
+    sizes = [len(args) if kind == "choice" else int(args[1]) - int(args[0]) + 1
+             for kind, args in (next(iter(d.items())) for d in params.values())]
+    return math.prod(sizes)
 
 
 class SearchSection(Strict):
@@ -83,6 +91,9 @@ class SearchSection(Strict):
             raise ValueError("bruteforce needs every param a choice or an int range")
         if self.sampler == "grid" and not all(next(iter(d)) == "choice" for d in self.params.values()):
             raise ValueError("grid needs every param a choice")
+        if self.sampler in ("grid", "bruteforce") and self.trials > (size := _combinations(self.params)):
+            raise ValueError(f"{self.sampler} has {size} combinations to try, fewer than trials={self.trials}; "
+                             f"valid: trials <= {size}")
         return self
 
 

@@ -126,6 +126,15 @@ def search_base(plan: SweepPlan, profile: str | None, sets: list[str] | None, pr
     return SweepTasks([base], [], [], [], base.spec.model_dump(), spec_sets)
 
 
+def preview(plan: SweepPlan) -> dict[str, Any]:
+    """What submit would start (--dry-run): the search, its arrays' count; no trial is asked."""
+    search = plan.section.search
+    assert search is not None
+    return {"sweep_id": None, "tasks": search.trials, "varying": plan.varying,
+            "arrays": math.ceil(search.trials / search.batch), "search": search.model_dump(),
+            "prune": plan.section.prune.model_dump() if plan.section.prune else None}
+
+
 def begin(paths: SweepPaths, search: SearchSection, after: str | None) -> list[str]:
     """The first batch asked and submitted here (sbatch's refusal is the submit's own error), then
     the driver started for the rest; the first array's ids."""
@@ -203,11 +212,11 @@ def tell_ended(paths: SweepPaths, opened: Any, states: list[TaskState], metric: 
             continue
         value = metric_value(paths, st, metric) if st.state == "COMPLETED" else None
         if str(st.index) in pruned:
-            opened.tell(st.index, state=ts.PRUNED, skip_if_finished=True)
+            study.tell(opened, st.index, state=ts.PRUNED)
         elif value is not None:
-            opened.tell(st.index, value, skip_if_finished=True)
+            study.tell(opened, st.index, value)
         else:  # failed, cancelled, never submitted, or ended without the metric: never stalls the study
-            opened.tell(st.index, state=ts.FAIL, skip_if_finished=True)
+            study.tell(opened, st.index, state=ts.FAIL)
         told += 1
     return told
 

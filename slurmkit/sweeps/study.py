@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,8 @@ def optuna_module() -> Any:
         raise ConfigError("a search sweep needs Optuna, which is not installed", where="sweep.search",
                           valid="valid: pip install 'slurmkit[search]' (or optuna) where slurmkit runs") from None
     optuna.logging.set_verbosity(logging.WARNING)
+    # qmc and bruteforce are marked experimental; the spec chose them, the driver's log need not say so.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna
 
 
@@ -114,6 +117,20 @@ def open_study(paths: SweepPaths, search: SearchSection, prune: PruneSection | N
     return optuna.create_study(storage=optuna.storages.JournalStorage(backend), study_name=paths.sweep_id,
                                direction="minimize" if search.mode == "min" else "maximize",
                                sampler=sampler(search), pruner=pruner(prune), load_if_exists=True)
+
+
+def tell(opened: optuna.Study, number: int, value: float | None = None, state: Any = None) -> None:
+    """Tell the study how trial `number` ended (once: a trial already told is left as it is).
+
+    The grid and brute-force samplers stop the study (Study.stop) when their last point is told,
+    which raises outside Optuna's own optimize loop; the tell is stored before that
+    (optuna.study._tell), so it is done, and the search ends by its budget (trials <= the number
+    of points, config.search)."""
+    try:
+        opened.tell(number, value, state=state, skip_if_finished=True)
+    except RuntimeError:
+        if type(opened.sampler).__name__ not in ("GridSampler", "BruteForceSampler"):
+            raise
 
 
 @dataclass(frozen=True)

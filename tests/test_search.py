@@ -1,0 +1,167 @@
+"""Search sweeps without a cluster: the spec's refusals, the study in the sweep folder, the driver's
+batches on the local profile, a driver killed mid-study and resumed. On the dev cluster:
+tests/test_cluster_search.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from slurmkit.api.handles import SearchHandle
+from slurmkit.cli.app import app
+from slurmkit.common.record import RunFile
+from slurmkit.common.sweep_layout import ArrayLog, DriverFile, Manifest, SweepPaths
+from slurmkit.errors import ConfigError
+from slurmkit.sweeps import search, search_view, spec, study
+from tests.test_cluster_faults import wait_until
+
+runner = CliRunner()
+PARAMS = {"kwargs.x": {"uniform": [-2.0, 2.0]}}
+
+
+def objective(x: float) -> float:
+    return (x - 0.3) ** 2
+
+
+def slow_objective(x: float) -> dict[str, float]:
+    import time
+
+    time.sleep(1.5)  # a batch stays in flight long enough to kill its driver meanwhile
+    return {"loss": (x - 0.3) ** 2}
+
+
+def searched(**fields: Any) -> dict[str, Any]:
+    return {"sampler": "tpe", "trials": 6, "batch": 3, "metric": "loss", "seed": 0, "params": PARAMS, **fields}
+
+
+@pytest.mark.parametrize("sweep, where", [
+    ({"search": searched(), "grid": {"env.A": ["1"]}}, "sweep"),
+    ({"prune": {"pruner": "median"}, "grid": {"env.A": ["1"]}}, "sweep"),
+    ({"search": searched(params={"resources.nodes": {"int": [1, 2]}})}, "sweep.search"),
+    ({"search": searched(sampler="grid")}, "sweep.search"),
+    ({"search": searched(sampler="gp")}, "sweep.search.sampler"),
+    ({"search": searched(params={"config.lrr": {"uniform": [0.1, 1]}})}, "sweep.search.params.config.lrr"),
+    ({"search": searched(batch=0)}, "sweep.search.batch"),
+    ({"search": searched(sampler="grid", params={"env.A": {"choice": ["1", "2"]}}, trials=3)}, "sweep.search"),
+    ({"search": searched(), "prune": {"pruner": "threshold"}}, "sweep.prune"),
+])
+def test_bad_search_specs_are_refused_where_they_are_wrong(sweep: dict[str, Any], where: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        spec.load({"name": "s", "task": "train", "sweep": sweep})
+    assert caught.value.where == f"<spec>:{where}"
+
+
+def test_a_search_spec_dry_run_counts_its_arrays_and_creates_nothing(tmp_path: Path, local_profile: Path) -> None:
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "task": "train", "config": {"steps": 5}, "sweep": {
+        "search": {"trials": 10, "batch": 4, "metric": "loss", "params": {"config.lr": {"log_uniform": [1e-4, 0.1]}}},
+        "prune": {"pruner": "median", "warmup_steps": 2}}}))
+    result = runner.invoke(app, ["sweep", str(path), "-p", str(local_profile), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert (info["tasks"], info["arrays"], info["varying"]) == (10, 3, ["config.lr"])
+    assert not list((tmp_path / "runs").iterdir())
+
+
+def test_a_param_the_spec_refuses_is_one_line_at_submit(tmp_path: Path, local_profile: Path) -> None:
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "task": "train", "sweep": {
+        "search": {"trials": 2, "batch": 1, "metric": "loss", "params": {"config.steps": {"int": [-5, 3]}}}}}))
+    result = runner.invoke(app, ["sweep", str(path), "-p", str(local_profile)])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert not list((tmp_path / "runs").iterdir())
+
+
+def ran_once(paths: SweepPaths, index: int) -> bool:
+    return len(RunFile(paths.task(index)).read().job_ids) == 1
+
+
+def test_a_local_search_asks_batch_by_batch_and_keeps_the_study_in_the_sweep(local_profile: Path) -> None:
+    import slurmkit
+
+    handle = slurmkit.sweep(objective, profile=str(local_profile), tasks_per_node=1,
+                            search={"trials": 6, "batch": 3, "metric": "loss", "seed": 0,
+                                    "params": {"x": {"uniform": [-2.0, 2.0]}}})
+    assert isinstance(handle, SearchHandle)
+    states = handle.wait(timeout=300)
+    assert states == {i: study.COMPLETE for i in range(6)}
+    paths = handle.paths
+    assert paths.study.is_file() and oct(paths.study.stat().st_mode & 0o777) == "0o600"
+    # One local runner (a local "array") per batch: ceil(6 / 3).
+    assert len([a for a in ArrayLog(paths).read().arrays if a.kind == "local"]) == math.ceil(6 / 3)
+    trials = handle.trials()
+    assert [t.number for t in trials] == list(range(6))
+    assert all(t.value == pytest.approx(objective(t.params["kwargs.x"])) for t in trials)
+    assert len({t.params["kwargs.x"] for t in trials}) == 6, "each batch draws new params"
+    best = handle.best()
+    assert best is not None and best.value == min(t.value for t in trials if t.value is not None)
+    rows = handle.results()
+    assert [r["index"] for r in rows][0] == best.number, "a search's results are sorted by its metric"
+    assert all(ran_once(paths, i) for i in range(6))
+    status = runner.invoke(app, ["sweep", "status", paths.sweep_id, "-p", str(local_profile), "--json"])
+    assert json.loads(status.stdout)["search"]["best"]["number"] == best.number
+
+
+def test_a_killed_driver_resumes_with_no_trial_lost_or_run_twice(local_profile: Path) -> None:
+    import slurmkit
+
+    handle = slurmkit.sweep(slow_objective, profile=str(local_profile), tasks_per_node=1,
+                            search={"trials": 6, "batch": 2, "metric": "loss", "seed": 0,
+                                    "params": {"x": {"uniform": [-2.0, 2.0]}}})
+    paths = handle.paths
+    wait_until(lambda: len(Manifest(paths).read().tasks) >= 4, 120, "the driver asked its second batch")
+    driver = DriverFile(paths).read()
+    assert driver.pid is not None
+    os.kill(driver.pid, signal.SIGKILL)  # the login node going down, as far as the driver can tell
+    wait_until(lambda: search_view.search_state(paths).driver == "dead", 30, "the driver seen dead")
+    wait_until(lambda: _ended(paths, [2, 3]), 120, "the second batch ended without its driver")
+    assert [t.state for t in handle.trials()][2:] == [study.RUNNING] * 2, "nobody told the study"
+    assert len(Manifest(paths).read().tasks) == 4, "no driver, no new batch"
+    # A driver that died between adding a batch and its sbatch leaves tasks no array holds.
+    opened = study.open_study(paths, Manifest(paths).read().search, None)  # type: ignore[arg-type]
+    search.ask_batch(paths, Manifest(paths).read(), opened)
+    assert search.never_submitted(Manifest(paths).read()) == [4, 5]
+
+    resumed = runner.invoke(app, ["sweep", "resume", paths.sweep_id, "-p", str(local_profile)])
+    assert resumed.exit_code == 0, resumed.output
+    assert handle.wait(timeout=300) == {i: study.COMPLETE for i in range(6)}
+    manifest = Manifest(paths).read()
+    assert len(manifest.tasks) == 6
+    held = [i for arr in manifest.arrays for i in arr.indices]
+    assert sorted(held) == list(range(6)), "each trial in exactly one array"
+    assert all(ran_once(paths, i) for i in range(6))
+    assert DriverFile(paths).read().state == "done"
+
+
+def _ended(paths: SweepPaths, indices: list[int]) -> bool:
+    from slurmkit.sweeps.results import task_states
+
+    return all(s.state == "COMPLETED" for s in task_states(paths) if s.index in indices)
+
+
+def test_the_driver_never_imports_torch(local_profile: Path) -> None:
+    """The driver runs on the login node, whose CLI never imports torch: Optuna's samplers named
+    in config.search do not either (GPSampler, which does, is not one of them)."""
+    code = ("import sys, optuna\n"
+            "from slurmkit.config.search import SAMPLERS, SearchSection\n"
+            "from slurmkit.sweeps import study\n"
+            "for name in SAMPLERS:\n"
+            "    s = SearchSection(sampler=name, trials=3, metric='loss', params={'env.A': {'choice': [1, 2, 3]}})\n"
+            "    st = optuna.create_study(sampler=study.sampler(s))\n"
+            "    for _ in range(3):\n"
+            "        t = st.ask(study.distributions(s)); study.tell(st, t.number, float(t.params['env.A']))\n"
+            "print('torch' in sys.modules)\n")
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
