@@ -39,6 +39,12 @@ def slow_objective(x: float) -> dict[str, float]:
     return {"loss": (x - 0.3) ** 2}
 
 
+def fails_until_flagged(x: float) -> float:
+    if x < 0 and not os.path.exists(os.environ["SEARCH_FLAG"]):
+        raise ValueError("a negative x fails until the flag is there")
+    return (x - 0.3) ** 2
+
+
 def searched(**fields: Any) -> dict[str, Any]:
     return {"sampler": "tpe", "trials": 6, "batch": 3, "metric": "loss", "seed": 0, "params": PARAMS, **fields}
 
@@ -126,10 +132,16 @@ def test_a_killed_driver_resumes_with_no_trial_lost_or_run_twice(local_profile: 
     wait_until(lambda: _ended(paths, [2, 3]), 120, "the second batch ended without its driver")
     assert [t.state for t in handle.trials()][2:] == [study.RUNNING] * 2, "nobody told the study"
     assert len(Manifest(paths).read().tasks) == 4, "no driver, no new batch"
-    # A driver that died between adding a batch and its sbatch leaves tasks no array holds.
-    opened = study.open_study(paths, Manifest(paths).read().search, None)  # type: ignore[arg-type]
-    search.ask_batch(paths, Manifest(paths).read(), opened)
-    assert search.never_submitted(Manifest(paths).read()) == [4, 5]
+    # A driver that died after adding trial 4 to the manifest, before its sbatch; and after asking
+    # the study for trial 5, before adding it.
+    manifest = Manifest(paths).read()
+    assert manifest.search is not None
+    opened = study.open_study(paths, manifest.search, None)
+    opened.ask(study.distributions(manifest.search))
+    search.adopt_asked(paths, manifest, opened)
+    opened.ask(study.distributions(manifest.search))
+    assert search.never_submitted(Manifest(paths).read()) == [4]
+    assert len(Manifest(paths).read().tasks) == 5
 
     resumed = runner.invoke(app, ["sweep", "resume", paths.sweep_id, "-p", str(local_profile)])
     assert resumed.exit_code == 0, resumed.output
@@ -165,3 +177,28 @@ def test_the_driver_never_imports_torch(local_profile: Path) -> None:
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_resubmit_failed_puts_a_searchs_failed_trials_back_as_new_trials(tmp_path: Path, local_profile: Path) -> None:
+    import slurmkit
+
+    flag = tmp_path / "flag"
+    handle = slurmkit.sweep(fails_until_flagged, profile=str(local_profile), tasks_per_node=1,
+                            env={"SEARCH_FLAG": str(flag)},
+                            search={"sampler": "random", "trials": 4, "batch": 4, "metric": "loss", "seed": 3,
+                                    "params": {"x": {"uniform": [-1.0, 1.0]}}})
+    handle.wait(timeout=300)
+    first = handle.trials()
+    failed = [t for t in first if t.params["kwargs.x"] < 0]
+    assert failed and [t.number for t in first if t.state == study.FAIL] == [t.number for t in failed]
+    flag.touch()
+    result = runner.invoke(app, ["sweep", "resubmit", handle.sweep_id, "--failed", "-p", str(local_profile), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["resubmitted"] == [t.number for t in failed]
+    handle.wait(timeout=300)
+    again = handle.trials()[4:]
+    assert [t.number for t in again] == list(range(4, 4 + len(failed)))
+    assert [t.params for t in again] == [t.params for t in failed]
+    assert [t.state for t in again] == [study.COMPLETE] * len(failed)
+    assert [t.state for t in handle.trials()[:4]] == [t.state for t in first], "what was told stays told"
+    assert all(ran_once(handle.paths, i) for i in range(4 + len(failed)))

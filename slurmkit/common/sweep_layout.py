@@ -210,7 +210,8 @@ class Manifest(LockedJson[SweepManifest]):
         return manifest
 
     def add_tasks(self, tasks: list[ManifestTask]) -> SweepManifest:
-        """A search's next trials, appended under the lock; each must be the next index."""
+        """A search's next trials, appended under the lock (each must be the next index); the
+        manifest as `read` gives it."""
         with self._locked():
             manifest = super().read()
             if manifest.search is None:
@@ -220,6 +221,7 @@ class Manifest(LockedJson[SweepManifest]):
                     raise ValueError(f"task {task.index} added as task {len(manifest.tasks)}")
                 manifest.tasks.append(task)
             self._save(manifest)
+        manifest.arrays = ArrayLog(self.paths).read().arrays  # as read() gives it: the arrays folded in
         return manifest
 
 

@@ -11,7 +11,8 @@ The driver is a detached process on the login node, started by `slurmkit sweep` 
 and the array log, each written before the step it records is taken, so a driver killed anywhere
 (the login node rebooted) loses no trial and runs none twice: `slurmkit sweep resume SWEEP` starts
 another, which first tells the ended trials, submits trials that were added but never reached
-sbatch, and goes on. One driver at a time: it holds the sweep's driver lock for its life.
+sbatch (or were asked of the study and never added), and goes on. One driver at a time: it holds
+the sweep's driver lock for its life.
 
     python -P -m slurmkit.sweeps.search --sweep-dir DIR
 """
@@ -47,7 +48,7 @@ from slurmkit.config.search import SearchSection
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError, PreflightError, SlurmkitError
 from slurmkit.runs.jobs.status import is_active
-from slurmkit.runs.polling import Poller
+from slurmkit.runs.polling import DEFAULT_MAX_S, Poller
 from slurmkit.runs.procs import same_process, start_time
 from slurmkit.slurm import commands
 from slurmkit.slurm.commands import TransientSlurmError
@@ -167,10 +168,21 @@ def ask_batch(paths: SweepPaths, manifest: SweepManifest, opened: Any) -> SweepM
     """The next trials asked and added as tasks (not yet submitted)."""
     search = manifest.search
     assert search is not None
-    left = search.trials - len(manifest.tasks)
+    left = study.budget(opened, search) - len(manifest.tasks)
     opened.sampler = study.sampler(search, len(manifest.tasks))
     dists = study.distributions(search)
     asked = [opened.ask(dists) for _ in range(min(search.batch, left))]
+    return Manifest(paths).add_tasks([_task(manifest, t.number, t.params) for t in asked])
+
+
+def adopt_asked(paths: SweepPaths, manifest: SweepManifest, opened: Any) -> SweepManifest:
+    """Trials the study holds as asked (RUNNING) that no task holds: a driver died between its ask
+    and the manifest's write. They become the tasks they were asked as, with the params asked."""
+    running = study.optuna_module().trial.TrialState.RUNNING
+    asked = sorted((t for t in opened.get_trials(deepcopy=False, states=(running,))
+                    if t.number >= len(manifest.tasks)), key=lambda t: t.number)
+    if not asked:
+        return manifest
     return Manifest(paths).add_tasks([_task(manifest, t.number, t.params) for t in asked])
 
 
@@ -296,7 +308,7 @@ def drive(paths: SweepPaths, poller: Poller | None = None, on_round: Callable[[]
         if not driver.create(DriverRecord(**me)):  # a driver before this one: its verdicts stay
             driver.update(**me)
         try:
-            _loop(paths, driver, poller or Poller(first_s=1.0, sleep=_sleep), on_round)
+            _loop(paths, driver, poller, on_round)
         except BaseException as exc:
             stopped = isinstance(exc, KeyboardInterrupt | DriverStopped)
             driver.update(state="stopped" if stopped else "failed", detail=str(exc).splitlines()[0] if str(exc) else
@@ -305,16 +317,19 @@ def drive(paths: SweepPaths, poller: Poller | None = None, on_round: Callable[[]
         driver.update(state="done")
 
 
-def _loop(paths: SweepPaths, driver: DriverFile, poller: Poller, on_round: Callable[[], None] | None) -> None:
+def _loop(paths: SweepPaths, driver: DriverFile, poller: Poller | None, on_round: Callable[[], None] | None) -> None:
     manifest = Manifest(paths).read()
     search = manifest.search
     assert search is not None, "not a search sweep"
     opened = study.open_study(paths, search, manifest.prune)
     prunes = manifest.prune is not None and manifest.executor == "slurm"
+    # While it prunes, the driver reads running trials at least every check_s.
+    poller = poller or Poller(first_s=1.0, max_s=manifest.prune.check_s if manifest.prune and prunes
+                              else DEFAULT_MAX_S, sleep=_sleep)
     while True:
         if STOP.is_set():
             raise DriverStopped("stopped by SIGTERM (`slurmkit sweep cancel`)")
-        manifest = Manifest(paths).read()
+        manifest = adopt_asked(paths, Manifest(paths).read(), opened)
         if (orphans := never_submitted(manifest)):
             submit_tasks(paths, manifest, orphans)
             continue
@@ -334,7 +349,7 @@ def _loop(paths: SweepPaths, driver: DriverFile, poller: Poller, on_round: Calla
                 prune_running(paths, manifest, opened, states, driver)
             poller.wait()
             continue
-        if len(manifest.tasks) >= search.trials:
+        if len(manifest.tasks) >= study.budget(opened, search):
             return
         ask_batch(paths, manifest, opened)  # submitted next round, as a dead driver's would be
         poller = Poller(first_s=poller.first_s, max_s=poller.max_s, sleep=poller.sleep)  # each batch's wait anew

@@ -96,6 +96,18 @@ def resume(paths: SweepPaths) -> int | None:
     return start_driver(paths)
 
 
+def retry_failed(paths: SweepPaths) -> list[int]:
+    """`sweep resubmit --failed` of a search: each failed trial enqueued again as a new trial (the
+    study's FAIL stays as it was told), and a driver started to run them unless one runs. The
+    failed trials' numbers."""
+    manifest = Manifest(paths).read()
+    assert manifest.search is not None
+    failed = study.retry_failed(study.open_study(paths, manifest.search, manifest.prune))
+    if failed:
+        resume(paths)
+    return failed
+
+
 def stop_driver(paths: SweepPaths) -> bool:
     """SIGTERM to the search's driver, then wait until it has exited (it stops between two of its
     steps, never with an sbatch unrecorded); False where none runs here."""

@@ -133,6 +133,27 @@ def tell(opened: optuna.Study, number: int, value: float | None = None, state: A
             raise
 
 
+RETRY_OF = "slurmkit_retry_of"
+"""The user attribute of a trial enqueued again by `sweep resubmit --failed`: the failed trial's number."""
+
+
+def budget(opened: optuna.Study, search: SearchSection) -> int:
+    """The trials the search runs in all: the spec's, plus each failed trial enqueued again."""
+    return search.trials + sum(RETRY_OF in t.user_attrs for t in opened.get_trials(deepcopy=False))
+
+
+def retry_failed(opened: optuna.Study) -> list[int]:
+    """Enqueue again, with the same params, every failed trial not yet retried: the next batch asks
+    these first, as new trials (a trial's number stays its task's index). Their numbers."""
+    ts = optuna_module().trial.TrialState
+    found = opened.get_trials(deepcopy=False)
+    retried = {t.user_attrs[RETRY_OF] for t in found if RETRY_OF in t.user_attrs}
+    failed = [t for t in found if t.state == ts.FAIL and t.number not in retried]
+    for t in failed:
+        opened.enqueue_trial(dict(t.params), user_attrs={RETRY_OF: t.number})
+    return [t.number for t in failed]
+
+
 @dataclass(frozen=True)
 class Trial:
     """One trial as the login side shows it: its task index, state, params and value."""

@@ -37,7 +37,7 @@ from slurmkit.sweeps.arrays import cluster_limits, submit_arrays
 from slurmkit.sweeps.plan import plan_arrays
 from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
 from slurmkit.sweeps.search import begin, search_base
-from slurmkit.sweeps.search_view import stop_driver
+from slurmkit.sweeps.search_view import retry_failed, stop_driver
 from slurmkit.sweeps.spec import SweepPlan, count
 from slurmkit.sweeps.store import manifest_tasks
 
@@ -155,7 +155,10 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
 
 
 def resubmit_failed(paths: SweepPaths, states: dict[int, str], max_array_size: int | None = None) -> list[int]:
-    """One new array (per chunk) holding only the tasks that ended failed, cancelled or timed out."""
+    """One new array (per chunk) holding only the tasks that ended failed, cancelled or timed out.
+    A search's failed trials go back to its study instead, as new trials (search_view.retry_failed)."""
+    if paths.study.exists():
+        return retry_failed(paths)
     with perms.umask(perms.folder_kind(paths.sweep_dir)):
         return _resubmit(paths, states, max_array_size)
 
