@@ -70,12 +70,13 @@ def main() -> None:
     clock = Clock()
     original_call = utils.CommandFunction.__call__
     utils.CommandFunction.__call__ = clock.wrap(original_call)  # type: ignore[method-assign]
-    commands.run = clock.wrap(commands.run)  # type: ignore[assignment]
+    commands.run = clock.wrap(commands.run)
 
     plan = spec.load(spec_path)
     prof = load_profile(str(profile))
     paths = sub.create(plan, search.search_base(plan, str(profile), None, prof))
-    opened = study.open_study(paths, plan.section.search, None)  # type: ignore[arg-type]
+    assert plan.section.search is not None
+    opened = study.open_study(paths, plan.section.search, None)
     blocker = subprocess.run(["sbatch", "--parsable", "--hold", "-t", "1", "--wrap", "true"], capture_output=True,
                              text=True, check=True).stdout.strip().split(";")[0]
     rows = []

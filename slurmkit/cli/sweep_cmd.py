@@ -74,13 +74,7 @@ def submit(
     prof = load_profile(profile_name(profile), split_sets(set_ or [])[1])  # the one load, --set included
     plan = spec_mod.load(spec, grid, max_parallel, max_tasks=prof.sweep_max_tasks)
     if dry_run and plan.section.search is not None:
-        from slurmkit.sweeps import search as search_mod
-
-        search_mod.search_base(plan, profile, set_, prof)  # a param the spec refuses: one line now
-        info = search_mod.preview(plan)
-        print_json(info) if as_json else typer.echo(
-            f"search of {info['tasks']} trials in {info['arrays']} array(s) of {plan.section.search.batch}, "
-            f"sampler {plan.section.search.sampler}, {plan.section.search.mode} {plan.section.search.metric}")
+        _search_preview(plan, profile, set_, prof, as_json)
         return
     if dry_run:
         resolved = resolve_mod.resolve_tasks(plan, profile, set_, loaded=prof)
@@ -115,6 +109,20 @@ def _wait_and_print(done: SweepSubmitted, as_json: bool) -> None:
         print_json({**done.as_dict(), "counts": results.counts(states)})
     else:
         typer.echo(f"sweep {done.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items()))
+
+
+def _search_preview(plan: Any, profile: str | None, sets: list[str] | None, prof: Any, as_json: bool) -> None:
+    """--dry-run of a search: its trials and arrays; one trial at its params' low ends validated."""
+    from slurmkit.sweeps import search as search_mod
+
+    search_mod.search_base(plan, profile, sets, prof)  # a param the spec refuses: one line now
+    info = search_mod.preview(plan)
+    if as_json:
+        print_json(info)
+        return
+    s = plan.section.search
+    typer.echo(f"search of {info['tasks']} trials in {info['arrays']} array(s) of {s.batch}, sampler {s.sampler}, "
+               f"{s.mode} {s.metric}")
 
 
 def _search_submitted(done: SweepSubmitted, batch: int, wait: bool, as_json: bool) -> None:
