@@ -28,8 +28,9 @@ FIND_LINKS = ["--find-links", "/opt/wheels"] if Path("/opt/wheels").is_dir() els
 
 @pytest.fixture(scope="module")
 def debian_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Debian's python3 in a venv with torch 2.13.0 (CPU), slurmkit's dependencies and pytest (made
-    once a machine); skipped loudly where there is no Debian python3, a failure under CI=true."""
+    """Debian's python3 in a venv with torch 2.13.0 (CPU), slurmkit's dependencies, its search extra
+    (Optuna) and pytest (made once a machine); skipped loudly where there is no Debian python3, a
+    failure under CI=true."""
     version = subprocess.run([str(DEBIAN_PYTHON), "-c", "import sys; print(sys.version_info[:2])"],
                              capture_output=True, text=True) if DEBIAN_PYTHON.exists() else None
     if version is None or version.stdout.strip() != "(3, 11)":
@@ -45,6 +46,9 @@ def debian_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
                        timeout=900)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *FIND_LINKS, *deps, "pytest>=8", "pyyaml"],
                        check=True, timeout=900)
+    search = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["search"]
+    if subprocess.run([str(python), "-c", "import optuna, cmaes"], capture_output=True).returncode:  # a venv of before
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *FIND_LINKS, *search], check=True, timeout=900)
     wheels = tmp_path_factory.mktemp("debian-wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
                     str(ROOT)], check=True, timeout=300)
@@ -140,3 +144,12 @@ def test_the_local_rehearsal_and_the_named_tracebacks_on_debians_python(debian_p
                      "tests/test_local_rehearsal.py", "tests/test_from_submitit.py")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "5 passed" in done.stdout
+
+
+def test_a_search_driven_and_resumed_by_debians_python(debian_python: Path) -> None:
+    """The login host's side of a search on 3.11.2: the study, a driver killed and resumed, the
+    failed trials enqueued again (tests/test_search.py, run by Debian's python itself)."""
+    done = run_there(debian_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                     "tests/test_search.py")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout
