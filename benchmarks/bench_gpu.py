@@ -1,4 +1,5 @@
-"""The GPT example on one GPU: NCCL, bf16 autocast, DDP and FSDP2; its MFU and its async-save stall.
+"""The GPT example on one GPU: NCCL, bf16 autocast, DDP and FSDP2, compiled and eager; its MFU and its
+async-save stall.
 
 Each figure against a baseline measured in the same run:
 1. MFU, as the Trainer reports it (achieved FLOP/s over the device's bf16 datasheet peak, `flops.py`),
@@ -8,10 +9,12 @@ Each figure against a baseline measured in the same run:
    step time, against DCP's own `async_save` in the same loop on the same rank (bench_sharded's
    `stall_rank`); and both again under DDP.
 
-Needs CUDA; one rank (NCCL refuses two ranks on one device).
+Each of DDP and FSDP2 runs eager and with `config.compile` (per block, inductor), the fast paths on
+(fused AdamW; FSDP2's bf16 parameters with fp32 reductions, its forward prefetch). Needs CUDA; one
+rank (NCCL refuses two ranks on one device).
 
     python -P benchmarks/bench_gpu.py [--steps 300] [--every 100] [--layers 12] [--d-model 1024] [--seq 1024]
-        [--batch 16] [--vocab 32000] [--dir /tmp]
+        [--batch 16] [--vocab 32000] [--compile both|on|off] [--dir /tmp]
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--compile", default="both", choices=["both", "on", "off"])
     parser.add_argument("--dir", default=tempfile.gettempdir())
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -79,8 +83,12 @@ def main() -> None:
            "dataset_size": args.batch * 64, "log_every": 50, "seed": 0, "gpu_sample_s": 0}
     root = Path(tempfile.mkdtemp(dir=args.dir, prefix="bench-gpu-"))
     try:
-        for parallel in ("ddp", "fsdp"):
-            ours, dcps, s, saves = run(parallel, gpt, args.every, root)
+        compiled = {"both": (False, True), "on": (True,), "off": (False,)}[args.compile]
+        for parallel, compile_ in ((p, c) for p in ("ddp", "fsdp") for c in compiled):
+            fast = {"compile": compile_, "fused_optimizer": True, "fsdp_forward_prefetch": True}
+            ours, dcps, s, saves = run(parallel, {**gpt, **fast}, args.every, root)
+            parallel = f"{parallel} {'compiled' if compile_ else 'eager'}"
+            print(f"{parallel}: compile {s.get('compile_s', 0.0):.1f} s", flush=True)
             achieved = s["mfu"] * s["peak_flops"] / 1e12
             print(f"{parallel}: backend {s['backend']}, {s['tokens_per_s']:,.0f} tokens/s, median step "
                   f"{s['median_step_s'] * 1e3:.1f} ms, MFU {s['mfu']:.1%} of {s['peak_flops'] / 1e12:.0f} TFLOP/s "
@@ -91,7 +99,7 @@ def main() -> None:
             steady = sum(saves["ours"][1:]) / (s["median_step_s"] * s["steps"])
             print(f"{parallel}: each save's stall (s): slurmkit {saves['ours']}, DCP {saves['dcp']}; slurmkit's "
                   f"after its first save {steady:.2%} of step time", flush=True)
-            shutil.rmtree(root / parallel, ignore_errors=True)  # ~2.6 GB a save at the default size
+            shutil.rmtree(root / parallel.split()[0], ignore_errors=True)  # ~2.6 GB a save at the default size
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

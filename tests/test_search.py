@@ -98,6 +98,12 @@ def test_a_local_search_asks_batch_by_batch_and_keeps_the_study_in_the_sweep(loc
                             search={"trials": 6, "batch": 3, "metric": "loss", "seed": 0,
                                     "params": {"x": {"uniform": [-2.0, 2.0]}}})
     assert isinstance(handle, SearchHandle)
+    seen: list[search_view.SearchState] = []
+    final = search_view.follow(handle.paths, seen.append, timeout_s=300)  # what `sweep --wait` prints
+    assert final.driver == "done" and [s.ended for s in seen][-1] == 6
+    assert [s.ended for s in seen] == sorted({s.ended for s in seen}), "a line each time more trials ended"
+    bests = [s.best.value for s in seen if s.best is not None and s.best.value is not None]
+    assert bests == sorted(bests, reverse=True), "the best so far only improves"
     states = handle.wait(timeout=300)
     assert states == {i: study.COMPLETE for i in range(6)}
     paths = handle.paths
@@ -124,7 +130,8 @@ def test_a_killed_driver_resumes_with_no_trial_lost_or_run_twice(local_profile: 
                             search={"trials": 6, "batch": 2, "metric": "loss", "seed": 0,
                                     "params": {"x": {"uniform": [-2.0, 2.0]}}})
     paths = handle.paths
-    wait_until(lambda: len(Manifest(paths).read().tasks) >= 4, 120, "the driver asked its second batch")
+    wait_until(lambda: len((m := Manifest(paths).read()).tasks) >= 4 and not search.never_submitted(m), 120,
+               "the driver submitted its second batch")
     driver = DriverFile(paths).read()
     assert driver.pid is not None
     os.kill(driver.pid, signal.SIGKILL)  # the login node going down, as far as the driver can tell

@@ -42,9 +42,13 @@ def test_mfu_by_hand() -> None:
 
 
 def test_peak_table_and_cpu_estimate() -> None:
-    assert PEAK_BF16_FLOPS == {"A100": 312e12, "H100": 989e12, "H200": 989e12, "B200": 2.25e15}
-    assert peak_flops("NVIDIA H200", 8)[0] == 989e12
-    assert peak_flops("NVIDIA A100-SXM4-80GB", 8)[0] == 312e12
+    # The names torch.cuda.get_device_name() gives for each GPU of benchmarks/gpu_check.sh's list.
+    names = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+             "NVIDIA H200": 989e12, "NVIDIA GH200 480GB": 989e12, "NVIDIA A100-SXM4-80GB": 312e12,
+             "NVIDIA A100 80GB PCIe": 312e12, "NVIDIA L40S": 362e12, "NVIDIA B200": 2.25e15}
+    assert {name: peak_flops(name, 8)[0] for name in names} == names
+    assert all("table" in peak_flops(name, 8)[1] for name in names)
+    assert set(PEAK_BF16_FLOPS.values()) == set(names.values())
     value, source = peak_flops(None, 2)
     assert value == 128e9 and "CPU estimate" in source
     assert peak_flops(None, 2, override=1e12) == (1e12, "config.peak_flops")

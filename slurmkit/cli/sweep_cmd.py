@@ -139,7 +139,7 @@ def _search_submitted(done: SweepSubmitted, batch: int, wait: bool, as_json: boo
                        f"{', '.join(done.array_job_ids) or 'local runner'}  {done.sweep_dir}\n"
                        f"its driver runs detached: `slurmkit sweep status {done.sweep_id}`")
         return
-    state = search_view.follow(paths, None if as_json else typer.echo)
+    state = search_view.follow(paths, None if as_json else lambda st: typer.echo(st.line()))
     if as_json:
         print_json({**done.as_dict(), "search": state.as_dict()})
     elif state.driver != "done":

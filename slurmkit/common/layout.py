@@ -124,6 +124,12 @@ class RunPaths:
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    @property
+    def compile_cache(self) -> Path:
+        """Inductor's caches of a run with config.compile (profile compile_cache: run): every
+        incarnation of the run loads what the first compiled (slurmkit.worker.fast_paths)."""
+        return self.run_dir / "compile-cache"
+
     def checkpoint_uri(self, checkpoint_root: str | None, key: str | None = None) -> str:
         """Where this run's checkpoints go: <checkpoint_root>/<key or run_id>, or the run folder's checkpoints/."""
         if checkpoint_root:

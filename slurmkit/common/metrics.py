@@ -119,8 +119,13 @@ def steps_of(record: dict[str, Any]) -> int:
 
 
 def busy_s(record: dict[str, Any]) -> float:
-    """Seconds the record's steps took together."""
-    return float(record.get("step_s_sum", record.get("step_s", 0.0)))
+    """Seconds the record's steps took together, less what the first step of a process spent in
+    torch.compile (its `startup` record's compile phase): a restart's cost, not training."""
+    spent = float(record.get("step_s_sum", record.get("step_s", 0.0)))
+    startup = record.get("startup")
+    if isinstance(startup, dict) and "compile" in startup and "first_step" in startup:
+        spent -= max(0.0, float(startup["compile"]) - float(startup["first_step"]))
+    return max(0.0, spent)
 
 
 class Interval:

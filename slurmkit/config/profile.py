@@ -159,6 +159,10 @@ class ClusterProfile(Strict):
     """fsspec URI for checkpoints (file://, s3://, ...); unset puts them in the run folder."""
     python: HomePath | None = None
     """Python interpreter on the compute nodes; unset uses the interpreter running slurmkit."""
+    compile_cache: Literal["run", "node"] = "run"
+    """Where a run's compiled code (config.compile: inductor's caches) is kept for its restarts: run is
+    the run folder's compile-cache/ on the shared filesystem, read by every node and incarnation; node is
+    each node's $TMPDIR (else /tmp) under slurmkit-UID/, private, fast, and lost with the node."""
     sbatch_extra: SbatchOptions = Field(default_factory=list)
     """More sbatch options as a list, each as --key=value or --flag (the older form of sbatch_args)."""
     sbatch_args: SbatchArgs = Field(default_factory=dict)

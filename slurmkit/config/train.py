@@ -101,6 +101,27 @@ class TrainConfig(Strict):
     Nodes without GPUs sample nothing."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype: auto is bf16 autocast on CUDA, float32 on CPU."""
+    compile: bool = False
+    """torch.compile (inductor) each transformer block in place (`blocks`/`layers`, the units FSDP2
+    shards, so its wraps stay whole; a model without them, whole), as torchtitan does. Its compiled
+    code is cached in the run (the profile's compile_cache), so a restart does not compile again."""
+    fused_optimizer: bool | None = None
+    """AdamW's fused kernel (one kernel for every parameter's update); unset: on CUDA, not on CPU."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward instead of keeping them (non-reentrant
+    torch.utils.checkpoint per block): less memory for a bigger batch or model, about a third more compute."""
+    ddp_static_graph: bool = False
+    """DDP's static_graph: the model uses the same parameters every step, so DDP plans its buckets once."""
+    ddp_bucket_mb: int = Field(25, ge=1)
+    """DDP's gradient bucket size in MB (bucket_cap_mb): fewer, larger all-reduces the larger."""
+    fsdp_mixed_precision: Literal["auto", "off", "bf16"] = "auto"
+    """FSDP2's MixedPrecisionPolicy: bf16 is bf16 parameters in forward and backward with fp32 gradient
+    reductions; auto is bf16 where the compute dtype is (CUDA), else off."""
+    fsdp_reshard_after_forward: bool = True
+    """FSDP2 frees each block's gathered parameters after its forward and gathers them again in the
+    backward (less memory); off keeps them (one all-gather fewer a block)."""
+    fsdp_forward_prefetch: bool = False
+    """FSDP2 starts the next block's all-gather during this block's forward (explicit prefetch)."""
 
     @model_validator(mode="after")
     def _shapes(self) -> TrainConfig:

@@ -234,8 +234,8 @@ def tell_ended(paths: SweepPaths, opened: Any, states: list[TaskState], metric: 
 
 
 def intermediate(paths: SweepPaths, index: int, metric: str) -> dict[int, float]:
-    """The trial's reported values of `metric` by step: slurmkit.tracking.log's, then the metrics
-    file's (the Trainer's loss); a step in both keeps the logged one."""
+    """The trial's reported values of `metric` by step: its metrics file's (the Trainer's loss) and
+    what it logged with slurmkit.tracking.log; a step in both keeps the logged value."""
     task = paths.task(index)
     found: dict[int, float] = {}
     for path in (task.metrics, task.logged):

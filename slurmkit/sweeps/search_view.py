@@ -74,15 +74,15 @@ def search_state(paths: SweepPaths) -> SearchState:
     return SearchState(driver, detail, search.trials, search.metric, search.mode, found, study.best(found, search.mode))
 
 
-def follow(paths: SweepPaths, emit: Callable[[str], None] | None = None, timeout_s: float | None = None,
+def follow(paths: SweepPaths, on_change: Callable[[SearchState], None] | None = None, timeout_s: float | None = None,
            poller: Poller | None = None) -> SearchState:
-    """Poll (backing off, as every wait does) until the driver is no longer running; `emit` gets
-    a line each time more trials have ended (the best so far). The last state."""
+    """Poll (backing off, as every wait does) until the driver is no longer running; `on_change`
+    sees the state first and each time more trials have ended (the best so far). The last state."""
     last: list[int] = []
 
     def seen(st: SearchState) -> None:
-        if emit is not None and (not last or st.ended != last[0]):
-            emit(st.line())
+        if on_change is not None and (not last or st.ended != last[0]):
+            on_change(st)
         last[:] = [st.ended]
 
     return (poller or Poller(first_s=2.0)).until_ended(

@@ -203,7 +203,8 @@ def load(path: Path | dict[str, Any], grid: list[str] | None = None, max_paralle
     raw = copy.deepcopy(path) if isinstance(path, dict) else read_yaml(path)
     source = "<spec>" if isinstance(path, dict) else str(path)
     section_raw = raw.pop(SWEEP_KEY, None)
-    if section_raw is None and (grid_values or search):
+    searched = {k: v for k, v in (search or {}).items() if v is not None}
+    if section_raw is None and (grid_values or searched):
         section_raw = {}
     if not isinstance(section_raw, dict):
         raise ConfigError("no sweep section", where=f"{source}:{SWEEP_KEY}",
@@ -213,7 +214,7 @@ def load(path: Path | dict[str, Any], grid: list[str] | None = None, max_paralle
                            **dict(parse_grid_option(g) for g in grid or [])}
     if max_parallel is not None:
         section_raw["max_parallel"] = max_parallel
-    section_raw.update({k: v for k, v in (search or {}).items() if v is not None})
+    section_raw.update(searched)
     section = section_of(section_raw, source)
     task = raw.get("task")
     check_keys(section, source, task)

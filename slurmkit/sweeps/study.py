@@ -9,6 +9,7 @@ driven or read; the rest of the login CLI never loads it.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import warnings
@@ -70,12 +71,14 @@ def sampler(search: SearchSection, asked: int = 0) -> Any:
         return s.TPESampler(seed=seed, constant_liar=search.batch > 1)
     if search.sampler == "random":
         return s.RandomSampler(seed=seed)
-    if search.sampler == "cmaes":
-        try:
-            import cmaes  # noqa: F401 - Optuna's CmaEsSampler needs it, and says so only when it first samples
+    needs = {"cmaes": "cmaes", "qmc": "scipy"}.get(search.sampler)
+    if needs is not None:
+        try:  # Optuna imports it only when the sampler first samples: in the driver, after the submit
+            importlib.import_module(needs)
         except ImportError:
-            raise ConfigError("sampler cmaes needs the cmaes package", where="sweep.search.sampler",
-                              valid="valid: pip install cmaes, or another sampler") from None
+            raise ConfigError(f"sampler {search.sampler} needs the {needs} package", where="sweep.search.sampler",
+                              valid=f"valid: pip install 'slurmkit[search]' (or {needs}), or another sampler") from None
+    if search.sampler == "cmaes":
         return s.CmaEsSampler(seed=seed)
     if search.sampler == "grid":
         return s.GridSampler({k: v["choice"] for k, v in search.params.items()}, seed=seed)

@@ -10,7 +10,14 @@ MFU = achieved FLOP/s / (ranks x peak FLOP/s of one rank's device).
 
 from __future__ import annotations
 
-PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "B200": 2.25e15}
+# Dense bf16 tensor-core peaks from NVIDIA's datasheets (without sparsity), by the name torch gives
+# the device, most specific first: "NVIDIA H100 PCIe" and "NVIDIA H100 NVL" before the SXM part
+# ("NVIDIA H100 80GB HBM3"), "GH200" before "H200". benchmarks/gpu_check.sh's list, every one.
+PEAK_BF16_FLOPS = {
+    "H100 PCIE": 756e12, "H100 NVL": 835e12, "H100": 989e12,
+    "GH200": 989e12, "H200": 989e12,
+    "A100": 312e12, "L40S": 362e12, "B200": 2.25e15,
+}
 # 2 FMA units x 8 fp32 lanes (AVX2) x 2 FLOPs per FMA x 2.0 GHz: a nominal per-core figure.
 CPU_FLOPS_PER_CORE = 64e9
 

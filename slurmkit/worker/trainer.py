@@ -17,14 +17,15 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from slurmkit.common.metrics import Interval, MetricsWriter
-from slurmkit.worker import agreement
+from slurmkit.worker import agreement, fast_paths
 from slurmkit.worker.dist import Dist
+from slurmkit.worker.fast_paths import FastPaths
 from slurmkit.worker.flops import mfu
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -48,26 +49,15 @@ PARALLEL = ("ddp", "fsdp")
 rank holds a shard of parameters, gradients and optimizer state (checkpoints through DCP)."""
 
 
-def parallelize(model: nn.Module, parallel: str, device: torch.device | str) -> nn.Module:
-    """The model on `device`, and under fsdp sharded in place with FSDP2 (its blocks, then the root),
+def parallelize(model: nn.Module, parallel: str, device: torch.device | str,
+                fast: FastPaths | None = None) -> nn.Module:
+    """The model on `device`, its fast paths applied (worker.fast_paths: compile, activation
+    checkpointing per block) and under fsdp sharded in place with FSDP2 (its blocks, then the root),
     before an optimizer is made over its parameters (fully_shard replaces them with DTensors)."""
     model = model.to(device)
-    if parallel == "fsdp" and not isinstance(model, FSDPModule):
-        for unit in shard_units(model):
-            fully_shard(unit)
-        fully_shard(model)
-    return model
-
-
-def shard_units(model: nn.Module) -> list[nn.Module]:
-    """The modules FSDP2 shards as units of their own before the root: a model's repeated blocks
-    (`blocks` or `layers`, as GPT-style models name them), so one block's parameters are gathered
-    at a time; a model without them is one unit."""
-    for name in ("blocks", "layers"):
-        found = getattr(model, name, None)
-        if isinstance(found, (nn.ModuleList, nn.Sequential)):
-            return list(found)
-    return []
+    if isinstance(model, FSDPModule):
+        return model
+    return fast_paths.apply(model, parallel, fast or FastPaths())
 
 
 def warmup_cosine(steps: int, warmup_frac: float = 0.05, floor: float = 0.1) -> Callable[[int], float]:
@@ -137,6 +127,10 @@ class TrainerOptions:
     """Mixed precision (torch.autocast) dtype, or None for full precision."""
     parallel: str = "ddp"
     """How the model is spread over the ranks: one of PARALLEL."""
+    ddp_static_graph: bool = False
+    """DDP's static_graph (the same parameters used every step)."""
+    ddp_bucket_mb: int = 25
+    """DDP's bucket_cap_mb."""
 
 
 Vote = Callable[[], int]
@@ -208,7 +202,9 @@ class Trainer:
                                  "model = slurmkit.worker.trainer.parallelize(model, 'fsdp', device) first")
         elif self.dist.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.model = DistributedDataParallel(self.raw_model, device_ids=ids)
+            o = self.options
+            self.model = DistributedDataParallel(self.raw_model, device_ids=ids, bucket_cap_mb=o.ddp_bucket_mb,
+                                                 static_graph=o.ddp_static_graph)
         self.agreement = agreement.Agreement(self.model, self.dist.world_size)
 
     def unwrap(self) -> None:

@@ -13,9 +13,11 @@ import torch
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import MetricsWriter
+from slurmkit.common.record import RunFile
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker import rank, startup, tracking
+from slurmkit.worker import fast_paths, rank, startup, tracking
 from slurmkit.worker.dist import Dist, distributed
+from slurmkit.worker.fast_paths import FastPaths
 from slurmkit.worker.flops import peak_flops
 from slurmkit.worker.ft import incarnation
 from slurmkit.worker.gpu import GpuSampler
@@ -46,15 +48,18 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     device_name = torch.cuda.get_device_name() if dist.device_str.startswith("cuda") else None
     peak, source = peak_flops(device_name, torch.get_num_threads(), cfg.peak_flops)
     extras["peak_flops"], extras["peak_source"] = peak, source
-    net = parallelize(net, cfg.parallel, dist.device_str)
-    optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    compute_dtype = _dtype(cfg, dist)
+    net = parallelize(net, cfg.parallel, dist.device_str, FastPaths.of(cfg, compute_dtype))
+    fused = cfg.fused_optimizer if cfg.fused_optimizer is not None else dist.device_str.startswith("cuda")
+    optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.steps))
     metrics = MetricsWriter(RunPaths(run_dir).metrics if run_dir else None, dist.is_main)
     options = TrainerOptions(steps=cfg.steps, micro_batch=cfg.per_rank_batch(dist.world_size),
                              grad_accum=cfg.grad_accum, seed=cfg.seed, flops_per_sample=per_sample,
                              tokens_per_sample=tokens, peak_flops=peak, log_every=cfg.metrics_cadence[0],
                              log_min_interval_s=cfg.metrics_cadence[1],
-                             autocast_dtype=_dtype(cfg, dist), parallel=cfg.parallel)
+                             autocast_dtype=compute_dtype, parallel=cfg.parallel,
+                             ddp_static_graph=cfg.ddp_static_graph, ddp_bucket_mb=cfg.ddp_bucket_mb)
     trainer = Trainer(net, optimizer, train_set, loss, dist, options, scheduler=scheduler, metrics=metrics)
     return trainer, extras
 
@@ -62,6 +67,7 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
 def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     """Train on every rank; each rank returns the summary (with its own parameter digest)."""
     cfg = TrainConfig.model_validate(config)
+    _compile_cache(cfg, run_dir)
     prefetch = incarnation.start_prefetch(run_dir, cfg.parallel) if cfg.prefetch_checkpoint else None
     startup.mark("imports")
     with distributed() as dist:
@@ -92,7 +98,8 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
         if life.stopped:
             life.stop_and_exit(trainer)  # does not return
         summary.update(model=cfg.model, rank=dist.rank, peak_flops=extras["peak_flops"],
-                       peak_source=extras["peak_source"], wall_s=time.perf_counter() - t0, **life.summary())
+                       peak_source=extras["peak_source"], wall_s=time.perf_counter() - t0, **life.summary(),
+                       **({"compile_s": startup.compile_seconds()} if cfg.compile else {}))
         if trackers is not None:
             trackers.finish(summary)
             trackers.close()
@@ -107,6 +114,17 @@ def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
     # rank 0 done, the job RUNNING with every step done: should that recur, its stacks are logged.
     rank.watch_the_way_out()
     return summary
+
+
+def _compile_cache(cfg: TrainConfig, run_dir: str | None) -> None:
+    """With config.compile, inductor's caches where the profile keeps this run's compiled code (a
+    folder without run.json: its own), set before anything compiles."""
+    if not (cfg.compile and run_dir):
+        return
+    paths = RunPaths(Path(run_dir))
+    record = RunFile(paths).read() if paths.record.exists() else None
+    fast_paths.compile_cache(fast_paths.cache_folder(paths, record.profile.compile_cache, record.run_id)
+                             if record is not None else paths.compile_cache)
 
 
 def _trackers(trainer: Trainer, dist: Dist, run_dir: str | None, resumed: int | None) -> tracking.Trackers | None:
