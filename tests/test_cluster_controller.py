@@ -1,5 +1,6 @@
-"""slurmctld frozen (SIGSTOP for 20 s) or restarted while a `submit --wait` waits and a running job
-asks for its requeue: the wait ends with the right state and exit code, the requeue happens."""
+"""slurmctld frozen (SIGSTOP for 12 s, longer than a call's 10 s timeout inside a grace) or restarted
+while a `submit --wait` waits and a running job asks for its requeue: the wait ends with the right
+state and exit code, the requeue happens."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tests.conftest import executed_steps
 from tests.test_cluster_faults import STEPS, finish, start, wait_step, wait_until
 
 pytestmark = pytest.mark.cluster
-FREEZE_S = 20
+FREEZE_S = 12
 
 
 def ctld_pid() -> int:
