@@ -18,7 +18,7 @@ echo "== ruff (at ${SECONDS} s)"; ruff check slurmkit tests benchmarks
 # mypy (a minute or two of one core, cold) checks beside the cluster's start and the tests, which
 # leave a core idle a third of the time; its verdict counts with theirs at the end.
 mypy_log=$(mktemp)
-nice -n 19 mypy >"$mypy_log" 2>&1 &
+nice -n 5 mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
 if [ "$(id -u)" = 0 ]; then
   echo "== dev cluster (at ${SECONDS} s)"; slurmkit devcluster up --nodes 2 --purge
@@ -39,9 +39,8 @@ cpu_ticks() { awk '/^cpu / {busy = $2 + $3 + $4 + $7 + $8 + $9; print busy, busy
 read -r busy0 total0 < <(cpu_ticks)
 # A background command of a script starts with SIGINT and SIGQUIT ignored, and so would every
 # process the tests start (a local run's cancel is a SIGINT): env gives them their defaults back.
-# niced to the least priority: the cluster tests are the longer half (the suite's time is theirs),
-# and their jobs' ranks wait on the CPU; these take what the jobs leave (they end minutes earlier).
-nice -n 19 env --default-signal=INT,QUIT python -m pytest -m "not cluster" -p no:cacheprovider >"$rest_log" 2>&1 &
+# niced: the cluster tests are the longer half, and they wait on their jobs' CPU time.
+nice -n 5 env --default-signal=INT,QUIT python -m pytest -m "not cluster" -p no:cacheprovider >"$rest_log" 2>&1 &
 rest=$!
 cluster_rc=0
 python -m pytest -m cluster || cluster_rc=$?

@@ -414,26 +414,21 @@ def uninterrupted_checksums(tmp_path_factory: pytest.TempPathFactory) -> Callabl
     return checksums
 
 
-# The user's own torchrun in the command: one a node, under srun's one task a node.
-OWN_TORCHRUN = ('torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d '
-                '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" --max-restarts=0')
-
-
-@pytest.mark.parametrize("launcher, per_node, world", [("srun", 1, 2), ("torchrun", 2, 4), ("own-torchrun", 1, 4)])
+@pytest.mark.parametrize("launcher, per_node, world", [("srun", 1, 2), ("torchrun", 2, 4)])
 def test_a_users_script_with_a_checkpoint_preempted_loses_no_step(
         cluster: None, tmp_path: Path, dev_profile: Path, uninterrupted_checksums: Callable[[int], list[str]],
         launcher: str, per_node: int, world: int) -> None:
     """tests/user_code/ddp_toy_resumable.py (the user's DDP script plus ten lines) as a command on 2
-    nodes: its ranks started by srun, by slurmkit's torchrun a node (`launcher: torchrun`), or by the
-    user's own torchrun in the command (`command: torchrun ... script.py`, which must not die of the
-    signal under its ranks' save). Preempted, its ranks stop at one agreed step and save it, the
-    requeued job goes on from there, and the final weights equal an uninterrupted run's. Under srun,
-    a kill -9 of rank 1's script after that is restarted in the job from the last commit."""
+    nodes: its ranks started by srun, or by slurmkit's torchrun a node (`launcher: torchrun`).
+    Preempted, its ranks stop at one agreed step and save it, the requeued job goes on from there,
+    and the final weights equal an uninterrupted run's. Under srun, a kill -9 of rank 1's script
+    after that is restarted in the job from the last commit. (A launcher of the user's own in the
+    command, which must not die of the signal under its ranks' save: accelerate's multi-node launch,
+    torch's elastic launcher underneath, in tests/test_cluster_frameworks.py.)"""
     script = f"{RESUMABLE} --steps {RESUMABLE_STEPS} --step-time 0.1"
     spec = write_spec(tmp_path, name="resumable", resources={"nodes": 2, "tasks_per_node": per_node,
-                                                             "time": "00:10:00"},
-                      command=f"{OWN_TORCHRUN} {script}" if launcher == "own-torchrun" else f"python {script}")
-    sub = submit(spec, dev_profile, f"launcher={'srun' if launcher == 'own-torchrun' else launcher}")
+                                                             "time": "00:10:00"}, command=f"python {script}")
+    sub = submit(spec, dev_profile, f"launcher={launcher}")
     paths, job_id = RunPaths(Path(sub["run_dir"])), sub["job_id"]
     log = paths.rank_log(job_id, 0)
     wait_until(lambda: log.exists() and len(_rank0_steps(paths, job_id)) >= 20, 120, "step 20", poll_s=0.2)

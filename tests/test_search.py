@@ -20,7 +20,7 @@ from slurmkit.api.handles import SearchHandle
 from slurmkit.cli.app import app
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayLog, DriverFile, Manifest, SweepPaths
-from slurmkit.errors import ConfigError
+from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.sweeps import search, search_view, spec, study
 from tests.test_cluster_faults import wait_until
 
@@ -122,6 +122,16 @@ def test_a_local_search_asks_batch_by_batch_and_keeps_the_study_in_the_sweep(loc
     status = runner.invoke(app, ["sweep", "status", paths.sweep_id, "-p", str(local_profile), "--json"])
     assert json.loads(status.stdout)["search"]["best"]["number"] == best.number
 
+    # A driver recorded as running on another login node: only that node can check it, so a resume
+    # here is refused unless forced (that node is gone); forced, it finds nothing left to do.
+    DriverFile(paths).update(state="running", host="another-login-node", pid=1, start=1)
+    with pytest.raises(SlurmkitError) as refused:
+        search_view.resume(paths)
+    assert refused.value.where == paths.sweep_id
+    assert search_view.resume(paths, force=True) is not None
+    wait_until(lambda: DriverFile(paths).read().state == "done", 120, "the forced driver done")
+    assert len(Manifest(paths).read().tasks) == 6 and len(handle.trials()) == 6
+
 
 def test_a_killed_driver_resumes_with_no_trial_lost_or_run_twice(local_profile: Path) -> None:
     import slurmkit
@@ -136,7 +146,7 @@ def test_a_killed_driver_resumes_with_no_trial_lost_or_run_twice(local_profile: 
     assert driver.pid is not None
     os.kill(driver.pid, signal.SIGKILL)  # the login node going down, as far as the driver can tell
     wait_until(lambda: search_view.search_state(paths).driver == "dead", 30, "the driver seen dead")
-    wait_until(lambda: _ended(paths, [2, 3]), 120, "the second batch ended without its driver")
+    wait_until(lambda: _ended(paths, [2, 3]), 300, "the second batch ended without its driver")
     assert [t.state for t in handle.trials()][2:] == [study.RUNNING] * 2, "nobody told the study"
     assert len(Manifest(paths).read().tasks) == 4, "no driver, no new batch"
     # A driver that died after adding trial 4 to the manifest, before its sbatch; and after asking

@@ -262,13 +262,15 @@ def list_sweeps(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
 
 @app.command("resume")
 @user_errors
-def resume(sweep: SweepArg, profile: ProfileOpt = None) -> None:
+def resume(sweep: SweepArg, profile: ProfileOpt = None, force: Annotated[bool, typer.Option(
+        "--force", help="Start one here although the record says one runs on another login node, now gone.")
+        ] = False) -> None:
     """Start a search's driver again (after the login node's reboot): no trial lost or run twice."""
     from slurmkit.runs import folders
     from slurmkit.sweeps import search_view
 
     paths = folders.find_sweep(run_root_for(profile), sweep)
-    pid = search_view.resume(paths)
+    pid = search_view.resume(paths, force)
     typer.echo(f"driver started (pid {pid}): `slurmkit sweep status {paths.sweep_id}`" if pid is not None
                else "a driver already runs this search")
 

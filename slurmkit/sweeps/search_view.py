@@ -5,11 +5,12 @@ cancel`). The driver itself is sweeps.search."""
 from __future__ import annotations
 
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from slurmkit.common.sweep_layout import DriverFile, Manifest, SweepPaths
+from slurmkit.common.sweep_layout import DriverFile, DriverRecord, Manifest, SweepPaths
 from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.procs import same_process, signal_process
@@ -89,10 +90,22 @@ def follow(paths: SweepPaths, on_change: Callable[[SearchState], None] | None = 
         lambda: search_state(paths), lambda st: {st.driver} if st.driver == "running" else set(), timeout_s, seen)
 
 
-def resume(paths: SweepPaths) -> int | None:
-    """Start a driver for the search unless one runs; its pid (None: one was running)."""
-    if search_state(paths).driver == "running":
-        return None
+def resume(paths: SweepPaths, force: bool = False) -> int | None:
+    """Start a driver for the search unless one runs; its pid (None: one was running here). A
+    driver recorded as running on another login node is refused, but with `force` (that node is
+    gone): only its own host can see whether its process lives, and two drivers would ask twice."""
+    try:
+        record: DriverRecord | None = DriverFile(paths).read()
+    except SlurmkitError:
+        record = None
+    if record is not None and record.state == "running" and driver_alive(paths):
+        if record.host == socket.gethostname():
+            return None
+        if not force:
+            raise SlurmkitError(f"its driver's record says it runs on {record.host} (pid {record.pid}), which only "
+                                "that host can check", where=paths.sweep_id,
+                                valid=f"valid: `slurmkit sweep resume` on {record.host}, or --force here if "
+                                      f"{record.host} is gone")
     return start_driver(paths)
 
 
