@@ -234,7 +234,7 @@ def sweep(spec: str | Path | dict[str, Any] | Callable[..., Any], profile: str |
                           valid="valid: a spec's resources are its own (resources:), or --set")
     plan = sweep_spec.load(spec if isinstance(spec, dict) else Path(spec), max_parallel=max_parallel,
                            grid_values=grid, max_tasks=prof.sweep_max_tasks,
-                           search={"search": search, "prune": prune})
+                           sections={"search": search, "prune": prune})
     done = submit(plan, profile, set)
     paths = SweepPaths(Path(done.sweep_dir))
     return SearchHandle(paths) if plan.section.search is not None else SweepHandle(paths)

@@ -30,7 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,16 +81,20 @@ def driver_lock(paths: SweepPaths) -> Iterator[None]:
         os.close(fd)
 
 
-def driver_alive(paths: SweepPaths) -> bool:
-    """A driver of this sweep runs on this host (a driver elsewhere is taken as alive while its
-    record says running: only its own host can tell)."""
-    try:
-        rec = DriverFile(paths).read()
-    except SlurmkitError:
+def driver_alive(record: DriverRecord) -> bool:
+    """The recorded driver runs (one on another host is taken as alive while its record says
+    running: only its own host can tell)."""
+    if record.state != "running":
         return False
-    if rec.state != "running":
-        return False
-    return rec.host != socket.gethostname() or same_process(rec.pid, rec.start)
+    return record.host != socket.gethostname() or same_process(record.pid, record.start)
+
+
+def _record_running(driver: DriverFile, pid: int) -> None:
+    """driver.json names `pid` on this host as the running driver; the pruner's verdicts of a
+    driver before it stay."""
+    me = {"pid": pid, "start": start_time(pid), "host": socket.gethostname(), "state": "running", "detail": ""}
+    if not driver.create(DriverRecord(**me)):
+        driver.update(**me)
 
 
 def start_driver(paths: SweepPaths) -> int:
@@ -99,11 +103,7 @@ def start_driver(paths: SweepPaths) -> int:
     proc = subprocess.Popen([sys.executable, "-P", "-m", "slurmkit.sweeps.search", "--sweep-dir", str(paths.sweep_dir)],
                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     out.close()
-    # Recorded here too, so that whoever follows the search at once finds it running.
-    me = {"pid": proc.pid, "start": start_time(proc.pid), "host": socket.gethostname(), "state": "running",
-          "detail": ""}
-    if not DriverFile(paths).create(DriverRecord(**me)):
-        DriverFile(paths).update(**me)
+    _record_running(DriverFile(paths), proc.pid)  # here too: who follows the search at once finds it running
     return proc.pid
 
 
@@ -247,12 +247,12 @@ def intermediate(paths: SweepPaths, index: int, metric: str) -> dict[int, float]
 
 
 def prune_running(paths: SweepPaths, manifest: SweepManifest, opened: Any, states: list[TaskState],
-                  driver: DriverFile) -> list[int]:
-    """Report each running trial's new values to the study and stop those the pruner picks."""
+                  driver: DriverFile, already: dict[str, int]) -> list[int]:
+    """Report each running trial's new values to the study and stop those the pruner picks (not
+    those `already` pruned); the ones stopped now."""
     assert manifest.search is not None
     optuna = study.optuna_module()
     frozen = {t.number: t for t in opened.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
-    already = driver.read().pruned
     pruned_now = []
     for st in states:
         trial = frozen.get(st.index)
@@ -277,7 +277,7 @@ def stop(paths: SweepPaths, manifest: SweepManifest, st: TaskState, driver: Driv
     request.write(paths.task(st.index))
     with driver.editing() as rec:
         rec.pruned[str(st.index)] = request.step
-    commands.scancel([st.job_id], signal=str(manifest.profile.get("signal", "USR2")))
+    commands.scancel([st.job_id], signal=str(manifest.profile["signal"]))  # a dumped profile names every field
     print(f"trial {st.index}: pruned at step {request.step} ({request.value:g})", flush=True)
 
 
@@ -299,16 +299,13 @@ def _sleep(seconds: float) -> None:
     STOP.wait(seconds)
 
 
-def drive(paths: SweepPaths, poller: Poller | None = None, on_round: Callable[[], None] | None = None) -> None:
+def drive(paths: SweepPaths, poller: Poller | None = None) -> None:
     """Run the search to its end (see the module's docstring); the caller holds no lock."""
     with driver_lock(paths):
         driver = DriverFile(paths)
-        me = {"pid": os.getpid(), "start": start_time(os.getpid()), "host": socket.gethostname(), "state": "running",
-              "detail": ""}
-        if not driver.create(DriverRecord(**me)):  # a driver before this one: its verdicts stay
-            driver.update(**me)
+        _record_running(driver, os.getpid())
         try:
-            _loop(paths, driver, poller, on_round)
+            _loop(paths, driver, poller)
         except BaseException as exc:
             stopped = isinstance(exc, KeyboardInterrupt | DriverStopped)
             driver.update(state="stopped" if stopped else "failed", detail=str(exc).splitlines()[0] if str(exc) else
@@ -317,7 +314,7 @@ def drive(paths: SweepPaths, poller: Poller | None = None, on_round: Callable[[]
         driver.update(state="done")
 
 
-def _loop(paths: SweepPaths, driver: DriverFile, poller: Poller | None, on_round: Callable[[], None] | None) -> None:
+def _loop(paths: SweepPaths, driver: DriverFile, poller: Poller | None) -> None:
     manifest = Manifest(paths).read()
     search = manifest.search
     assert search is not None, "not a search sweep"
@@ -342,11 +339,9 @@ def _loop(paths: SweepPaths, driver: DriverFile, poller: Poller | None, on_round
         pruned = driver.read().pruned
         if tell_ended(paths, opened, states, search.metric, pruned):
             _say_best(opened, search.mode)
-        if on_round is not None:
-            on_round()
         if any(is_active(s.state) for s in states):
             if prunes:
-                prune_running(paths, manifest, opened, states, driver)
+                prune_running(paths, manifest, opened, states, driver, pruned)
             poller.wait()
             continue
         if len(manifest.tasks) >= study.budget(opened, search):

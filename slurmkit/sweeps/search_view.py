@@ -67,10 +67,10 @@ def search_state(paths: SweepPaths) -> SearchState:
     try:
         record = DriverFile(paths).read()
         driver, detail = record.state, record.detail
+        if driver == "running" and not driver_alive(record):
+            driver = "dead"
     except SlurmkitError:
         driver, detail = "dead", "no driver record"
-    if driver == "running" and not driver_alive(paths):
-        driver = "dead"
     found = study.trials(study.open_study(paths, search, manifest.prune))
     return SearchState(driver, detail, search.trials, search.metric, search.mode, found, study.best(found, search.mode))
 
@@ -98,7 +98,7 @@ def resume(paths: SweepPaths, force: bool = False) -> int | None:
         record: DriverRecord | None = DriverFile(paths).read()
     except SlurmkitError:
         record = None
-    if record is not None and record.state == "running" and driver_alive(paths):
+    if record is not None and driver_alive(record):
         if record.host == socket.gethostname():
             return None
         if not force:

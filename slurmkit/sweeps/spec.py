@@ -196,15 +196,15 @@ def parse_grid_option(item: str) -> tuple[str, list[Any]]:
 
 def load(path: Path | dict[str, Any], grid: list[str] | None = None, max_parallel: int | None = None,
          grid_values: dict[str, list[Any]] | None = None, max_tasks: int = DEFAULT_MAX_TASKS,
-         search: dict[str, Any] | None = None) -> SweepPlan:
+         sections: dict[str, Any] | None = None) -> SweepPlan:
     """Read a sweep spec (a file, or a mapping built in Python: slurmkit.sweep); --grid options and
-    grid_values replace (or add) grid keys; `search` sets the section's search and prune
-    (slurmkit.sweep's keywords). Keys are checked here."""
+    grid_values replace (or add) grid keys; `sections` sets keys of the sweep section (slurmkit.sweep's
+    search and prune), a None left out. Keys are checked here."""
     raw = copy.deepcopy(path) if isinstance(path, dict) else read_yaml(path)
     source = "<spec>" if isinstance(path, dict) else str(path)
     section_raw = raw.pop(SWEEP_KEY, None)
-    searched = {k: v for k, v in (search or {}).items() if v is not None}
-    if section_raw is None and (grid_values or searched):
+    given = {k: v for k, v in (sections or {}).items() if v is not None}
+    if section_raw is None and (grid_values or given):
         section_raw = {}
     if not isinstance(section_raw, dict):
         raise ConfigError("no sweep section", where=f"{source}:{SWEEP_KEY}",
@@ -214,7 +214,7 @@ def load(path: Path | dict[str, Any], grid: list[str] | None = None, max_paralle
                            **dict(parse_grid_option(g) for g in grid or [])}
     if max_parallel is not None:
         section_raw["max_parallel"] = max_parallel
-    section_raw.update(searched)
+    section_raw.update(given)
     section = section_of(section_raw, source)
     task = raw.get("task")
     check_keys(section, source, task)

@@ -13,7 +13,7 @@ import importlib
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from slurmkit.common import trust
@@ -170,8 +170,7 @@ class Trial:
     """Intermediate values reported to the pruner."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "state": self.state, "params": self.params, "value": self.value,
-                "steps": self.steps}
+        return asdict(self)
 
 
 def trials(study: optuna.Study) -> list[Trial]:

@@ -157,14 +157,14 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
 def resubmit_failed(paths: SweepPaths, states: dict[int, str], max_array_size: int | None = None) -> list[int]:
     """One new array (per chunk) holding only the tasks that ended failed, cancelled or timed out.
     A search's failed trials go back to its study instead, as new trials (search_view.retry_failed)."""
-    if paths.study.exists():
-        return retry_failed(paths)
     with perms.umask(perms.folder_kind(paths.sweep_dir)):
         return _resubmit(paths, states, max_array_size)
 
 
 def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | None) -> list[int]:
     manifest = Manifest(paths).read()
+    if manifest.search is not None:
+        return retry_failed(paths)
     indices = sorted(i for i, st in states.items() if st in RETRY_STATES)
     if not indices:
         return []
