@@ -140,8 +140,9 @@ def test_a_killed_driver_resumes_with_no_trial_lost_or_run_twice(local_profile: 
                             search={"trials": 6, "batch": 2, "metric": "loss", "seed": 0,
                                     "params": {"x": {"uniform": [-2.0, 2.0]}}})
     paths = handle.paths
-    wait_until(lambda: len((m := Manifest(paths).read()).tasks) >= 4 and not search.never_submitted(m), 120,
-               "the driver submitted its second batch")
+    # Killed once the second batch's runner is started, not while it starts it (docs/sweeps.md's known window).
+    wait_until(lambda: len((m := Manifest(paths).read()).tasks) >= 4 and not search.never_submitted(m)
+               and all(a.runner_pid for a in m.arrays), 120, "the driver started its second batch")
     driver = DriverFile(paths).read()
     assert driver.pid is not None
     os.kill(driver.pid, signal.SIGKILL)  # the login node going down, as far as the driver can tell
