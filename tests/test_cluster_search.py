@@ -4,10 +4,14 @@ trial whose curve is clearly worse, at a step boundary, for good."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +22,8 @@ from typer.testing import CliRunner
 from slurmkit.cli.app import app
 from slurmkit.common.metrics import read_records
 from slurmkit.common.record import RunFile
-from slurmkit.common.sweep_layout import ArrayLog, DriverFile, Manifest, SweepManifest, SweepPaths
-from slurmkit.sweeps import results, search, search_view, study
+from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, DriverFile, Manifest, SweepManifest, SweepPaths
+from slurmkit.sweeps import arrays, results, search, search_view, study
 from tests.test_cluster_faults import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -58,8 +62,8 @@ def ran_once(paths: SweepPaths, index: int) -> bool:
 
 
 def all_queued(manifest: SweepManifest, n: int) -> bool:
-    """The first n trials are tasks, each in an array sbatch answered: a kill now is not inside sbatch
-    (that window is docs/sweeps.md's known gap)."""
+    """The first n trials are tasks, each in an array sbatch answered (a kill inside sbatch has its
+    own test below)."""
     return len(manifest.tasks) >= n and not search.never_submitted(manifest) and all(
         a.job_id for a in manifest.arrays)
 
@@ -126,3 +130,72 @@ def test_the_pruner_stops_a_clearly_worse_trial_at_a_step_boundary_for_good(
         else:
             assert statuses[n].state == "COMPLETED" and max(steps) == CURVE_STEPS
     assert set(DriverFile(paths).read().pruned) == {str(n) for n in worse}
+
+
+# The submitter of one array, killed once sbatch has answered, before the job id is written.
+KILLED_AFTER_SBATCH = """
+import os, signal, sys
+from pathlib import Path
+from slurmkit.common.sweep_layout import Manifest, SweepPaths
+from slurmkit.slurm.submitit_executor import RenderedSlurmExecutor
+from slurmkit.sweeps import search
+
+def killed(answer):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+RenderedSlurmExecutor._get_job_id_from_submission_command = staticmethod(killed)
+paths = SweepPaths(Path(sys.argv[1]))
+search.submit_tasks(paths, Manifest(paths).read(), [int(sys.argv[2])])
+"""
+
+
+def test_arrays_of_a_driver_killed_inside_sbatch_are_adopted_or_submitted_again(
+        cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    trials = 4
+    path = search_spec(tmp_path, OBJECTIVE, {"search": {
+        "sampler": "random", "trials": trials, "batch": 2, "metric": "loss", "mode": "min", "seed": 0,
+        "params": {"env.X": {"uniform": [-2.0, 2.0]}}}})
+    paths = submitted(path, dev_profile)
+    os.kill(DriverFile(paths).read().pid or 0, signal.SIGKILL)
+    wait_until(lambda: search_view.search_state(paths).driver == "dead", 30, "the driver seen dead")
+    manifest = Manifest(paths).read()
+    assert manifest.search is not None
+    opened = study.open_study(paths, manifest.search, None)
+
+    # Trial 2: its entry names a script sbatch never saw, whose sbatch may answer until its timeout.
+    opened.ask(study.distributions(manifest.search))
+    search.adopt_asked(paths, manifest, opened)
+    with ArrayLog(paths).editing() as log:
+        log.arrays.append(ArrayEntry(kind="initial", indices=[2], base=2, array="0", submission=".never-sent.sh",
+                                     sbatch_at=time.time(), created=dt.datetime.now().isoformat(timespec="seconds")))
+        unqueued = len(log.arrays) - 1
+    clock, slept = [time.time()], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    assert arrays.recover(paths, lambda ix: search.submit_tasks(paths, Manifest(paths).read(), ix), sleep,
+                          lambda: clock[0]) == []
+    assert sum(slept) >= arrays.LOST_AFTER_S - 1, "it waited out that sbatch's timeout before submitting again"
+    log = ArrayLog(paths).read()
+    assert log.arrays[unqueued].error == arrays.NEVER_QUEUED and log.arrays[unqueued].job_id is None
+    assert log.arrays[-1].indices == [2] and log.arrays[-1].job_id
+
+    # Trial 3: its submitter killed after sbatch queued it, before the job id was written.
+    opened.ask(study.distributions(manifest.search))
+    search.adopt_asked(paths, Manifest(paths).read(), opened)
+    child = subprocess.run([sys.executable, "-P", "-c", KILLED_AFTER_SBATCH, str(paths.sweep_dir), "3"], check=False)
+    assert child.returncode == -signal.SIGKILL
+    lost = ArrayLog(paths).read().arrays[-1]
+    assert lost.indices == [3] and lost.job_id is None and lost.submission
+
+    resumed = runner.invoke(app, ["sweep", "resume", paths.sweep_id, "-p", str(dev_profile)])
+    assert resumed.exit_code == 0, resumed.output
+    state = search_view.follow(paths, timeout_s=300)
+    assert state.driver == "done"
+    assert [t.state for t in state.trials] == [study.COMPLETE] * trials
+    log = ArrayLog(paths).read()
+    assert log.arrays[-1].indices == [3] and log.arrays[-1].job_id, "the queued array adopted, not sent again"
+    assert sorted(i for a in log.arrays if a.job_id for i in a.indices) == list(range(trials))
+    assert all(ran_once(paths, i) for i in range(trials))

@@ -4,11 +4,14 @@ tests/test_cluster_search.py."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +22,9 @@ from typer.testing import CliRunner
 from slurmkit.api.handles import SearchHandle
 from slurmkit.cli.app import app
 from slurmkit.common.record import RunFile
-from slurmkit.common.sweep_layout import ArrayLog, DriverFile, Manifest, SweepPaths
+from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, DriverFile, Manifest, SweepPaths
 from slurmkit.errors import ConfigError, SlurmkitError
-from slurmkit.sweeps import search, search_view, spec, study
+from slurmkit.sweeps import local, search, search_view, spec, study
 from tests.test_cluster_faults import wait_until
 
 runner = CliRunner()
@@ -136,11 +139,12 @@ def test_a_local_search_asks_batch_by_batch_and_keeps_the_study_in_the_sweep(loc
 def test_a_killed_driver_resumes_with_no_trial_lost_or_run_twice(local_profile: Path) -> None:
     import slurmkit
 
+    trials = 7
     handle = slurmkit.sweep(slow_objective, profile=str(local_profile), tasks_per_node=1,
-                            search={"trials": 6, "batch": 2, "metric": "loss", "seed": 0,
+                            search={"trials": trials, "batch": 2, "metric": "loss", "seed": 0,
                                     "params": {"x": {"uniform": [-2.0, 2.0]}}})
     paths = handle.paths
-    # Killed once the second batch's runner is started, not while it starts it (docs/sweeps.md's known window).
+    # Killed once the second batch's runner is started; the gaps a kill can leave are made below.
     wait_until(lambda: len((m := Manifest(paths).read()).tasks) >= 4 and not search.never_submitted(m)
                and all(a.runner_pid for a in m.arrays), 120, "the driver started its second batch")
     driver = DriverFile(paths).read()
@@ -150,26 +154,42 @@ def test_a_killed_driver_resumes_with_no_trial_lost_or_run_twice(local_profile: 
     wait_until(lambda: _ended(paths, [2, 3]), 300, "the second batch ended without its driver")
     assert [t.state for t in handle.trials()][2:] == [study.RUNNING] * 2, "nobody told the study"
     assert len(Manifest(paths).read().tasks) == 4, "no driver, no new batch"
-    # A driver that died after adding trial 4 to the manifest, before its sbatch; and after asking
-    # the study for trial 5, before adding it.
+    # Drivers that died: after adding trial 4, before its runner's entry; after trial 5's entry,
+    # before its runner started; after asking the study for trial 6, before adding it.
     manifest = Manifest(paths).read()
     assert manifest.search is not None
     opened = study.open_study(paths, manifest.search, None)
-    opened.ask(study.distributions(manifest.search))
+    for _ in range(2):
+        opened.ask(study.distributions(manifest.search))
     search.adopt_asked(paths, manifest, opened)
+    with ArrayLog(paths).editing() as log:
+        log.arrays.append(ArrayEntry(kind="local", indices=[5]))
+        unstarted = len(log.arrays) - 1
     opened.ask(study.distributions(manifest.search))
     assert search.never_submitted(Manifest(paths).read()) == [4]
-    assert len(Manifest(paths).read().tasks) == 5
+    with _held(paths.runner_lock(unstarted)):  # a runner started, not yet recorded, holds its lock
+        assert local.recover(paths) == []
 
     resumed = runner.invoke(app, ["sweep", "resume", paths.sweep_id, "-p", str(local_profile)])
     assert resumed.exit_code == 0, resumed.output
-    assert handle.wait(timeout=300) == {i: study.COMPLETE for i in range(6)}
+    assert handle.wait(timeout=300) == {i: study.COMPLETE for i in range(trials)}
     manifest = Manifest(paths).read()
-    assert len(manifest.tasks) == 6
+    assert len(manifest.tasks) == trials
+    assert manifest.arrays[unstarted].runner_pid is not None, "the runner never started was started"
     held = [i for arr in manifest.arrays for i in arr.indices]
-    assert sorted(held) == list(range(6)), "each trial in exactly one array"
-    assert all(ran_once(paths, i) for i in range(6))
+    assert sorted(held) == list(range(trials)), "each trial in exactly one array"
+    assert all(ran_once(paths, i) for i in range(trials))
     assert DriverFile(paths).read().state == "done"
+
+
+@contextlib.contextmanager
+def _held(lock: Path) -> Iterator[None]:
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _ended(paths: SweepPaths, indices: list[int]) -> bool:

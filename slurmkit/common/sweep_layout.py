@@ -101,6 +101,10 @@ class SweepPaths:
         """A search driver's output."""
         return self.sweep_dir / "driver.log"
 
+    def runner_lock(self, array_number: int) -> Path:
+        """Held by local array `array_number`'s starter, then its runner, while either lives."""
+        return self.sweep_dir / f".runner-{array_number}.lock"
+
     @property
     def local_runner_log(self) -> Path:
         """Output of the local executor's runner (sweeps on the `local` profile)."""
@@ -141,7 +145,12 @@ class ArrayEntry(Record):
     job_id: str | None = None
     """The array's job id, once sbatch answered."""
     error: str | None = None
-    """Why sbatch refused it (its tasks show NOT_SUBMITTED)."""
+    """Why sbatch refused it, or that it was never queued (its tasks show NOT_SUBMITTED)."""
+    submission: str | None = None
+    """The script's file name sbatch was given, written before sbatch ran: how `sweeps.arrays.recover`
+    finds the job of a submitter killed before it wrote the job id."""
+    sbatch_at: float | None = None
+    """When that sbatch started (epoch seconds): past its timeout, an array not found was never queued."""
     jobs: dict[str, str] = {}
     """local: task index → its controller's pid."""
     job_starts: dict[str, int | None] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import re
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from slurmkit.common import trust
@@ -21,6 +23,8 @@ from slurmkit.slurm.parse import ACTIVE_STATES as ACTIVE_STATES
 from slurmkit.slurm.parse import JobInfo
 
 DEFAULT_TIMEOUT_S = 30.0
+SBATCH_TIMEOUT_S = 60
+SBATCH_KILL_AFTER_S = 5  # an sbatch past its timeout gets SIGTERM, then SIGKILL this much later
 IN_GRACE_TIMEOUT_S = 10.0  # a question asked inside a job's grace: an unanswered one must not eat the save's time
 # Slurm calls made by this process, by program: bounded (one counter per program), so a long
 # --wait or logs --follow does not grow it; tests and benchmarks read it through counting().
@@ -118,6 +122,23 @@ def squeue_all() -> dict[str, JobInfo]:
         return parse.squeue(text)
     except parse.TruncatedArray as exc:  # a pending array not expanded, and cut: never guess its tasks
         raise SlurmError(str(exc), where="squeue", valid="squeue did not expand the array (--array)") from exc
+
+
+def jobs_by_script(names: list[str], since: str) -> dict[str, str]:
+    """The job id of each of this user's jobs (pending, running or ended since `since`) whose batch
+    script's file name is one of `names`: squeue's command for jobs slurmctld still holds, sacct's
+    submit line for the rest. How a job is found whose submitter died before it wrote sbatch's answer."""
+    queued = run(["squeue", "--me", "--noheader", "--states=all", "--format=%F|%o"], query=True)
+    ended = run(["sacct", "--noheader", "--parsable2", "--allocations", f"--user={getpass.getuser()}",
+                 f"--starttime={since}", "--format=JobID,SubmitLine"], query=True)
+    found: dict[str, str] = {}
+    for line in [*queued.splitlines(), *ended.splitlines()]:
+        job, _, command = line.partition("|")
+        words = {Path(w).name for w in command.split()}
+        for name in names:
+            if name in words:
+                found.setdefault(name, base_id(job.strip()))
+    return found
 
 
 def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
@@ -258,7 +279,7 @@ def preemption(job_id: str) -> Preemption | None:
     return Preemption(at=at, mode=part.get("PreemptMode", "") or "UNKNOWN", ends=job.get("EndTime", ""))
 
 
-def sbatch(script: str, options: list[str], env: dict[str, str], timeout: float = 60.0) -> str:
+def sbatch(script: str, options: list[str], env: dict[str, str], timeout: float = SBATCH_TIMEOUT_S) -> str:
     """Submit one batch script file; its job id. Never retried: a submit that timed out may have queued."""
     proc = call(["sbatch", "--parsable", *options, script], timeout, env)
     if proc.returncode != 0:

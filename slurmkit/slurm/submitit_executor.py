@@ -11,7 +11,7 @@ import contextlib
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,6 @@ from slurmkit.errors import SlurmkitError
 from slurmkit.render import JobFiles, RenderInput, render, shell_quote
 from slurmkit.slurm import commands
 
-SBATCH_TIMEOUT_S = 60
 NO_LIMIT_MIN = 366 * 24 * 60
 
 
@@ -52,7 +51,7 @@ def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = 
     try:
         atomic_write_text(tmp_script, script, mode, durable=False)
         atomic_write(tmp_pickle, call, mode, durable=False)
-        new = commands.sbatch(str(tmp_script), [f"--partition={partition}"] if partition else [], env, SBATCH_TIMEOUT_S)
+        new = commands.sbatch(str(tmp_script), [f"--partition={partition}"] if partition else [], env)
         JobPaths(paths.job_folder, job_id=new).move_temporary_file(tmp_pickle, "submitted_pickle")
     finally:
         tmp_script.unlink(missing_ok=True)
@@ -156,6 +155,8 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
         self.dependency = dependency
         self.given_script = script
         self.last_script: str | None = None
+        self.before_sbatch: Callable[[Path], None] | None = None
+        """Called with the script's path just before sbatch runs (sweeps.arrays records its name)."""
         self._array: ArraySpec | None = None
         r = resolved.resources
         assert r.time is not None
@@ -177,9 +178,12 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
         # submitit runs this itself without a timeout; coreutils timeout bounds a hung slurmctld.
-        argv = [*job_env_unset(dict(os.environ)), "timeout", "--kill-after=5", str(SBATCH_TIMEOUT_S), "sbatch",
+        argv = [*job_env_unset(dict(os.environ)), "timeout",
+                f"--kill-after={commands.SBATCH_KILL_AFTER_S}", str(commands.SBATCH_TIMEOUT_S), "sbatch",
                 str(submission_file_path)]
         commands.CALLS["sbatch"] += 1
+        if self.before_sbatch is not None:
+            self.before_sbatch(submission_file_path)
         return argv
 
     def submit_sweep_array(self, fn: Any, array: ArraySpec) -> str:

@@ -7,6 +7,8 @@ at most max_parallel at a time, so `slurmkit sweep` returns at once as it does o
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
@@ -29,15 +31,43 @@ def start(paths: SweepPaths, indices: list[int]) -> int:
     with ArrayLog(paths).editing() as log:
         number = len(log.arrays)
         log.arrays.append(ArrayEntry(kind="local", indices=indices))
-    out = os.fdopen(trust.open_append(paths.local_runner_log, 0o600), "a")  # handed to the child
-    proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir),
-         "--array", str(number)],
-        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    out.close()
-    with ArrayLog(paths).editing() as log:
-        log.arrays[number].runner_pid, log.arrays[number].runner_start = proc.pid, start_time(proc.pid)
+    return _launch(paths, number)
+
+
+def _launch(paths: SweepPaths, number: int) -> int:
+    """Start array `number`'s runner. It inherits the array's lock, taken here before it starts, so
+    the lock is held while the starter or the runner lives (BlockingIOError: it is held now)."""
+    lock = os.open(paths.runner_lock(number), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        out = os.fdopen(trust.open_append(paths.local_runner_log, 0o600), "a")  # handed to the child
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir),
+             "--array", str(number)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(lock,))
+        out.close()
+    finally:
+        os.close(lock)
+    _record_runner(paths, number, proc.pid)
     return proc.pid
+
+
+def _record_runner(paths: SweepPaths, number: int, pid: int) -> None:
+    with ArrayLog(paths).editing() as log:
+        log.arrays[number].runner_pid, log.arrays[number].runner_start = pid, start_time(pid)
+
+
+def recover(paths: SweepPaths) -> list[int]:
+    """Local arrays whose runner was never started (their starter killed between the entry's write
+    and the runner's start: the array's lock is free and no runner is recorded) get one now; their
+    numbers. A runner that started but was not recorded holds the lock, and records itself."""
+    started = []
+    for number, arr in enumerate(ArrayLog(paths).read().arrays):
+        if arr.kind == "local" and arr.runner_pid is None:
+            with contextlib.suppress(BlockingIOError):
+                _launch(paths, number)
+                started.append(number)
+    return started
 
 
 def run(paths: SweepPaths, number: int) -> None:
@@ -45,6 +75,8 @@ def run(paths: SweepPaths, number: int) -> None:
     from slurmkit.slurm.submitit_executor import local_executor
 
     manifest = Manifest(paths).read()
+    if manifest.arrays[number].runner_pid is None:  # its starter died before it could record this runner
+        _record_runner(paths, number, os.getpid())
     groups, group_of = manifest_tasks(manifest)
     queue = list(manifest.arrays[number].indices)
     limit = manifest.max_parallel or len(queue)

@@ -52,7 +52,7 @@ from slurmkit.runs.polling import DEFAULT_MAX_S, Poller
 from slurmkit.runs.procs import same_process, start_time
 from slurmkit.slurm import commands
 from slurmkit.slurm.commands import TransientSlurmError
-from slurmkit.sweeps import local, study
+from slurmkit.sweeps import arrays, local, study
 from slurmkit.sweeps.arrays import cluster_limits, submit_arrays
 from slurmkit.sweeps.plan import compress
 from slurmkit.sweeps.resolve import SweepTasks
@@ -197,6 +197,15 @@ def submit_tasks(paths: SweepPaths, manifest: SweepManifest, indices: list[int],
     return submit_arrays(paths, groups, planned, "initial", after, None)
 
 
+def _recover(paths: SweepPaths, manifest: SweepManifest) -> None:
+    """A driver before this one killed while it submitted: its array adopted, or submitted again
+    (sweeps.arrays.recover); its local runner started (sweeps.local.recover)."""
+    if manifest.executor == "local":
+        local.recover(paths)
+    else:
+        arrays.recover(paths, lambda indices: submit_tasks(paths, Manifest(paths).read(), indices))
+
+
 def never_submitted(manifest: SweepManifest) -> list[int]:
     """Tasks that no array entry holds: added by a driver that died before it reached sbatch (an
     entry is written before sbatch runs, so these were never queued)."""
@@ -320,6 +329,7 @@ def _loop(paths: SweepPaths, driver: DriverFile, poller: Poller | None) -> None:
     assert search is not None, "not a search sweep"
     opened = study.open_study(paths, search, manifest.prune)
     prunes = manifest.prune is not None and manifest.executor == "slurm"
+    _recover(paths, manifest)
     # While it prunes, the driver reads running trials at least every check_s.
     poller = poller or Poller(first_s=1.0, max_s=manifest.prune.check_s if manifest.prune and prunes
                               else DEFAULT_MAX_S, sleep=_sleep)
