@@ -23,7 +23,7 @@ from tests.conftest import executed_steps
 from tests.test_cluster_faults import STEPS, finish, start, wait_step, wait_until
 
 pytestmark = pytest.mark.cluster
-FREEZE_S = 12
+FREEZE_S = 12  # past a Slurm call's 10 s timeout in a grace, under the dev cluster's MessageTimeout
 
 
 def ctld_pid() -> int:
@@ -76,8 +76,10 @@ def test_a_frozen_controller_delays_a_wait_and_an_in_job_requeue_but_loses_neith
     wait_until(lambda: running(run_root, "waited"), 60, "the waited job to run", 0.5)
     wait_step(paths, 60)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    # Freeze once the ranks have agreed to stop: rank 0's preemption check and requeue meet a
-    # controller that does not answer.
+    # Freeze once the ranks have agreed to stop: the supervisor's preemption check and requeue meet
+    # a controller that does not answer past their 10 s timeout. The ranks' step ends inside the
+    # freeze; its completion message waits the dev cluster's MessageTimeout (20 s), so it is answered
+    # after the thaw rather than sent again a minute later.
     wait_until(lambda: paths.stop_marker.exists(), 60, "the agreed stop")
     pid = ctld_pid()
     os.kill(pid, signal.SIGSTOP)

@@ -149,6 +149,10 @@ MailProg=/bin/true
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=2
 {"SlurmctldParameters=preempt_send_user_signal" if v.preempt_user_signal else "# preemption: SIGTERM, no user signal"}
 KillWait=5
+# A node's message to a controller that is briefly frozen waits this long for the answer before it
+# fails; a failed step-completion message is sent again only a minute later (slurmstepd), holding
+# a requeued job back that long. Slurm's default is 10 s.
+MessageTimeout=20
 # A step whose completion message met a frozen or restarting controller sends it again a minute
 # later; Slurm's default 60 s for a step to end would drain both nodes first ("Kill task failed",
 # seen in CI), failing every cluster test after it.
