@@ -64,10 +64,11 @@ class _Finalized:
 
 
 def exits_like_a_rank(marks: str, how: str) -> str:
-    """For tests/test_rank_exit.py: leaves an atexit handler, a non-daemon thread still at work and
-    an object only the interpreter's finalization would collect, each writing its mark in `marks`;
-    then returns, raises or calls sys.exit(3) as `how` says."""
+    """For tests/test_rank_exit.py: leaves an atexit handler, a non-daemon thread still at work, an
+    idle thread pool, and an object only the interpreter's finalization would collect, each (but
+    the pool) writing its mark in `marks`; then returns, raises or calls sys.exit(3) as `how` says."""
     import atexit
+    import concurrent.futures
     import sys
     import threading
 
@@ -78,6 +79,9 @@ def exits_like_a_rank(marks: str, how: str) -> str:
         open(os.path.join(marks, "thread"), "w").close()
 
     threading.Thread(target=late).start()
+    pool = concurrent.futures.ThreadPoolExecutor(2)  # left idle, never shut down, as inductor's compile pool is
+    pool.submit(lambda: None).result()
+    sys.modules[__name__].__dict__["_pool"] = pool
     sys.modules[__name__].__dict__["_finalized"] = _Finalized(os.path.join(marks, "finalized"))
     if how == "raise":
         raise ValueError("the rank's own error")

@@ -1,5 +1,6 @@
 """The Trainer's fast paths on CPU (worker.fast_paths): compile per block with inductor against eager,
-its cache loaded by a restart, activation checkpointing, FSDP2's mixed precision, the fused
+its cache loaded by a restart (one process; and 2 ranks under FSDP2 through the local requeue),
+activation checkpointing, FSDP2's mixed precision, the fused
 optimizer's and DDP's options reaching the objects they set. GPU figures: benchmarks/gpu_check.sh."""
 
 from __future__ import annotations
@@ -13,20 +14,28 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from torch import nn
+from typer.testing import CliRunner
 
+import slurmkit
+from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import read_records
+from slurmkit.common.record import RunFile
 from slurmkit.config.train import TrainConfig
 from slurmkit.worker import fast_paths, trainer
 from slurmkit.worker.dist import Dist, DistEnv
 from slurmkit.worker.fast_paths import FastPaths
 from slurmkit.worker.tasks import gpt
 from tests.conftest import ROOT
+from tests.test_cluster_faults import wait_until
+from tests.test_local_rehearsal import signal_ranks
 
 GPT = {"model": "gpt", "steps": 8, "batch_size": 4, "n_layer": 2, "d_model": 32, "n_head": 2, "seq_len": 16,
        "vocab_size": 64, "dataset_size": 64, "log_every": 1, "log_min_interval_s": 0, "seed": 1}
 DIGITS = {"model": "digits", "steps": 8, "batch_size": 32, "log_every": 1, "log_min_interval_s": 0, "seed": 1}
+runner = CliRunner()
 LOSS_TOLERANCE = 1e-4  # inductor's fused kernels reorder float sums: the losses agree to about 1e-6 here
 TRAIN = """
 import json, sys
@@ -157,3 +166,33 @@ def test_the_optimizer_and_ddp_options_reach_what_they_set(monkeypatch: pytest.M
     trainer.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), TensorDataset(torch.zeros(8, 2)),
                     lambda m, b: m(b[0]).sum(), two, options)
     assert made == [{"device_ids": None, "bucket_cap_mb": 4, "static_graph": True}]
+
+
+def submitted_gpt(tmp_path: Path, profile: Path, name: str, **config: Any) -> tuple[RunPaths, str]:
+    """The tiny GPT as a local run of 2 ranks under FSDP2."""
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({"name": name, "task": "train", "resources": {"tasks_per_node": 2},
+                                    "config": {**GPT, "steps": 40, "parallel": "fsdp", **config}}))
+    result = runner.invoke(app, ["submit", str(spec), "-p", str(profile), "--json"])
+    assert result.exit_code == 0, result.output
+    sub = json.loads(result.stdout)
+    return RunPaths(Path(sub["run_dir"])), sub["run_id"]
+
+
+def test_compiled_fsdp2_of_two_ranks_follows_eager_through_a_restart_that_compiles_nothing(
+        tmp_path: Path, local_profile: Path) -> None:
+    eager, eager_id = submitted_gpt(tmp_path, local_profile, "eager")
+    assert slurmkit.Job.from_id(eager_id, profile=str(local_profile)).wait(timeout=300) == "COMPLETED"
+    paths, run_id = submitted_gpt(tmp_path, local_profile, "compiled", compile=True)
+    wait_until(lambda: len(read_records(paths.metrics)) >= 10, 300, "step 10", poll_s=0.2)
+    signal_ranks(RunFile(paths).read().job_ids[-1])  # the local requeue: new processes, the same run
+    assert slurmkit.Job.from_id(run_id, profile=str(local_profile)).wait(timeout=300) == "COMPLETED"
+    (restart,) = RunFile(paths).read().restarts
+    assert restart.kind == "requeue" and restart.step is not None and restart.step < 40
+    records = read_records(paths.metrics)
+    assert [r["step"] for r in records] == list(range(1, 41))
+    compiled = [r["loss"] for r in records]
+    reference = [r["loss"] for r in read_records(eager.metrics)]
+    assert max(abs(a - b) for a, b in zip(compiled, reference, strict=True)) <= LOSS_TOLERANCE
+    first, again = [r["compile_cache"] for r in records if "startup" in r]
+    assert first["misses"] > 0 and again["misses"] == 0 and again["hits"] > 0

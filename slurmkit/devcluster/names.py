@@ -119,6 +119,18 @@ def _partition_lines(n: int) -> str:
     ])
 
 
+TIMEOUT_LINES = """KillWait=5
+# A node's message to a controller that is briefly frozen waits this long for the answer before it
+# fails; a failed step-completion message is sent again only a minute later (slurmstepd), holding
+# a requeued job back that long. Slurm's default is 10 s.
+MessageTimeout=20
+# A step whose completion message met a frozen or restarting controller sends it again a minute
+# later; Slurm's default 60 s for a step to end would drain both nodes first ("Kill task failed",
+# seen in CI), failing every cluster test after it.
+UnkillableStepTimeout=180
+"""
+
+
 def slurm_conf(n: int, v: Variant = DEFAULT) -> str:
     accounting_lines = (f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost={CONTROLLER_IP}"
                         if v.accounting else "AccountingStorageType=accounting_storage/none")
@@ -148,16 +160,7 @@ MailProg=/bin/true
 # A requeued job becomes eligible with no event to wake the scheduler: a 2 s cycle picks it up sooner.
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=2
 {"SlurmctldParameters=preempt_send_user_signal" if v.preempt_user_signal else "# preemption: SIGTERM, no user signal"}
-KillWait=5
-# A node's message to a controller that is briefly frozen waits this long for the answer before it
-# fails; a failed step-completion message is sent again only a minute later (slurmstepd), holding
-# a requeued job back that long. Slurm's default is 10 s.
-MessageTimeout=20
-# A step whose completion message met a frozen or restarting controller sends it again a minute
-# later; Slurm's default 60 s for a step to end would drain both nodes first ("Kill task failed",
-# seen in CI), failing every cluster test after it.
-UnkillableStepTimeout=180
-MinJobAge={v.min_job_age_s}
+{TIMEOUT_LINES}MinJobAge={v.min_job_age_s}
 MaxArraySize={v.max_array_size}
 MaxJobCount={v.max_job_count}
 InactiveLimit=0

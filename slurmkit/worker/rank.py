@@ -109,9 +109,10 @@ def _own_pickle(filename: str | Path) -> Any:
 def finish(status: int) -> NoReturn:
     """A normal exit's work (other threads, atexit), then os._exit(status)."""
     faulthandler.cancel_dump_traceback_later()  # watch_the_way_out's: it got here
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # The interpreter's own first exit step: threading's exit hooks, which stop the idle workers of
+    # every ThreadPoolExecutor (inductor's compile pool among them: joined without it, they wait
+    # for work forever), then every non-daemon thread joined.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -65,4 +65,12 @@ def first_step_hook(trainer: Any, record: dict[str, Any]) -> None:
     record["startup"] = {"process_start": round(_START, 3), **marks(), "first_step": first}
     if spent := compile_seconds():
         record["startup"]["compile"] = round(first + spent, 3)
+        record["compile_cache"] = compile_cache_counts()
     trainer.hooks.remove(first_step_hook)
+
+
+def compile_cache_counts() -> dict[str, int]:
+    """Compiled graphs this process loaded from the run's compile cache (hits) and compiled anew
+    (misses): a restart whose misses are 0 paid no code generation."""
+    counters = sys.modules["torch._dynamo.utils"].counters["inductor"]
+    return {"hits": int(counters["fxgraph_cache_hit"]), "misses": int(counters["fxgraph_cache_miss"])}
