@@ -183,7 +183,9 @@ def standby_command(inp: RenderInput, container: dict[str, Any]) -> list[str] | 
     if not (policy.standby and policy.in_job > 0 and inp.job_folder) or resolved.spec.ray \
             or resolved.spec.launcher == "torchrun" or resolved.shrinks or container["srun"] or container["prefix"]:
         return None
-    return [*shlex.split(inp.rank_python or inp.python), "-u", "-m", "slurmkit.worker.ft.standby", inp.job_folder]
+    compiled = ["--compile"] if resolved.spec.task == "train" and resolved.spec.config.get("compile") else []
+    return [*shlex.split(inp.rank_python or inp.python), "-u", "-m", "slurmkit.worker.ft.standby", *compiled,
+            inp.job_folder]
 
 
 def supervisor_plan(inp: RenderInput, container: dict[str, Any]) -> Plan:

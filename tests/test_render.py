@@ -125,6 +125,10 @@ def test_standby_ranks_stand_by_only_where_the_next_step_is_the_same_srun(
             str(FOLDER), "--run-dir", "/run", "--attempt", "1"]
     for container in ("gpu-pyxis", "hpc-apptainer"):
         assert supervisor_call(render_profile(GOLDEN / "spec.yaml", container))[0].standby is None
+    # A compiled training run's standby imports inductor too, before it is needed.
+    trained = {"task": "train", "config": {"model": "digits", "compile": True}}
+    compiled, _ = supervisor_call(render_profile(write_spec(tmp_path, name="c", **spec, **trained), "devcluster", sets))
+    assert (compiled.standby is not None and "--compile" in compiled.standby) == standby
     from tests.test_ray_spec import write_ray_spec
 
     ray = render_profile(write_ray_spec(tmp_path), "devcluster")  # Ray's own driver: no supervisor loop, no standby

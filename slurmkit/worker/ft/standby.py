@@ -38,7 +38,7 @@ POLL_S = 0.01
 NICE = 10
 
 
-def _prepare() -> float:
+def _prepare(compiled: bool) -> float:
     """The imports a rank pays before its first step; seconds they took."""
     t0 = time.time()
     import submitit  # noqa: F401
@@ -46,6 +46,8 @@ def _prepare() -> float:
 
     import slurmkit.worker.tasks.train_task  # noqa: F401
 
+    if compiled:  # what config.compile's first call imports (inductor): ~0.8 s more
+        import torch._inductor.compile_fx  # noqa: F401
     return time.time() - t0
 
 
@@ -66,13 +68,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.ft.standby")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--attempt", type=int, required=True, help="the in-job attempt these ranks take over")
+    parser.add_argument("--compile", action="store_true", help="the run compiles (config.compile): import inductor")
     parser.add_argument("folder", help="submitit's job folder")
     args = parser.parse_args(argv)
     stop_signal = requeue_signal()
     signal.signal(stop_signal, signal.SIG_IGN)
     priority = os.getpriority(os.PRIO_PROCESS, 0)
     _renice(priority + NICE)
-    paid = _prepare()
+    paid = _prepare(args.compile)
     paths, go = RunPaths(Path(args.run_dir)), StandbyGo(slurm_job_id(), outcomes.restart_count(), args.attempt)
     print(f"slurmkit: {ready_line(args.attempt)} ({paid:.1f} s of imports)",
           file=sys.stderr, flush=True)
