@@ -129,8 +129,12 @@ def jobs_by_script(names: list[str], since: str) -> dict[str, str]:
     script's file name is one of `names`: squeue's command for jobs slurmctld still holds, sacct's
     submit line for the rest. How a job is found whose submitter died before it wrote sbatch's answer."""
     queued = run(["squeue", "--me", "--noheader", "--states=all", "--format=%F|%o"], query=True)
-    ended = run(["sacct", "--noheader", "--parsable2", "--allocations", f"--user={getpass.getuser()}",
-                 f"--starttime={since}", "--format=JobID,SubmitLine"], query=True)
+    try:
+        ended = run(["sacct", "--noheader", "--parsable2", "--allocations", f"--user={getpass.getuser()}",
+                     f"--starttime={since}", "--format=JobID,SubmitLine"], query=True)
+    except SlurmError as exc:  # no accounting: squeue still holds a job for MinJobAge after it ends
+        warn(f"sacct failed, only the jobs slurmctld still holds are looked at: {exc.what}")
+        ended = ""
     found: dict[str, str] = {}
     for line in [*queued.splitlines(), *ended.splitlines()]:
         job, _, command = line.partition("|")

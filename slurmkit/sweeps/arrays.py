@@ -86,9 +86,10 @@ def recover(paths: SweepPaths, submit_again: Callable[[list[int]], object] | Non
     sbatch's answer) get the job id Slurm gave them, found by their script's name; one that Slurm
     never queued (not found once its sbatch can no longer answer) has its tasks given to
     `submit_again` first, then is marked NEVER_QUEUED. So no task of it is lost or run twice. The
-    caller is the array log's only writer meanwhile (a search's driver; a resubmit). Returns the
-    numbers of the arrays adopted."""
+    caller is the array log's only writer meanwhile (a search's driver, under its lock). Returns the
+    numbers of the arrays adopted. While an sbatch may still answer, Slurm is asked again, backing off."""
     adopted: list[int] = []
+    delay = 1.0
     while lost := _lost(paths):
         names = [a.submission for a in lost.values() if a.submission]
         since = min(a.created or "now-7days" for a in lost.values())
@@ -105,7 +106,8 @@ def recover(paths: SweepPaths, submit_again: Callable[[list[int]], object] | Non
             _settle(paths, n, job_id)
             adopted += [n] if job_id else []
         if waiting:
-            sleep(min(waiting, 5.0))
+            sleep(min(waiting, delay))
+            delay = min(2 * delay, 10.0)
     return adopted
 
 
