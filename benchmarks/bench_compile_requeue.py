@@ -10,7 +10,7 @@ compile. Two figures per run, from its first step's metrics record (the one with
 - requeue: the signal to the end of that step (what a user waits; Slurm's requeue delay is in it).
 The ratio compiled / eager of each is the figure (goal: process <= 1.5x, issue 53).
 
-Usage: slurmkit devcluster up --nodes 2 && python -P benchmarks/bench_compile_requeue.py [--pairs 2]
+Usage: slurmkit devcluster up --nodes 2 && python benchmarks/bench_compile_requeue.py [--pairs 2]
 """
 
 from __future__ import annotations
