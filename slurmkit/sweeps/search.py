@@ -53,7 +53,6 @@ from slurmkit.runs.procs import same_process, start_time
 from slurmkit.slurm import commands
 from slurmkit.slurm.commands import TransientSlurmError
 from slurmkit.sweeps import arrays, local, study
-from slurmkit.sweeps.arrays import cluster_limits, submit_arrays
 from slurmkit.sweeps.plan import compress
 from slurmkit.sweeps.resolve import SweepTasks
 from slurmkit.sweeps.results import TaskState, final_metrics, task_states
@@ -140,7 +139,7 @@ def begin(paths: SweepPaths, search: SearchSection, after: str | None) -> list[s
     """The first batch asked and submitted here (sbatch's refusal is the submit's own error), then
     the driver started for the rest; the first array's ids."""
     manifest = Manifest(paths).read()
-    if manifest.executor == "slurm" and search.batch > (limit := cluster_limits()[0]):
+    if manifest.executor == "slurm" and search.batch > (limit := arrays.cluster_limits()[0]):
         raise PreflightError(f"a batch of {search.batch} trials is over the cluster's MaxArraySize={limit}",
                              where=f"{manifest.source}:sweep.search.batch", valid=f"valid: at most {limit}")
     opened = study.open_study(paths, search, manifest.prune)
@@ -194,7 +193,7 @@ def submit_tasks(paths: SweepPaths, manifest: SweepManifest, indices: list[int],
     groups, _ = manifest_tasks(manifest)
     spec = compress([i - indices[0] for i in indices]) + (f"%{manifest.max_parallel}" if manifest.max_parallel else "")
     planned = [{"indices": indices, "base": indices[0], "array": spec, "job_id": None, "group": 0}]
-    return submit_arrays(paths, groups, planned, "initial", after, None)
+    return arrays.submit_arrays(paths, groups, planned, "initial", after, None)
 
 
 def _recover(paths: SweepPaths, manifest: SweepManifest) -> None:
