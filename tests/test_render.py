@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -126,7 +127,7 @@ def test_standby_ranks_stand_by_only_where_the_next_step_is_the_same_srun(
     for container in ("gpu-pyxis", "hpc-apptainer"):
         assert supervisor_call(render_profile(GOLDEN / "spec.yaml", container))[0].standby is None
     # A compiled training run's standby imports inductor too, before it is needed.
-    trained = {"task": "train", "config": {"model": "digits", "compile": True}}
+    trained: dict[str, Any] = {"task": "train", "config": {"model": "digits", "compile": True}}
     compiled, _ = supervisor_call(render_profile(write_spec(tmp_path, name="c", **spec, **trained), "devcluster", sets))
     assert (compiled.standby is not None and "--compile" in compiled.standby) == standby
     from tests.test_ray_spec import write_ray_spec
