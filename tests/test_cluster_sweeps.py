@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -254,3 +256,38 @@ def test_every_task_of_a_pending_stepped_array_is_pending(cluster: None, tmp_pat
         assert {states[i] for i in range(0, 40, 2)} == {"NOT_SUBMITTED"}
     finally:
         commands.scancel([held])
+
+
+# `slurmkit sweep` killed once sbatch has queued its array, before it wrote the job id.
+SUBMIT_KILLED_AFTER_SBATCH = """
+import os, runpy, signal, sys
+from slurmkit.slurm.submitit_executor import RenderedSlurmExecutor
+
+def killed(answer):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+RenderedSlurmExecutor._get_job_id_from_submission_command = staticmethod(killed)
+sys.argv = ["slurmkit", *sys.argv[1:]]
+runpy.run_module("slurmkit", run_name="__main__")
+"""
+
+
+def test_a_sweep_killed_inside_sbatch_has_its_array_adopted_by_resubmit_not_run_twice(
+        cluster: None, tmp_path: Path, dev_profile: Path, run_root: Path) -> None:
+    path = write_sweep(tmp_path, {"grid": {"env.MODE": ["a", "b"]}}, "sleep 1")
+    child = subprocess.run([sys.executable, "-P", "-c", SUBMIT_KILLED_AFTER_SBATCH, "sweep", str(path), "-p",
+                            str(dev_profile)], check=False, capture_output=True, text=True)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    (sweep_dir,) = [p.parent for p in run_root.glob("*/sweep.json")]
+    paths = sweep_layout.SweepPaths(sweep_dir)
+    (lost,) = sweep_layout.ArrayLog(paths).read().arrays
+    assert lost.job_id is None and lost.submission
+    assert [s.state for s in results.task_states(paths)] == ["NOT_SUBMITTED"] * 2  # what it looks like
+
+    again = invoke("sweep", "resubmit", paths.sweep_id, "--failed", "-p", str(dev_profile))
+    assert again["resubmitted"] == []  # Slurm had queued them: adopted, not sent again
+    (adopted,) = sweep_layout.ArrayLog(paths).read().arrays
+    assert adopted.job_id and adopted.error is None
+    states = wait_sweep(paths)
+    assert [s.state for s in states] == ["COMPLETED"] * 2
+    assert [s.job_id for s in states] == [f"{adopted.job_id}_0", f"{adopted.job_id}_1"]

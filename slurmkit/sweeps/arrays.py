@@ -86,8 +86,9 @@ def recover(paths: SweepPaths, submit_again: Callable[[list[int]], object] | Non
     sbatch's answer) get the job id Slurm gave them, found by their script's name; one that Slurm
     never queued (not found once its sbatch can no longer answer) has its tasks given to
     `submit_again` first, then is marked NEVER_QUEUED. So no task of it is lost or run twice. The
-    caller is the array log's only writer meanwhile (a search's driver, under its lock). Returns the
-    numbers of the arrays adopted. While an sbatch may still answer, Slurm is asked again, backing off."""
+    caller is the array log's only writer meanwhile (a search's driver, under its lock; `sweep
+    resubmit`). Returns the numbers of the arrays adopted. While an sbatch may still answer, Slurm
+    is asked again, backing off."""
     adopted: list[int] = []
     delay = 1.0
     while lost := _lost(paths):

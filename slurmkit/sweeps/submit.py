@@ -33,7 +33,7 @@ from slurmkit.runs.jobs import take_snapshot
 from slurmkit.runs.procs import signal_process
 from slurmkit.slurm import commands, preflight
 from slurmkit.sweeps import local
-from slurmkit.sweeps.arrays import cluster_limits, submit_arrays
+from slurmkit.sweeps.arrays import cluster_limits, recover, submit_arrays
 from slurmkit.sweeps.plan import plan_arrays
 from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
 from slurmkit.sweeps.search import begin, search_base
@@ -165,7 +165,11 @@ def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | N
     manifest = Manifest(paths).read()
     if manifest.search is not None:
         return retry_failed(paths)
-    indices = sorted(i for i, st in states.items() if st in RETRY_STATES)
+    # An array whose submitter was killed inside sbatch: adopted if Slurm queued it (its tasks are
+    # not NOT_SUBMITTED after all), else marked never queued (they are, and go again below).
+    adopted = recover(paths) if manifest.executor == "slurm" else []
+    queued = {i for n in adopted for i in ArrayLog(paths).read().arrays[n].indices}
+    indices = sorted(i for i, st in states.items() if st in RETRY_STATES and i not in queued)
     if not indices:
         return []
     if manifest.executor == "local":
