@@ -25,6 +25,7 @@ from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, DriverFile, Manifest, SweepManifest, SweepPaths
 from slurmkit.sweeps import arrays, results, search, search_view, study
 from tests.test_cluster_faults import wait_until
+from tests.test_cluster_sweeps import KILLED_AFTER_SBATCH
 
 pytestmark = pytest.mark.cluster
 runner = CliRunner()
@@ -133,17 +134,10 @@ def test_the_pruner_stops_a_clearly_worse_trial_at_a_step_boundary_for_good(
 
 
 # The submitter of one array, killed once sbatch has answered, before the job id is written.
-KILLED_AFTER_SBATCH = """
-import os, signal, sys
+SUBMIT_TASKS_KILLED_AFTER_SBATCH = KILLED_AFTER_SBATCH + """
 from pathlib import Path
 from slurmkit.common.sweep_layout import Manifest, SweepPaths
-from slurmkit.slurm.submitit_executor import RenderedSlurmExecutor
 from slurmkit.sweeps import search
-
-def killed(answer):
-    os.kill(os.getpid(), signal.SIGKILL)
-
-RenderedSlurmExecutor._get_job_id_from_submission_command = staticmethod(killed)
 paths = SweepPaths(Path(sys.argv[1]))
 search.submit_tasks(paths, Manifest(paths).read(), [int(sys.argv[2])])
 """
@@ -185,7 +179,8 @@ def test_arrays_of_a_driver_killed_inside_sbatch_are_adopted_or_submitted_again(
     # Trial 3: its submitter killed after sbatch queued it, before the job id was written.
     opened.ask(study.distributions(manifest.search))
     search.adopt_asked(paths, Manifest(paths).read(), opened)
-    child = subprocess.run([sys.executable, "-P", "-c", KILLED_AFTER_SBATCH, str(paths.sweep_dir), "3"], check=False)
+    child = subprocess.run([sys.executable, "-P", "-c", SUBMIT_TASKS_KILLED_AFTER_SBATCH, str(paths.sweep_dir),
+                            "3"], check=False)
     assert child.returncode == -signal.SIGKILL
     lost = ArrayLog(paths).read().arrays[-1]
     assert lost.indices == [3] and lost.job_id is None and lost.submission

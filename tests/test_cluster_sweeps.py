@@ -258,15 +258,19 @@ def test_every_task_of_a_pending_stepped_array_is_pending(cluster: None, tmp_pat
         commands.scancel([held])
 
 
-# `slurmkit sweep` killed once sbatch has queued its array, before it wrote the job id.
-SUBMIT_KILLED_AFTER_SBATCH = """
-import os, runpy, signal, sys
+# A child's code runs after this: the child SIGKILLs itself once sbatch has queued an array, before
+# the job id is written (submitit parses sbatch's answer there).
+KILLED_AFTER_SBATCH = """
+import os, signal, sys
 from slurmkit.slurm.submitit_executor import RenderedSlurmExecutor
 
 def killed(answer):
     os.kill(os.getpid(), signal.SIGKILL)
 
 RenderedSlurmExecutor._get_job_id_from_submission_command = staticmethod(killed)
+"""
+SUBMIT_KILLED_AFTER_SBATCH = KILLED_AFTER_SBATCH + """
+import runpy
 sys.argv = ["slurmkit", *sys.argv[1:]]
 runpy.run_module("slurmkit", run_name="__main__")
 """

@@ -5,7 +5,6 @@ tests/test_cluster_search.py."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -21,6 +20,7 @@ from typer.testing import CliRunner
 
 from slurmkit.api.handles import SearchHandle
 from slurmkit.cli.app import app
+from slurmkit.common.locked import try_lock
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, DriverFile, Manifest, SweepPaths
 from slurmkit.errors import ConfigError, SlurmkitError
@@ -184,9 +184,8 @@ def test_a_killed_driver_resumes_with_no_trial_lost_or_run_twice(local_profile: 
 
 @contextlib.contextmanager
 def _held(lock: Path) -> Iterator[None]:
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = try_lock(lock)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)

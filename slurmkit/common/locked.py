@@ -47,6 +47,20 @@ def assign(record: Record, changes: dict[str, Any]) -> None:
         setattr(record, field, value)
 
 
+def try_lock(path: Path) -> int:
+    """A descriptor holding `path`'s exclusive lock, taken without waiting (BlockingIOError: another
+    holds it). The kernel drops the lock once every descriptor sharing it is closed: with its
+    holders, however they die (a child given it with pass_fds holds it too)."""
+    # O_NOFOLLOW: a lock file planted as a symlink must not create or open a file elsewhere.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class CorruptRecordError(SlurmkitError):
     """A run.json, sweep.json or arrays.json that is not a record of its kind."""
 

@@ -101,6 +101,11 @@ class SweepPaths:
         """A search driver's output."""
         return self.sweep_dir / "driver.log"
 
+    @property
+    def driver_lock(self) -> Path:
+        """Held by a search's driver for its life (one driver at a time)."""
+        return self.sweep_dir / ".driver.lock"
+
     def runner_lock(self, array_number: int) -> Path:
         """Held by local array `array_number`'s starter, then its runner, while either lives."""
         return self.sweep_dir / f".runner-{array_number}.lock"

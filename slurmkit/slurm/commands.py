@@ -133,7 +133,7 @@ def jobs_by_script(names: list[str], since: str) -> dict[str, str]:
         ended = run(["sacct", "--noheader", "--parsable2", "--allocations", f"--user={getpass.getuser()}",
                      f"--starttime={since}", "--format=JobID,SubmitLine"], query=True)
     except SlurmError as exc:  # no accounting: squeue still holds a job for MinJobAge after it ends
-        warn(f"sacct failed, only the jobs slurmctld still holds are looked at: {exc.what}")
+        _sacct_failed(exc, "only the jobs slurmctld still holds are looked at")
         ended = ""
     found: dict[str, str] = {}
     for line in [*queued.splitlines(), *ended.splitlines()]:
@@ -160,10 +160,15 @@ def sacct_or_warn(job_ids: list[str]) -> dict[str, JobInfo]:
     try:
         return sacct(job_ids)
     except SlurmError as exc:
-        if exc.what not in _SACCT_WARNED:  # once per process: a --wait polls it again and again
-            _SACCT_WARNED.add(exc.what)
-            warn(f"sacct failed, finished jobs are judged by their run folders: {exc.what}")
+        _sacct_failed(exc, "finished jobs are judged by their run folders")
         return {}
+
+
+def _sacct_failed(exc: SlurmError, meaning: str) -> None:
+    """One warning per failure per process: a --wait or a recovery asks again and again."""
+    if exc.what not in _SACCT_WARNED:
+        _SACCT_WARNED.add(exc.what)
+        warn(f"sacct failed, {meaning}: {exc.what}")
 
 
 _SACCT_WARNED: set[str] = set()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 from slurmkit.calls import SweepTask
 from slurmkit.common import trust
+from slurmkit.common.locked import try_lock
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, Manifest, SweepPaths, materialize_task
 from slurmkit.runs.procs import start_time
@@ -37,15 +37,14 @@ def start(paths: SweepPaths, indices: list[int]) -> int:
 def _launch(paths: SweepPaths, number: int) -> int:
     """Start array `number`'s runner. It inherits the array's lock, taken here before it starts, so
     the lock is held while the starter or the runner lives (BlockingIOError: it is held now)."""
-    lock = os.open(paths.runner_lock(number), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    lock = try_lock(paths.runner_lock(number))
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        out = os.fdopen(trust.open_append(paths.local_runner_log, 0o600), "a")  # handed to the child
-        proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir),
-             "--array", str(number)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(lock,))
-        out.close()
+        with os.fdopen(trust.open_append(paths.local_runner_log, 0o600), "a") as out:  # handed to the child
+            proc = subprocess.Popen(
+                [sys.executable, "-P", "-m", "slurmkit.sweeps.local", "--sweep-dir", str(paths.sweep_dir),
+                 "--array", str(number)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                pass_fds=(lock,))
     finally:
         os.close(lock)
     _record_runner(paths, number, proc.pid)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import fcntl
 import math
 import os
 import signal
@@ -37,6 +36,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from slurmkit.common import trust
+from slurmkit.common.locked import try_lock
 from slurmkit.common.markers import PruneRequest
 from slurmkit.common.metrics import is_number, iter_records
 from slurmkit.common.sweep_layout import DriverFile, DriverRecord, Manifest, ManifestTask, SweepManifest, SweepPaths
@@ -68,13 +68,12 @@ class DriverBusy(SlurmkitError):
 def driver_lock(paths: SweepPaths) -> Iterator[None]:
     """The sweep's one driver: an exclusive lock held for the driver's life (the kernel drops it
     when the process dies, however it dies)."""
-    fd = os.open(paths.sweep_dir / ".driver.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DriverBusy("a driver already runs this search", where=paths.sweep_id,
-                             valid="valid: `slurmkit sweep status SWEEP` to follow it") from None
+        fd = try_lock(paths.driver_lock)
+    except BlockingIOError:
+        raise DriverBusy("a driver already runs this search", where=paths.sweep_id,
+                         valid="valid: `slurmkit sweep status SWEEP` to follow it") from None
+    try:
         yield
     finally:
         os.close(fd)
