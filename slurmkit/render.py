@@ -7,6 +7,7 @@ it `| raw`; that inversion makes forgetting to quote impossible, rather than a r
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +15,12 @@ from typing import Any
 
 import jinja2
 
-from slurmkit.common import ports
+from slurmkit.common import ports, trust
 from slurmkit.common.layout import expand_root
 from slurmkit.common.supervisor_plan import Health, Plan, Shrink
 from slurmkit.config.fields import has_control, sbatch_safe
 from slurmkit.config.loader import Resolved
+from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.slurm_args import sbatch_lines
 from slurmkit.errors import RenderError, clip
 from slurmkit.resources import shipped_dir
@@ -72,13 +74,48 @@ def _finalize(value: Any) -> Any:
     return shell_quote(value)
 
 
-def make_environment(template_dir: str | None = None) -> jinja2.Environment:
-    """User templates first, then the shipped ones; `slurmkit/NAME` always reaches the shipped NAME."""
-    folder = None
+class OwnTemplates(jinja2.BaseLoader):
+    """A profile's template_dir: each template is read from a file opened once and checked open
+    (trust.open_config): the caller's or root's, writable by no one else, no symlink at its name. A
+    template planted by another user renders nothing: it is one line naming it and its owner."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Any]:
+        path = os.path.join(self.folder, *jinja2.loaders.split_template_path(template))
+        try:
+            fd = trust.open_config(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise jinja2.TemplateNotFound(template) from None
+        with os.fdopen(fd, "rb") as f:
+            mtime = os.fstat(fd).st_mtime_ns
+            source = f.read().decode("utf-8")
+
+        def uptodate() -> bool:
+            try:
+                return os.stat(path).st_mtime_ns == mtime
+            except OSError:
+                return False
+
+        return source, path, uptodate
+
+
+def make_environment(profile: ClusterProfile) -> jinja2.Environment:
+    """User templates first, then the shipped ones; `slurmkit/NAME` always reaches the shipped NAME.
+    The user's folder must be theirs (or root's) and writable by no one else, as each file in it, and
+    so must the setup.venv activate script the batch shell sources (where it is on this host)."""
+    if profile.setup.venv:
+        activate = Path(profile.setup.venv).expanduser() / "bin" / "activate"
+        if activate.exists():
+            os.close(trust.open_config(os.path.realpath(activate)))
+    folder, template_dir = None, profile.template_dir
     if template_dir:
+        where = f"profile:template_dir={template_dir}"
         folder = Path(template_dir).expanduser()
         if not folder.is_dir():
-            raise RenderError("template folder not found", where=f"profile:template_dir={template_dir}")
+            raise RenderError("template folder not found", where=where)
+        trust.check(trust.reason(folder, follow=True), where, trust.CONFIG_VALID)
     return _environment(str(folder) if folder else None)
 
 
@@ -88,7 +125,7 @@ def _environment(folder: str | None) -> jinja2.Environment:
     100,000-task sweep renders ten arrays; compiling its eight templates is 0.1 s a render).
     Jinja still reloads a template whose file changed."""
     shipped = jinja2.FileSystemLoader(str(shipped_dir("templates")))
-    loaders: list[jinja2.BaseLoader] = [jinja2.FileSystemLoader(folder)] if folder else []
+    loaders: list[jinja2.BaseLoader] = [OwnTemplates(folder)] if folder else []
     loaders += [jinja2.PrefixLoader({"slurmkit": shipped}), shipped]
     env = jinja2.Environment(
         loader=jinja2.ChoiceLoader(loaders),
@@ -209,7 +246,7 @@ def supervisor_plan(inp: RenderInput, container: dict[str, Any]) -> Plan:
 
 def render(inp: RenderInput) -> str:
     resolved = inp.resolved
-    env = make_environment(resolved.profile.template_dir)
+    env = make_environment(resolved.profile)
     container = container_context(resolved, inp.run_dir)
     plan = None if resolved.spec.ray else supervisor_plan(inp, container)
     context = {
@@ -253,7 +290,7 @@ def render_interactive(resolved: Resolved, run_dir: str) -> str:
     """`slurmkit shell`/`attach`'s launcher into the profile's container (profile.container set):
     `bash FILE SRUN_OPTION... -- COMMAND...`. The container is the ranks' own: image, mounts (the run
     folder and run_root among them), variables, GPU flags; docker's gets a terminal (-it)."""
-    env = make_environment(resolved.profile.template_dir)
+    env = make_environment(resolved.profile)
     context = {"profile": resolved.profile, "container": {**container_context(resolved, run_dir), "interactive": True}}
     try:
         return env.get_template(INTERACTIVE_TEMPLATE).render(context)
@@ -263,7 +300,7 @@ def render_interactive(resolved: Resolved, run_dir: str) -> str:
 
 def render_shell_rc(resolved: Resolved) -> str:
     """`slurmkit shell`'s rc file: the profile's setup (modules, venv, variables, commands)."""
-    env = make_environment(resolved.profile.template_dir)
+    env = make_environment(resolved.profile)
     try:
         return env.get_template(SHELL_RC_TEMPLATE).render({"profile": resolved.profile, "env": resolved.spec.env})
     except jinja2.TemplateError as exc:

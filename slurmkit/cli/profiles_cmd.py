@@ -16,10 +16,9 @@ app = typer.Typer(no_args_is_help=True, help="Cluster profiles: list, show, vali
 @user_errors
 def list_(as_json: JsonOpt = False) -> None:
     """List the profiles on the search path ($SLURMKIT_PROFILE_PATH, then the shipped ones)."""
-    from slurmkit.config.loader import available_profiles, read_yaml
+    from slurmkit.config.loader import available_profiles, describe
 
-    rows = [{"name": n, "path": str(p), "description": read_yaml(p).get("description", "")}
-            for n, p in sorted(available_profiles().items())]
+    rows = [{"name": n, "path": str(p), "description": describe(p)} for n, p in sorted(available_profiles().items())]
     if as_json:
         print_json(rows)
         return

@@ -127,6 +127,9 @@ class ManifestTask(Record):
     """Index into the manifest's `groups`."""
     spec: dict[str, Any] | None = None
     """The task's whole spec, where the base spec and overrides cannot rebuild it."""
+    invalid: str | None = None
+    """A search's trial whose params the spec refused when it was asked: why. It is never submitted,
+    its state is FAILED, and the study is told so; the search goes on."""
 
 
 class ResourceGroup(Record):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import pwd
 import re
 import secrets
 import stat
@@ -60,10 +61,18 @@ def stat_reason(st: os.stat_result, path: Path | str) -> str | None:
     if stat.S_ISLNK(st.st_mode):
         return f"{path} is a symlink: it could point anywhere"
     if st.st_uid not in _me():
-        return f"{path} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+        return f"{path} is owned by {owner(st.st_uid)}, not by you (uid {os.getuid()})"
     if st.st_mode & WRITABLE_BY_OTHERS:
         return f"{path} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'}"
     return None
+
+
+def owner(uid: int) -> str:
+    """`uid 1234 (alice)`: who owns a file, by number and, where the system knows it, by name."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def own_entry(folder: os.stat_result, record: os.stat_result) -> bool:
@@ -140,6 +149,21 @@ def open_append(path: Path | str, mode: int = 0o666) -> int:
 def touch(path: Path | str) -> None:
     """A marker file of a run folder, made (or left) in place, never through a symlink."""
     os.close(open_append(path, 0o600))
+
+
+CONFIG_VALID = ("valid: a file you (or root) own that no one else can write "
+                "(`chmod go-w FILE`; a colleague's file: copy it into a folder of your own)")
+
+
+def open_config(path: Path | str, flags: int = os.O_RDONLY) -> int:
+    """open_own for a file read as code or configuration (a profile and each file it extends, a run
+    or sweep spec, a template, a venv's activate script): another user's file, a file others can
+    write, or a symlink at its name is refused in one line naming the file and its owner."""
+    try:
+        return open_own(path, flags)
+    except NotOwnError as exc:
+        raise NotOwnError(f"refusing {exc.what}: slurmkit reads it as code or configuration", where=str(path),
+                          valid=CONFIG_VALID) from None
 
 
 def read_own(path: Path | str, limit: int) -> bytes:

@@ -20,7 +20,7 @@ from slurmkit.config.runspec import RunSpec
 from slurmkit.config.tracking import Tracking
 from slurmkit.config.train import TrainConfig
 from slurmkit.config.yamlio import read_yaml
-from slurmkit.errors import ConfigError, clip, cut, did_you_mean, warn
+from slurmkit.errors import ConfigError, SlurmkitError, clip, cut, did_you_mean, warn
 from slurmkit.resources import shipped_dir
 
 DEFAULT_PROFILE = "local"
@@ -107,6 +107,15 @@ def available_profiles() -> dict[str, Path]:
             for f in sorted(folder.glob("*.yaml")):
                 found.setdefault(f.stem, f)
     return found
+
+
+def describe(path: Path) -> str:
+    """A profile's description for a listing; one that cannot be used (another user's, not YAML)
+    says why instead, so a listing of a shared folder never stops at one bad file."""
+    try:
+        return str(read_yaml(path).get("description", ""))
+    except SlurmkitError as exc:
+        return f"unusable: {exc.what}"
 
 
 def find_profile(name_or_path: str) -> Path:

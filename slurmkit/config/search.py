@@ -36,8 +36,31 @@ PRUNERS = ("median", "percentile", "hyperband", "successive_halving", "threshold
 SEARCH_SECTIONS = ("config", "env", "kwargs")
 
 
+MAX_TRIALS = 100_000
+"""The most trials one search runs: its manifest and journal stay a few MB, its driver's asks minutes."""
+MAX_BATCH = 10_000
+"""The most trials asked together (and a Slurm profile's live MaxArraySize, checked at submit)."""
+MAX_SEED = 2**32 - 1
+"""Optuna's samplers seed numpy's generator, which takes 0 .. 2**32 - 1."""
+
+
+def _number(value: Any, integer: bool) -> bool:
+    """A finite int (for an int range) or a finite int or float, never a bool."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) if integer else math.isfinite(value)
+
+
+def _choice_value(value: Any) -> bool:
+    """What Optuna's categorical distribution stores and gives back unchanged: None, a bool, a string,
+    an int or a finite float."""
+    return value is None or isinstance(value, bool | str | int) or (isinstance(value, float) and math.isfinite(value))
+
+
 def check_distributions(params: dict[str, dict[str, Any]]) -> None:
-    """Each param is one of DISTRIBUTIONS with its arguments; a ValueError names the first that is not."""
+    """Each param is one of DISTRIBUTIONS with its arguments of the right type; a ValueError names
+    the first that is not. Every value a trial could be given is checked: each choice (no NaN, no
+    repeat), both ends of a range (finite numbers, ints for an int range)."""
     for key, dist in params.items():
         if not isinstance(dist, dict) or len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
             got = sorted(dist) if isinstance(dist, dict) else dist
@@ -45,10 +68,26 @@ def check_distributions(params: dict[str, dict[str, Any]]) -> None:
         kind, args = next(iter(dist.items()))
         if not isinstance(args, list) or not args:
             raise ValueError(f"{key}: {kind} takes a non-empty list")
-        if kind != "choice" and (len(args) != 2 or args[0] > args[1]):
+        if kind == "choice":
+            if bad := [v for v in args if not _choice_value(v)]:
+                raise ValueError(f"{key}: choice {bad[0]!r} is not a string, number, bool or null; "
+                                 "valid: finite numbers, strings, true/false, null")
+            if len({(type(v), v) for v in args}) != len(args):
+                raise ValueError(f"{key}: choice lists a value twice; valid: each value once")
+            continue
+        what = "integers" if kind == "int" else "finite numbers"
+        if len(args) != 2 or not all(_number(v, kind == "int") for v in args):
+            raise ValueError(f"{key}: {kind} takes [low, high] of two {what}, got {args}")
+        if args[0] > args[1]:
             raise ValueError(f"{key}: {kind} takes [low, high] with low <= high")
         if kind == "log_uniform" and args[0] <= 0:
             raise ValueError(f"{key}: log_uniform needs low > 0")
+
+
+def candidates(dist: dict[str, Any]) -> list[Any]:
+    """The values of a distribution a submit checks against the spec: each choice, both ends of a range."""
+    kind, args = next(iter(dist.items()))
+    return list(args) if kind == "choice" else list(dict.fromkeys(args))
 
 
 def _combinations(params: dict[str, dict[str, Any]]) -> int:
@@ -64,17 +103,18 @@ class SearchSection(Strict):
     sampler: Literal["tpe", "random", "cmaes", "grid", "qmc", "nsgaii", "bruteforce"] = "tpe"
     """Optuna's sampler by name: tpe (with the constant liar where a batch asks several at once),
     random, cmaes, grid (every param a choice), qmc, nsgaii, bruteforce (every param discrete)."""
-    trials: int = Field(ge=1)
-    """How many trials in all (the study's budget)."""
-    batch: int = Field(8, ge=1)
-    """Trials asked together and run as one job array; the next batch is asked once it has ended."""
+    trials: int = Field(ge=1, le=MAX_TRIALS, strict=True)
+    """How many trials in all (the study's budget), at most 100,000; a whole number (1e6 is a float)."""
+    batch: int = Field(8, ge=1, le=MAX_BATCH, strict=True)
+    """Trials asked together and run as one job array; the next batch is asked once it has ended. At
+    most 10,000, and on Slurm at most the cluster's MaxArraySize."""
     metric: str = Field(min_length=1)
     """The number a trial reports: its final metrics (a function's returned dict or number, the
     Trainer's summary) or the newest value logged with slurmkit.tracking.log."""
     mode: Literal["min", "max"] = "min"
     """Minimize or maximize the metric."""
-    seed: int = 0
-    """The sampler's seed: the same spec and results give the same suggestions."""
+    seed: int = Field(0, ge=0, le=MAX_SEED, strict=True)
+    """The sampler's seed (0 .. 2**32 - 1): the same spec and results give the same suggestions."""
     params: dict[str, dict[str, Any]] = Field(min_length=1)
     """KEY: {uniform: [lo, hi]} | {log_uniform: [lo, hi]} | {int: [lo, hi]} (inclusive) |
     {choice: [v, ...]}, as `random:`; KEY under config., env. or kwargs. (a function's keyword)."""

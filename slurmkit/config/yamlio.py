@@ -14,7 +14,9 @@ from typing import Any
 
 import yaml
 
+from slurmkit.common import trust
 from slurmkit.errors import ConfigError, clip
+from slurmkit.resources import shipped_dir
 
 
 class UserLoader(yaml.SafeLoader):
@@ -79,11 +81,19 @@ MAX_DEPTH = 40
 MAX_NODES = 200_000
 
 
+def shipped(path: Path) -> bool:
+    """A file of slurmkit's own shipped profiles: installed with the package, trusted as its code is."""
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(shipped_dir("cluster_profiles")))
+
+
 def read_regular(path: Path, limit: int) -> bytes:
     """A regular file's bytes, at most `limit`, checked on the open file: /dev/zero, a FIFO (opened
     without blocking), a folder or a file over the limit is one ConfigError, never a hang or a
-    MemoryError; a symlink loop is the OSError (ELOOP) open raises."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    MemoryError; a symlink loop is the OSError (ELOOP) open raises. It is read as configuration, so it
+    must be the caller's or root's and writable by no one else (trust.open_config), checked on the open
+    file once the symlinks on the way to it are resolved."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags) if shipped(path) else trust.open_config(os.path.realpath(path), flags)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -98,8 +108,10 @@ SCRIPT_SUFFIXES = {".py": "python", ".sh": "bash", ".bash": "bash"}
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """A YAML mapping from a UTF-8 file; anything else is one ConfigError naming the file. A script
-    given where a spec goes (`slurmkit submit train.py`) is told how a spec runs it."""
+    """A YAML mapping from a UTF-8 file of the caller's own (or root's) that no one else can write (a
+    profile, run spec or sweep spec is configuration: another user's could run code as the caller);
+    anything else is one ConfigError naming the file. A script given where a spec goes
+    (`slurmkit submit train.py`) is told how a spec runs it."""
     if (runner := SCRIPT_SUFFIXES.get(Path(path).suffix)) is not None:
         raise ConfigError(f"{Path(path).name} is a script, not a YAML run spec", where=str(path),
                           valid=f"valid: a run spec that runs it, e.g. spec.yaml holding `name: train` and "

@@ -20,7 +20,7 @@ from slurmkit.common.layout import expand_root
 from slurmkit.common.sweep_layout import MANIFEST, SweepPaths
 from slurmkit.errors import ConfigError, RunNotFoundError, did_you_mean, warn
 
-_ID_STAMP_RE = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
+_ID_STAMP_RE = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4,}$")
 
 
 def _newest_first_key(name: str, record_mtime_ns: int) -> tuple[str, str]:

@@ -7,6 +7,7 @@ slurmkit.common.record's locked editor. Finding and listing runs is slurmkit.run
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import secrets
@@ -23,22 +24,55 @@ from slurmkit.errors import ConfigError, SlurmkitError, clip
 CREATE_ATTEMPTS = 20
 
 
+def local_checkpoint_root(checkpoint_root: str | None) -> Path | None:
+    """A checkpoint_root on a filesystem path, expanded; None for none or an object store's (whose
+    bucket policy is the store's to enforce, docs/security.md)."""
+    if not checkpoint_root or ("://" in checkpoint_root and not checkpoint_root.startswith("file://")):
+        return None
+    return Path(os.path.expanduser(expand_checkpoint_root(checkpoint_root).removeprefix("file://")))
+
+
 def check_checkpoint_root(checkpoint_root: str | None) -> None:
     """A checkpoint_root on a filesystem path must not let another user swap a run's checkpoint
     folder: the folders down to it (its nearest existing one) writable by others only with the
-    sticky bit. An object store's bucket policy is the store's to enforce (docs/security.md)."""
-    if not checkpoint_root or ("://" in checkpoint_root and not checkpoint_root.startswith("file://")):
+    sticky bit."""
+    if (path := local_checkpoint_root(checkpoint_root)) is None:
         return
-    path = Path(os.path.expanduser(expand_checkpoint_root(checkpoint_root).removeprefix("file://")))
     existing = next((p for p in [path, *path.parents] if p.exists()), Path("/"))
     if why := trust.chain_reason(existing):
         raise ConfigError(why, where=f"profile:checkpoint_root={clip(checkpoint_root)}",
                           valid="valid: a folder of your own, or a shared one with the sticky bit (as /tmp)")
 
 
+ID_RANDOM_BYTES = 4
+"""A run id's random part: 8 hex digits after its second, so another user of a shared root cannot
+make its folders ahead of the submit (2**32 guesses for each second)."""
+
+
 def new_run_id(name: str) -> str:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+    return f"{name}-{stamp}-{secrets.token_hex(ID_RANDOM_BYTES)}"
+
+
+def claim_checkpoint_folder(checkpoint_root: str | None, run_id: str, run_mode: str) -> Path | None:
+    """The run's checkpoint folder under a filesystem checkpoint_root, made private at submit and
+    before the run's id is visible in run_root, so no one else can make it first. A folder already
+    there that is not the caller's own and private (someone made it first) is one line, and nothing is
+    queued. None where checkpoints go elsewhere (the run folder, an object store)."""
+    if (root := local_checkpoint_root(checkpoint_root)) is None:
+        return None
+    folder = root / run_id
+    where = f"profile:checkpoint_root={clip(checkpoint_root)}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        perms.make_run_folder(folder, run_mode)
+    except FileExistsError:
+        trust.check(trust.reason(folder), where, "valid: submit again (a new run id); the folder "
+                    f"{folder} was made by someone else, before this submit")
+    except OSError as exc:
+        raise ConfigError(f"cannot create the checkpoint folder {folder}: {exc.strerror or exc}", where=where,
+                          valid="valid: a checkpoint_root you can write") from exc
+    return folder
 
 
 def create(run_root: str, name: str, run_mode: str = perms.PRIVATE,
@@ -63,26 +97,40 @@ def create(run_root: str, name: str, run_mode: str = perms.PRIVATE,
                                                      "can write, or shared ones with the sticky bit (as /tmp)")
     for _ in range(1 if run_id else CREATE_ATTEMPTS):  # a clash on the random id is rare; never spin forever
         paths = RunPaths(root / (run_id or new_run_id(name)))
+        # The checkpoint folder first: the run folder makes the id visible to other users of run_root.
+        checkpoints = claim_checkpoint_folder(checkpoint_root, paths.run_id, run_mode)
         try:
             perms.make_run_folder(paths.run_dir, run_mode)
             return paths
         except FileExistsError:
+            _drop_empty(checkpoints)
             continue
         except OSError as exc:
+            _drop_empty(checkpoints)
             raise ConfigError(f"cannot create a run folder: {exc.strerror or exc}", where=where,
                               valid="valid: a writable folder with free space") from exc
     raise SlurmkitError(f"run id {run_id} is taken" if run_id else f"no free run id after {CREATE_ATTEMPTS} attempts",
                         where=where, valid="valid: submit again (a new run id)")
 
 
+def _drop_empty(folder: Path | None) -> None:
+    """A checkpoint folder claimed for a submit that did not happen: removed while it is empty."""
+    if folder is not None:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 @contextmanager
-def or_nothing(paths: RunPaths) -> Iterator[None]:
-    """The first writes into a new folder: on any failure the folder goes, and an OSError (full disk,
-    read-only, quota) becomes one ConfigError, so a failed submit leaves nothing behind."""
+def or_nothing(paths: RunPaths, checkpoint_root: str | None = None) -> Iterator[None]:
+    """The first writes into a new folder: on any failure the folder goes (and the run's checkpoint
+    folder under checkpoint_root, still empty), and an OSError (full disk, read-only, quota) becomes
+    one ConfigError, so a failed submit leaves nothing behind."""
     try:
         yield
     except BaseException as exc:
         shutil.rmtree(paths.run_dir, ignore_errors=True)
+        if (root := local_checkpoint_root(checkpoint_root)) is not None:
+            _drop_empty(root / paths.run_id)
         if isinstance(exc, OSError):
             raise ConfigError(f"cannot write {clip(exc.filename or str(paths.run_dir))}: {exc.strerror or exc}",
                               where="profile:run_root", valid="valid: a writable run_root with free space") from exc

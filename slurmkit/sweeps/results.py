@@ -35,6 +35,7 @@ from slurmkit.slurm.commands import TransientSlurmError
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 PRUNED = "PRUNED"
+FAILED = "FAILED"
 DEFAULT_METRIC = "loss"
 RESULT = "result"
 _MINIMIZE_RE = re.compile(r"loss|err|perplexity|ppl|time|latency|_s$")
@@ -88,6 +89,8 @@ def task_states(paths: SweepPaths, manifest: SweepManifest | None = None) -> lis
     a search's trial that its pruner stopped, once ended, is PRUNED."""
     manifest = manifest or Manifest(paths).read()
     states = _local_states(paths, manifest) if manifest.executor == "local" else _slurm_states(paths, manifest)
+    # A search's trial whose params the spec refused never ran: it failed (ManifestTask.invalid).
+    states = [replace(s, state=FAILED) if manifest.tasks[s.index].invalid else s for s in states]
     if manifest.search is not None and paths.driver.exists():
         pruned = DriverFile(paths).read().pruned
         states = [replace(s, state=PRUNED) if str(s.index) in pruned and not is_active(s.state) else s for s in states]

@@ -44,7 +44,7 @@ from slurmkit.config.loader import Layer, profile_name, resolve_layers
 from slurmkit.config.overrides import deep_merge, nested, split_sets
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.runspec import RunSpec
-from slurmkit.config.search import SearchSection
+from slurmkit.config.search import SearchSection, candidates
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError, PreflightError, SlurmkitError
 from slurmkit.runs.jobs.status import is_active
@@ -106,22 +106,26 @@ def start_driver(paths: SweepPaths) -> int:
 
 
 # -- submit: the base, the first batch, the driver ---------------------------------------------------
-def _low(dist: dict[str, Any]) -> Any:
-    kind, args = next(iter(dist.items()))
-    return args[0] if kind != "int" else int(args[0])
-
-
 def search_base(plan: SweepPlan, profile: str | None, sets: list[str] | None, prof: ClusterProfile) -> SweepTasks:
     """A search's base: the spec (and --set) alone, every trial's starting point, as a sweep of no
-    tasks yet. One trial at its params' low ends is validated whole now, so that a param the spec
-    refuses is one line at submit, not a failed driver later."""
-    assert plan.section.search is not None
+    tasks yet. Every value a trial could be given is validated whole now, one param at a time (each
+    choice, both ends of a range; the other params at their low ends), so that a param the spec
+    refuses is one line at submit, not a failed trial later."""
+    search = plan.section.search
+    assert search is not None
     spec_sets, _ = split_sets(sets or [])
     name = profile_name(profile)
     top: list[Layer] = [("--set", spec_sets)] if spec_sets else []
     base = resolve_layers([*plan.base_layers, *top], prof, name)
-    probe = {k: _low(d) for k, d in plan.section.search.params.items()}
-    resolve_layers([*plan.base_layers, (f"{plan.source}:sweep.search.params", nested(probe)), *top], prof, name)
+    low = {k: candidates(d)[0] for k, d in search.params.items()}
+    for key, dist in search.params.items():
+        for value in candidates(dist):
+            probe = nested({**low, key: value})
+            try:
+                resolve_layers([*plan.base_layers, (f"{plan.source}:sweep.search.params", probe), *top], prof, name)
+            except ConfigError as exc:
+                raise ConfigError(f"{key}={value!r}: {exc.what}", where=f"{plan.source}:sweep.search.params.{key}",
+                                  valid=exc.valid) from None
     return SweepTasks([base], [], [], [], base.spec.model_dump(), spec_sets)
 
 
@@ -143,22 +147,27 @@ def begin(paths: SweepPaths, search: SearchSection, after: str | None) -> list[s
                              where=f"{manifest.source}:sweep.search.batch", valid=f"valid: at most {limit}")
     opened = study.open_study(paths, search, manifest.prune)
     manifest = ask_batch(paths, manifest, opened)
-    ids = submit_tasks(paths, manifest, [t.index for t in manifest.tasks], after)
+    todo = never_submitted(manifest)  # all of the batch but trials the spec refused
+    ids = submit_tasks(paths, manifest, todo, after) if todo else []
     start_driver(paths)
     return ids
 
 
 # -- one batch ------------------------------------------------------------------------------------
 def _task(manifest: SweepManifest, number: int, params: dict[str, Any]) -> ManifestTask:
-    """Trial `number` as a task: its params over the base spec, validated as the task will read it."""
+    """Trial `number` as a task: its params over the base spec, validated as the task will read it.
+    Params the spec refuses (a combination the submit's one-at-a-time check could not see) make a
+    task that is never run: FAILED, and the study told so, while the search goes on."""
     merged = deep_merge(deep_merge(manifest.base_spec or {}, nested(params)), manifest.top)
     try:
         spec = RunSpec.model_validate(merged)
         seed = TrainConfig.model_validate(spec.config).seed if spec.task == "train" else manifest.seed + number
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise ConfigError(f"trial {number} {params}: {err['msg']}",
-                          where=f"{manifest.source}:sweep.search.params") from None
+        field = ".".join(str(p) for p in err["loc"])
+        why = f"{field}: {err['msg']}" if field else err["msg"]
+        print(f"trial {number} {params}: refused by the spec ({why}); told to the study as FAIL", flush=True)
+        return ManifestTask(index=number, overrides=dict(params), seed=manifest.seed + number, invalid=why)
     return ManifestTask(index=number, overrides=dict(params), seed=seed)
 
 
@@ -208,7 +217,7 @@ def never_submitted(manifest: SweepManifest) -> list[int]:
     """Tasks that no array entry holds: added by a driver that died before it reached sbatch (an
     entry is written before sbatch runs, so these were never queued)."""
     held = {i for arr in manifest.arrays for i in arr.indices}
-    return [t.index for t in manifest.tasks if t.index not in held]
+    return [t.index for t in manifest.tasks if t.index not in held and t.invalid is None]
 
 
 # -- telling and pruning --------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def create(plan: SweepPlan, tasks: SweepTasks) -> SweepPaths:
     prof = tasks.groups[0].profile
     created = registry.create(prof.run_root, f"{plan.name}-sweep", prof.run_mode, prof.checkpoint_root)
     paths = SweepPaths(created.run_dir)
-    with registry.or_nothing(created):
+    with registry.or_nothing(created, prof.checkpoint_root):
         _write_manifest(paths, plan, tasks)
     return paths
 
@@ -129,7 +129,7 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
         for group in tasks.groups:
             preflight.check(group)
     paths = create(plan, tasks)
-    with registry.or_nothing(RunPaths(paths.sweep_dir)):
+    with registry.or_nothing(RunPaths(paths.sweep_dir), first.profile.checkpoint_root):
         if prepare is not None:
             prepare(paths)
 

@@ -128,7 +128,8 @@ def send(request: Request, call: Call | None = None) -> Submitted:
         paths = registry.create(resolved.profile.run_root, resolved.spec.name, run_mode,
                                 resolved.profile.checkpoint_root, run_id=request.paths.run_id)
         record = RunFile(paths)
-        with registry.or_nothing(paths):  # nothing queued: no folder, no record that could claim a job
+        # Nothing queued: no folder, no record that could claim a job.
+        with registry.or_nothing(paths, resolved.profile.checkpoint_root):
             record.create(RunRecord(
                 run_id=paths.run_id, name=resolved.spec.name, run_dir=str(paths.run_dir),
                 created=dt.datetime.now().isoformat(timespec="seconds"), executor=resolved.profile.executor,
