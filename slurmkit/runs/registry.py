@@ -120,6 +120,13 @@ def _drop_empty(folder: Path | None) -> None:
             folder.rmdir()
 
 
+def discard(paths: RunPaths, checkpoint_root: str | None = None) -> None:
+    """A run or sweep folder whose submit queued nothing, removed with its still empty checkpoint folder."""
+    shutil.rmtree(paths.run_dir, ignore_errors=True)
+    if (root := local_checkpoint_root(checkpoint_root)) is not None:
+        _drop_empty(root / paths.run_id)
+
+
 @contextmanager
 def or_nothing(paths: RunPaths, checkpoint_root: str | None = None) -> Iterator[None]:
     """The first writes into a new folder: on any failure the folder goes (and the run's checkpoint
@@ -128,9 +135,7 @@ def or_nothing(paths: RunPaths, checkpoint_root: str | None = None) -> Iterator[
     try:
         yield
     except BaseException as exc:
-        shutil.rmtree(paths.run_dir, ignore_errors=True)
-        if (root := local_checkpoint_root(checkpoint_root)) is not None:
-            _drop_empty(root / paths.run_id)
+        discard(paths, checkpoint_root)
         if isinstance(exc, OSError):
             raise ConfigError(f"cannot write {clip(exc.filename or str(paths.run_dir))}: {exc.strerror or exc}",
                               where="profile:run_root", valid="valid: a writable run_root with free space") from exc

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,10 @@ def _task(manifest: SweepManifest, number: int, params: dict[str, Any]) -> Manif
     return ManifestTask(index=number, overrides=dict(params), seed=seed)
 
 
+PROGRESS_S = 2.0
+"""How often a batch's asking says how far it is."""
+
+
 def ask_batch(paths: SweepPaths, manifest: SweepManifest, opened: Any) -> SweepManifest:
     """The next trials asked and added as tasks (not yet submitted)."""
     search = manifest.search
@@ -178,7 +183,13 @@ def ask_batch(paths: SweepPaths, manifest: SweepManifest, opened: Any) -> SweepM
     left = study.budget(opened, search) - len(manifest.tasks)
     opened.sampler = study.sampler(search, len(manifest.tasks))
     dists = study.distributions(search)
-    asked = [opened.ask(dists) for _ in range(min(search.batch, left))]
+    want = min(search.batch, left)
+    asked, said = [], time.monotonic()
+    for _ in range(want):
+        asked.append(opened.ask(dists))
+        if time.monotonic() - said > PROGRESS_S:  # a large batch takes minutes to ask: say how far
+            print(f"asked {len(asked)}/{want} trials of this batch", file=sys.stderr, flush=True)
+            said = time.monotonic()
     return Manifest(paths).add_tasks([_task(manifest, t.number, t.params) for t in asked])
 
 

@@ -16,6 +16,7 @@ from slurmkit.runs.polling import Poller
 from slurmkit.runs.procs import same_process, signal_process
 from slurmkit.sweeps import study
 from slurmkit.sweeps.search import driver_alive, start_driver
+from slurmkit.sweeps.store import check_task_secrets
 
 ENDED = (study.COMPLETE, study.PRUNED, study.FAIL)
 STOP_WAIT_S = 120.0  # an sbatch in flight has its own timeout (60 s) and retries
@@ -71,7 +72,7 @@ def search_state(paths: SweepPaths) -> SearchState:
             driver = "dead"
     except SlurmkitError:
         driver, detail = "dead", "no driver record"
-    found = study.trials(study.open_study(paths, search, manifest.prune))
+    found = study.read_trials(paths)
     return SearchState(driver, detail, search.trials, search.metric, search.mode, found, study.best(found, search.mode))
 
 
@@ -93,7 +94,13 @@ def follow(paths: SweepPaths, on_change: Callable[[SearchState], None] | None = 
 def resume(paths: SweepPaths, force: bool = False) -> int | None:
     """Start a driver for the search unless one runs; its pid (None: one was running here). A
     driver recorded as running on another login node is refused, but with `force` (that node is
-    gone): only its own host can see whether its process lives, and two drivers would ask twice."""
+    gone): only its own host can see whether its process lives, and two drivers would ask twice.
+    A grid sweep has no driver to start: one line. The search's secret_env is checked as at submit."""
+    manifest = Manifest(paths).read()
+    if manifest.search is None:
+        raise ConfigError("not a search sweep: it has no driver to resume", where=paths.sweep_id,
+                          valid="valid: `slurmkit sweep resubmit --failed` for a grid sweep's failed tasks")
+    check_task_secrets(manifest, [])
     try:
         record: DriverRecord | None = DriverFile(paths).read()
     except SlurmkitError:
@@ -115,6 +122,7 @@ def retry_failed(paths: SweepPaths) -> list[int]:
     failed trials' numbers."""
     manifest = Manifest(paths).read()
     assert manifest.search is not None
+    check_task_secrets(manifest, [])  # before the study is changed: nothing enqueued that cannot run
     failed = study.retry_failed(study.open_study(paths, manifest.search, manifest.prune))
     if failed:
         resume(paths)

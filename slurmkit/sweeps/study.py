@@ -9,9 +9,12 @@ driven or read; the rest of the login CLI never loads it.
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import logging
 import os
+import socket
+import sys
 import warnings
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +23,7 @@ from slurmkit.common import trust
 from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.search import PruneSection, SearchSection
 from slurmkit.errors import ConfigError
+from slurmkit.runs.procs import start_time
 
 if TYPE_CHECKING:
     import optuna
@@ -105,21 +109,70 @@ def pruner(prune: PruneSection | None) -> Any:
     return p.ThresholdPruner(lower=prune.lower, upper=prune.upper, n_warmup_steps=prune.warmup_steps)
 
 
-def open_study(paths: SweepPaths, search: SearchSection, prune: PruneSection | None) -> optuna.Study:
-    """The sweep's study (made on first open). The sweep folder and the journal are the caller's
-    own, checked here: what another user planted would steer the search."""
+class StudyLock:
+    """The journal's write lock (Optuna's BaseJournalFileLock, by its two methods): a kernel lock
+    (flock) on `study.journal.lock`, so a holder that dies, however it dies, holds nothing; a live one
+    is waited for, never broken after a grace period (which could let two writers in). The file
+    names its holder while it holds it; a name left there by a holder that died is taken over with
+    one line on stderr."""
+
+    def __init__(self, journal: str) -> None:
+        self.path = journal + ".lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> bool:
+        fd = trust.open_own(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            left = os.pread(fd, 256, 0).decode(errors="replace").strip()
+            if left:
+                print(f"slurmkit: took over {self.path} from its holder ({left}), which is gone", file=sys.stderr,
+                      flush=True)
+            me = f"pid {os.getpid()} on {socket.gethostname()} started {start_time(os.getpid())}"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, me.encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.ftruncate(fd, 0)  # released: the next holder finds no name, so says nothing
+            os.close(fd)  # and with it the flock
+
+
+def _storage(paths: SweepPaths) -> Any:
+    """The study's journal storage. The sweep folder and the journal are the caller's own, checked
+    here: what another user planted would steer the search."""
     optuna = optuna_module()
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+    from optuna.storages.journal import JournalFileBackend
 
     trust.check(trust.reason(paths.sweep_dir), str(paths.sweep_dir), "valid: a sweep folder of your own")
     os.close(trust.open_append(paths.study, 0o600))  # made here, never through a planted link
     os.close(trust.open_own(paths.study))
-    # The open lock (O_EXCL of a .lock file) rather than Optuna's default symlink lock: the same
-    # on NFS, and a link in a run folder would read as one planted there.
-    backend = JournalFileBackend(str(paths.study), lock_obj=JournalFileOpenLock(str(paths.study)))
-    return optuna.create_study(storage=optuna.storages.JournalStorage(backend), study_name=paths.sweep_id,
-                               direction="minimize" if search.mode == "min" else "maximize",
-                               sampler=sampler(search), pruner=pruner(prune), load_if_exists=True)
+    backend = JournalFileBackend(str(paths.study), lock_obj=StudyLock(str(paths.study)))  # type: ignore[arg-type]
+    return optuna.storages.JournalStorage(backend)
+
+
+def open_study(paths: SweepPaths, search: SearchSection, prune: PruneSection | None) -> optuna.Study:
+    """The sweep's study, to ask and tell (made on first open)."""
+    direction = "minimize" if search.mode == "min" else "maximize"
+    return optuna_module().create_study(storage=_storage(paths), study_name=paths.sweep_id, direction=direction,
+                                        sampler=sampler(search), pruner=pruner(prune), load_if_exists=True)
+
+
+def read_trials(paths: SweepPaths) -> list[Trial]:
+    """The study's trials as they stand, read without its write lock (Optuna takes it to write
+    only): `sweep status` never waits on a driver, nor writes; none before the study was made."""
+    optuna = optuna_module()
+    try:
+        opened = optuna.load_study(study_name=paths.sweep_id, storage=_storage(paths))
+    except KeyError:  # the journal holds no study yet
+        return []
+    return trials(opened)
 
 
 def tell(opened: optuna.Study, number: int, value: float | None = None, state: Any = None) -> None:

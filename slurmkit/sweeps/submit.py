@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from slurmkit.common.sweep_layout import (
 from slurmkit.config.loader import load_profile, profile_name
 from slurmkit.config.overrides import split_sets
 from slurmkit.config.profile import ClusterProfile
-from slurmkit.errors import PreflightError, SlurmkitError
+from slurmkit.errors import PreflightError
 from slurmkit.runs import registry
 from slurmkit.runs.jobs import take_snapshot
 from slurmkit.runs.procs import signal_process
@@ -39,7 +38,7 @@ from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
 from slurmkit.sweeps.search import begin, search_base
 from slurmkit.sweeps.search_view import retry_failed, stop_driver
 from slurmkit.sweeps.spec import SweepPlan, count
-from slurmkit.sweeps.store import manifest_tasks
+from slurmkit.sweeps.store import check_task_secrets, manifest_tasks
 
 if TYPE_CHECKING:
     from slurmkit.runs.jobs import Call
@@ -147,9 +146,9 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
             limit = min(max_array_size or live_array, live_array)
             arrays = plan_arrays(tasks.group_of, list(range(n)), limit, plan.section.max_parallel)
             ids = submit_arrays(paths, tasks.groups, arrays, "initial", after, plan.section.max_parallel)
-    except SlurmkitError:
-        if not any(a.job_id for a in ArrayLog(paths).read().arrays):
-            shutil.rmtree(paths.sweep_dir, ignore_errors=True)  # nothing queued: leave no sweep behind
+    except BaseException:  # Ctrl-C in a large batch's ask too
+        if not any(a.job_id for a in ArrayLog(paths).read().arrays):  # nothing queued: leave no sweep behind
+            registry.discard(RunPaths(paths.sweep_dir), first.profile.checkpoint_root)
         raise
     return SweepSubmitted(paths.sweep_id, str(paths.sweep_dir), n, ids)
 
@@ -164,7 +163,7 @@ def resubmit_failed(paths: SweepPaths, states: dict[int, str], max_array_size: i
 def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | None) -> list[int]:
     manifest = Manifest(paths).read()
     if manifest.search is not None:
-        return retry_failed(paths)
+        return retry_failed(paths)  # its driver's start checks secret_env
     # An array whose submitter was killed inside sbatch: adopted if Slurm queued it (its tasks are
     # not NOT_SUBMITTED after all), else marked never queued (they are, and go again below).
     adopted = recover(paths) if manifest.executor == "slurm" else []
@@ -172,6 +171,7 @@ def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | N
     indices = sorted(i for i, st in states.items() if st in RETRY_STATES and i not in queued)
     if not indices:
         return []
+    check_task_secrets(manifest, indices)
     if manifest.executor == "local":
         local.start(paths, indices)
         return indices
