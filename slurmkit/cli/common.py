@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import os
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from slurmkit.errors import SlurmkitError
+from slurmkit.errors import ConfigError, SlurmkitError
 
 if TYPE_CHECKING:  # the CLI imports the library where a command needs it, to start fast
     from slurmkit.common.layout import RunPaths
@@ -49,8 +52,47 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+PSEUDO_FS = ("/proc", "/sys", "/dev")
+
+
+def output_file(raw: str | None, option: str) -> Path | None:
+    """The file an option names for slurmkit to write (`--csv`, `report -o`), or one line saying why it
+    cannot be one: empty, a folder, a folder that does not exist, or under /proc, /sys or /dev."""
+    if raw is None:
+        return None
+    valid = "valid: a file path in a folder that exists, e.g. results.csv"
+    if not raw.strip():
+        raise ConfigError("an empty path", where=option, valid=valid)
+    path = Path(raw).expanduser()
+    real = os.path.realpath(path)
+    if any(real == p or real.startswith(p + "/") for p in PSEUDO_FS):
+        raise ConfigError(f"{raw} is under /{real.split('/')[1]}, not a file to write", where=option, valid=valid)
+    if path.is_dir():
+        raise ConfigError(f"{raw} is a folder", where=option, valid=valid)
+    if not path.parent.is_dir():
+        raise ConfigError(f"no folder {path.parent}", where=option, valid=valid)
+    return path
+
+
+def json_safe(data: Any) -> Any:
+    """`data` with every NaN and infinity as null: strict JSON parsers refuse Python's bare `NaN` and
+    `Infinity`, and a metric that is not a number has no value to give."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: json_safe(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [json_safe(v) for v in data]
+    return data
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(json_safe(data), indent=2, default=str, allow_nan=False)
+
+
 def print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str))
+    """JSON on stdout, strict: NaN and infinities are written null (json_safe)."""
+    typer.echo(_dumps(data))
 
 
 def print_json_list(items: Iterable[Any]) -> None:
@@ -59,7 +101,7 @@ def print_json_list(items: Iterable[Any]) -> None:
     first = True
     for item in items:
         out.write("[\n  " if first else ",\n  ")
-        out.write(json.dumps(item, indent=2, default=str).replace("\n", "\n  "))
+        out.write(_dumps(item).replace("\n", "\n  "))
         first = False
     out.write("[]\n" if first else "\n]\n")
     out.flush()

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from slurmkit.cli.common import JsonOpt, ProfileOpt, print_json, run_of, user_errors
+from slurmkit.cli.common import JsonOpt, ProfileOpt, output_file, print_json, run_of, user_errors
 
 
 @user_errors
 def report(
     run: Annotated[str, typer.Argument(help="Run id, unique prefix, or run folder.")],
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="report.png or report.html "
+    output: Annotated[str | None, typer.Option("--output", "-o", help="report.png or report.html "
                                                 "(default: report.png in the run folder).")] = None,
     profile: ProfileOpt = None,
     as_json: JsonOpt = False,
@@ -22,7 +21,7 @@ def report(
     from slurmkit.insight import report as rep
 
     paths = run_of(profile, run)
-    target = output or paths.report
+    target = output_file(output, "--output") or paths.report
     data = rep.write(paths, target)
     a = data.accounting
     if as_json:
@@ -44,9 +43,10 @@ def report(
         typer.echo(f"in-job restarts (no requeue): {n_in_job}")
     if any(data.summary["lost_steps"]):
         typer.echo("steps run again after each restart: " + ", ".join(str(n) for n in data.summary["lost_steps"]))
-    if snap := data.summary["snapshot"]:
-        typer.echo(f"code snapshot: {snap['files']} files, {snap['bytes']} bytes from {snap['source']} "
-                   f"(commit {snap['git_commit'] or '-'}{', dirty' if snap['dirty'] else ''})")
+    if snap := data.summary["snapshot"]:  # a record's snapshot may lack a field (an older or edited run.json)
+        typer.echo(f"code snapshot: {snap.get('files', '?')} files, {snap.get('bytes', '?')} bytes from "
+                   f"{snap.get('source', '?')} (commit {snap.get('git_commit') or '-'}"
+                   f"{', dirty' if snap.get('dirty') else ''})")
     for seg in data.segments[1:]:
         if seg.startup:
             typer.echo(f"restart {seg.n} start-up (s): " + ", ".join(f"{k} {v:.2f}" for k, v in seg.startup.items()))

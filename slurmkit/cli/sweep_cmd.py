@@ -16,6 +16,7 @@ from slurmkit.cli.common import (
     ProfileOpt,
     SetOpt,
     dependency_for,
+    output_file,
     print_json,
     print_json_list,
     run_root_for,
@@ -109,6 +110,8 @@ def _wait_and_print(done: SweepSubmitted, as_json: bool) -> None:
         print_json({**done.as_dict(), "counts": results.counts(states)})
     else:
         typer.echo(f"sweep {done.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items()))
+    if any(s.state != "COMPLETED" for s in states):  # a task failed, was cancelled or never ran
+        raise typer.Exit(1)
 
 
 def _search_preview(plan: Any, profile: str | None, sets: list[str] | None, prof: Any, as_json: bool) -> None:
@@ -142,7 +145,7 @@ def _search_submitted(done: SweepSubmitted, batch: int, wait: bool, as_json: boo
     state = search_view.follow(paths, None if as_json else lambda st: typer.echo(st.line()))
     if as_json:
         print_json({**done.as_dict(), "search": state.as_dict()})
-    elif state.driver != "done":
+    if state.driver != "done" or state.best is None:  # the driver failed, or no trial gave the metric
         raise typer.Exit(1)
 
 
@@ -188,7 +191,7 @@ def status(sweep: SweepArg, profile: ProfileOpt = None, as_json: JsonOpt = False
 def results(
     sweep: SweepArg,
     profile: ProfileOpt = None,
-    csv_file: Annotated[Path | None, typer.Option("--csv", help="Also write the table to this CSV file.")] = None,
+    csv_file: Annotated[str | None, typer.Option("--csv", help="Also write the table to this CSV file.")] = None,
     sort: Annotated[str | None, typer.Option("--sort", help="Order by this metric, best first.")] = None,
     maximize: Annotated[bool | None, typer.Option(
         "--max/--min", help="Whether larger is better (default: smaller for loss/error/time, else larger).")] = None,
@@ -203,8 +206,8 @@ def results(
         print_json_list(results.iter_rows(paths))  # streamed: no table to build
         return
     table = results.results(paths, sort, maximize)
-    if csv_file is not None:
-        results.write_csv(table, str(csv_file))
+    if (csv_path := output_file(csv_file, "--csv")) is not None:
+        results.write_csv(table, str(csv_path))
     if as_json:
         print_json_list(table.rows)
         return

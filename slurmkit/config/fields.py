@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationInfo, field_validator
@@ -39,6 +40,9 @@ class Strict(BaseModel):
         # A newline inside an #SBATCH value would start a new shell line; refuse it at the source.
         if info.field_name not in cls.multiline_fields and has_control(value):
             raise ValueError("control characters (newline, tab, NUL, ...) are not allowed; valid: one line of text")
+        # Nothing carries a NUL: not argv, not the environment, not a file name (`embedded null byte`).
+        if has_nul(value):
+            raise ValueError("a NUL character is not allowed; valid: text without \\0")
         return value
 
 
@@ -48,15 +52,28 @@ def _admits_bool(annotation: Any) -> bool:
     return any(_admits_bool(a) for a in getattr(annotation, "__args__", ()) if a is not type(None))
 
 
-def has_control(value: Any) -> bool:
+def _control(c: str) -> bool:
+    # C0, DEL, C1 and the Unicode line separators: each ends a line for some reader.
+    return ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029"
+
+
+def _holds(value: Any, bad: Callable[[str], bool]) -> bool:
+    """Whether a string in `value` (keys of mappings and items of lists too) holds a character `bad` picks."""
     if isinstance(value, str):
-        # C0, DEL, C1 and the Unicode line separators: each ends a line for some reader.
-        return any(ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029" for c in value)
+        return any(bad(c) for c in value)
     if isinstance(value, dict):
-        return any(has_control(k) or has_control(v) for k, v in value.items())
+        return any(_holds(k, bad) or _holds(v, bad) for k, v in value.items())
     if isinstance(value, (list, tuple)):
-        return any(has_control(v) for v in value)
+        return any(_holds(v, bad) for v in value)
     return False
+
+
+def has_control(value: Any) -> bool:
+    return _holds(value, _control)
+
+
+def has_nul(value: Any) -> bool:
+    return _holds(value, "\x00".__eq__)
 
 
 NO_LIMIT = "UNLIMITED"

@@ -146,6 +146,9 @@ def load_text(text: str, where: str) -> Any:
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "not YAML"
         raise YamlSyntaxError(f"invalid YAML: {problem}", where=f"{where}{line}") from exc
+    except ValueError as exc:  # a constructor's own: an integer of over 4,300 digits, a date like 2024-13-45
+        raise ConfigError(f"invalid value: {clip(str(exc).split(';')[0], 120)}", where=where,
+                          valid="valid: numbers of at most 4,300 digits (Python's limit), real dates") from None
     except RecursionError:
         raise ConfigError(f"nested too deeply for YAML's parser (limit about {MAX_DEPTH} levels)",
                           where=where) from None

@@ -13,10 +13,14 @@ from pathlib import Path
 
 from slurmkit.common import trust
 
+MAX_PID = 2**22
+"""Linux's largest pid (pid_max's ceiling, PID_MAX_LIMIT)."""
+
 
 def pid_alive(pid: int | None) -> bool:
-    """True for a running process; a zombie (finished, not yet reaped) counts as gone."""
-    if not pid:
+    """True for a running process; a zombie (finished, not yet reaped) counts as gone. A number no
+    pid can be (a record's 20-digit job id, a negative one) is no process."""
+    if not pid or not 0 < pid <= MAX_PID:
         return False
     try:
         os.kill(pid, 0)

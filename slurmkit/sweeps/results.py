@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import re
 from collections import Counter
@@ -215,11 +216,16 @@ def results(paths: SweepPaths, sort: str | None = None, maximize: bool | None = 
     if key is not None:
         by_mode = search.mode == "max" if search is not None and key == search.metric else not minimize(key)
         largest = maximize if maximize is not None else by_mode
-        ranked = sorted((r for r in rows if key in r), key=lambda r: r[key], reverse=largest)
+        # A NaN or infinite value ranks nowhere: it is neither best nor worst, and sorts after the numbers.
+        ranked = sorted((r for r in rows if _finite(r.get(key))), key=lambda r: r[key], reverse=largest)
         best = ranked[0]["index"] if ranked else None
         if sort is not None or search is not None:
-            rows = ranked + [r for r in rows if key not in r]
+            rows = ranked + [r for r in rows if not _finite(r.get(key))]
     return Results(rows, manifest.varying, metrics, key, best)
+
+
+def _finite(value: Any) -> bool:
+    return is_number(value) and math.isfinite(value)
 
 
 def to_csv(table: Results) -> str:
@@ -233,4 +239,8 @@ def to_csv(table: Results) -> str:
 def write_csv(table: Results, path: str) -> None:
     from pathlib import Path
 
-    atomic_write_text(Path(path), to_csv(table))
+    try:
+        atomic_write_text(Path(path), to_csv(table))
+    except OSError as exc:
+        raise SlurmkitError(f"cannot write {path}: {exc.strerror or exc}", where="--csv",
+                            valid="valid: a file path in a folder you can write") from None

@@ -73,7 +73,9 @@ def search_state(paths: SweepPaths) -> SearchState:
     except SlurmkitError:
         driver, detail = "dead", "no driver record"
     found = study.read_trials(paths)
-    return SearchState(driver, detail, search.trials, search.metric, search.mode, found, study.best(found, search.mode))
+    # Failed trials enqueued again (`resubmit --failed`) are trials of the budget too.
+    return SearchState(driver, detail, max(search.trials, len(found)), search.metric, search.mode, found,
+                       study.best(found, search.mode))
 
 
 def follow(paths: SweepPaths, on_change: Callable[[SearchState], None] | None = None, timeout_s: float | None = None,
