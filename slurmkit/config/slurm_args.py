@@ -39,9 +39,27 @@ SRUN_OWNS = {k: v for k, v in SLURMKIT_OWNS.items() if k in (
 """srun options of the ranks' step that slurmkit sets itself or has a field for (a step may be named, bound...)."""
 
 
-def _owned(name: str, field: str, owns: dict[str, str]) -> None:
+OWN_NAMES_BELOW_OWNED = frozenset({"gpus", "container"})
+"""sbatch and srun options whose whole name begins an option slurmkit owns (`--gpus`, `--container`):
+getopt_long takes an exact name as itself, so these are not abbreviations (checked against the
+real sbatch and srun --help in tests/test_cluster_sbatch_parser.py)."""
+
+
+def owner_of(name: str, owns: dict[str, str]) -> str | None:
+    """The option slurmkit owns that `--name` reaches: itself, or one it abbreviates. sbatch and srun
+    take any unambiguous prefix of a long option (getopt_long: `--ou` is `--output`, `--sig` is
+    `--signal`), so a prefix of an owned name is refused too, unless it is an option's whole name."""
     if name in owns:
-        raise ValueError(f"--{name} is slurmkit's own in {field}; valid: {owns[name]}")
+        return name
+    if name in OWN_NAMES_BELOW_OWNED:
+        return None
+    return next((o for o in sorted(owns) if o.startswith(name)), None)
+
+
+def _owned(name: str, field: str, owns: dict[str, str]) -> None:
+    if (owned := owner_of(name, owns)) is not None:
+        short = "" if owned == name else f" (an abbreviation of --{owned}: sbatch and srun take any prefix)"
+        raise ValueError(f"--{name} is slurmkit's own in {field}{short}; valid: {owns[owned]}")
 
 
 def _srun_args(value: list[str]) -> list[str]:

@@ -5,18 +5,32 @@ from __future__ import annotations
 
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
 from slurmkit.config.fields import Strict
 
 _URI_SCHEMES = ("sqlite:///", "http://", "https://", "file:/", "/")
-_USERINFO = re.compile(r"^([a-z+]+://)([^/@]*)@")
+# A URI's user part runs from its scheme to the last '@' before the path: a password may hold spaces.
+_USERINFO = re.compile(r"([a-z][a-z0-9+.-]*://)[^/\n]*@", re.IGNORECASE)
+_QUERY = re.compile(r"([a-z][a-z0-9+.-]*://[^?#\s]*[?#])\S*", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
-    """`text` with the user:password of every URI in it replaced by ***."""
-    return re.sub(r"([a-z+]+://)[^/@\s]*@", r"\1***@", text)
+    """`text` with the user part (user:password, or a token as the user) and the query of every URI in
+    it replaced by ***, whatever the scheme's case: more is hidden than need be rather than less."""
+    return _QUERY.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
+
+def credentials(uri: str) -> str | None:
+    """What of a parsed URI could be a credential (its user part, its query or fragment), None if none."""
+    parts = urlsplit(uri)
+    if "@" in parts.netloc:
+        return "a user part (user:password or a token)"
+    if parts.query or parts.fragment:
+        return "a query (?token=...)"
+    return None
 
 
 class Tracking(Strict):
@@ -39,13 +53,16 @@ class Tracking(Strict):
     @field_validator("mlflow")
     @classmethod
     def _uri(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(_URI_SCHEMES):
+        if value is None:
+            return None
+        if not value.lower().startswith(_URI_SCHEMES):
             raise ValueError(f"{redact(value)!r} is no tracking URI this can use; valid: "
                              "sqlite:///ABSOLUTE/PATH.db, http(s)://HOST[:PORT], file:/ABSOLUTE/FOLDER or a folder")
-        if value is not None and (m := _USERINFO.match(value)) and ":" in m.group(2):
+        if (what := credentials(value)) is not None:
             # run.json, the script and the logs would all hold it, readable by the group in group mode.
-            raise ValueError(f"{redact(value)!r} holds a password; valid: the URI without it, and "
-                             "secret_env: [MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD] (docs/security.md)")
+            raise ValueError(f"{redact(value)!r} holds {what}; valid: the URI without it, and "
+                             "secret_env: [MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD] or "
+                             "[MLFLOW_TRACKING_TOKEN] (docs/security.md)")
         return value
 
     @property

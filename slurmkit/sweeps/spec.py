@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import random
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -79,6 +81,11 @@ class SweepSection(Strict):
         for key, values in self.grid.items():
             if not values:
                 raise ValueError(f"grid key {key} has no values; valid: a non-empty list")
+            # 1, 1.0 and true are different values (as the task spec reads them); a repeat would run one config twice.
+            shown = [f"{type(v).__name__}:{json.dumps(v, sort_keys=True, default=str)}" for v in values]
+            if len(set(shown)) != len(shown):
+                twice = next(v for v, k in zip(values, shown, strict=True) if shown.count(k) > 1)
+                raise ValueError(f"grid key {key} lists {twice!r} twice; valid: each value once")
         fixed = [name for name, given in (("grid", self.grid), ("list", self.configs), ("random", self.random))
                  if given]
         if self.search is not None and fixed:
@@ -218,8 +225,14 @@ def load(path: Path | dict[str, Any], grid: list[str] | None = None, max_paralle
     section = section_of(section_raw, source)
     task = raw.get("task")
     check_keys(section, source, task)
-    name = str(raw.get("name") or (path.stem if isinstance(path, Path) else "sweep"))
+    name = str(raw.get("name") or (safe_name(path.stem) if isinstance(path, Path) else "sweep"))
     return SweepPlan(source, name, [(source, raw)], section, expand(section, max_tasks, source))
+
+
+def safe_name(stem: str) -> str:
+    """A sweep's name (its id's start) from a spec file's name: letters, digits, '.', '_' and '-' only,
+    as a run's name; every other character is '-'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "sweep"
 
 
 def section_of(raw: dict[str, Any], source: str) -> SweepSection:
