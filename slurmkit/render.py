@@ -89,14 +89,16 @@ class OwnTemplates(jinja2.BaseLoader):
         except (FileNotFoundError, NotADirectoryError):
             raise jinja2.TemplateNotFound(template) from None
         with os.fdopen(fd, "rb") as f:
-            mtime = os.fstat(fd).st_mtime_ns
+            st = os.fstat(fd)
             source = f.read().decode("utf-8")
 
         def uptodate() -> bool:
+            # ctime moves with a write, a chown and a chmod: a file changed in any way is read and checked again.
             try:
-                return os.stat(path).st_mtime_ns == mtime
+                now = os.lstat(path)
             except OSError:
                 return False
+            return (now.st_ino, now.st_ctime_ns) == (st.st_ino, st.st_ctime_ns)
 
         return source, path, uptodate
 

@@ -88,3 +88,14 @@ def exits_like_a_rank(marks: str, how: str) -> str:
     if how == "exit":
         sys.exit(3)
     return "done"
+
+
+def echo_float(value: str) -> None:
+    """Logs the float a string names as `result`: "nan" and "inf" too (a sweep's metric that is not a number)."""
+    import slurmkit.tracking
+
+    slurmkit.tracking.log({"result": float(value)}, step=1)
+
+
+def always_fails(x: float) -> float:
+    raise ValueError(f"this objective fails at every x ({x})")
