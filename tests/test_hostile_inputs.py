@@ -80,7 +80,8 @@ def test_a_snapshot_record_without_its_fields_breaks_no_report(tmp_path: Path, l
     RunFile(RunPaths(folder)).update(snapshot={"source": "/somewhere"})
     result = runner.invoke(app, ["report", folder.name, "-p", str(local_profile)])
     assert result.exit_code == 0, result.output
-    out = runner.invoke(app, ["report", folder.name, "-p", str(local_profile), "-o", str(tmp_path / "r.html"), "--json"])
+    html = str(tmp_path / "r.html")
+    out = runner.invoke(app, ["report", folder.name, "-p", str(local_profile), "-o", html, "--json"])
     assert out.exit_code == 0 and json.loads(out.stdout)["snapshot"] == {"source": "/somewhere"}
 
 

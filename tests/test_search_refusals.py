@@ -91,7 +91,8 @@ def test_a_sweep_folder_that_cannot_be_read_is_skipped_by_sweep_list(run_root: P
     assert runner.invoke(app, ["sweep", str(good), "-p", str(local_profile), "--wait"]).exit_code == 0
     bad = run_root / "bad-sweep-20260101-000000-0000abcd"
     bad.mkdir(mode=0o700)
-    (bad / "sweep.json").write_text(json.dumps({"sweep_id": bad.name, "search": {"params": {"x": {"uniform": [None, 1]}}}}))
+    unreadable = {"sweep_id": bad.name, "search": {"params": {"x": {"uniform": [None, 1]}}}}
+    (bad / "sweep.json").write_text(json.dumps(unreadable))
     listed = runner.invoke(app, ["sweep", "list", "-p", str(local_profile), "--json"])
     assert listed.exit_code == 0, listed.output
     assert [r["sweep_id"].split("-")[0] for r in json.loads(listed.stdout)] == ["good"]
