@@ -4,6 +4,7 @@ Jobs run private: the job's umask keeps logs, outcomes and checkpoints from othe
 
 from __future__ import annotations
 
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
+from slurmkit.config.slurm_args import OWN_NAMES_BELOW_OWNED, SLURMKIT_OWNS, SRUN_OWNS, owner_of
 from slurmkit.errors import ConfigError
 from slurmkit.runs import jobs
 from tests.conftest import steady, write_spec
@@ -94,3 +96,34 @@ def test_a_job_writes_private_files(cluster: None, tmp_path: Path, dev_profile: 
     for path in written:  # made by this process, by sbatch's job (its umask) and by the ranks
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+
+
+def _long_options(command: str) -> set[str]:
+    """The long options the real command's --help lists."""
+    out = subprocess.run([command, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
+    return set(re.findall(r"--([a-z][a-z0-9-]+)", out))
+
+
+def test_abbreviations_of_owned_options_are_refused_as_the_real_sbatch_and_srun_read_them(
+        cluster: None, tmp_path: Path) -> None:
+    # The premise: Slurm's own parsers (getopt_long) take a unique prefix for the whole option.
+    held = subprocess.run(["sbatch", "--parsable", "--hold", f"--ou={tmp_path}/abbreviated.out", "--wrap=true"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    try:
+        assert _show_job(held)["StdOut"] == f"{tmp_path}/abbreviated.out"
+    finally:
+        subprocess.run(["scancel", held], timeout=30, check=True)
+    step_out = tmp_path / "step.out"
+    subprocess.run(["srun", "-N1", "-n1", f"--outp={step_out}", "echo", "abbreviated"], timeout=120, check=True)
+    assert step_out.read_text().strip() == "abbreviated"
+    # Every option of the real commands that is a prefix of an owned one is an option of its own name
+    # (getopt_long takes an exact name as itself): slurmkit's exceptions list holds them all.
+    for command, owns in (("sbatch", SLURMKIT_OWNS), ("srun", SRUN_OWNS)):
+        real = _long_options(command)
+        assert {"output", "signal", "export"} <= real, f"{command} --help was read"
+        assert {o for o in real if o not in owns and any(k.startswith(o) for k in owns)} <= OWN_NAMES_BELOW_OWNED
+        for owned in owns.keys() & real:
+            for n in range(2, len(owned)):
+                reached = [o for o in real if o.startswith(owned[:n])]
+                if owned[:n] not in real and reached == [owned]:  # the real parser reads it as `owned`
+                    assert owner_of(owned[:n], owns) == owned, (command, owned[:n])

@@ -19,6 +19,7 @@ import slurmkit
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import CommandStop
 from slurmkit.common.metrics import read_records
+from slurmkit.runs import procs
 from slurmkit.worker.frameworks import lightning as lightning_hook
 from tests.conftest import USER_CODE
 from tests.test_cluster_faults import wait_until
@@ -56,6 +57,24 @@ def test_a_signalled_lightning_script_stops_at_one_agreed_batch_with_its_hpc_che
     assert logged and all(r["step"] % 10 == 0 and "train_loss" in r for r in logged)
     last = [int(m) for m in re.findall(r"rank=0 step=(\d+) ", log.read_text())][-1]
     assert last == stops[0].step  # no batch ran past it
+
+
+def test_a_lightning_script_that_goes_on_after_fit_is_ended_by_a_local_cancel(
+        local_once: Path, lightning: Path, tmp_path: Path) -> None:
+    job = slurmkit.Executor(profile=str(local_once), tasks_per_node=2, name="litafter",
+                            env={"PYTHONPATH": str(lightning)}).submit_command(
+        ["python", str(USER_CODE / "lightning_toy.py"), "--steps", "5", "--devices", "2", "--root",
+         str(tmp_path / "root"), "--after-fit-s", "3600"])
+    paths = RunPaths(Path(job.run_dir))
+    logs = [paths.rank_log(job.job_id, rank) for rank in (0, 1)]
+    wait_until(lambda: all(log.exists() and " done " in log.read_text() for log in logs), 300, "fit done on both ranks",
+               poll_s=0.2)
+    pids = [int(re.findall(r" done global_step=\d+ pid=(\d+)", log.read_text())[0]) for log in logs]
+    # After fit, nothing reads the callback's flag: the signal does what it did before.
+    assert all(not paths.command_stop(job.job_id, rank).exists() for rank in (0, 1)), "no longer agrees stops"
+    assert job.cancel() == [job.job_id]
+    assert [procs.pid_alive(pid) for pid in pids] == [False, False], "cancel returns once the job's group is gone"
+    assert not procs.group_alive(int(job.job_id))
 
 
 def test_a_signalled_hf_trainer_with_the_callback_saves_the_agreed_step_and_ends(

@@ -86,13 +86,15 @@ def test_bad_distribution_values_are_one_line_with_no_sweep_folder(
 
 def test_a_sweep_folder_that_cannot_be_read_is_skipped_by_sweep_list(run_root: Path, local_profile: Path,
                                                                       tmp_path: Path) -> None:
-    good = tmp_path / "good.yaml"
-    good.write_text(yaml.safe_dump({"name": "good", "callable": "os:getcwd", "sweep": {"grid": {"env.A": ["1"]}}}))
-    assert runner.invoke(app, ["sweep", str(good), "-p", str(local_profile), "--wait"]).exit_code == 0
-    bad = run_root / "bad-sweep-20260101-000000-0000abcd"
-    bad.mkdir(mode=0o700)
-    unreadable = {"sweep_id": bad.name, "search": {"params": {"x": {"uniform": [None, 1]}}}}
-    (bad / "sweep.json").write_text(json.dumps(unreadable))
+    for name in ("good", "bad"):
+        path = search_spec(tmp_path, {"kwargs.x": {"uniform": [0.0, 1.0]}}, name=name, trials=1)
+        assert runner.invoke(app, ["sweep", str(path), "-p", str(local_profile)]).exit_code == 0
+    bad = next(p for p in folders.list_sweeps(str(run_root)) if p.sweep_id.startswith("bad"))
+    wait_until(lambda: DriverFile(bad).read().state != "running", 120, "the driver ended")
+    # What an older slurmkit stored of `uniform: [.nan, 1]`: null, which a manifest's reader must not trip on.
+    record = json.loads(bad.manifest.read_text())
+    record["search"]["params"]["kwargs.x"] = {"uniform": [None, 1]}
+    bad.manifest.write_text(json.dumps(record))
     listed = runner.invoke(app, ["sweep", "list", "-p", str(local_profile), "--json"])
     assert listed.exit_code == 0, listed.output
     assert [r["sweep_id"].split("-")[0] for r in json.loads(listed.stdout)] == ["good"]

@@ -12,6 +12,8 @@ import signal as signals
 from pathlib import Path
 
 from slurmkit.common import trust
+from slurmkit.errors import warn
+from slurmkit.runs.polling import Poller
 
 MAX_PID = 2**22
 """Linux's largest pid (pid_max's ceiling, PID_MAX_LIMIT)."""
@@ -65,4 +67,63 @@ def signal_process(pid: int | str | None, start: int | None, sig: int = signals.
     except PermissionError as exc:  # recorded by the caller, yet another user's process now
         raise trust.NotOwnError(f"process {pid} is not yours to signal", where=f"pid {pid}",
                                 valid="valid: a run of your own that is still running") from exc
+    return True
+
+
+GROUP_GRACE_S = 10.0
+"""How long a cancelled local job's process group has to end after each signal before the next,
+stronger one: SIGINT (the controller stops its ranks), then SIGTERM, then SIGKILL."""
+
+
+def group_of(pid: int) -> int | None:
+    """The process group `pid` is in; None when there is no such process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def group_alive(pgid: int) -> bool:
+    """Some process of group `pgid` still runs (a zombie, ended and not yet reaped, does not)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def end_group(pid: int | str | None, start: int | None, grace_s: float = GROUP_GRACE_S) -> bool:
+    """End a local job: SIGINT to its controller (the recorded process only), then, where the
+    controller leads its own process group (slurmkit starts it so), wait until no process of that
+    group is left, sending SIGTERM and then SIGKILL to the group when one outlives its grace: a
+    rank's command and the processes it started (a script that went on after training, its data
+    loaders) end with it, never reparented to init and left running. False when the controller was
+    no longer the recorded process; True once it was signalled (and its group waited for)."""
+    if not same_process(pid, start):
+        return False
+    leader = int(str(pid))
+    own_group = group_of(leader) == leader
+    if not signal_process(leader, start, signals.SIGINT):
+        return False
+    if not own_group:  # a controller started before its group was its own: it alone was signalled
+        return True
+    for sig in (None, signals.SIGTERM, signals.SIGKILL):
+        if sig is not None:
+            try:
+                os.killpg(leader, sig)
+            except ProcessLookupError:
+                return True
+        poller = Poller(first_s=0.05, max_s=0.5)
+        while group_alive(leader):
+            if poller.elapsed() > grace_s:
+                break
+            poller.wait()
+        else:
+            return True
+    warn(f"local job {leader}: a process of its group outlived SIGKILL (`ps -g {leader}`): it is in the kernel")
     return True

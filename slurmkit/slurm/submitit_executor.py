@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+import submitit.local as submitit_local
 from submitit.core.utils import DelayedSubmission, JobPaths
 
 from slurmkit.common import perms, ports, trust
@@ -260,8 +262,33 @@ class SafeLocalExecutor(submitit.LocalExecutor):
     def _submit_command(self, command: str) -> Any:
         # Each job (each task of a local array too) its own rendezvous port, free when it starts
         # (common/ports.py): a pid-derived one could be a Slurm job's on the same host.
-        with _environ(MASTER_PORT=str(ports.free_local_port())), _detached_stdio():
+        with _environ(MASTER_PORT=str(ports.free_local_port())), _detached_stdio(), _own_session():
             return super()._submit_command(command)
+
+
+class _SessionSubprocess:
+    """The `subprocess` module as submitit's local module sees it while it starts a controller: every
+    process it starts leads a session (and process group) of its own, so the job's whole tree (the
+    controller, its ranks, the processes a rank's command starts) is one group that a cancel ends
+    (runs.procs.end_group), and no terminal's signal reaches it."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:  # noqa: N802 - subprocess's name
+        return subprocess.Popen(*args, **kwargs, start_new_session=True)
+
+
+@contextlib.contextmanager
+def _own_session() -> Iterator[None]:
+    module = submitit_local.local
+    saved = module.subprocess
+    module.subprocess = _SessionSubprocess()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        module.subprocess = saved
 
 
 @contextlib.contextmanager

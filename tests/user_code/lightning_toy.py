@@ -2,6 +2,7 @@
 # Each training step prints `rank=R step=N ` (N: the global step it runs, from 1), so a test can
 # count the steps that ran, and ran twice, and a benchmark can time them (t=).
 import argparse
+import os
 import time
 
 import pytorch_lightning as pl
@@ -36,6 +37,7 @@ def main():
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--step-time", type=float, default=0.0)
     parser.add_argument("--root", default=".")
+    parser.add_argument("--after-fit-s", type=float, default=0.0)
     args = parser.parse_args()
     pl.seed_everything(0)
     data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
@@ -43,7 +45,8 @@ def main():
                          max_steps=args.steps, default_root_dir=args.root, logger=False, log_every_n_steps=10,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Regression(args.step_time), DataLoader(data, batch_size=32, shuffle=True))
-    print(f"rank={trainer.global_rank} done global_step={trainer.global_step}", flush=True)
+    print(f"rank={trainer.global_rank} done global_step={trainer.global_step} pid={os.getpid()}", flush=True)
+    time.sleep(args.after_fit_s)  # work a script goes on with after fit (an export, an upload)
 
 
 if __name__ == "__main__":

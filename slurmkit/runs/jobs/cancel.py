@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
 from slurmkit.runs import procs
@@ -16,8 +14,9 @@ def cancel(paths: RunPaths) -> list[str]:
     if not ids:
         return []
     if rec.executor == "local":
-        # Only a controller that is still the process we started: its pid may have been reused.
-        ids = [jid for jid in ids if procs.signal_process(jid, rec.pid_starts.get(jid), signal.SIGINT)]
+        # Only a controller that is still the process we started (its pid may have been reused),
+        # and with it every process of its group (procs.end_group).
+        ids = [jid for jid in ids if procs.end_group(jid, rec.pid_starts.get(jid))]
     else:
         commands.scancel(ids)
     RunFile(paths).update(cancelled=True)

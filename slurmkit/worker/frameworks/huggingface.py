@@ -54,6 +54,13 @@ class AgreedStopCallback(TrainerCallback):
             tracking.log(values, int(state.global_step))
         return control
 
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Training is done: the signals do what they did before (ScriptStop.release)."""
+        if self.agreed == Stop.NONE:
+            self.votes.drain()
+            self.script.release()
+        return control
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.agreed == Stop.NONE:
             return control

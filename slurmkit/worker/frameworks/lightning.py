@@ -19,6 +19,8 @@ What the callback does:
 - What the LightningModule logs (`self.log`) reaches the run's logged.jsonl and trackers, every
   `log_every_n_steps` and after each validation (slurmkit.tracking.log): `sweep results` and the
   report show it.
+- Once `fit` is done the signals do what they did before the Trainer was made (ScriptStop.release):
+  a script that goes on after fit is ended by SIGTERM and `slurmkit cancel` as any script is.
 - The requeued job's Trainer is again under Slurm, and Lightning itself resumes from the newest
   hpc checkpoint when `fit` is given no ckpt_path: no finished optimizer step runs twice.
 """
@@ -71,6 +73,12 @@ class _AgreedStop:
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         _log(trainer)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        """fit is done: no batch reads the flag again, so the signals do what they did before (a
+        script that goes on after fit is ended by a cancel, not left running)."""
+        self.votes.drain()  # on every rank, as each ends fit at the same step: no vote left in flight
+        self.script.release()
 
 
 def _log(trainer: Any) -> None:

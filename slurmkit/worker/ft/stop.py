@@ -56,22 +56,35 @@ def requeue_signal(name: str | None = None) -> signal.Signals:
     return signal.Signals[f"SIG{name or os.environ.get('SLURMKIT_SIGNAL', DEFAULT_SIGNAL)}"]
 
 
+Handlers = dict[signal.Signals, Any]
+
+
 def install_handlers(on_requeue: Callable[[int, FrameType | None], None],
-                     on_terminate: Callable[[int, FrameType | None], None], name: str | None = None) -> None:
-    """The profile's signal (requeue_signal) means requeue; SIGTERM, unless it is that signal, means terminate."""
+                     on_terminate: Callable[[int, FrameType | None], None], name: str | None = None) -> Handlers:
+    """The profile's signal (requeue_signal) means requeue; SIGTERM, unless it is that signal, means
+    terminate. The handlers they had before, by signal."""
     requeue_sig = requeue_signal(name)
-    signal.signal(requeue_sig, on_requeue)
+    before = {requeue_sig: signal.signal(requeue_sig, on_requeue)}
     if requeue_sig != signal.SIGTERM:
-        signal.signal(signal.SIGTERM, on_terminate)
+        before[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_terminate)
+    return before
 
 
 class StopFlag:
     def __init__(self) -> None:
         self.kind = Stop.NONE
+        self.before: Handlers = {}
+        """The handlers the signals had before install(), which uninstall() puts back."""
 
     def install(self, name: str | None = None) -> StopFlag:
-        install_handlers(self._requeue, self._terminate, name)
+        self.before = install_handlers(self._requeue, self._terminate, name)
         return self
+
+    def uninstall(self) -> None:
+        """The signals do what they did before install() (a signal flagged meanwhile is the caller's)."""
+        for signum, handler in self.before.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self.before = {}
 
     def _requeue(self, signum: int, frame: FrameType | None) -> None:
         self.kind = max(self.kind, Stop.REQUEUE)
@@ -210,6 +223,17 @@ class ScriptStop:
         if self.marker is not None:
             CommandStop().write(self.marker)
         at_exit.install()  # the script's exit, past its last line, must not abort (slurmkit.worker.at_exit)
+
+    def release(self) -> None:
+        """Training is over (the framework's Trainer finished): no step will read the flag again, so
+        the signals do what they did before (SIGTERM ends the script), the rank's worker is told the
+        script no longer agrees stops (it terminates it, as any script), and a signal that came
+        after the last step is delivered now, to that handler."""
+        self.flag.uninstall()
+        if self.marker is not None and (found := CommandStop.read(self.marker)) is not None and found.step is None:
+            self.marker.unlink(missing_ok=True)
+        if self.flag.is_set:
+            signal.raise_signal(requeue_signal() if self.flag.kind == Stop.REQUEUE else signal.SIGTERM)
 
     def end(self, step: int, kind: Stop) -> NoReturn:
         """The ranks stopped at `step` and saved it: a command's script exits 0 here and its worker
