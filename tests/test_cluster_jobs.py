@@ -262,7 +262,7 @@ def test_sbatch_refusal_leaves_no_run_record(cluster: None, tmp_path: Path, dev_
                                              run_root: Path) -> None:
     spec = write_spec(tmp_path, name="rej", command="true")
     result = runner.invoke(app, ["submit", str(spec), "-p", str(dev_profile),
-                                 "--set", "profile.sbatch_extra=[--gres=bogus:1]"])
+                                 "--set", "profile.sbatch_extra=[--licenses=bogus:1]"])
     assert result.exit_code == 3, result.output
     assert "submission failed" in result.output and "Traceback" not in result.output
     assert list(run_root.iterdir()) == []

@@ -41,6 +41,12 @@ def test_an_abbreviation_of_an_option_slurmkit_owns_is_refused(tmp_path: Path, w
     refused(["render", str(spec)])
 
 
+@pytest.mark.parametrize("option", ["--ou=/tmp/x", "--output=/tmp/x", "--sig=USR1@60", "--array=0-3"])
+def test_sbatch_extra_holds_to_the_owned_options_too(tmp_path: Path, option: str) -> None:
+    spec = write_spec(tmp_path, name="x", command="true")
+    refused(["render", str(spec), "--set", f"profile.sbatch_extra=[{option}]"])
+
+
 @pytest.mark.parametrize("name", ["gpus", "container", "comment", "mail-type", "exclusive", "gres-flags"])
 def test_an_option_of_its_own_name_is_not_taken_for_an_abbreviation(name: str) -> None:
     assert owner_of(name, SLURMKIT_OWNS) is None

@@ -322,3 +322,56 @@ def test_a_ranks_python_older_than_slurmkit_supports_is_refused_at_submit(tmp_pa
     with pytest.raises(PreflightError) as refused:
         imports.check_packages(resolve({"name": "t", "command": "true"}, str(profile)))
     assert refused.value.where == "profile:python"
+
+
+def test_a_tracker_that_never_answers_is_tried_once_and_said_once(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """A command's rank opens MLflow for the command's environment, then for its own logging and at
+    the run's end: a server that accepts and never answers is waited for once, in one line."""
+    import threading
+
+    monkeypatch.setattr(tracking, "OPEN_TIMEOUT_S", 0.5)
+    answer = threading.Event()
+    tried: list[str] = []
+
+    class Silent:
+        def __init__(self, info: Any, uri: str) -> None:
+            tried.append(uri)
+            answer.wait()
+
+    monkeypatch.setattr(tracking.trackers, "Mlflow", Silent)
+    paths = run_folder(tmp_path, {"mlflow": "http://127.0.0.1:9"})
+    env = tracking.environment(str(paths.run_dir), 0)
+    assert "MLFLOW_RUN_ID" not in env and env[tracking.DROPPED_ENV] == "mlflow"
+    opened = tracking.Trackers.open(paths.run_dir)
+    assert opened is not None and opened.backends == [] and opened.dropped == {"mlflow": "TimeoutError"}
+    tracking.finish_run(str(paths.run_dir))
+    monkeypatch.setenv(tracking.DROPPED_ENV, env[tracking.DROPPED_ENV])  # the user's command's own process
+    monkeypatch.setattr(tracking, "_dropped", {})
+    assert tracking.Trackers.open(paths.run_dir) is not None
+    answer.set()
+    assert tried == ["http://127.0.0.1:9"], "one wait on it, for the whole start"
+
+
+def test_the_trackers_open_side_by_side_under_one_bound(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two trackers that never answer are waited for once together, not one bound after the other:
+    the waits given to their threads add up to one bound."""
+    import threading
+
+    monkeypatch.setattr(tracking, "OPEN_TIMEOUT_S", 1.0)
+    answer = threading.Event()
+    waits: list[float] = []
+
+    class Recorded(threading.Thread):
+        def join(self, timeout: float | None = None) -> None:
+            waits.append(float(timeout or 0.0))
+            super().join(timeout)
+
+    monkeypatch.setattr(tracking.threading, "Thread", Recorded)
+    monkeypatch.setattr(tracking.trackers, "for_run", lambda info, resumed: iter(
+        [("mlflow", answer.wait), ("wandb", answer.wait)]))
+    paths = run_folder(tmp_path, {"mlflow": "http://127.0.0.1:9", "wandb": "offline"})
+    opened = tracking.Trackers.open(paths.run_dir)
+    answer.set()
+    assert opened is not None and opened.dropped == {"mlflow": "TimeoutError", "wandb": "TimeoutError"}
+    assert len(waits) == 2 and sum(waits) < 1.5 * tracking.OPEN_TIMEOUT_S, waits

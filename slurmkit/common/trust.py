@@ -162,7 +162,7 @@ def open_config(path: Path | str, flags: int = os.O_RDONLY) -> int:
     try:
         return open_own(path, flags)
     except NotOwnError as exc:
-        raise NotOwnError(f"refusing {exc.what}: slurmkit reads it as code or configuration", where=str(path),
+        raise NotOwnError(f"{exc.what}, and slurmkit reads it as code or configuration", where=str(path),
                           valid=CONFIG_VALID) from None
 
 

@@ -13,7 +13,6 @@ from slurmkit.config.fields import (
     EnvMap,
     Gres,
     HomePath,
-    SbatchOptions,
     SbatchPath,
     SbatchValue,
     SlurmMem,
@@ -22,7 +21,7 @@ from slurmkit.config.fields import (
     TildePath,
 )
 from slurmkit.config.login import LoginHost
-from slurmkit.config.slurm_args import SbatchArgs, SrunArgs
+from slurmkit.config.slurm_args import SbatchArgs, SbatchExtra, SrunArgs
 from slurmkit.config.tracking import Tracking
 
 SWEEP_MAX_TASKS = 1_000_000
@@ -163,7 +162,7 @@ class ClusterProfile(Strict):
     """Where a run's compiled code (config.compile: inductor's caches) is kept for its restarts: run is
     the run folder's compile-cache/ on the shared filesystem, read by every node and incarnation; node is
     each node's $TMPDIR (else /tmp) under slurmkit-UID/, private, fast, and lost with the node."""
-    sbatch_extra: SbatchOptions = Field(default_factory=list)
+    sbatch_extra: SbatchExtra = Field(default_factory=list)
     """More sbatch options as a list, each as --key=value or --flag (the older form of sbatch_args)."""
     sbatch_args: SbatchArgs = Field(default_factory=dict)
     """sbatch options slurmkit has no field for, as a mapping (submitit's slurm_additional_parameters):

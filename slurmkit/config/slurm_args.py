@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator
 
-from slurmkit.config.fields import sbatch_safe
+from slurmkit.config.fields import SbatchOptions, sbatch_safe
 from slurmkit.errors import clip
 
 _OPTION = re.compile(r"^--([a-z][a-z0-9-]*)(=.+)?$", re.DOTALL)
@@ -94,5 +94,14 @@ def sbatch_lines(args: dict[str, str | int | bool]) -> list[str]:
     return [f"--{k}" if v is True else f"--{k}={v}" for k, v in args.items()]
 
 
+def _sbatch_extra(value: list[str]) -> list[str]:
+    for opt in value:
+        if m := _OPTION.match(opt):
+            _owned(m.group(1), "sbatch_extra", SLURMKIT_OWNS)
+    return value
+
+
 SrunArgs = Annotated[list[str], AfterValidator(_srun_args)]
+SbatchExtra = Annotated[SbatchOptions, AfterValidator(_sbatch_extra)]
+"""`sbatch_extra`: the older list form of sbatch_args, held to the same owned options."""
 SbatchArgs = Annotated[dict[str, str | int | bool], BeforeValidator(_sbatch_keys), AfterValidator(_sbatch_args)]

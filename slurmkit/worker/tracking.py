@@ -11,8 +11,10 @@ MLflow keeps both values, the restart event at the resume step marking where the
 W&B keeps the first, dropping any step below the highest it has seen (its own rule).
 
 A tracker that fails, or does not answer in time (an unreachable server), is dropped with one
-line on stderr: opening one may take OPEN_TIMEOUT_S (importing MLflow and creating its tables
-takes seconds on a busy node), each call after CALL_TIMEOUT_S. The lines name no credentials
+line on stderr: opening the run's trackers takes at most OPEN_TIMEOUT_S in all, however many they
+are (they open side by side; importing MLflow and creating its tables takes seconds on a busy
+node), each call after CALL_TIMEOUT_S. A tracker dropped is said once and not tried again by this
+process, nor by the user's command it starts (DROPPED_ENV). The lines name no credentials
 (config.tracking.redact).
 """
 
@@ -23,6 +25,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,28 +43,59 @@ from slurmkit.worker.trackers import Backend, RunInfo
 
 OPEN_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 10.0
+DROPPED_ENV = "SLURMKIT_TRACKERS_DROPPED"
+"""Trackers the rank's worker dropped (comma-separated names), passed to the user's command: its own
+`log` does not try them again."""
 T = TypeVar("T")
 
 
-def bounded(call: Callable[[], T], timeout_s: float) -> T:
-    """call() in a thread of its own; TimeoutError when it has not returned within `timeout_s` (the
-    thread is left to end by itself: a daemon, it never holds the process's exit)."""
-    box: dict[str, Any] = {}
+def bounded_all(calls: dict[str, Callable[[], T]], timeout_s: float) -> dict[str, T | BaseException]:
+    """Each call() in a thread of its own, side by side, under one bound for them all: its value, or
+    its exception (TimeoutError when it had not returned within `timeout_s`; the thread is left to
+    end by itself: a daemon, it never holds the process's exit)."""
+    boxes: dict[str, dict[str, Any]] = {name: {} for name in calls}
 
-    def run() -> None:
+    def run(name: str) -> None:
         try:
-            box["value"] = call()
+            boxes[name]["value"] = calls[name]()
         except BaseException as exc:  # handed to the caller below
-            box["error"] = exc
+            boxes[name]["error"] = exc
 
-    thread = threading.Thread(target=run, name="slurmkit-tracker", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise TimeoutError(f"no answer within {timeout_s:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    threads = {name: threading.Thread(target=run, args=(name,), name=f"slurmkit-tracker-{name}", daemon=True)
+               for name in calls}
+    deadline = time.monotonic() + timeout_s
+    for thread in threads.values():
+        thread.start()
+    for thread in threads.values():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return {name: TimeoutError(f"no answer within {timeout_s:.0f} s") if threads[name].is_alive()
+            else boxes[name].get("error", boxes[name].get("value")) for name in calls}
+
+
+def bounded(call: Callable[[], T], timeout_s: float) -> T:
+    """call() in a thread of its own; TimeoutError when it has not returned within `timeout_s`."""
+    (got,) = bounded_all({"call": call}, timeout_s).values()
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+_dropped: dict[str, dict[str, str]] = {}
+"""Trackers this process dropped, by run folder, then by name, with the error's type: never opened
+again here for that run."""
+
+
+def dropped_here(run_dir: str | Path) -> dict[str, str]:
+    """The run's trackers this process dropped, with what the rank's worker passed on (DROPPED_ENV)."""
+    inherited = {n: "inherited" for n in os.environ.get(DROPPED_ENV, "").split(",") if n}
+    return {**inherited, **_dropped.get(str(Path(run_dir)), {})}
+
+
+def drop(run_dir: str | Path, name: str, exc: BaseException) -> None:
+    """Say once that the run's tracker `name` is left out, and never try it again in this process."""
+    if name not in dropped_here(run_dir):
+        say(f"{name} left out", exc)
+    _dropped.setdefault(str(Path(run_dir)), {}).setdefault(name, type(exc).__name__)
 
 
 def say(what: str, exc: BaseException) -> None:
@@ -90,14 +124,17 @@ class Trackers:
         info = RunInfo.of(paths, RunFile(paths).read())
         if info is None:
             return None
+        named = dict(trackers.for_run(info, resumed_from or 0))
+        makes = {name: make for name, make in named.items() if name not in dropped_here(paths.run_dir)}
         made: list[Backend] = []
-        dropped: dict[str, str] = {}
-        for name, make in trackers.for_run(info, resumed_from or 0):
-            try:
-                made.append(bounded(make, OPEN_TIMEOUT_S))
-            except Exception as exc:  # a missing package, an unreachable server: said, then left out
-                say(f"{name} left out", exc)
-                dropped[name] = type(exc).__name__
+        for name, got in bounded_all(makes, OPEN_TIMEOUT_S).items():
+            if isinstance(got, Exception):  # a missing package, an unreachable server: said once, then left out
+                drop(paths.run_dir, name, got)
+            elif isinstance(got, BaseException):
+                raise got
+            else:
+                made.append(got)
+        dropped = {n: e for n, e in dropped_here(paths.run_dir).items() if n in named}
         opened = cls(info, made, resumed_from or 0, resumed_from or 0, _told(paths), dropped=dropped)
         opened.sync_restarts()
         return opened
@@ -110,6 +147,7 @@ class Trackers:
                 say(f"{backend.name} {what} failed, left out from here", exc)
                 self.backends.remove(backend)
                 self.dropped[backend.name] = type(exc).__name__
+                _dropped.setdefault(str(self.info.paths.run_dir), {})[backend.name] = type(exc).__name__
 
     def record(self, record: dict[str, Any]) -> None:
         """A metrics record (MetricsWriter's sink)."""
@@ -213,12 +251,14 @@ def environment(run_dir: str, rank: int) -> dict[str, str]:
         env.update({"WANDB_ENTITY": t.wandb_entity} if t.wandb_entity else {})
     if t.mlflow:
         env.update(MLFLOW_TRACKING_URI=t.mlflow, MLFLOW_EXPERIMENT_NAME=info.project)
-        if rank == 0:
+        if rank == 0 and "mlflow" not in dropped_here(run_dir):
             try:
                 mlflow_uri = t.mlflow
                 env["MLFLOW_RUN_ID"] = bounded(lambda: trackers.Mlflow(info, mlflow_uri), OPEN_TIMEOUT_S).run_id
-            except Exception as exc:  # said, and the user's code makes its own run
-                say("mlflow left out", exc)
+            except Exception as exc:  # said once, and the user's code makes its own run
+                drop(run_dir, "mlflow", exc)
+    if gone := dropped_here(run_dir):
+        env[DROPPED_ENV] = ",".join(sorted(gone))
     return env
 
 
