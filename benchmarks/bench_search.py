@@ -29,7 +29,7 @@ from submitit.core import utils
 from slurmkit.common.sweep_layout import Manifest
 from slurmkit.config.loader import load_profile
 from slurmkit.slurm import commands
-from slurmkit.sweeps import search, spec, study
+from slurmkit.sweeps import resolve, search, spec, study
 from slurmkit.sweeps import submit as sub
 from slurmkit.sweeps.results import TaskState, task_states
 
@@ -74,7 +74,7 @@ def main() -> None:
 
     plan = spec.load(spec_path)
     prof = load_profile(str(profile))
-    paths = sub.create(plan, search.search_base(plan, str(profile), None, prof))
+    paths = sub.create(plan, resolve.search_base(plan, str(profile), None, prof))
     assert plan.section.search is not None
     opened = study.open_study(paths, plan.section.search, None)
     blocker = subprocess.run(["sbatch", "--parsable", "--hold", "-t", "1", "--wrap", "true"], capture_output=True,

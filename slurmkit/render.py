@@ -15,7 +15,8 @@ from typing import Any
 
 import jinja2
 
-from slurmkit.common import ports, trust
+from slurmkit import trust
+from slurmkit.common import ports
 from slurmkit.common.layout import expand_root
 from slurmkit.common.supervisor_plan import Health, Plan, Shrink
 from slurmkit.config.fields import has_control, sbatch_safe

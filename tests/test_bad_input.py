@@ -311,8 +311,8 @@ def test_an_empty_run_id_names_no_run(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a folder of another user needs root")
 def test_a_cache_folder_another_user_made_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmkit.common.trust import NotOwnError
     from slurmkit.remote.connection import private_cache
+    from slurmkit.trust import NotOwnError
 
     for planted in ("slurmkit/ssh", "slurmkit"):
         cache = tmp_path / planted.replace("/", "-")

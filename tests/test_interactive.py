@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
-from slurmkit.common.trust import NotOwnError
 from slurmkit.config.loader import resolve
 from slurmkit.render import render_shell_rc
 from slurmkit.runs.shell import SHELL_SPEC
 from slurmkit.slurm import interactive
+from slurmkit.trust import NotOwnError
 from tests.test_render import check_shell
 
 

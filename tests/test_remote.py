@@ -329,7 +329,7 @@ def test_a_login_host_on_debians_own_python_unpacks_the_code_and_refuses_a_link_
 
 def test_known_hosts_of_another_user_or_writable_by_others_is_refused(login_host: sshd_mod.Sshd,
                                                                       tmp_path: Path) -> None:
-    from slurmkit.common.trust import NotOwnError
+    from slurmkit.trust import NotOwnError
 
     theirs = tmp_path / "theirs_known_hosts"
     theirs.write_text(login_host.known_hosts_line() + "\n")

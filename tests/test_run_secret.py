@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.cause import Cause
 from slurmkit.worker.dist import Dist, DistEnv, Group
 from slurmkit.worker.ft import warm

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from slurmkit import trust
 from slurmkit.cli.app import app
-from slurmkit.common import trust
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.locked import CorruptRecordError
 from slurmkit.errors import ConfigError, SlurmkitError

@@ -18,10 +18,10 @@ import yaml
 from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
-from slurmkit.common.trust import NotOwnError
 from slurmkit.config.loader import load_profile, resolve
 from slurmkit.render import render_shell_rc
 from slurmkit.runs import jobs, registry
+from slurmkit.trust import NotOwnError
 from tests.conftest import write_spec
 
 OTHER_UID = 65534

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from slurmkit import trust
 from slurmkit.api.executor import Executor
 from slurmkit.api.handles import Job, states
-from slurmkit.common import trust
 from slurmkit.errors import SlurmkitError
 from slurmkit.remote import serve
 from slurmkit.remote.api import CALL_FILE, as_answer, as_error

@@ -6,6 +6,7 @@ import functools
 import json
 import math
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -52,12 +53,14 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-PSEUDO_FS = ("/proc", "/sys", "/dev")
+PSEUDO_FS = ("/proc", "/sys")
 
 
 def output_file(raw: str | None, option: str) -> Path | None:
     """The file an option names for slurmkit to write (`--csv`, `report -o`), or one line saying why it
-    cannot be one: empty, a folder, a folder that does not exist, or under /proc, /sys or /dev."""
+    cannot be one: empty, a folder, something there that is not a regular file (a device such as
+    /dev/null, a FIFO: slurmkit writes beside and renames over, which would replace it), a folder that
+    does not exist, or under /proc or /sys."""
     if raw is None:
         return None
     valid = "valid: a file path in a folder that exists, e.g. results.csv"
@@ -69,6 +72,8 @@ def output_file(raw: str | None, option: str) -> Path | None:
         raise ConfigError(f"{raw} is under /{real.split('/')[1]}, not a file to write", where=option, valid=valid)
     if path.is_dir():
         raise ConfigError(f"{raw} is a folder", where=option, valid=valid)
+    if os.path.exists(real) and not stat.S_ISREG(os.stat(real).st_mode):
+        raise ConfigError(f"{raw} is not a regular file (a device, a FIFO or a socket)", where=option, valid=valid)
     if not path.parent.is_dir():
         raise ConfigError(f"no folder {path.parent}", where=option, valid=valid)
     return path

@@ -110,15 +110,16 @@ def _wait_and_print(done: SweepSubmitted, as_json: bool) -> None:
         print_json({**done.as_dict(), "counts": results.counts(states)})
     else:
         typer.echo(f"sweep {done.sweep_id}: " + "  ".join(f"{k} {v}" for k, v in results.counts(states).items()))
-    if any(s.state != "COMPLETED" for s in states):  # a task failed, was cancelled or never ran
+    if not any(s.state == "COMPLETED" for s in states):  # every task failed, was cancelled or never ran
         raise typer.Exit(1)
 
 
 def _search_preview(plan: Any, profile: str | None, sets: list[str] | None, prof: Any, as_json: bool) -> None:
     """--dry-run of a search: its trials and arrays; one trial at its params' low ends validated."""
     from slurmkit.sweeps import search as search_mod
+    from slurmkit.sweeps.resolve import search_base
 
-    search_mod.search_base(plan, profile, sets, prof)  # a param the spec refuses: one line now
+    search_base(plan, profile, sets, prof)  # a value a trial could get that the spec refuses: one line now
     info = search_mod.preview(plan)
     if as_json:
         print_json(info)

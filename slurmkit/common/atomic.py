@@ -9,6 +9,7 @@ file of a checkpoint on a local or parallel filesystem. A run's sbatch.sh, a cop
 from __future__ import annotations
 
 import os
+import stat
 import uuid
 from pathlib import Path
 
@@ -55,11 +56,22 @@ def atomic_write_text(path: Path | str, text: str, mode: int = PRIVATE_FILE, dur
     atomic_write(path, text.encode(), mode, durable)
 
 
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
 def write_output(path: Path, data: bytes) -> None:
     """A file the user named (`report -o`, on the login host or fetched to a laptop): written beside
     and renamed over, so a symlink planted at its name is replaced, never followed; 0600, or 0640 in
-    a group run folder; a path that cannot be written is one SlurmkitError."""
+    a group run folder; a path that cannot be written is one SlurmkitError, and so is a device, a
+    FIFO or a socket at its name (`/dev/null`: renamed over, it would be replaced for everyone)."""
     try:
+        if (st := _lstat(path)) is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            raise SlurmkitError("not a regular file (a device, a FIFO or a socket)", where=str(path),
+                                valid="valid: a file path in a folder you can write")
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, data, perms.file_mode(path.parent), durable=False)
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""The run folder's layout: the paths of one run (RunPaths), all but the run's secret (common.trust)
+"""The run folder's layout: the paths of one run (RunPaths), all but the run's secret (slurmkit.trust)
 and Ray's token (worker.ray_driver).
 
 Both sides use it: the client creates and reads run folders (slurmkit.runs.registry), the job's
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import outcomes, trust
+from slurmkit import trust
+from slurmkit.common import outcomes
 from slurmkit.common.outcomes import Outcome
 from slurmkit.errors import ConfigError, clip
 

@@ -15,7 +15,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from slurmkit.common import perms, trust
+from slurmkit import trust
+from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.errors import RunNotFoundError, SlurmkitError, clip
 

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from slurmkit.common import trust
+from slurmkit import trust
 
 _BLOCK = 1 << 16
 

@@ -1,5 +1,5 @@
 """Who may read and write a run: folder modes and the umask of everything a submit creates. Whether
-what slurmkit opens is the caller's own is slurmkit.common.trust's to say.
+what slurmkit opens is the caller's own is slurmkit.trust's to say.
 
 A run folder is 0700 (private), or 0750 with setgid under a profile's `run_mode: group`, so a
 team shares one group and can read, never write. The folder's own mode is the one record of

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.code_source import with_source
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.locked import LockedJson, Record

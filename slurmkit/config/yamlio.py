@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.errors import ConfigError, clip
 from slurmkit.resources import shipped_dir
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.config.login import LoginHost
 from slurmkit.errors import SlurmkitError, clip
 

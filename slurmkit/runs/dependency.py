@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import Manifest, latest_job_ids
-from slurmkit.common.trust import JOB_ID_RE
 from slurmkit.errors import PreflightError, RunNotFoundError, clip
 from slurmkit.runs.folders import find_sweep
 from slurmkit.runs.lookup import find
 from slurmkit.slurm import commands
+from slurmkit.trust import JOB_ID_RE
 
 AFTER_KINDS = ("afterok", "afterany", "afternotok")
 

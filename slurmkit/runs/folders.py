@@ -4,7 +4,7 @@ Listing trusts only what the caller owns: folders of other users under a shared 
 skipped (and counted), symlinked folders and records too, and a record's own folder is where it
 was found, whatever it says. An id is looked up under run_root only, never in the working folder;
 a path (it holds a `/`) gets the same rules, and no one else may be able to swap it
-(slurmkit.common.trust). Runs (slurmkit.runs.lookup) and sweeps (list_sweeps, find_sweep) are found here.
+(slurmkit.trust). Runs (slurmkit.runs.lookup) and sweeps (list_sweeps, find_sweep) are found here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 import stat
 from pathlib import Path
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.layout import expand_root
 from slurmkit.common.sweep_layout import MANIFEST, SweepPaths
 from slurmkit.errors import ConfigError, RunNotFoundError, did_you_mean, warn

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.layout import RUN_FILE, RunPaths
 from slurmkit.common.locked import CorruptRecordError
 from slurmkit.common.record import RunFile, RunRecord

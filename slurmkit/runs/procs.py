@@ -11,7 +11,7 @@ import os
 import signal as signals
 from pathlib import Path
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.errors import warn
 from slurmkit.runs.polling import Poller
 

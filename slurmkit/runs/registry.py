@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from slurmkit.common import perms, trust
+from slurmkit import trust
+from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths, expand_checkpoint_root, expand_root
 from slurmkit.errors import ConfigError, SlurmkitError, clip

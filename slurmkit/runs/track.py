@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import is_number
 from slurmkit.common.record import RunFile

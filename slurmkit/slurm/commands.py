@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.slurm_env import base_id, expand_hostlist
 from slurmkit.errors import SlurmError, squash, warn
 from slurmkit.slurm import parse

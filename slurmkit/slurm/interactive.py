@@ -9,7 +9,7 @@ import signal
 import subprocess
 from typing import NoReturn
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.config.loader import Resolved
 
 SHELL_JOB_NAME = "slurmkit-shell"

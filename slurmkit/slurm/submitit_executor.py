@@ -21,7 +21,8 @@ import submitit
 import submitit.local as submitit_local
 from submitit.core.utils import DelayedSubmission, JobPaths
 
-from slurmkit.common import perms, ports, trust
+from slurmkit import trust
+from slurmkit.common import perms, ports
 from slurmkit.common.atomic import atomic_write, atomic_write_text
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import outer_job_env
@@ -276,7 +277,7 @@ class _SessionSubprocess:
         return getattr(subprocess, name)
 
     @staticmethod
-    def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:  # noqa: N802 - subprocess's name
+    def Popen(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - subprocess's name
         return subprocess.Popen(*args, **kwargs, start_new_session=True)
 
 

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from slurmkit import trust
 from slurmkit.calls import SweepTask
-from slurmkit.common import perms, trust
+from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, SweepPaths
 from slurmkit.config.loader import Resolved

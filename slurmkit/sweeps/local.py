@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slurmkit import trust
 from slurmkit.calls import SweepTask
-from slurmkit.common import trust
 from slurmkit.common.locked import try_lock
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, Manifest, SweepPaths, materialize_task

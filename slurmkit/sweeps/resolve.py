@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from slurmkit.config.loader import Layer, Resolved, load_profile, profile_name, resolve_layers
 from slurmkit.config.overrides import nested, split_sets
 from slurmkit.config.profile import ClusterProfile
+from slurmkit.config.search import candidates
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError
 from slurmkit.sweeps.spec import SweepPlan
@@ -178,3 +179,26 @@ def _check_across_fields(cfg_model: TrainConfig, checks: list[Any], values: dict
         except ValueError as exc:
             _resolve_task(plan, overrides, top, prof, name)
             raise ConfigError(str(exc), where=f"{plan.source}:sweep") from None  # the line above raises first
+
+
+def search_base(plan: SweepPlan, profile: str | None, sets: list[str] | None, prof: ClusterProfile) -> SweepTasks:
+    """A search's base: the spec (and --set) alone, every trial's starting point, as a sweep of no
+    tasks yet. Every value a trial could be given is validated whole now, one param at a time (each
+    choice, both ends of a range; the other params at their low ends), so that a param the spec
+    refuses is one line at submit, not a failed trial later."""
+    search = plan.section.search
+    assert search is not None
+    spec_sets, _ = split_sets(sets or [])
+    name = profile_name(profile)
+    top: list[Layer] = [("--set", spec_sets)] if spec_sets else []
+    base = resolve_layers([*plan.base_layers, *top], prof, name)
+    low = {k: candidates(d)[0] for k, d in search.params.items()}
+    for key, dist in search.params.items():
+        for value in candidates(dist):
+            probe = nested({**low, key: value})
+            try:
+                resolve_layers([*plan.base_layers, (f"{plan.source}:sweep.search.params", probe), *top], prof, name)
+            except ConfigError as exc:
+                raise ConfigError(f"{key}={value!r}: {exc.what}", where=f"{plan.source}:sweep.search.params.{key}",
+                                  valid=exc.valid) from None
+    return SweepTasks([base], [], [], [], base.spec.model_dump(), spec_sets)

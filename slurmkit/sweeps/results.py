@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.atomic import write_output
 from slurmkit.common.metrics import is_number, last_record, last_values
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import (
@@ -239,8 +239,4 @@ def to_csv(table: Results) -> str:
 def write_csv(table: Results, path: str) -> None:
     from pathlib import Path
 
-    try:
-        atomic_write_text(Path(path), to_csv(table))
-    except OSError as exc:
-        raise SlurmkitError(f"cannot write {path}: {exc.strerror or exc}", where="--csv",
-                            valid="valid: a file path in a folder you can write") from None
+    write_output(Path(path), to_csv(table).encode())

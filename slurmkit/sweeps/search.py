@@ -36,18 +36,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.locked import try_lock
 from slurmkit.common.markers import PruneRequest
 from slurmkit.common.metrics import is_number, iter_records
 from slurmkit.common.sweep_layout import DriverFile, DriverRecord, Manifest, ManifestTask, SweepManifest, SweepPaths
-from slurmkit.config.loader import Layer, profile_name, resolve_layers
-from slurmkit.config.overrides import deep_merge, nested, split_sets
-from slurmkit.config.profile import ClusterProfile
+from slurmkit.config.overrides import deep_merge, nested
 from slurmkit.config.runspec import RunSpec
-from slurmkit.config.search import SearchSection, candidates
+from slurmkit.config.search import SearchSection
 from slurmkit.config.train import TrainConfig
-from slurmkit.errors import ConfigError, PreflightError, SlurmkitError
+from slurmkit.errors import PreflightError, SlurmkitError
 from slurmkit.runs.jobs.status import is_active
 from slurmkit.runs.polling import DEFAULT_MAX_S, Poller
 from slurmkit.runs.procs import same_process, start_time
@@ -55,7 +53,6 @@ from slurmkit.slurm import commands
 from slurmkit.slurm.commands import TransientSlurmError
 from slurmkit.sweeps import arrays, local, study
 from slurmkit.sweeps.plan import compress
-from slurmkit.sweeps.resolve import SweepTasks
 from slurmkit.sweeps.results import TaskState, final_metrics, task_states
 from slurmkit.sweeps.spec import SweepPlan
 from slurmkit.sweeps.store import manifest_tasks
@@ -107,29 +104,6 @@ def start_driver(paths: SweepPaths) -> int:
 
 
 # -- submit: the base, the first batch, the driver ---------------------------------------------------
-def search_base(plan: SweepPlan, profile: str | None, sets: list[str] | None, prof: ClusterProfile) -> SweepTasks:
-    """A search's base: the spec (and --set) alone, every trial's starting point, as a sweep of no
-    tasks yet. Every value a trial could be given is validated whole now, one param at a time (each
-    choice, both ends of a range; the other params at their low ends), so that a param the spec
-    refuses is one line at submit, not a failed trial later."""
-    search = plan.section.search
-    assert search is not None
-    spec_sets, _ = split_sets(sets or [])
-    name = profile_name(profile)
-    top: list[Layer] = [("--set", spec_sets)] if spec_sets else []
-    base = resolve_layers([*plan.base_layers, *top], prof, name)
-    low = {k: candidates(d)[0] for k, d in search.params.items()}
-    for key, dist in search.params.items():
-        for value in candidates(dist):
-            probe = nested({**low, key: value})
-            try:
-                resolve_layers([*plan.base_layers, (f"{plan.source}:sweep.search.params", probe), *top], prof, name)
-            except ConfigError as exc:
-                raise ConfigError(f"{key}={value!r}: {exc.what}", where=f"{plan.source}:sweep.search.params.{key}",
-                                  valid=exc.valid) from None
-    return SweepTasks([base], [], [], [], base.spec.model_dump(), spec_sets)
-
-
 def preview(plan: SweepPlan) -> dict[str, Any]:
     """What submit would start (--dry-run): the search, its arrays' count; no trial is asked."""
     search = plan.section.search

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.search import PruneSection, SearchSection
 from slurmkit.errors import ConfigError
@@ -114,14 +114,16 @@ class StudyLock:
     (flock) on `study.journal.lock`, so a holder that dies, however it dies, holds nothing; a live one
     is waited for, never broken after a grace period (which could let two writers in). The file
     names its holder while it holds it; a name left there by a holder that died is taken over with
-    one line on stderr."""
+    one line on stderr. On NFS, Linux takes a flock as a lock of the whole file (NFSv3's NLM, NFSv4's
+    own locks): seen by every client, and freed by the server once a client that died lets its lease go."""
 
     def __init__(self, journal: str) -> None:
         self.path = journal + ".lock"
         self.fd: int | None = None
 
     def acquire(self) -> bool:
-        fd = trust.open_own(self.path, os.O_RDWR | os.O_CREAT)
+        os.close(trust.open_append(self.path, 0o600))  # made private, never through a planted link
+        fd = trust.open_own(self.path, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             left = os.pread(fd, 256, 0).decode(errors="replace").strip()

@@ -34,8 +34,8 @@ from slurmkit.slurm import commands, preflight
 from slurmkit.sweeps import local
 from slurmkit.sweeps.arrays import cluster_limits, recover, submit_arrays
 from slurmkit.sweeps.plan import plan_arrays
-from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks
-from slurmkit.sweeps.search import begin, search_base
+from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks, search_base
+from slurmkit.sweeps.search import begin
 from slurmkit.sweeps.search_view import retry_failed, stop_driver
 from slurmkit.sweeps.spec import SweepPlan, count
 from slurmkit.sweeps.store import check_task_secrets, manifest_tasks

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import ports, trust
+from slurmkit import trust
+from slurmkit.common import ports
 from slurmkit.common.slurm_env import expand_hostlist
 from slurmkit.worker import at_exit
 

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.layout import RunPaths
 
 

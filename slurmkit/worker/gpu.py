@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import trust
+from slurmkit import trust
 
 SMI_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "power.draw", "temperature.gpu",
               "ecc.errors.uncorrected.volatile.total")

@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 
 from submitit.core import utils as submitit_utils
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import STACK_SIGNAL, RankProcess
 from slurmkit.common.slurm_env import slurm_job_id

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.atomic import atomic_write_text
 
 POLL_S = 0.5

@@ -3,7 +3,7 @@
 torch's TCPStore takes any client that reaches its port, and any client may list, read, set and
 delete keys. So every value slurmkit or torch.distributed (gloo's rendezvous, the warm-restart
 protocol, the health gate's all-reduce) writes through this store carries an HMAC-SHA256 of its
-key and value under the run's secret (slurmkit.common.trust.run_secret), and a value read is
+key and value under the run's secret (slurmkit.trust.run_secret), and a value read is
 used only when its tag checks out (`get` waits past a forged value, `peek` never waits).
 Another user on the node who knows the port can still delete or overwrite keys, which makes the
 protocol fail safe (the cold path), but cannot make a rank act on a value of theirs. Values are

@@ -39,7 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurmkit.common import outcomes, ports, trust
+from slurmkit import trust
+from slurmkit.common import outcomes, ports
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import StandbyGo, Stopped
 from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id

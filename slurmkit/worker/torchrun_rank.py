@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 
-from slurmkit.common import trust
+from slurmkit import trust
 
 
 def main(argv: list[str] | None = None) -> None:

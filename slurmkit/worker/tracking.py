@@ -35,8 +35,8 @@ from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import MetricsWriter, iter_records_reversed, numbers
 from slurmkit.common.record import RestartEntry, RunFile
-from slurmkit.common.trust import NotOwnError, read_own
 from slurmkit.config.tracking import redact
+from slurmkit.trust import NotOwnError, read_own
 from slurmkit.worker import trackers
 from slurmkit.worker.dist import detect
 from slurmkit.worker.trackers import Backend, RunInfo
@@ -68,8 +68,11 @@ def bounded_all(calls: dict[str, Callable[[], T]], timeout_s: float) -> dict[str
         thread.start()
     for thread in threads.values():
         thread.join(max(0.0, deadline - time.monotonic()))
-    return {name: TimeoutError(f"no answer within {timeout_s:.0f} s") if threads[name].is_alive()
-            else boxes[name].get("error", boxes[name].get("value")) for name in calls}
+    got: dict[str, T | BaseException] = {}
+    for name, box in boxes.items():
+        got[name] = (TimeoutError(f"no answer within {timeout_s:.0f} s") if threads[name].is_alive()
+                     else box["error"] if "error" in box else box["value"])
+    return got
 
 
 def bounded(call: Callable[[], T], timeout_s: float) -> T:

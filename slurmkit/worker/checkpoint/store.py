@@ -29,7 +29,7 @@ import xxhash
 from fsspec.implementations.local import LocalFileSystem
 
 import slurmkit.worker.checkpoint.crc as record_crc
-from slurmkit.common import trust
+from slurmkit import trust
 from slurmkit.common.atomic import atomic_write
 from slurmkit.common.layout import OBJECT_STORES
 from slurmkit.errors import squash

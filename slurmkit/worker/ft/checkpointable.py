@@ -12,7 +12,8 @@ from typing import Any
 
 import cloudpickle
 
-from slurmkit.common import perms, trust
+from slurmkit import trust
+from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write
 from slurmkit.common.layout import RunPaths
 
