@@ -91,7 +91,7 @@ def test_a_snapshot_record_without_its_fields_breaks_no_report(tmp_path: Path, l
     assert out.exit_code == 0 and json.loads(out.stdout)["snapshot"] == {"source": "/somewhere"}
 
 
-@pytest.mark.parametrize("target", ["", " ", "DIR", "/proc/self/status", "FIFO", "missing/r.csv"])
+@pytest.mark.parametrize("target", ["", " ", "DIR", "/proc/self/status", "FIFO", "FILE/r.csv"])
 def test_an_output_file_that_cannot_be_one_is_one_line(tmp_path: Path, local_profile: Path, run_root: Path,
                                                         target: str) -> None:
     sweep = tmp_path / "g.yaml"
@@ -102,7 +102,7 @@ def test_an_output_file_that_cannot_be_one_is_one_line(tmp_path: Path, local_pro
     # (a regression here must not replace the machine's own /dev/null).
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    path = {"DIR": str(tmp_path), "FIFO": str(fifo), "missing/r.csv": str(tmp_path / target)}.get(target, target)
+    path = {"DIR": str(tmp_path), "FIFO": str(fifo), "FILE/r.csv": str(sweep / "r.csv")}.get(target, target)
     refused(["sweep", "results", paths.sweep_id, "-p", str(local_profile), "--csv", path])
     spec = write_spec(tmp_path, name="r", command="true")
     assert runner.invoke(app, ["submit", str(spec), "-p", str(local_profile), "--wait"]).exit_code == 0

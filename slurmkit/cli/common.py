@@ -59,11 +59,11 @@ PSEUDO_FS = ("/proc", "/sys")
 def output_file(raw: str | None, option: str) -> Path | None:
     """The file an option names for slurmkit to write (`--csv`, `report -o`), or one line saying why it
     cannot be one: empty, a folder, something there that is not a regular file (a device such as
-    /dev/null, a FIFO: slurmkit writes beside and renames over, which would replace it), a folder that
-    does not exist, or under /proc or /sys."""
+    /dev/null, a FIFO: slurmkit writes beside and renames over, which would replace it), or under
+    /proc or /sys. Missing folders on its way are made when it is written (atomic.write_output)."""
     if raw is None:
         return None
-    valid = "valid: a file path in a folder that exists, e.g. results.csv"
+    valid = "valid: a file path, e.g. results.csv"
     if not raw.strip():
         raise ConfigError("an empty path", where=option, valid=valid)
     path = Path(raw).expanduser()
@@ -74,8 +74,6 @@ def output_file(raw: str | None, option: str) -> Path | None:
         raise ConfigError(f"{raw} is a folder", where=option, valid=valid)
     if os.path.exists(real) and not stat.S_ISREG(os.stat(real).st_mode):
         raise ConfigError(f"{raw} is not a regular file (a device, a FIFO or a socket)", where=option, valid=valid)
-    if not path.parent.is_dir():
-        raise ConfigError(f"no folder {path.parent}", where=option, valid=valid)
     return path
 
 
