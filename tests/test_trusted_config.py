@@ -37,6 +37,13 @@ def team_folder(tmp_path: Path) -> Path:
     return folder
 
 
+def profile_with(tmp_path: Path, run_root: Path, **fields: object) -> Path:
+    """A profile of the caller's own over the shipped local one, with `fields`."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"extends": "local", "run_root": str(run_root), **fields}))
+    return path
+
+
 def planted(path: Path, data: dict[str, object], uid: int = OTHER_UID, mode: int = 0o644) -> Path:
     path.write_text(yaml.safe_dump(data))
     os.chown(path, uid, -1)
@@ -107,8 +114,7 @@ def test_template_dir_and_each_template_in_it_are_the_callers_own(tmp_path: Path
     (templates / "partials").mkdir(parents=True)
     partial = templates / "partials" / "profile_setup.sh.j2"
     partial.write_text("echo mine\n")
-    prof = tmp_path / "p.yaml"
-    prof.write_text(yaml.safe_dump({"extends": "local", "run_root": str(run_root), "template_dir": str(templates)}))
+    prof = profile_with(tmp_path, run_root, template_dir=str(templates))
     spec = write_spec(tmp_path, name="t", command="true")
     assert "echo mine" in jobs.dry_run(resolve(spec, str(prof))).script
     # A template another user wrote, or one others can write, renders nothing: one line naming it.
@@ -131,8 +137,7 @@ def test_a_venv_whose_activate_another_user_owns_is_refused(tmp_path: Path, run_
     (venv / "bin").mkdir(parents=True)
     activate = venv / "bin" / "activate"
     activate.write_text("export PATH\n")
-    prof = tmp_path / "p.yaml"
-    prof.write_text(yaml.safe_dump({"extends": "local", "run_root": str(run_root), "setup": {"venv": str(venv)}}))
+    prof = profile_with(tmp_path, run_root, setup={"venv": str(venv)})
     resolved = resolve(write_spec(tmp_path, name="v", command="true"), str(prof))
     assert f"{venv}/bin/activate" in render_shell_rc(resolved)
     os.chown(activate, OTHER_UID, -1)
@@ -150,8 +155,7 @@ def test_run_ids_carry_32_random_bits() -> None:
 def test_the_checkpoint_folder_is_made_private_at_submit_before_the_run_folder(
         tmp_path: Path, run_root: Path) -> None:
     shared = team_folder(tmp_path)
-    prof = tmp_path / "p.yaml"
-    prof.write_text(yaml.safe_dump({"extends": "local", "run_root": str(run_root), "checkpoint_root": str(shared)}))
+    prof = profile_with(tmp_path, run_root, checkpoint_root=str(shared))
     resolved = resolve(write_spec(tmp_path, name="c", command="true"), str(prof))
     paths = registry.create(str(run_root), "c", "private", str(shared))
     folder = shared / paths.run_id
@@ -166,8 +170,7 @@ def test_the_checkpoint_folder_is_made_private_at_submit_before_the_run_folder(
 def test_a_checkpoint_folder_someone_made_first_refuses_the_submit_with_nothing_queued(
         tmp_path: Path, run_root: Path) -> None:
     shared = team_folder(tmp_path)
-    prof = tmp_path / "p.yaml"
-    prof.write_text(yaml.safe_dump({"extends": "local", "run_root": str(run_root), "checkpoint_root": str(shared)}))
+    prof = profile_with(tmp_path, run_root, checkpoint_root=str(shared))
     resolved = resolve(write_spec(tmp_path, name="c", command="true"), str(prof))
     request = jobs.dry_run(resolved)  # the id a dry run showed: the one submit takes
     claimed = shared / request.paths.run_id
