@@ -9,13 +9,17 @@ by a `stat` of the path before a second open, and a refusal is one line (`NotOwn
   can write it (`reason`);
 - a folder others could swap things in is trusted only when every folder from `/` down to it is
   writable by others only with the sticky bit, and owned by the caller or root (`chain_reason`);
+- a file read as code or configuration (a profile and each file it extends, a run or sweep spec, a
+  template, a venv's activate script) is opened that way too (`open_config`): another user's
+  would run as the caller;
 - a pickle is loaded only from a file opened that way (`load_pickle`), never by path twice;
 - a Slurm job id is digits in the forms Slurm prints (`job_id`), so no id can reach a Slurm
   command as an option;
 - the run's secret (`run_secret`) signs what the ranks exchange through their store and derives
   Ray's token (slurmkit.worker.signed_store, slurmkit.worker.ray_driver).
 
-Torch-free and light: the login side, the supervisor and the ranks all import it.
+Torch-free and light: the login side, the supervisor and the ranks all import it, and so does
+`config` (its YAML reader), which is why it is a top module and not part of `common/`.
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -
 
 
 JOB_SIDE_ALLOWED = ("slurmkit.worker", "slurmkit.common", "slurmkit.config", "slurmkit.slurm", "slurmkit.errors",
-                    "slurmkit.calls")
+                    "slurmkit.trust", "slurmkit.calls")
 CLIENT_MAY_IMPORT = {
     # The callables submitit pickles (the first of the three meeting points) load the job's side
     # when a rank calls them, never where the client builds them.
@@ -167,8 +167,8 @@ def _all_slurmkit_imports(path: Path) -> set[str]:
 
 
 def test_the_job_side_and_the_client_meet_only_where_the_design_says() -> None:
-    """worker/ imports only worker/, common/, config/, errors, calls and the Slurm client, lazily or not; the client
-    imports the job side only at the meeting points listed in CLIENT_MAY_IMPORT."""
+    """worker/ imports only worker/, common/, config/, errors, trust, calls and the Slurm client, lazily or
+    not; the client imports the job side only at the meeting points listed in CLIENT_MAY_IMPORT."""
     job_side, client = [], []
     for path in _modules(PACKAGE):
         rel = _relative(path)
