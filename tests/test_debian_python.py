@@ -153,3 +153,13 @@ def test_a_search_driven_and_resumed_by_debians_python(debian_python: Path) -> N
                      "tests/test_search.py")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "failed" not in done.stdout
+
+
+def test_the_shared_cluster_refusals_on_debians_python(debian_python: Path) -> None:
+    """The login host's checks of part four on 3.11.2: files read as configuration checked open, the
+    checkpoint folder claimed at submit, a search's values checked and its journal lock (tests/
+    test_trusted_config.py, tests/test_search_refusals.py, run by Debian's python itself)."""
+    done = run_there(debian_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                     "tests/test_trusted_config.py", "tests/test_search_refusals.py")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout and "skipped" not in done.stdout
