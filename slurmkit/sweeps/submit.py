@@ -147,7 +147,8 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
             arrays = plan_arrays(tasks.group_of, list(range(n)), limit, plan.section.max_parallel)
             ids = submit_arrays(paths, tasks.groups, arrays, "initial", after, plan.section.max_parallel)
     except BaseException:  # Ctrl-C in a large batch's ask too
-        if not any(a.job_id for a in ArrayLog(paths).read().arrays):  # nothing queued: leave no sweep behind
+        # Nothing queued (no array's job id, no local runner started): leave no sweep behind.
+        if not any(a.job_id or a.runner_pid for a in ArrayLog(paths).read().arrays):
             registry.discard(RunPaths(paths.sweep_dir), first.profile.checkpoint_root)
         raise
     return SweepSubmitted(paths.sweep_id, str(paths.sweep_dir), n, ids)
