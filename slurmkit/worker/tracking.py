@@ -94,11 +94,16 @@ def dropped_here(run_dir: str | Path) -> dict[str, str]:
     return {**inherited, **_dropped.get(str(Path(run_dir)), {})}
 
 
+def remember(run_dir: str | Path, name: str, exc: BaseException) -> None:
+    """The run's tracker `name` is never tried again in this process (the first error's type kept)."""
+    _dropped.setdefault(str(Path(run_dir)), {}).setdefault(name, type(exc).__name__)
+
+
 def drop(run_dir: str | Path, name: str, exc: BaseException) -> None:
     """Say once that the run's tracker `name` is left out, and never try it again in this process."""
     if name not in dropped_here(run_dir):
         say(f"{name} left out", exc)
-    _dropped.setdefault(str(Path(run_dir)), {}).setdefault(name, type(exc).__name__)
+    remember(run_dir, name, exc)
 
 
 def say(what: str, exc: BaseException) -> None:
@@ -150,7 +155,7 @@ class Trackers:
                 say(f"{backend.name} {what} failed, left out from here", exc)
                 self.backends.remove(backend)
                 self.dropped[backend.name] = type(exc).__name__
-                _dropped.setdefault(str(self.info.paths.run_dir), {})[backend.name] = type(exc).__name__
+                remember(self.info.paths.run_dir, backend.name, exc)
 
     def record(self, record: dict[str, Any]) -> None:
         """A metrics record (MetricsWriter's sink)."""
