@@ -61,7 +61,7 @@ def commit_vs_dd(folder: Path, reps: int = 3) -> dict[str, float]:
 def stall_async_vs_sync(folder: Path) -> dict[str, float]:
     for key in ("SLURM_PROCID", "SLURM_NTASKS", "SUBMITIT_LOCAL_GLOBALID", "RANK", "WORLD_SIZE"):
         os.environ.pop(key, None)
-    from slurmkit.worker.tasks.train_task import run
+    from slurmkit.worker.train.tasks.train_task import run
 
     cfg = {"model": "gpt", "steps": 40, "batch_size": 4, "n_layer": 4, "d_model": 512, "n_head": 8,
            "seq_len": 64, "vocab_size": 256, "dataset_size": 256, "checkpoint_every": 10, "log_every": 100}

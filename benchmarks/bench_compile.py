@@ -28,7 +28,7 @@ from slurmkit.common.metrics import read_records
 ROOT = Path(__file__).resolve().parent.parent
 GPT = {"model": "gpt", "batch_size": 16, "n_layer": 4, "d_model": 128, "n_head": 4, "seq_len": 64,
        "vocab_size": 256, "dataset_size": 1024, "log_every": 1, "log_min_interval_s": 0, "seed": 0}
-TRAIN = ("import json, sys\nfrom slurmkit.worker.tasks.train_task import run\n"
+TRAIN = ("import json, sys\nfrom slurmkit.worker.train.tasks.train_task import run\n"
          "print(json.dumps(run(json.loads(sys.argv[1]), sys.argv[2])))\n")
 
 

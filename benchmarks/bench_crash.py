@@ -3,13 +3,13 @@ hang, against a requeue.
 
 Runs of the same training, in the same session:
 - warm: the last rank raises at random steps (`config.faults.transient_error_at_steps`), its process
-  and its peer's live on, and both restart in the process (slurmkit.worker.ft.warm). The fault time
+  and its peer's live on, and both restart in the process (slurmkit.worker.train.warm). The fault time
   is rank 0's catch of the failure (`warm_restart.failed_at` of the first step back, about 1 ms
   after the raise);
 - cold: rank 1 is SIGKILLed at a random step, once the standby ranks for the next attempt have
   paid their imports (their "ready" line; a second fault a few seconds after the first, while
   they still import, waits for them); srun ends the step and the batch shell hands the next
-  attempt to them (slurmkit.worker.ft.standby, `requeue.in_job: 2`);
+  attempt to them (slurmkit.worker.standby, `requeue.in_job: 2`);
 - fresh: the same with `requeue.standby: false`: a new srun step of fresh interpreters;
 - hang: rank 1 is SIGSTOPped; rank 0's watchdog (`hang_timeout_s` 5) gives up, then as cold. Its
   figure is from the watchdog's firing (the time in its hang marker) to the first step back;
@@ -46,7 +46,7 @@ from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
 from slurmkit.insight import goodput
 from slurmkit.runs import jobs
-from slurmkit.worker.ft import standby
+from slurmkit.worker import standby
 
 PATHS = ("warm", "cold", "fresh", "hang", "requeue")
 HANG_TIMEOUT_S = 5

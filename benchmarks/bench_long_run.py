@@ -38,9 +38,9 @@ def checkpoint_sizes(steps: int, folder: Path) -> dict[str, Any]:
 
     from slurmkit.config.train import TrainConfig
     from slurmkit.worker.checkpoint.store import CheckpointStore, to_bytes
-    from slurmkit.worker.dist import distributed
-    from slurmkit.worker.ft.incarnation import Incarnation
-    from slurmkit.worker.trainer import Trainer, TrainerOptions, TrainState
+    from slurmkit.worker.process_group import distributed
+    from slurmkit.worker.train.incarnation import Incarnation
+    from slurmkit.worker.train.trainer import Trainer, TrainerOptions, TrainState
 
     cfg = TrainConfig.model_validate({"steps": steps, "checkpoint_every": 1000, "keep_latest_k": steps // 1000,
                                       "async_save": False, "log_every": 1000})

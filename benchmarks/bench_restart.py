@@ -27,7 +27,8 @@ from typing import Any
 # 12 bytes a parameter (weights + AdamW's two moments) x ~22.3 M parameters = ~256 MB.
 CONFIG = {"model": "gpt", "d_model": 768, "n_layer": 3, "n_head": 8, "seq_len": 32, "vocab_size": 256,
           "batch_size": 2, "dataset_size": 64, "log_every": 1000, "seed": 1}
-TRAIN = "from slurmkit.worker.tasks.train_task import run; import json, sys; run(json.loads(sys.argv[1]), sys.argv[2])"
+TRAIN = ("from slurmkit.worker.train.tasks.train_task import run; import json, sys; "
+         "run(json.loads(sys.argv[1]), sys.argv[2])")
 
 
 def free_port() -> int:

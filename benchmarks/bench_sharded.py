@@ -44,7 +44,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from slurmkit.worker.checkpoint.checkpointer import Checkpointer  # noqa: E402
-from slurmkit.worker.dist import Ranks  # noqa: E402
+from slurmkit.worker.process_group import Ranks  # noqa: E402
 
 
 def _rank(rank: int, world: int, port: int, mb: int, root: str, repeat: int, out: str) -> None:
@@ -113,7 +113,7 @@ def stall_rank(rank: int, world: int, port: int, root: str, gpt: dict[str, Any],
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from slurmkit.worker.checkpoint.checkpointer import Checkpointer
-    from slurmkit.worker.tasks import train_task
+    from slurmkit.worker.train.tasks import train_task
 
     saves: dict[str, list[float]] = {"ours": [], "dcp": []}
     untimed = Checkpointer.save

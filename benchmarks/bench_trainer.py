@@ -38,8 +38,8 @@ def step_times(ends: list[float]) -> float:
 
 
 def trainer_run(cfg: Any, dist: Any, run_dir: Path) -> float:
-    from slurmkit.worker.ft.incarnation import Incarnation
-    from slurmkit.worker.tasks.train_task import build
+    from slurmkit.worker.train.incarnation import Incarnation
+    from slurmkit.worker.train.tasks.train_task import build
 
     trainer, _ = build(cfg, dist, run_dir)
     life = Incarnation(dist, str(run_dir), cfg)
@@ -60,8 +60,8 @@ def bare_run(cfg: Any, dist: Any) -> float:
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from slurmkit.worker.tasks import digits, gpt
-    from slurmkit.worker.trainer import warmup_cosine
+    from slurmkit.worker.train.tasks import digits, gpt
+    from slurmkit.worker.train.trainer import warmup_cosine
 
     torch.manual_seed(cfg.seed)
     net: torch.nn.Module
@@ -97,7 +97,7 @@ def bare_run(cfg: Any, dist: Any) -> float:
 
 def worker(model: str, pairs: int, folder: Path) -> None:
     from slurmkit.config.train import TrainConfig
-    from slurmkit.worker.dist import distributed
+    from slurmkit.worker.process_group import distributed
 
     cfg = TrainConfig.model_validate({**CONFIGS[model], "steps": STEPS[model], "checkpoint_every": 0, "seed": 0})
     out: dict[str, list[float]] = {"trainer": [], "bare": []}

@@ -37,7 +37,7 @@ timeout 150 "$py" -P -m pytest -q -p no:cacheprovider tests/test_gpu_device.py 2
 
 # On the GPU: ~1.2 B parameters (24 x 2048, seq 2048, batch 8: about 50 GB).
 echo "== 2. benchmarks/bench_gpu.py ${bench[*]}: DDP and FSDP2, eager and compiled"
-# MFU over the datasheet's bf16 peak: slurmkit.worker.flops has one for each of H100 SXM, PCIe and NVL,
+# MFU over the datasheet's bf16 peak: slurmkit.worker.train.flops has one for each of H100 SXM, PCIe and NVL,
 # H200 (and GH200), A100, L40S and B200; another GPU is measured against A100's and says so.
 timeout 420 "$py" -P benchmarks/bench_gpu.py "${bench[@]}" --compile both --dir /tmp 2>&1 | tee "$OUT/bench.log" | grep -v '^step \|committed'
 

@@ -216,7 +216,7 @@ def torchrun_node(inp: RenderInput) -> str:
 
 
 def standby_command(inp: RenderInput, container: dict[str, Any]) -> list[str] | None:
-    """The standby ranks' argv (slurmkit.worker.ft.standby; the supervisor adds --run-dir and --attempt),
+    """The standby ranks' argv (slurmkit.worker.standby; the supervisor adds --run-dir and --attempt),
     where the profile asks for them and the next in-job step is the same srun of submitit's worker."""
     resolved = inp.resolved
     policy = resolved.profile.requeue
@@ -224,7 +224,7 @@ def standby_command(inp: RenderInput, container: dict[str, Any]) -> list[str] | 
             or resolved.spec.launcher == "torchrun" or resolved.shrinks or container["srun"] or container["prefix"]:
         return None
     compiled = ["--compile"] if resolved.spec.task == "train" and resolved.spec.config.get("compile") else []
-    return [*shlex.split(inp.rank_python or inp.python), "-u", "-m", "slurmkit.worker.ft.standby", *compiled,
+    return [*shlex.split(inp.rank_python or inp.python), "-u", "-m", "slurmkit.worker.standby", *compiled,
             inp.job_folder]
 
 

@@ -26,8 +26,8 @@ def custom_trainer(steps: int) -> dict[str, object]:
     import torch
     from torch.utils.data import TensorDataset
 
-    from slurmkit.worker.dist import distributed
-    from slurmkit.worker.trainer import Trainer, TrainerOptions
+    from slurmkit.worker.process_group import distributed
+    from slurmkit.worker.train.trainer import Trainer, TrainerOptions
 
     with distributed() as dist:
         torch.manual_seed(0)

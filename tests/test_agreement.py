@@ -15,8 +15,8 @@ import pytest
 RANK_CODE = """
 import json, sys
 import torch
-from slurmkit.worker.dist import distributed
-from slurmkit.worker.trainer import Trainer, TrainerOptions
+from slurmkit.worker.process_group import distributed
+from slurmkit.worker.train.trainer import Trainer, TrainerOptions
 
 dtype = getattr(torch, sys.argv[2])
 torch.manual_seed(0)

@@ -331,9 +331,9 @@ def test_a_request_with_a_wrong_typed_field_is_one_line(field: dict[str, object]
     import dataclasses
     import json
 
-    from slurmkit.cli import serve
+    from slurmkit.cli import serve_command
     from slurmkit.remote.request import Request
 
     data = dataclasses.asdict(Request("run", argv=["status"], profile=[("a.yaml", {})])) | field
-    assert serve.main([base64.urlsafe_b64encode(json.dumps(data).encode()).decode()]) == 2
+    assert serve_command.main([base64.urlsafe_b64encode(json.dumps(data).encode()).decode()]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -21,7 +21,7 @@ from slurmkit.common.metrics import iter_records, read_records
 from slurmkit.common.record import RunFile
 from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
-from slurmkit.runs import jobs, track
+from slurmkit.runs import jobs, tracker_upload
 from slurmkit.runs import logs as run_logs
 from slurmkit.runs.failure import failure
 from slurmkit.worker.checkpoint import sharded
@@ -260,7 +260,7 @@ def test_scontrol_requeue_resumes_from_the_last_checkpoint_in_one_tracker_run(
     assert [e.step for e in events.Scalars("loss")] == steps
     assert [e.step for e in events.Scalars("slurmkit/restart")] == [restart.resumed_step]
     # `slurmkit track`: the goodput accounting sacct gives (as status shows it) joins the same run
-    sent = track.track(paths).accounting
+    sent = tracker_upload.track(paths).accounting
     assert sent is not None and sent["goodput"] == jobs.run_state(paths).goodput
     assert RunFile(paths).read().goodput is None  # status reads only: nothing cached in run.json
     run = client.get_run(run.info.run_id)

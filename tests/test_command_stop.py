@@ -21,8 +21,8 @@ from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker.checkpoint import STATE_FILE
 from slurmkit.worker.checkpoint.store import CheckpointStore
 from slurmkit.worker.command import run_command
-from slurmkit.worker.ft.interrupt import _raising_handler
 from slurmkit.worker.ft.stop import install_handlers
+from slurmkit.worker.interrupt import _raising_handler
 from tests.test_cluster_faults import wait_until
 
 USER_CODE = Path(__file__).parent / "user_code"
@@ -91,7 +91,7 @@ def test_a_launcher_in_the_command_outlives_the_requeue_signal_its_ranks_act_on(
 def test_the_echo_loses_no_line_of_the_commands_output_to_stop_signals(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """A rank's worker echoes its command's output while the stop signals come to it (Slurm signals
-    every process of the step). Their handlers raise (ft.interrupt), and raised between reading a
+    every process of the step). Their handlers raise (interrupt), and raised between reading a
     chunk and writing it, a line was lost (a `step=21` line at a preemption, once). Here the worker
     (this process) gets the requeue signal over and over while a command with a Checkpoint (its
     marker written: the worker passes each signal on) prints numbered lines."""

@@ -140,15 +140,24 @@ def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -
                                                              "slurmkit.runs.registry", "torch"))}, rel
 
 
-JOB_SIDE_ALLOWED = ("slurmkit.worker", "slurmkit.common", "slurmkit.config", "slurmkit.slurm", "slurmkit.errors",
-                    "slurmkit.trust", "slurmkit.calls")
+JOB_SIDE_ALLOWED = ("slurmkit.worker", "slurmkit.supervisor", "slurmkit.common", "slurmkit.config", "slurmkit.slurm",
+                    "slurmkit.errors", "slurmkit.trust", "slurmkit.calls")
+JOB_SIDE = ("worker/", "supervisor/")
+RANKS_STAND_IN_FOR_THE_SUPERVISOR = {
+    # Rank 0 asks the one policy where no supervisor process is there to: a warm restart inside the
+    # ranks' processes, and the local profile's requeue; each start records its restart entry; a
+    # command's runner shares the supervisor's signal inbox.
+    ("worker/train/incarnation.py", "slurmkit.supervisor"), ("worker/train/incarnation.py", "slurmkit.supervisor.decision"),
+    ("worker/train/warm.py", "slurmkit.supervisor.decision"), ("worker/interrupt.py", "slurmkit.supervisor.local_requeue"),
+    ("worker/entry.py", "slurmkit.supervisor"), ("worker/command.py", "slurmkit.supervisor.signal_inbox"),
+}
 CLIENT_MAY_IMPORT = {
     # The callables submitit pickles (the first of the three meeting points) load the job's side
     # when a rank calls them, never where the client builds them.
     ("calls.py", "slurmkit.worker.entry"), ("calls.py", "slurmkit.worker.sweep_task"),
     # `slurmkit bench` measures the job side's own code: the all-reduce runs as a job, `bench fs`
     # writes through the checkpoint store.
-    ("bench/allreduce.py", "slurmkit.worker.dist"), ("bench/fs.py", "slurmkit.worker.checkpoint.store"),
+    ("bench/allreduce.py", "slurmkit.worker.process_group"), ("bench/fs.py", "slurmkit.worker.checkpoint.store"),
     ("huggingface.py", "slurmkit.worker.frameworks.huggingface"),
     *((name, module) for name in PUBLIC_JOB_NAMES
       for module in ("slurmkit.worker", f"slurmkit.worker.{name.removesuffix('.py')}")),
@@ -167,20 +176,29 @@ def _all_slurmkit_imports(path: Path) -> set[str]:
 
 
 def test_the_job_side_and_the_client_meet_only_where_the_design_says() -> None:
-    """worker/ imports only worker/, common/, config/, errors, trust, calls and the Slurm client, lazily or
-    not; the client imports the job side only at the meeting points listed in CLIENT_MAY_IMPORT."""
-    job_side, client = [], []
+    """worker/ and supervisor/ import only the job's side, common/, config/, errors, trust, calls and
+    the Slurm client, lazily or not; supervisor/ imports nothing of worker/, and worker/ imports
+    supervisor/ only where rank 0 stands in for it; the client imports the job side only at the
+    meeting points listed in CLIENT_MAY_IMPORT."""
+    job_side, supervisor, ranks, client = [], [], [], []
     for path in _modules(PACKAGE):
         rel = _relative(path)
         for module in sorted(_all_slurmkit_imports(path)):
-            if rel.startswith("worker/") and not module.startswith(JOB_SIDE_ALLOWED):
+            if rel.startswith(JOB_SIDE) and not module.startswith(JOB_SIDE_ALLOWED):
                 job_side.append(f"{rel}: {module}")
-            if not rel.startswith("worker/") and rel != "__init__.py" and module.startswith("slurmkit.worker") \
+            if rel.startswith("supervisor/") and module.startswith("slurmkit.worker"):
+                supervisor.append(f"{rel}: {module}")
+            if rel.startswith("worker/") and module.startswith("slurmkit.supervisor") \
+                    and (rel, module) not in RANKS_STAND_IN_FOR_THE_SUPERVISOR:
+                ranks.append(f"{rel}: {module}")
+            if not rel.startswith(JOB_SIDE) and rel != "__init__.py" \
+                    and module.startswith(("slurmkit.worker", "slurmkit.supervisor")) \
                     and (rel, module) not in CLIENT_MAY_IMPORT:
                 client.append(f"{rel}: {module}")
-    assert (job_side, client) == ([], [])
+    assert (job_side, supervisor, ranks, client) == ([], [], [], [])
     # The check sees what it looks for.
-    assert "slurmkit.worker.ft" in _all_slurmkit_imports(PACKAGE / "worker/supervisor.py")
+    assert "slurmkit.supervisor" in _all_slurmkit_imports(PACKAGE / "supervisor/loop.py")
+    assert "slurmkit.supervisor.local_requeue" in _all_slurmkit_imports(PACKAGE / "worker/interrupt.py")
     assert "slurmkit.worker.entry" in _all_slurmkit_imports(PACKAGE / "calls.py")
 
 

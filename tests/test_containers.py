@@ -85,7 +85,7 @@ def test_pyxis_passes_its_options_to_srun_and_runs_the_container_python(tmp_path
     image = argv.index("--container-image=nvcr.io#nvidia/pytorch:24.05-py3")
     assert argv[image + 4:image + 9] == ["/usr/bin/python", "-P", "-u", "-m", "slurmkit.worker.rank"]
     # The supervisor itself stays on the host interpreter.
-    assert "/usr/bin/python -P -m slurmkit.worker.supervisor" not in script
+    assert "/usr/bin/python -P -m slurmkit.supervisor" not in script
 
 
 def test_apptainer_wraps_each_rank_with_nv_only_when_gpus_are_used(tmp_path: Path) -> None:

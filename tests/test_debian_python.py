@@ -138,7 +138,7 @@ def test_a_local_run_whose_ranks_run_debians_python_trains_and_runs_a_command(de
 
 def test_the_local_rehearsal_and_the_named_tracebacks_on_debians_python(debian_python: Path) -> None:
     """This issue's job side on 3.11.2: a signalled local run stopped, recorded and started again
-    (ft.local_requeue), a submitit Checkpointable going on, a local resubmit, and a __main__
+    (supervisor.local_requeue), a submitit Checkpointable going on, a local resubmit, and a __main__
     function's traceback naming its file (common.code_source), run by Debian's python itself."""
     done = run_there(debian_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                      "tests/test_local_rehearsal.py", "tests/test_from_submitit.py")

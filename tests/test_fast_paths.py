@@ -24,10 +24,10 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import read_records
 from slurmkit.common.record import RunFile
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker import fast_paths, trainer
-from slurmkit.worker.dist import Dist, DistEnv
-from slurmkit.worker.fast_paths import FastPaths
-from slurmkit.worker.tasks import gpt
+from slurmkit.worker.process_group import Dist, DistEnv
+from slurmkit.worker.train import fast_paths, trainer
+from slurmkit.worker.train.fast_paths import FastPaths
+from slurmkit.worker.train.tasks import gpt
 from tests.conftest import ROOT
 from tests.test_cluster_faults import wait_until
 from tests.test_local_rehearsal import signal_ranks
@@ -40,7 +40,7 @@ LOSS_TOLERANCE = 1e-4  # inductor's fused kernels reorder float sums: the losses
 TRAIN = """
 import json, sys
 from torch._dynamo.utils import counters
-from slurmkit.worker.tasks.train_task import run
+from slurmkit.worker.train.tasks.train_task import run
 summary = run(json.loads(sys.argv[1]), sys.argv[2])
 print(json.dumps({"compile_s": summary.get("compile_s"), "hits": counters["inductor"]["fxgraph_cache_hit"],
                   "misses": counters["inductor"]["fxgraph_cache_miss"]}))
@@ -145,7 +145,7 @@ def one_process(world: int) -> Dist:
 def test_the_optimizer_and_ddp_options_reach_what_they_set(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.utils.data import TensorDataset
 
-    from slurmkit.worker.tasks.train_task import build
+    from slurmkit.worker.train.tasks.train_task import build
 
     dist_one = one_process(world=1)
     cfg = TrainConfig(steps=2, batch_size=8)

@@ -16,7 +16,7 @@ import torch
 
 from slurmkit.worker import gpu
 from slurmkit.worker.checkpoint.threads import cpu_copy, reserve
-from slurmkit.worker.flops import peak_flops
+from slurmkit.worker.train.flops import peak_flops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="NO CUDA DEVICE HERE: these run on a GPU machine (benchmarks/gpu_check.sh)")
@@ -54,7 +54,7 @@ def test_the_peak_table_knows_this_device() -> None:
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_the_gpt_example_trains_on_nccl_in_bf16(parallel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmkit.worker.tasks import train_task
+    from slurmkit.worker.train.tasks import train_task
 
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000),

@@ -7,6 +7,7 @@ command modules (slurmkit/cli/__init__.py says why)."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -61,7 +62,7 @@ def test_no_module_over_400_lines_and_no_function_over_50() -> None:
 def test_slurmkits_own_modules_are_imported_inside_functions_only_where_the_rules_allow() -> None:
     trees = _trees()
     heavy = _heavy_modules(trees)
-    assert "slurmkit.worker.trainer" in heavy and "slurmkit.runs.jobs" not in heavy  # the rule sees both kinds
+    assert "slurmkit.worker.train.trainer" in heavy and "slurmkit.runs.jobs" not in heavy  # the rule sees both kinds
     hidden = []
     for name, (_, tree) in trees.items():
         if name.startswith("slurmkit.cli"):
@@ -91,6 +92,24 @@ def test_the_json_markers_are_read_and_written_only_by_common_markers() -> None:
     assert touching == []
 
 
+def _edges(unit: Callable[[str], str]) -> set[tuple[str, str]]:
+    """(importer's unit, imported unit) for every import of slurmkit's own modules that can run, at
+    the top of a file or inside a function (a TYPE_CHECKING block never runs)."""
+    edges: set[tuple[str, str]] = set()
+    for name, (_, tree) in _trees().items():
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+                       for stmt in block.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.stmt) and id(node) not in typing_only:
+                edges |= {(unit(name), unit(m)) for m in _imported(node) if m.startswith("slurmkit.")}
+    return edges
+
+
+def _cycles(edges: set[tuple[str, str]]) -> set[tuple[str, ...]]:
+    return {tuple(sorted((a, b))) for a, b in edges if a != b and (b, a) in edges and a and b}
+
+
 def test_no_package_cycle_at_any_import() -> None:
     """No two of slurmkit's packages (or top modules) import each other, at the top of a file or
     inside a function. The pickled callables (slurmkit.calls) are a top module for this: they load
@@ -99,17 +118,24 @@ def test_no_package_cycle_at_any_import() -> None:
         parts = module.split(".")
         return parts[1] if len(parts) > 1 else ""
 
-    edges: set[tuple[str, str]] = set()
-    for name, (_, tree) in _trees().items():
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
-                       for stmt in block.body for n in ast.walk(stmt)}  # never run: no import
-        for node in ast.walk(tree):
-            if isinstance(node, ast.stmt) and id(node) not in typing_only:
-                edges |= {(package(name), package(m)) for m in _imported(node) if m.startswith("slurmkit.")}
-    cycles = {tuple(sorted((a, b))) for a, b in edges if a != b and (b, a) in edges and a and b}
-    assert cycles == set(), sorted(cycles)
+    edges = _edges(package)
+    assert _cycles(edges) == set(), sorted(_cycles(edges))
     assert ("cli", "remote") in edges and ("common", "config") in edges  # the check sees both sides' imports
+
+
+SIDES = ("worker", "supervisor")
+
+
+def test_no_cycle_between_the_folders_inside_the_job_side() -> None:
+    """One level down: inside worker/ and supervisor/, no two folders or top modules (worker.ft,
+    worker.checkpoint, worker.train, worker.entry, ...) import each other."""
+    def unit(module: str) -> str:
+        parts = module.split(".")
+        return ".".join(parts[1:3]) if len(parts) > 2 and parts[1] in SIDES else ""
+
+    edges = _edges(unit)
+    assert _cycles(edges) == set(), sorted(_cycles(edges))
+    assert ("worker.train", "worker.checkpoint") in edges and ("worker.interrupt", "worker.ft") in edges
 
 
 MAX_LAZY_OWN_IMPORTS = 15

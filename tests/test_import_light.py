@@ -34,6 +34,18 @@ def test_render_does_not_import_torch(tmp_path: object) -> None:
     assert _loaded(stmt).startswith("False")
 
 
+def test_the_supervisor_is_torch_free_and_loads_nothing_of_the_ranks() -> None:
+    """Every module of slurmkit.supervisor, imported together, loads neither torch nor any
+    slurmkit.worker module: the batch host's side runs apart from the ranks'."""
+    names = sorted(p.stem for p in (ROOT / "slurmkit" / "supervisor").glob("*.py") if p.stem != "__main__")
+    stmt = "; ".join(f"import slurmkit.supervisor.{n}" if n != "__init__" else "import slurmkit.supervisor"
+                     for n in names)
+    probe = stmt + "; print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('slurmkit.worker')))"
+    proc = subprocess.run([sys.executable, "-P", "-c", "import sys; " + probe], capture_output=True, text=True,
+                          check=True, cwd=ROOT)
+    assert len(names) >= 9 and proc.stdout.strip() == "[]"
+
+
 def test_probe_detects_torch_when_it_is_imported() -> None:
     # The probe itself must be able to fail.
     assert _loaded("import torch") == "True False"

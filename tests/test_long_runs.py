@@ -14,9 +14,9 @@ from slurmkit.config.train import TrainConfig
 from slurmkit.insight import goodput
 from slurmkit.slurm.parse import Incarnation
 from slurmkit.worker.checkpoint.store import CheckpointStore, from_bytes
-from slurmkit.worker.dist import distributed
-from slurmkit.worker.tasks.train_task import build
-from slurmkit.worker.tasks.train_task import run as train
+from slurmkit.worker.process_group import distributed
+from slurmkit.worker.train.tasks.train_task import build
+from slurmkit.worker.train.tasks.train_task import run as train
 from tests.conftest import executed_steps
 from tests.test_resume import BASE
 

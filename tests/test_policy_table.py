@@ -1,6 +1,6 @@
 """The restart policy as a table: `decide(state, event)` is pure, so each case is a record, an event
 and the Decision's typed fields; no run folder, no Slurm. The effects' side (run.json, the marker,
-scontrol) is worker.ft.effects's (tests/test_requeue_policy.py, test_polling, the cluster tests)."""
+scontrol) is supervisor.effects's (tests/test_requeue_policy.py, test_polling, the cluster tests)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from slurmkit.common.cause import Cause
 from slurmkit.common.markers import HealthReport, PruneRequest
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import RestartEntry, RunRecord
-from slurmkit.worker.ft import policy
-from slurmkit.worker.ft.allocation import Allocation
-from slurmkit.worker.ft.decision import Action
-from slurmkit.worker.ft.policy import HealthFailed, Preempting, RankRaised, State, StepFailed, StepStopped
+from slurmkit.supervisor import policy
+from slurmkit.supervisor.allocation import Allocation
+from slurmkit.supervisor.decision import Action
+from slurmkit.supervisor.policy import HealthFailed, Preempting, RankRaised, State, StepFailed, StepStopped
 from tests.conftest import ROOT
 
 BAD = "Traceback (most recent call last):\nValueError: bad batch"
@@ -187,6 +187,6 @@ def test_the_policy_is_pure_it_imports_no_io() -> None:
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     allowed = {"__future__", "dataclasses", "slurmkit.common.cause", "slurmkit.common.markers",
-               "slurmkit.common.outcomes", "slurmkit.common.record", "slurmkit.worker.ft.allocation",
-               "slurmkit.worker.ft.decision"}
+               "slurmkit.common.outcomes", "slurmkit.common.record", "slurmkit.supervisor.allocation",
+               "slurmkit.supervisor.decision"}
     assert imported <= allowed, imported - allowed

@@ -144,8 +144,8 @@ def test_a_requeue_that_may_have_gone_through_keeps_its_marker_stand_in_scontrol
     from slurmkit.common.cause import Cause
     from slurmkit.common.layout import RunPaths
     from slurmkit.common.record import RunFile, RunRecord
-    from slurmkit.worker.ft import effects, policy
-    from slurmkit.worker.ft.decision import Action, Decision
+    from slurmkit.supervisor import effects, policy
+    from slurmkit.supervisor.decision import Action, Decision
 
     monkeypatch.setenv("FAILS", "1000")
     with commands.counting() as calls, pytest.raises(commands.RequeueUncertain, match="may still go through"):

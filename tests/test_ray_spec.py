@@ -35,8 +35,8 @@ def test_ray_script_starts_head_and_workers_then_the_driver(tmp_path: Path) -> N
     assert "ray stop" not in script.replace("`ray stop`", "")
     # No supervisor loop (a Ray driver owns its in-job recovery); once the driver ended, the
     # supervisor decides what its stop means, as for every run.
-    assert "exec" not in script.split("slurmkit.worker.supervisor")[0].splitlines()[-1]
-    assert '-m slurmkit.worker.supervisor --after-stop "$SLURMKIT_RUN_DIR"' in script
+    assert "exec" not in script.split("-m slurmkit.supervisor")[0].splitlines()[-1]
+    assert '-m slurmkit.supervisor --after-stop "$SLURMKIT_RUN_DIR"' in script
     # The driver runs through submitit on the first node, after Ray is up.
     assert re.search(r'srun --overlap -N1 -n1 -w "\$\{SLURMKIT_RAY_HOSTS\[0\]\}" .* -m slurmkit.worker.rank', script,
                      re.DOTALL)

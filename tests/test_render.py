@@ -19,7 +19,7 @@ from slurmkit.errors import RenderError
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
 from slurmkit.slurm.submitit_executor import ArraySpec, rank_python, render_for, submitit_command
-from slurmkit.worker import supervisor
+from slurmkit.supervisor import loop
 from tests.conftest import ROOT, write_spec
 from tests.test_profiles import SHIPPED
 
@@ -42,7 +42,7 @@ def supervisor_call(script: str) -> tuple[Plan, Container]:
     tail = re.sub(r"^exec .* -m slurmkit\.worker\.supervisor ", lambda _: "printf '%s\\0' ", tail, flags=re.M)
     out = subprocess.run(["bash", "-c", tail], capture_output=True, check=True,
                          env={**os.environ, "SLURMKIT_RUN_DIR": "/run"}).stdout
-    run_dir, plan, container = supervisor.parse(out.decode().split("\0")[:-1])
+    run_dir, plan, container = loop.parse(out.decode().split("\0")[:-1])
     assert run_dir == Path("/run")
     return plan, container
 
@@ -122,7 +122,7 @@ def test_standby_ranks_stand_by_only_where_the_next_step_is_the_same_srun(
     if standby:  # beside the ranks' step, sharing its CPUs, for the attempt after it
         assert steps.standby(plan, "/run", 1) == [
             "srun", "--overlap", "--unbuffered", "--kill-on-bad-exit=1", f"--output={FOLDER}/%j_%t_log.out",
-            f"--error={FOLDER}/%j_%t_log.err", "/opt/venv/bin/python", "-P", "-u", "-m", "slurmkit.worker.ft.standby",
+            f"--error={FOLDER}/%j_%t_log.err", "/opt/venv/bin/python", "-P", "-u", "-m", "slurmkit.worker.standby",
             str(FOLDER), "--run-dir", "/run", "--attempt", "1"]
     for container in ("gpu-pyxis", "hpc-apptainer"):
         assert supervisor_call(render_profile(GOLDEN / "spec.yaml", container))[0].standby is None
@@ -133,7 +133,7 @@ def test_standby_ranks_stand_by_only_where_the_next_step_is_the_same_srun(
     from tests.test_ray_spec import write_ray_spec
 
     ray = render_profile(write_ray_spec(tmp_path), "devcluster")  # Ray's own driver: no supervisor loop, no standby
-    assert "slurmkit.worker.supervisor --run-dir" not in ray and "slurmkit.worker.ft.standby" not in ray
+    assert "-m slurmkit.supervisor --run-dir" not in ray and "slurmkit.worker.standby" not in ray
 
 
 def test_sweep_array_script_finds_each_task_folder(tmp_path: Path) -> None:

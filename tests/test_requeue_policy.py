@@ -1,5 +1,5 @@
-"""The decider's effects on a run folder (worker.ft.effects), the restart entries a start records
-(worker.ft.restarts) and the budget arithmetic; the decisions themselves are tests/test_policy_table.py's."""
+"""The decider's effects on a run folder (supervisor.effects), the restart entries a start records
+(supervisor.restarts) and the budget arithmetic; the decisions themselves are tests/test_policy_table.py's."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from slurmkit.common import outcomes
 from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RestartEntry, RunFile, RunRecord
-from slurmkit.worker.ft import effects, policy, restarts
-from slurmkit.worker.ft.allocation import Allocation
-from slurmkit.worker.ft.decision import Action
-from slurmkit.worker.ft.policy import RankRaised, StepFailed
+from slurmkit.supervisor import effects, policy, restarts
+from slurmkit.supervisor.allocation import Allocation
+from slurmkit.supervisor.decision import Action
+from slurmkit.supervisor.policy import RankRaised, StepFailed
 
 WHOLE = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
 

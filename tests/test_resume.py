@@ -16,11 +16,11 @@ import torch
 
 from slurmkit.config.train import TrainConfig
 from slurmkit.worker.checkpoint.store import DIGEST, CheckpointStore, Entry, to_bytes
-from slurmkit.worker.dist import distributed
-from slurmkit.worker.ft.faults import InjectedError
-from slurmkit.worker.ft.incarnation import Incarnation
-from slurmkit.worker.tasks.train_task import build
-from slurmkit.worker.tasks.train_task import run as train
+from slurmkit.worker.process_group import distributed
+from slurmkit.worker.train.faults import InjectedError
+from slurmkit.worker.train.incarnation import Incarnation
+from slurmkit.worker.train.tasks.train_task import build
+from slurmkit.worker.train.tasks.train_task import run as train
 from tests.conftest import executed_steps
 
 BASE = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 5, "checkpoint_every": 10}
@@ -150,7 +150,7 @@ def test_prune_during_training_never_removes_the_step_resumed_from(tmp_path: Pat
 
 KILL_IN_SAVE = """
 import sys
-from slurmkit.worker.tasks.train_task import run
+from slurmkit.worker.train.tasks.train_task import run
 run({"model": "digits", "steps": 40, "batch_size": 64, "seed": 5, "checkpoint_every": 10,
      "faults": {"kill_in_save_at_step": 20}}, sys.argv[1])
 """

@@ -21,10 +21,10 @@ import torch.distributed as tdist
 
 from slurmkit import trust
 from slurmkit.common.cause import Cause
-from slurmkit.worker.dist import Dist, DistEnv, Group
-from slurmkit.worker.ft import warm
-from slurmkit.worker.ft.decision import Action, Decision
+from slurmkit.supervisor.decision import Action, Decision
+from slurmkit.worker.process_group import Dist, DistEnv, Group
 from slurmkit.worker.signed_store import tcp_store
+from slurmkit.worker.train import warm
 
 TIMEOUT = dt.timedelta(seconds=60)
 SECRET = b"s" * 32

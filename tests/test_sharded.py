@@ -262,8 +262,8 @@ def test_an_fsdp_trainer_over_an_unsharded_model_is_refused_before_its_optimizer
     from torch import nn
     from torch.utils.data import TensorDataset
 
-    from slurmkit.worker.dist import distributed
-    from slurmkit.worker.trainer import Trainer, TrainerOptions
+    from slurmkit.worker.process_group import distributed
+    from slurmkit.worker.train.trainer import Trainer, TrainerOptions
 
     model = nn.Linear(2, 1)
     data = TensorDataset(torch.zeros(4, 2), torch.zeros(4, 1))
@@ -327,7 +327,7 @@ def test_a_sharded_save_leaves_its_shard_out_of_the_page_cache(tmp_path: Path) -
     from torch.distributed.fsdp import fully_shard
 
     from slurmkit.worker.checkpoint.checkpointer import Checkpointer
-    from slurmkit.worker.dist import Ranks
+    from slurmkit.worker.process_group import Ranks
 
     def resident(path: Path) -> int:
         out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
@@ -363,7 +363,7 @@ def test_a_waited_save_of_a_cpu_state_is_written_from_it_and_an_async_one_from_i
 
     from slurmkit.worker.checkpoint.checkpointer import Checkpointer
     from slurmkit.worker.checkpoint.store import CheckpointStore
-    from slurmkit.worker.dist import Ranks
+    from slurmkit.worker.process_group import Ranks
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

@@ -26,8 +26,8 @@ from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.errors import SlurmkitError
 from slurmkit.runs import jobs, procs, registry
 from slurmkit.runs.lookup import list_runs
-from slurmkit.worker.ft import effects, restarts
-from slurmkit.worker.ft.decision import Action
+from slurmkit.supervisor import effects, restarts
+from slurmkit.supervisor.decision import Action
 from tests.conftest import write_spec
 
 OTHER_UID = 65534  # nobody

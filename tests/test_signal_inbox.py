@@ -1,4 +1,4 @@
-"""slurmkit.worker.signal_inbox: signals noted, then taken where the loop chooses."""
+"""slurmkit.supervisor.signal_inbox: signals noted, then taken where the loop chooses."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import select
 import signal
 
-from slurmkit.worker.signal_inbox import SignalInbox
+from slurmkit.supervisor.signal_inbox import SignalInbox
 
 
 def test_signals_are_noted_in_order_wake_the_select_and_are_taken_once() -> None:

@@ -10,8 +10,8 @@ import pytest
 
 from slurmkit.common.slurm_env import base_id
 from slurmkit.slurm import parse
-from slurmkit.worker.ft.policy import cause_of_signal
-from slurmkit.worker.ft.restarts import cause_of_previous
+from slurmkit.supervisor.policy import cause_of_signal
+from slurmkit.supervisor.restarts import cause_of_previous
 from tests.conftest import ROOT
 
 RECORDED = ROOT / "tests" / "data" / "slurm-22.05"

@@ -29,7 +29,7 @@ def test_a_standby_waits_niced_through_the_requeue_signal_then_runs_submitits_wo
     env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1", "SLURMKIT_SIGNAL": "USR2",
            "SLURMKIT_ATTEMPT": "0", "SUBMITIT_EXECUTOR": "slurm", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
            "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "node1"}
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "slurmkit.worker.ft.standby", "--run-dir", str(paths.run_dir),
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "slurmkit.worker.standby", "--run-dir", str(paths.run_dir),
                              str(folder), "--attempt", "1"], env=env, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     try:

@@ -17,7 +17,7 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
-from slurmkit.worker import supervisor
+from slurmkit.supervisor import loop
 from tests.conftest import supervisor_events
 
 PLAN = Plan(signal="USR2", launcher="srun", command=["python", "-P", "-u", "-m", "slurmkit.worker.rank", "/f"],
@@ -27,21 +27,21 @@ PLAN = Plan(signal="USR2", launcher="srun", command=["python", "-P", "-u", "-m",
 
 def test_container_arrays_pass_whole_even_when_an_item_looks_like_an_option() -> None:
     tail = ["srun-options", "2", "--container-image=x", "--", "rank-prefix", "3", "apptainer", "exec", "-- odd"]
-    assert supervisor.container_parts(tail) == Container(["--container-image=x", "--"], ["apptainer", "exec", "-- odd"])
-    run_dir, plan, container = supervisor.parse(["--run-dir", "/r", "--plan", PLAN.model_dump_json(), "--", *tail])
+    assert loop.container_parts(tail) == Container(["--container-image=x", "--"], ["apptainer", "exec", "-- odd"])
+    run_dir, plan, container = loop.parse(["--run-dir", "/r", "--plan", PLAN.model_dump_json(), "--", *tail])
     assert (run_dir, plan, container.rank_prefix) == (Path("/r"), PLAN, ["apptainer", "exec", "-- odd"])
     with pytest.raises(ValueError, match="unknown container part"):
-        supervisor.container_parts(["nvidia", "0"])
+        loop.container_parts(["nvidia", "0"])
 
 
 def test_a_step_killed_by_a_signal_exits_as_a_shell_says_it() -> None:
-    assert [supervisor.exit_status(c) for c in (0, 1, -9, -15)] == [0, 1, 137, 143]
+    assert [loop.exit_status(c) for c in (0, 1, -9, -15)] == [0, 1, 137, 143]
 
 
 def test_outside_a_job_the_supervisor_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(name, raising=False)
-    assert supervisor.main(["--run-dir", "/r", "--plan", PLAN.model_dump_json()]) == 2
+    assert loop.main(["--run-dir", "/r", "--plan", PLAN.model_dump_json()]) == 2
 
 
 def test_the_ranks_step_of_a_shrinking_job_runs_on_the_decided_nodes() -> None:
@@ -57,7 +57,7 @@ from pathlib import Path
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.common.layout import RunPaths
 from slurmkit.slurm.steps import Container
-from slurmkit.worker.supervisor import Supervisor
+from slurmkit.supervisor.loop import Supervisor
 
 plan = Plan.model_validate_json(sys.argv[2])
 sup = Supervisor(plan, RunPaths(Path(sys.argv[1])), "77", Container())
@@ -124,9 +124,9 @@ def test_a_stop_record_counts_on_the_requeue_signal_whatever_the_exit_and_on_sig
     from slurmkit.common.markers import Stopped
 
     usr2, term = Stopped("77", 0, 0, 12, True, 0.0), Stopped("77", 0, 0, 12, False, 0.0)
-    assert supervisor.a_stop(usr2, 140) is usr2 and supervisor.a_stop(usr2, 0) is usr2
-    assert supervisor.a_stop(term, 0) is term and supervisor.a_stop(term, 137) is None
-    assert supervisor.a_stop(None, 0) is None
+    assert loop.a_stop(usr2, 140) is usr2 and loop.a_stop(usr2, 0) is usr2
+    assert loop.a_stop(term, 0) is term and loop.a_stop(term, 137) is None
+    assert loop.a_stop(None, 0) is None
 
 
 # A supervisor whose ranks' step is a stand-in: it sends Slurm's SIGTERM to the supervisor (as scancel
@@ -138,7 +138,7 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm.steps import Container
-from slurmkit.worker.supervisor import Supervisor
+from slurmkit.supervisor.loop import Supervisor
 
 paths = RunPaths(Path(sys.argv[1]))
 paths.job_folder.mkdir(parents=True)
@@ -183,7 +183,7 @@ def test_a_step_that_stopped_on_sigterm_is_decided_as_that_stop(
     stand_in_step = ("import sys, time\nfrom pathlib import Path\nfrom slurmkit.common.layout import RunPaths\n"
                      "from slurmkit.common.markers import Stopped\n"
                      "Stopped('77', 0, 0, 12, False, time.time()).write(RunPaths(Path(sys.argv[1])))\n")
-    sup = supervisor.Supervisor(PLAN.model_copy(update={"in_job": 1}), paths, "77", Container())
+    sup = loop.Supervisor(PLAN.model_copy(update={"in_job": 1}), paths, "77", Container())
     monkeypatch.setattr(sup, "_launch", lambda: subprocess.Popen([sys.executable, "-P", "-c", stand_in_step,
                                                                   str(paths.run_dir)]))
     assert sup.run() == 0

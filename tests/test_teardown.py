@@ -19,7 +19,7 @@ from tests.test_agreement import run_two_ranks, torchrun_env
 RANK_CODE = """
 import pathlib, sys, time
 import torch.distributed as tdist
-from slurmkit.worker.dist import distributed
+from slurmkit.worker.process_group import distributed
 
 out = pathlib.Path(sys.argv[1])
 real_destroy = tdist.destroy_process_group

@@ -18,8 +18,8 @@ from slurmkit.common.metrics import read_records
 from slurmkit.common.record import RestartEntry, RunFile, RunRecord, SweepRef
 from slurmkit.config.tracking import Tracking
 from slurmkit.worker import tracking
-from slurmkit.worker.ft.faults import InjectedError
-from slurmkit.worker.tasks.train_task import run as train
+from slurmkit.worker.train.faults import InjectedError
+from slurmkit.worker.train.tasks.train_task import run as train
 
 pytestmark = pytest.mark.usefixtures("single_process")
 
@@ -60,7 +60,7 @@ def test_one_mlflow_run_across_incarnations_with_params_every_step_and_the_resta
     experiment = client.get_experiment_by_name("digits-exp")
     assert experiment is not None
     (run,) = client.search_runs([experiment.experiment_id])  # one tracker run for both incarnations
-    assert run.data.tags[tracking.trackers.RUN_TAG] == paths.run_id and run.info.status == "FINISHED"
+    assert run.data.tags[tracking.tracker_backends.RUN_TAG] == paths.run_id and run.info.status == "FINISHED"
     assert run.data.params["config.steps"] == "30" and run.data.params["git.commit"] == "0123abc"
     steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
     # MLflow keeps both values of the steps run again (21-25), marked by the restart at step 20
@@ -250,7 +250,7 @@ def test_a_users_command_with_the_trackers_own_api_logs_to_the_runs_tracker_runs
     assert wandb_id == out["run_id"]  # W&B's run is the slurmkit run's
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("mine").experiment_id])  # type: ignore[union-attr]
-    assert run.info.run_id == mlflow_id and run.data.tags[tracking.trackers.RUN_TAG] == out["run_id"]
+    assert run.info.run_id == mlflow_id and run.data.tags[tracking.tracker_backends.RUN_TAG] == out["run_id"]
     assert [m.step for m in client.get_metric_history(mlflow_id, "user_acc")] == [1, 2, 3]
 
 
@@ -339,7 +339,7 @@ def test_a_tracker_that_never_answers_is_tried_once_and_said_once(monkeypatch: p
             tried.append(uri)
             answer.wait()
 
-    monkeypatch.setattr(tracking.trackers, "Mlflow", Silent)
+    monkeypatch.setattr(tracking.tracker_backends, "Mlflow", Silent)
     paths = run_folder(tmp_path, {"mlflow": "http://127.0.0.1:9"})
     env = tracking.environment(str(paths.run_dir), 0)
     assert "MLFLOW_RUN_ID" not in env and env[tracking.DROPPED_ENV] == "mlflow"
@@ -368,7 +368,7 @@ def test_the_trackers_open_side_by_side_under_one_bound(monkeypatch: pytest.Monk
             super().join(timeout)
 
     monkeypatch.setattr(tracking.threading, "Thread", Recorded)
-    monkeypatch.setattr(tracking.trackers, "for_run", lambda info, resumed: iter(
+    monkeypatch.setattr(tracking.tracker_backends, "for_run", lambda info, resumed: iter(
         [("mlflow", answer.wait), ("wandb", answer.wait)]))
     paths = run_folder(tmp_path, {"mlflow": "http://127.0.0.1:9", "wandb": "offline"})
     opened = tracking.Trackers.open(paths.run_dir)

@@ -11,7 +11,7 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.config.loader import resolve
 from slurmkit.config.train import TrainConfig
 from slurmkit.runs import jobs
-from slurmkit.worker.tasks.train_task import run as train
+from slurmkit.worker.train.tasks.train_task import run as train
 from tests.conftest import EXAMPLES, steady
 
 SHORT = {"model": "digits", "steps": 40, "batch_size": 64, "seed": 3}

@@ -9,8 +9,8 @@ import pytest
 
 from slurmkit.bench.allreduce import busbw, sizes
 from slurmkit.common.ports import TRAINING, free_local_port, training_port
-from slurmkit.worker import dist
-from slurmkit.worker.flops import (
+from slurmkit.worker import process_group
+from slurmkit.worker.train.flops import (
     PEAK_BF16_FLOPS,
     dense_flops_per_sample,
     gpt_flops_per_token,
@@ -91,7 +91,7 @@ def test_a_local_runs_port_is_never_one_something_on_the_machine_listens_on() ->
 def test_master_addr_is_the_first_host_of_the_nodelist_without_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
     launch_env(monkeypatch, SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_JOB_ID="9", SLURM_JOB_NODELIST="gpu-a[07-08]")
     monkeypatch.setenv("PATH", "/nonexistent")  # as in a container image without Slurm's binaries
-    assert dist.detect().master_addr == "gpu-a07"
+    assert process_group.detect().master_addr == "gpu-a07"
 
 
 LAUNCHER_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID",
@@ -111,7 +111,7 @@ def launch_env(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
 def test_detect_from_slurm_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     launch_env(monkeypatch, SLURM_PROCID="3", SLURM_NTASKS="4", SLURM_LOCALID="1", SLURM_NTASKS_PER_NODE="2(x2)",
                SLURM_JOB_ID="777", MASTER_ADDR="node1")
-    env = dist.detect()
+    env = process_group.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
     assert (env.master_addr, env.master_port, env.launcher) == ("node1", 20777, "slurm")
 
@@ -119,7 +119,7 @@ def test_detect_from_slurm_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_detect_from_submitit_local_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     launch_env(monkeypatch, SUBMITIT_EXECUTOR="local", SUBMITIT_LOCAL_GLOBALID="1", SUBMITIT_LOCAL_LOCALID="1",
                SUBMITIT_LOCAL_NTASKS="2", SUBMITIT_LOCAL_JOB_ID="4242")
-    env = dist.detect()
+    env = process_group.detect()
     assert (env.rank, env.world_size, env.master_addr, env.master_port) == (1, 2, "127.0.0.1", 24242)
     assert env.launcher == "local"
 
@@ -129,10 +129,10 @@ def test_torchrun_ranks_inside_an_srun_step_are_torchrun_ranks(monkeypatch: pyte
     launch_env(monkeypatch, SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_JOB_ID="31", SLURM_JOB_NODELIST="n[1-2]",
                TORCHELASTIC_RUN_ID="31", RANK="5", WORLD_SIZE="8", LOCAL_RANK="1", LOCAL_WORLD_SIZE="4",
                MASTER_ADDR="n1", MASTER_PORT="29500")
-    env = dist.detect()
+    env = process_group.detect()
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (5, 8, 1, 4)
     assert (env.master_addr, env.master_port, env.launcher, env.job_id) == ("n1", 29500, "torchrun", "31")
-    assert dist.rank_env(env) == {"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "RANK": "5", "WORLD_SIZE": "8",
+    assert process_group.rank_env(env) == {"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "RANK": "5", "WORLD_SIZE": "8",
                                   "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
 
 
@@ -140,14 +140,14 @@ def test_torchrun_ranks_inside_an_srun_step_are_torchrun_ranks(monkeypatch: pyte
                                                  ("2.9.0a0+git1234", "TORCH_FR_BUFFER_SIZE"),
                                                  ("2.8.0+cu128", "TORCH_NCCL_TRACE_BUFFER_SIZE")])
 def test_the_flight_recorders_buffer_is_set_under_the_name_the_ranks_torch_reads(version: str, buffer: str) -> None:
-    added = dist.nccl_defaults(version, {})
+    added = process_group.nccl_defaults(version, {})
     assert added == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", buffer: "2000"}
 
 
 def test_a_users_own_nccl_settings_win_under_either_name_of_the_buffer() -> None:
-    assert dist.nccl_defaults("2.13.0", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}) \
-        == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
-    assert dist.nccl_defaults("2.8.0", {"TORCH_FR_BUFFER_SIZE": "50"}) \
+    given = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
+    assert process_group.nccl_defaults("2.13.0", given) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    assert process_group.nccl_defaults("2.8.0", {"TORCH_FR_BUFFER_SIZE": "50"}) \
         == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit.cli import serve as cli_serve
-from slurmkit.remote import serve
+from slurmkit.cli import serve_command
+from slurmkit.remote import login_side
 from slurmkit.remote.request import Request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,10 +121,10 @@ def test_a_refused_request_leaves_no_stage_behind(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     profile = [("site.yaml", {"extends": "local"})]
     req = Request("run", argv=["render", "slurmkit-stage:files/0-spec.yaml"], profile=profile, files=True,
-                  command="render", slurmkit=serve.hello()["slurmkit"], python=serve.hello()["python"])
+                  command="render", slurmkit=login_side.hello()["slurmkit"], python=login_side.hello()["python"])
     data = tar_of(member("files/0-spec.yaml", data=b"name: x\ncommand: echo\n"),
                   member("work/data", tarfile.SYMTYPE, link="/scratch/ds"))
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
-    assert cli_serve.main([req.encode()]) == 2
+    assert serve_command.main([req.encode()]) == 2
     assert capsys.readouterr().err.count("\n") == 1
-    assert list(serve.stage_root().iterdir()) == []
+    assert list(login_side.stage_root().iterdir()) == []

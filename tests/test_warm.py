@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from slurmkit.worker.dist import Dist, DistEnv, Group
-from slurmkit.worker.ft import warm
-from slurmkit.worker.ft.trainer_ft import TrainerFT
-from slurmkit.worker.trainer import Trainer, TrainerOptions, params_sha256
+from slurmkit.worker.process_group import Dist, DistEnv, Group
+from slurmkit.worker.train import warm
+from slurmkit.worker.train.trainer import Trainer, TrainerOptions, params_sha256
+from slurmkit.worker.train.trainer_ft import TrainerFT
 
 TIMEOUT_S = 120  # far beyond the test: an error that comes from the timeout says "Timed out"
 

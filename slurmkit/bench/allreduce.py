@@ -35,7 +35,7 @@ def run(max_bytes: int = MAX_BYTES) -> dict[str, Any]:
     import torch
     import torch.distributed as tdist
 
-    from slurmkit.worker.dist import distributed
+    from slurmkit.worker.process_group import distributed
 
     with distributed() as dist:
         device = torch.device(dist.device_str)

@@ -17,7 +17,7 @@ def track(run: RunArg, profile: ProfileOpt = None,
     (tracking.wandb: offline) to W&B, as one run."""
     from dataclasses import asdict
 
-    from slurmkit.runs.track import track as send
+    from slurmkit.runs.tracker_upload import track as send
 
     synced = send(run_of(profile, run), dry_run)
     if as_json:

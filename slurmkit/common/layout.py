@@ -128,7 +128,7 @@ class RunPaths:
     @property
     def compile_cache(self) -> Path:
         """Inductor's caches of a run with config.compile (profile compile_cache: run): every
-        incarnation of the run loads what the first compiled (slurmkit.worker.fast_paths)."""
+        incarnation of the run loads what the first compiled (slurmkit.worker.train.fast_paths)."""
         return self.run_dir / "compile-cache"
 
     def checkpoint_uri(self, checkpoint_root: str | None, key: str | None = None) -> str:
@@ -166,7 +166,7 @@ class RunPaths:
 
     @property
     def supervisor_events(self) -> Path:
-        """The job's supervisor's states and decisions, one JSON line each (slurmkit.worker.supervisor)."""
+        """The job's supervisor's states and decisions, one JSON line each (slurmkit.supervisor.loop)."""
         return self.run_dir / "supervisor.jsonl"
 
     def hang_marker(self, rank: int) -> Path:
@@ -178,7 +178,7 @@ class RunPaths:
 
     def standby_go(self, job_id: str, restart_count: int, attempt: int) -> Path:
         """The requeue policy hands in-job attempt `attempt` of incarnation `restart_count` of the job
-        to its standby ranks (slurmkit.worker.ft.standby): a later incarnation, or a resubmitted job,
+        to its standby ranks (slurmkit.worker.standby): a later incarnation, or a resubmitted job,
         has standby ranks of its own."""
         return self.run_dir / f"standby-go-{job_id}.{restart_count}.{attempt}"
 

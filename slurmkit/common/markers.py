@@ -1,20 +1,20 @@
 """The marker files of a run folder that one process leaves for another: each one's schema, who
 writes it and who reads it, and the only code that reads or writes them. RunPaths builds their paths.
 
-- restart-request.json (RestartRequest): written by ft.effects.requeue (in the job's supervisor)
-  before it asks Slurm; read by the next incarnation (ft.restarts).
+- restart-request.json (RestartRequest): written by supervisor.effects.requeue (in the job's supervisor)
+  before it asks Slurm; read by the next incarnation (supervisor.restarts).
 - prune-request.json (PruneRequest): written by a search's driver (sweeps.search, on the login
-  node) before it signals a trial's job to stop; read by the job's decider (ft.effects.state): a
+  node) before it signals a trial's job to stop; read by the job's decider (supervisor.effects.state): a
   pruned trial ends at its stop, never restarted or requeued.
-- stopping.json (StopMarker): written by rank 0 before the agreed stop's save (ft.incarnation);
-  read by the next start (ft.restarts.lost_steps).
+- stopping.json (StopMarker): written by rank 0 before the agreed stop's save (train.incarnation);
+  read by the next start (supervisor.restarts.lost_steps).
 - stopped.json (Stopped): written by rank 0 once the ranks stopped on a signal (and saved, where
   they keep checkpoints): the ranks' typed end of the step. Read by the job's supervisor, the one
   decider of what comes next (worker.supervisor: requeue or not).
-- hang-rankN.json (HangMarker): written by rank N's watchdog (ft.incarnation); read and removed by
+- hang-rankN.json (HangMarker): written by rank N's watchdog (train.incarnation); read and removed by
   the policy after the step failed (cause hang).
 - health-NODE.json (HealthReport): written by the health gate on a node that fails it
-  (worker.health); read and removed by the supervisor (ft.effects.health_failed).
+  (worker.health); read and removed by the supervisor (supervisor.effects.health_failed).
 - command-stop-JOB.RANK.json (CommandStop): written by a command run's script, from its
   slurmkit.Checkpoint (announced when made, the step at the agreed stop); read by that rank's
   worker (worker.command), which clears it before it starts the command.
@@ -24,8 +24,8 @@ writes it and who reads it, and the only code that reads or writes them. RunPath
   that is stopped or gone.
 
 - standby-go-JOB.N.K (StandbyGo, empty): touched by the supervisor when its standby ranks take
-  attempt K of incarnation N; waited for by those ranks (ft.standby), looked for by devcluster.ranks.
-- injected-stepS (InjectedFault, empty): touched by the fault injection (ft.faults) when a one-shot
+  attempt K of incarnation N; waited for by those ranks (standby), looked for by devcluster.ranks.
+- injected-stepS (InjectedFault, empty): touched by the fault injection (train.faults) when a one-shot
   fault at step S fires, so that it fires once per run, whatever restarts follow.
 """
 

@@ -1,4 +1,4 @@
-"""The supervisor's plan: what the job's supervisor (slurmkit.worker.supervisor) runs, rendered at
+"""The supervisor's plan: what the job's supervisor (slurmkit.supervisor.loop) runs, rendered at
 submit into the batch script (as JSON on its command line, and as comments for people).
 
 Written by render (the login side), read by the supervisor (the job's side): the one format both
@@ -54,7 +54,7 @@ class Plan(_Frozen):
     srun_args: list[str] = []
     """The profile's and spec's srun_args: on the ranks' step and the standby's, before the command."""
     standby: list[str] | None = None
-    """The standby ranks' argv (slurmkit.worker.ft.standby; the supervisor adds --run-dir and --attempt)."""
+    """The standby ranks' argv (slurmkit.worker.standby; the supervisor adds --run-dir and --attempt)."""
     shrink: Shrink | None = None
     health: Health | None = None
 

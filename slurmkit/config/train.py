@@ -11,7 +11,7 @@ from slurmkit.config.fields import Strict
 
 class Faults(Strict):
     """Faults injected on purpose, to try fault tolerance: one object on the job's side
-    (slurmkit.worker.ft.faults.FaultInjection) acts on all of them."""
+    (slurmkit.worker.train.faults.FaultInjection) acts on all of them."""
 
     error_at_step: int | None = Field(None, ge=1)
     """Every rank raises an error at this step, after its update: a deterministic application error."""

@@ -17,7 +17,7 @@ def _environ(pid: Path) -> dict[str, str]:
 
 def rank_pid(paths: RunPaths, rank: int) -> int:
     """The pid of the run's rank `rank` now: a fresh rank process (submitit's worker), or a standby
-    process (slurmkit.worker.ft.standby) whose attempt was handed to it; never one still waiting."""
+    process (slurmkit.worker.standby) whose attempt was handed to it; never one still waiting."""
     folder = str(paths.job_folder)
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -33,7 +33,7 @@ def rank_pid(paths: RunPaths, rank: int) -> int:
             continue
         if RANK_MODULE in argv:
             return int(proc.name)
-        if "slurmkit.worker.ft.standby" in argv and "--attempt" in argv:
+        if "slurmkit.worker.standby" in argv and "--attempt" in argv:
             attempt = int(argv[argv.index("--attempt") + 1])
             go = StandbyGo(env.get("SLURM_JOB_ID", ""), int(env.get("SLURM_RESTART_COUNT") or 0), attempt)
             if go.given(paths):

@@ -1,5 +1,5 @@
 """The laptop's side: a command whose profile names a login host runs there, over the profile's
-one SSH connection (slurmkit.remote.connection), as `python -P -m slurmkit.cli.serve`.
+one SSH connection (slurmkit.remote.connection), as `python -P -m slurmkit.cli.serve_command`.
 
 One round trip a command: the command line, the profile and, for a submit, the code (one tar
 stream on the same connection) go in one ssh session, and the command's output streams back
@@ -194,7 +194,7 @@ def _send(stream: Any, sent: list[tuple[Path, str]], work: snapshot.Listing | No
                 tar.add(work.source / rel, arcname=f"work/{rel}", recursive=False)
 
 
-def serve_argv(login: LoginHost, req: Request, module: str = "slurmkit.cli.serve") -> list[str]:
+def serve_argv(login: LoginHost, req: Request, module: str = "slurmkit.cli.serve_command") -> list[str]:
     """The login host's side of a request: its interpreter with -P (never importing from the
     folder it starts in), the entry module, the request as one argument."""
     return [login.python, "-P", "-m", module, req.encode()]
@@ -202,7 +202,7 @@ def serve_argv(login: LoginHost, req: Request, module: str = "slurmkit.cli.serve
 
 def run_request(conn: Connection, req: Request, sender: Any, tty: bool = False, stdout: IO[bytes] | None = None) -> int:
     """The request on the login host, its output streamed here (or into `stdout`); its exit status."""
-    remote = serve_argv(conn.login, req, "slurmkit.api.serve" if req.op == "api" else "slurmkit.cli.serve")
+    remote = serve_argv(conn.login, req, "slurmkit.api.serve_call" if req.op == "api" else "slurmkit.cli.serve_command")
     proc = subprocess.Popen(conn.ssh_argv(remote, tty), stdin=subprocess.PIPE if sender else None, stdout=stdout)
     if sender is None:
         return proc.wait()

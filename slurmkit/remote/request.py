@@ -56,24 +56,24 @@ class Request:
             req = cls(**data)
             req.profile = [(str(n), dict(d)) for n, d in req.profile]
         except (ValueError, TypeError, binascii.Error) as exc:
-            raise SlurmkitError(f"not a slurmkit request: {exc}", where="slurmkit.cli.serve",
+            raise SlurmkitError(f"not a slurmkit request: {exc}", where="slurmkit.cli.serve_command",
                                 valid="valid: what slurmkit on a laptop sends") from None
         cls.checked_stage_id(req.stage_id)
         if not req.profile and req.op in ("run", "api"):
-            raise SlurmkitError("a request without its profile", where="slurmkit.cli.serve")
+            raise SlurmkitError("a request without its profile", where="slurmkit.cli.serve_command")
         for name, _ in req.profile:
             if not _FILE_NAME.match(name) or name in (".", ".."):
-                raise SlurmkitError(f"bad profile file name {name!r}", where="slurmkit.cli.serve",
+                raise SlurmkitError(f"bad profile file name {name!r}", where="slurmkit.cli.serve_command",
                                     valid="valid: a file name without /")
         if req.workdir.startswith("/") or ".." in req.workdir.split("/"):
-            raise SlurmkitError(f"bad working folder {req.workdir!r}", where="slurmkit.cli.serve",
+            raise SlurmkitError(f"bad working folder {req.workdir!r}", where="slurmkit.cli.serve_command",
                                 valid="valid: a folder inside the code sent along")
         return req
 
     @staticmethod
     def checked_stage_id(stage_id: str) -> str:
         if not _STAGE_ID.match(stage_id):
-            raise SlurmkitError("bad stage id", where="slurmkit.cli.serve", valid="valid: 32 hex digits")
+            raise SlurmkitError("bad stage id", where="slurmkit.cli.serve_command", valid="valid: 32 hex digits")
         return stage_id
 
     def check_versions(self, here: dict[str, str]) -> None:

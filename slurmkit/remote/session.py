@@ -53,7 +53,7 @@ def connect(site: Site) -> Hello:
     except ValueError:
         _check_python_there(site)
         err = done.stderr.decode(errors="replace").strip().splitlines()
-        raise ConnectError(f"{site.login.python} -m slurmkit.cli.serve failed on {site.login.destination}: "
+        raise ConnectError(f"{site.login.python} -m slurmkit.cli.serve_command failed on {site.login.destination}: "
                            f"{err[-1] if err else 'no answer'}", where="profile:login.python",
                            valid="valid: an interpreter there with slurmkit installed") from None
     if there["slurmkit"] != __version__:

@@ -1,4 +1,4 @@
-"""The srun steps of a job, as the supervisor (slurmkit.worker.supervisor) starts them on the batch
+"""The srun steps of a job, as the supervisor (slurmkit.supervisor.loop) starts them on the batch
 host: the ranks, the standby ranks beside them, torchrun per node, the health gate.
 
 These are the job's own work, so they have no timeout of their own: the job's time limit bounds

@@ -1,7 +1,7 @@
 """A `command` run on one rank: `bash -c` with the ranks' interpreter first on PATH and the env://
 variables, its output echoed to the rank's log, and its stop.
 
-The stop: the profile's signal or SIGTERM reaches this process as Interrupted (ft.interrupt). A
+The stop: the profile's signal or SIGTERM reaches this process as Interrupted (interrupt). A
 command whose script has made a slurmkit.Checkpoint has announced it in its marker
 (markers.CommandStop): it is not terminated; the signal is passed on to it (its Checkpoint only sets
 a flag), and this process waits while its ranks agree on a step, save it and exit. The step it
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
-from slurmkit.worker.dist import detect, rank_env
-from slurmkit.worker.ft.interrupt import Interrupted
+from slurmkit.supervisor.signal_inbox import SignalInbox
 from slurmkit.worker.ft.stop import AgreedStop, requeue_signal
-from slurmkit.worker.signal_inbox import SignalInbox
+from slurmkit.worker.interrupt import Interrupted
+from slurmkit.worker.process_group import detect, rank_env
 
 STDOUT_TAIL_LINES = 200
 CHUNK_BYTES = 65536
@@ -71,7 +71,7 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
 
 
 class _Deferred(SignalInbox):
-    """The stop signals' Python handlers (ft.interrupt's, which raise Interrupted, or submitit's) run
+    """The stop signals' Python handlers (interrupt's, which raise Interrupted, or submitit's) run
     where the echo asks (`run_pending`), not wherever the signal lands: raised between reading a
     chunk of the command's output and writing it, an exception lost that chunk (a rank's
     `step=21` line went missing at a preemption)."""

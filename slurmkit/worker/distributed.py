@@ -14,7 +14,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any
 
-from slurmkit.worker.dist import distributed
+from slurmkit.worker.process_group import distributed
 
 _active: AbstractContextManager[Any] | None = None
 _dist: Any = None

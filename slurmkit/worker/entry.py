@@ -18,11 +18,12 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import CommandStop
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.common.work import RayDriver, ShellCommand, Target, TrainTask
+from slurmkit.supervisor import restarts
 from slurmkit.worker import checkpoint, ray_driver, tracking
 from slurmkit.worker.command import CommandFailed, run_command
-from slurmkit.worker.dist import detect, rank_env
-from slurmkit.worker.ft import checkpointable, restarts
-from slurmkit.worker.ft.interrupt import Interrupted, requeue_on_signal
+from slurmkit.worker.ft import checkpointable
+from slurmkit.worker.interrupt import Interrupted, requeue_on_signal
+from slurmkit.worker.process_group import detect, rank_env
 
 if TYPE_CHECKING:  # the record imports this module where a rank calls it
     from slurmkit.calls import Run
@@ -62,7 +63,7 @@ def _run(call: Run) -> Any:
         os.environ["SLURMKIT_CHECKPOINT_URI"] = call.checkpoint_uri
     work = call.work
     if isinstance(work, TrainTask):  # its own stop and restart records
-        from slurmkit.worker.tasks import train_task  # torch: only a task run pays for it
+        from slurmkit.worker.train.tasks import train_task  # torch: only a task run pays for it
 
         return train_task.run(work.config, call.run_dir)
 

@@ -19,8 +19,8 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import HealthReport
 from slurmkit.common.ports import health_port
 from slurmkit.errors import squash
-from slurmkit.worker.dist import distributed
 from slurmkit.worker.gpu import GpuState, query
+from slurmkit.worker.process_group import distributed
 
 EXIT_UNHEALTHY = 3
 

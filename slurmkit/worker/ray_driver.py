@@ -73,7 +73,7 @@ def token_file(run_dir: str) -> Path:
 def run(spec: dict[str, Any]) -> Any:
     """Wait for the whole Ray cluster, then run the driver script; its module-level `result` is returned.
 
-    The stop signals interrupt the driver (slurmkit.worker.ft.interrupt): on preemption or the time
+    The stop signals interrupt the driver (slurmkit.worker.interrupt): on preemption or the time
     limit the job is requeued and the driver starts again in the new allocation.
     """
     nodes = wait_for_nodes(os.environ["RAY_ADDRESS"], os.environ["SLURMKIT_RAY_TAG"],

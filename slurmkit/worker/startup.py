@@ -37,7 +37,7 @@ def mark(phase: str) -> None:
 
 
 def restart_clock() -> None:
-    """A standby process takes over a rank now (slurmkit.worker.ft.standby): its phases count from
+    """A standby process takes over a rank now (slurmkit.worker.standby): its phases count from
     here, since its imports were paid while it waited."""
     global _START
     _START = time.time()

@@ -7,7 +7,7 @@ torchrun starts `tasks_per_node` of these on each node, inside that node's one s
 their SLURM_PROCID is the node's. submitit names results and logs by SLURM_PROCID, and
 slurmkit's requeue acts on rank 0's: each rank takes torchrun's RANK, LOCAL_RANK and WORLD_SIZE
 as SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS, and writes to submitit's log files for that rank.
-torchrun's own variables (TORCHELASTIC_RUN_ID, MASTER_ADDR, ...) stay: slurmkit.worker.dist
+torchrun's own variables (TORCHELASTIC_RUN_ID, MASTER_ADDR, ...) stay: slurmkit.worker.process_group
 detects a torchrun rank first.
 
 torchrun starts with the requeue signal ignored (see slurmkit.render.torchrun_node), and an

@@ -37,9 +37,9 @@ from slurmkit.common.metrics import MetricsWriter, iter_records_reversed, number
 from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.config.tracking import redact
 from slurmkit.trust import NotOwnError, read_own
-from slurmkit.worker import trackers
-from slurmkit.worker.dist import detect
-from slurmkit.worker.trackers import Backend, RunInfo
+from slurmkit.worker import tracker_backends
+from slurmkit.worker.process_group import detect
+from slurmkit.worker.tracker_backends import Backend, RunInfo
 
 OPEN_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 10.0
@@ -132,7 +132,7 @@ class Trackers:
         info = RunInfo.of(paths, RunFile(paths).read())
         if info is None:
             return None
-        named = dict(trackers.for_run(info, resumed_from or 0))
+        named = dict(tracker_backends.for_run(info, resumed_from or 0))
         makes = {name: make for name, make in named.items() if name not in dropped_here(paths.run_dir)}
         made: list[Backend] = []
         for name, got in bounded_all(makes, OPEN_TIMEOUT_S).items():
@@ -225,7 +225,7 @@ def activate(trackers: Trackers | None) -> None:
 def log(metrics: dict[str, float], step: int) -> None:
     """Log `metrics` at `step` from a user's function or command (or a framework's callback):
     written to the run's logged.jsonl, which `sweep results` and `report` read, and to the run's
-    trackers. A no-op on every rank but 0 and outside a slurmkit run."""
+    tracker backends. A no-op on every rank but 0 and outside a slurmkit run."""
     global _active, _opened, _logged
     if detect().rank != 0:
         return
@@ -262,7 +262,7 @@ def environment(run_dir: str, rank: int) -> dict[str, str]:
         if rank == 0 and "mlflow" not in dropped_here(run_dir):
             try:
                 mlflow_uri = t.mlflow
-                env["MLFLOW_RUN_ID"] = bounded(lambda: trackers.Mlflow(info, mlflow_uri), OPEN_TIMEOUT_S).run_id
+                env["MLFLOW_RUN_ID"] = bounded(lambda: tracker_backends.Mlflow(info, mlflow_uri), OPEN_TIMEOUT_S).run_id
             except Exception as exc:  # said once, and the user's code makes its own run
                 drop(run_dir, "mlflow", exc)
     if gone := dropped_here(run_dir):

@@ -43,7 +43,7 @@ export SLURMKIT_CONTAINER_IMAGE
 # shellcheck disable=SC2054  # the commas belong to single options
 SLURMKIT_SRUN_CONTAINER=(--container-image=/lustre/images/pytorch-slurmkit-25.01.sqsh --container-mounts=/lustre/datasets:/data:ro,/lustre/checkpoints:/checkpoints,/lustre/scratch/alice/slurmkit-runs:/lustre/scratch/alice/slurmkit-runs,/shared/runs/golden-run:/shared/runs/golden-run,/lustre/checkpoints/alice:/lustre/checkpoints/alice --container-workdir=/workspace --container-env=NCCL_SOCKET_IFNAME,NCCL_IB_HCA,NCCL_IB_GID_INDEX,NCCL_NET_GDR_LEVEL,NCCL_DEBUG)
 
-# launch: the job's supervisor (slurmkit.worker.supervisor) runs the ranks from here on, one srun
+# launch: the job's supervisor (slurmkit.supervisor.loop) runs the ranks from here on, one srun
 # step per attempt, and asks the restart policy what comes next after a failure. Its plan:
 #   launcher: srun, 8 rank(s) per node
 #   health gate first: 8 GPU(s) per node
@@ -52,4 +52,4 @@ SLURMKIT_SRUN_CONTAINER=(--container-image=/lustre/images/pytorch-slurmkit-25.01
 #   SIGUSR2 is passed to the ranks' step; the supervisor exits with the step's status
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
-exec /opt/venv/bin/python -P -m slurmkit.worker.supervisor --run-dir "$SLURMKIT_RUN_DIR" --plan '{"signal":"USR2","launcher":"srun","command":["/usr/bin/python","-P","-u","-m","slurmkit.worker.rank","/shared/runs/golden-run/submitit"],"stdout":"/shared/runs/golden-run/submitit/%j_%t_log.out","stderr":"/shared/runs/golden-run/submitit/%j_%t_log.err","tasks_per_node":8,"in_job":2,"budgets":{"preemption":50,"timeout":10,"node_failure":5,"hang":3,"crash":3},"health":{"python":["/opt/venv/bin/python","-P"],"gpus":8,"allreduce":false}}' -- srun-options "${#SLURMKIT_SRUN_CONTAINER[@]}" "${SLURMKIT_SRUN_CONTAINER[@]}"
+exec /opt/venv/bin/python -P -m slurmkit.supervisor --run-dir "$SLURMKIT_RUN_DIR" --plan '{"signal":"USR2","launcher":"srun","command":["/usr/bin/python","-P","-u","-m","slurmkit.worker.rank","/shared/runs/golden-run/submitit"],"stdout":"/shared/runs/golden-run/submitit/%j_%t_log.out","stderr":"/shared/runs/golden-run/submitit/%j_%t_log.err","tasks_per_node":8,"in_job":2,"budgets":{"preemption":50,"timeout":10,"node_failure":5,"hang":3,"crash":3},"health":{"python":["/opt/venv/bin/python","-P"],"gpus":8,"allreduce":false}}' -- srun-options "${#SLURMKIT_SRUN_CONTAINER[@]}" "${SLURMKIT_SRUN_CONTAINER[@]}"

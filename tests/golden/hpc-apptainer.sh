@@ -38,7 +38,7 @@ export SLURMKIT_CONTAINER_IMAGE
 # shellcheck disable=SC2054  # the commas belong to single options
 SLURMKIT_RANK_PREFIX=(apptainer exec --nv --bind /scratch:/scratch,/scratch/alice/slurmkit-runs:/scratch/alice/slurmkit-runs,/shared/runs/golden-run:/shared/runs/golden-run --pwd /scratch /projects/proj-1234/images/pytorch-24.05.sif)
 
-# launch: the job's supervisor (slurmkit.worker.supervisor) runs the ranks from here on, one srun
+# launch: the job's supervisor (slurmkit.supervisor.loop) runs the ranks from here on, one srun
 # step per attempt, and asks the restart policy what comes next after a failure. Its plan:
 #   launcher: srun, 4 rank(s) per node
 #   health gate first: 4 GPU(s) per node
@@ -47,4 +47,4 @@ SLURMKIT_RANK_PREFIX=(apptainer exec --nv --bind /scratch:/scratch,/scratch/alic
 #   SIGUSR2 is passed to the ranks' step; the supervisor exits with the step's status
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
-exec /opt/venv/bin/python -P -m slurmkit.worker.supervisor --run-dir "$SLURMKIT_RUN_DIR" --plan '{"signal":"USR2","launcher":"srun","command":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.rank","/shared/runs/golden-run/submitit"],"stdout":"/shared/runs/golden-run/submitit/%j_%t_log.out","stderr":"/shared/runs/golden-run/submitit/%j_%t_log.err","tasks_per_node":4,"in_job":2,"budgets":{"preemption":20,"timeout":5,"node_failure":3,"hang":3,"crash":3},"health":{"python":["/opt/venv/bin/python","-P"],"gpus":4,"allreduce":false}}' -- rank-prefix "${#SLURMKIT_RANK_PREFIX[@]}" "${SLURMKIT_RANK_PREFIX[@]}"
+exec /opt/venv/bin/python -P -m slurmkit.supervisor --run-dir "$SLURMKIT_RUN_DIR" --plan '{"signal":"USR2","launcher":"srun","command":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.rank","/shared/runs/golden-run/submitit"],"stdout":"/shared/runs/golden-run/submitit/%j_%t_log.out","stderr":"/shared/runs/golden-run/submitit/%j_%t_log.err","tasks_per_node":4,"in_job":2,"budgets":{"preemption":20,"timeout":5,"node_failure":3,"hang":3,"crash":3},"health":{"python":["/opt/venv/bin/python","-P"],"gpus":4,"allreduce":false}}' -- rank-prefix "${#SLURMKIT_RANK_PREFIX[@]}" "${SLURMKIT_RANK_PREFIX[@]}"

@@ -22,7 +22,7 @@ SLURMKIT_RUN_DIR=/shared/runs/golden-run
 
 
 
-# launch: the job's supervisor (slurmkit.worker.supervisor) runs the ranks from here on, one srun
+# launch: the job's supervisor (slurmkit.supervisor.loop) runs the ranks from here on, one srun
 # step per attempt, and asks the restart policy what comes next after a failure. Its plan:
 #   launcher: srun, 2 rank(s) per node
 #   each attempt: one srun step of the ranks; beside it a standby step that takes the next attempt
@@ -30,4 +30,4 @@ SLURMKIT_RUN_DIR=/shared/runs/golden-run
 #   SIGUSR2 is passed to the ranks' step; the supervisor exits with the step's status
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
-exec /opt/venv/bin/python -P -m slurmkit.worker.supervisor --run-dir "$SLURMKIT_RUN_DIR" --plan '{"signal":"USR2","launcher":"srun","command":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.rank","/shared/runs/golden-run/submitit"],"stdout":"/shared/runs/golden-run/submitit/%j_%t_log.out","stderr":"/shared/runs/golden-run/submitit/%j_%t_log.err","tasks_per_node":2,"in_job":2,"budgets":{"preemption":20,"timeout":5,"node_failure":3,"hang":3,"crash":3},"standby":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.ft.standby","/shared/runs/golden-run/submitit"]}'
+exec /opt/venv/bin/python -P -m slurmkit.supervisor --run-dir "$SLURMKIT_RUN_DIR" --plan '{"signal":"USR2","launcher":"srun","command":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.rank","/shared/runs/golden-run/submitit"],"stdout":"/shared/runs/golden-run/submitit/%j_%t_log.out","stderr":"/shared/runs/golden-run/submitit/%j_%t_log.err","tasks_per_node":2,"in_job":2,"budgets":{"preemption":20,"timeout":5,"node_failure":3,"hang":3,"crash":3},"standby":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.standby","/shared/runs/golden-run/submitit"]}'

@@ -39,8 +39,8 @@ from typing import Any
 from slurmkit.worker import at_exit
 from slurmkit.worker.checkpoint.checkpointer import Checkpointer, StepFiles, checkpoint_uri
 from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore
-from slurmkit.worker.dist import Ranks
 from slurmkit.worker.ft.stop import AgreedStop, ScriptStop, StopCoordinator
+from slurmkit.worker.process_group import Ranks
 
 STATE_FILE = "state.pt"
 SHARDED_KEY = "state"

@@ -1,4 +1,4 @@
-"""The one checkpointer, under the Trainer (slurmkit.worker.ft.trainer_ft) and slurmkit.Checkpoint alike.
+"""The one checkpointer, under the Trainer (slurmkit.worker.train.trainer_ft) and slurmkit.Checkpoint alike.
 
 At a step boundary every rank hands it its share of a save. It copies that to host memory (a waited
 save's sharded CPU state needs no copy), writes it in the background (one save in flight), and
@@ -8,9 +8,9 @@ is valid: slurmkit.worker.checkpoint.store) and prunes to the newest keep_latest
 restore() has rank 0 pick the newest valid step and every rank load it through the caller's `load`;
 a step that fails to load on any rank is skipped by all, for the next older one. With `host_copy`,
 every rank also keeps the last committed state in its memory: a warm restart's source
-(slurmkit.worker.ft.warm).
+(slurmkit.worker.train.warm).
 
-Collectives are JSON only (slurmkit.worker.dist.Ranks): nothing a peer sends is unpickled.
+Collectives are JSON only (slurmkit.worker.process_group.Ranks): nothing a peer sends is unpickled.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from slurmkit.errors import squash
 from slurmkit.worker import at_exit
 from slurmkit.worker.checkpoint.store import SHARDED, CheckpointError, CheckpointStore, Entry
 from slurmkit.worker.checkpoint.threads import AsyncWriter, Prefetch, cpu_copy, on_device, reserve
-from slurmkit.worker.dist import Ranks
+from slurmkit.worker.process_group import Ranks
 
 T = TypeVar("T")
 OnFile = Callable[[int, str], None]
-"""Called in the writer thread after each file of a save (fault injection: slurmkit.worker.ft.faults)."""
+"""Called in the writer thread after each file of a save (fault injection: slurmkit.worker.train.faults)."""
 
 
 def checkpoint_uri(run_dir: str | None) -> str | None:

@@ -8,7 +8,7 @@ step boundary (StopCoordinator), the Trainer's and a slurmkit.Checkpoint functio
   Slurm decides whether the job comes back, except on preemption: a job that exits within its
   GraceTime is COMPLETED for Slurm, so the job's supervisor asks for the requeue.
 
-Once the ranks have stopped (and saved), rank 0 records the typed end of the step (`ended`,
+Once the ranks have stopped (and saved), rank 0 records the typed end of the step (worker.interrupt.ended,
 common.markers.Stopped); the supervisor, the one decider, reads it and requeues or not.
 
 They replace submitit's handlers: its USR2 handler checkpoints on rank 0 only, from inside the
@@ -28,16 +28,12 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from slurmkit.common import outcomes
-from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop, Stopped
-from slurmkit.common.slurm_env import slurm_job_id
+from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker import at_exit
-from slurmkit.worker.ft.local_requeue import local_stop
 
 if TYPE_CHECKING:  # the Trainer imports torch; this module is imported by torch-free code too
-    from slurmkit.worker.dist import Ranks
-    from slurmkit.worker.trainer import Trainer
+    from slurmkit.worker.process_group import Ranks
+    from slurmkit.worker.train.trainer import Trainer
 
 DEFAULT_SIGNAL = "USR2"
 
@@ -99,7 +95,7 @@ class StopFlag:
 
 class AgreedStop(BaseException):  # noqa: N818 - a control-flow signal, like SystemExit
     """Raised by slurmkit.Checkpoint.step on every rank at the agreed step, after the final save; the
-    run's entry turns it into the requeue (slurmkit.worker.ft.interrupt)."""
+    run's entry turns it into the requeue (slurmkit.worker.interrupt)."""
 
     def __init__(self, requeue: bool, step: int) -> None:
         super().__init__(f"stopped at step {step}")
@@ -120,7 +116,7 @@ class StopCoordinator:
     """The one agreement at a step boundary: each rank votes (the stop signal it saw; whether its
     share of a save is still writing) and every rank acts on the largest of each, so all stop at the
     same step and a save commits only once every rank has written. The votes ride on the Trainer's
-    gradient all-reduce (`ride`, slurmkit.worker.agreement) or, where there is none, go in one small
+    gradient all-reduce (`ride`, slurmkit.worker.train.agreement) or, where there is none, go in one small
     all-reduce (`agree`)."""
 
     def __init__(self, writing: Callable[[], bool], flag: StopFlag | None = None) -> None:
@@ -243,23 +239,3 @@ class ScriptStop:
             CommandStop(step, requeue).write(self.marker)
             raise SystemExit(0)
         raise AgreedStop(requeue, step)
-
-
-def ended(run_dir: str | None, step: int | None, requeue: bool, main: bool | None = None) -> tuple[str, int]:
-    """The ranks stopped on a signal (at `step`, saved): rank 0 (`main`; by default the job's task 0)
-    records the step's typed end for the job's supervisor, which decides what it means; on the local
-    profile rank 0 decides itself (ft.local_requeue). (The line to print, the rank's exit status.)"""
-    at = f"stopped at step {step}" if step is not None else "stopped"
-    executor = os.environ.get("SUBMITIT_EXECUTOR")
-    task = os.environ.get("SLURM_PROCID" if executor == "slurm" else "SUBMITIT_LOCAL_GLOBALID", "0")
-    if not (task == "0" if main is None else main):
-        return f"{at}; rank 0 records the stop", 0
-    local_job = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "")
-    if executor == "local" and local_job and run_dir:
-        return local_stop(RunPaths(Path(run_dir)), local_job, step, requeue)
-    job_id = slurm_job_id()
-    if executor != "slurm" or not job_id or not run_dir:
-        return f"{at}; not under Slurm: no requeue", 0
-    Stopped(job_id, outcomes.restart_count(), outcomes.attempt(), step, requeue, time.time()).write(
-        RunPaths(Path(run_dir)))
-    return f"{at} on {'the requeue signal' if requeue else 'SIGTERM'}; the job's supervisor decides what comes next", 0

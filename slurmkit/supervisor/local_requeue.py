@@ -3,7 +3,7 @@
 On a laptop there is no Slurm to requeue the job and no supervisor around the ranks: the local
 executor's controller (submitit's) starts the ranks again when one of them exits with
 LOCAL_REQUEUE_STATUS. So once the ranks of a local run have stopped on the profile's signal and
-saved, rank 0 asks the same pure policy the supervisor asks (worker.ft.policy.decide), writes the
+saved, rank 0 asks the same pure policy the supervisor asks (supervisor.policy.decide), writes the
 restart entry a requeue on Slurm would get (kind requeue, its cause, the next incarnation's
 number), and exits with that status: the ranks start again as a new local incarnation and resume
 from the step saved. Budgets apply as on Slurm; submitit's controller starts a job at most
@@ -16,8 +16,8 @@ from dataclasses import replace
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RestartEntry
-from slurmkit.worker.ft import effects, policy
-from slurmkit.worker.ft.decision import Action
+from slurmkit.supervisor import effects, policy
+from slurmkit.supervisor.decision import Action
 
 LOCAL_REQUEUE_STATUS = 144
 """submitit.local.local.LOCAL_REQUEUE_RETURN_CODE: its controller starts the job's ranks again."""

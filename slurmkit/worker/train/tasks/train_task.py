@@ -15,14 +15,14 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import MetricsWriter
 from slurmkit.common.record import RunFile
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker import fast_paths, rank, startup, tracking
-from slurmkit.worker.dist import Dist, distributed
-from slurmkit.worker.fast_paths import FastPaths
-from slurmkit.worker.flops import peak_flops
-from slurmkit.worker.ft import incarnation
+from slurmkit.worker import rank, startup, tracking
 from slurmkit.worker.gpu import GpuSampler
-from slurmkit.worker.tasks import digits, gpt
-from slurmkit.worker.trainer import Trainer, TrainerOptions, parallelize, warmup_cosine
+from slurmkit.worker.process_group import Dist, distributed
+from slurmkit.worker.train import fast_paths, incarnation
+from slurmkit.worker.train.fast_paths import FastPaths
+from slurmkit.worker.train.flops import peak_flops
+from slurmkit.worker.train.tasks import digits, gpt
+from slurmkit.worker.train.trainer import Trainer, TrainerOptions, parallelize, warmup_cosine
 
 
 def _dtype(cfg: TrainConfig, dist: Dist) -> torch.dtype | None:

@@ -4,7 +4,7 @@ before it is needed. An in-job restart (a killed or hung rank: the cold path) ha
 them, so what that restart costs past the failure is the rendezvous and the restore, not fresh
 interpreters (`import torch` plus `torch._dynamo` is ~4 s on the dev cluster's machine).
 
-The job's supervisor (slurmkit.worker.supervisor) starts them as their own srun step with the
+The job's supervisor (slurmkit.supervisor.loop) starts them as their own srun step with the
 ranks' shape (`--overlap`: they share the ranks' CPUs) right after each step of the ranks starts.
 Each process:
 1. ignores the requeue signal, which Slurm delivers to every step's processes: it is not training;
@@ -44,7 +44,7 @@ def _prepare(compiled: bool) -> float:
     import submitit  # noqa: F401
     import torch._dynamo  # noqa: F401 - torch, and what the optimizer's constructor imports: ~2 s more
 
-    import slurmkit.worker.tasks.train_task  # noqa: F401
+    import slurmkit.worker.train.tasks.train_task  # noqa: F401
 
     if compiled:  # what config.compile's first call imports (inductor): ~0.8 s more
         import torch._inductor.compile_fx  # noqa: F401
@@ -65,7 +65,7 @@ def _renice(priority: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.ft.standby")
+    parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.standby")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--attempt", type=int, required=True, help="the in-job attempt these ranks take over")
     parser.add_argument("--compile", action="store_true", help="the run compiles (config.compile): import inductor")

@@ -1,4 +1,4 @@
-"""The decider's eyes and hands, around the pure policy (worker.ft.policy.decide): read the state
+"""The decider's eyes and hands, around the pure policy (supervisor.policy.decide): read the state
 and gather the event (the run's record, the ranks' outcomes, markers, Slurm's answers), then carry
 out the Decision's effects (run.json under its lock, the requeue marker, scontrol). The job's
 supervisor calls `decide` here after every step; rank 0 only for a warm restart in its processes.
@@ -18,11 +18,11 @@ from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.slurm_env import expand_hostlist
 from slurmkit.errors import SlurmError
 from slurmkit.slurm import commands
-from slurmkit.worker.ft import policy
-from slurmkit.worker.ft.allocation import Allocation
-from slurmkit.worker.ft.decision import Action, Decision
-from slurmkit.worker.ft.policy import Event, Preempting, State
-from slurmkit.worker.ft.restarts import last_step, now
+from slurmkit.supervisor import policy
+from slurmkit.supervisor.allocation import Allocation
+from slurmkit.supervisor.decision import Action, Decision
+from slurmkit.supervisor.policy import Event, Preempting, State
+from slurmkit.supervisor.restarts import last_step, now
 
 
 def state(paths: RunPaths, job_id: str, alloc: Allocation | None = None) -> State:

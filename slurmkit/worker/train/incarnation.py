@@ -15,16 +15,18 @@ from slurmkit.common.markers import HangMarker, StopMarker
 from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
+from slurmkit.supervisor import effects, policy, restarts
+from slurmkit.supervisor.decision import Action, Decision
 from slurmkit.worker.checkpoint.checkpointer import checkpoint_uri
 from slurmkit.worker.checkpoint.store import CheckpointStore, trainer_files
 from slurmkit.worker.checkpoint.threads import Prefetch
-from slurmkit.worker.dist import Dist
-from slurmkit.worker.ft import effects, policy, restarts, warm
-from slurmkit.worker.ft.decision import Action, Decision
-from slurmkit.worker.ft.faults import FaultInjection
-from slurmkit.worker.ft.stop import Stop, ended
-from slurmkit.worker.ft.trainer_ft import TrainerFT
-from slurmkit.worker.trainer import Trainer
+from slurmkit.worker.ft.stop import Stop
+from slurmkit.worker.interrupt import ended
+from slurmkit.worker.process_group import Dist
+from slurmkit.worker.train import warm
+from slurmkit.worker.train.faults import FaultInjection
+from slurmkit.worker.train.trainer import Trainer
+from slurmkit.worker.train.trainer_ft import TrainerFT
 
 
 def start_prefetch(run_dir: str | None, parallel: str = "ddp") -> Prefetch | None:
@@ -50,7 +52,7 @@ class Incarnation:
         # new model, so an exception under fsdp restarts the processes (cold).
         self.warm = bool(cfg.warm_restart and uri and self.paths and self.job_id and warm.possible(dist)
                          and cfg.parallel == "ddp")
-        """Exceptions restart in the process (slurmkit.worker.ft.warm); Slurm's policy decides, so only in a job."""
+        """Exceptions restart in the process (slurmkit.worker.train.warm); Slurm's policy decides, so only in a job."""
         self.ft = TrainerFT(dist, uri, cfg.checkpoint_every, cfg.keep_latest_k, cfg.async_save,
                             cfg.hang_timeout_s or None, self._on_hang, prefetch, self.faults, self._on_stop,
                             host_copy=self.warm, sharded=cfg.parallel == "fsdp") if uri else None
@@ -144,7 +146,7 @@ class Incarnation:
             self.ft.watchdog.stop()
 
     def stop_and_exit(self, trainer: Trainer) -> None:
-        """After the final save: rank 0 records the stop for the job's supervisor (stop.ended), which
+        """After the final save: rank 0 records the stop for the job's supervisor (interrupt.ended), which
         decides whether the job is requeued; then every rank exits."""
         assert self.ft is not None
         line, status = ended(str(self.paths.run_dir) if self.paths else None, trainer.state.step,

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker.flops import gpt_flops_per_token
+from slurmkit.worker.train.flops import gpt_flops_per_token
 
 
 class Block(nn.Module):

@@ -4,7 +4,7 @@ and the state comes back from memory: where every rank failed before the same st
 the live state itself (only the step's start is put back: step count, data position, RNG; no
 step is lost), else from each rank's host copy of the last committed step (TrainerFT, host_copy).
 
-The protocol runs over the store the group was built on (slurmkit.worker.dist.Group), which
+The protocol runs over the store the group was built on (slurmkit.worker.process_group.Group), which
 outlives it. For generation g:
 1. A rank that raised aborts its group (Group.abort: its sockets to the peers are shut). A peer
    blocked in a gloo collective with it fails at once ("Connection closed by peer", measured:
@@ -12,7 +12,7 @@ outlives it. For generation g:
    collectives are chained.
 2. Each rank reports its error line under warm/g/rank<r> in the store.
 3. Rank 0 waits for every report (at most `report_wait_s`), decides with the requeue policy
-   (a RankRaised event for ft.policy.decide: the deterministic-error rule, requeue.in_job, requeue.crash) and writes
+   (a RankRaised event for supervisor.policy.decide: the deterministic-error rule, requeue.in_job, requeue.crash) and writes
    warm/g/decision, with the live step when every report names the same one (`live_step`).
 4. On a restart every rank builds generation g+1 on the same store, wraps the model in a new DDP
    and restores from the live state or from its host copy, as decided. Otherwise every rank
@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from slurmkit.common import outcomes
-from slurmkit.worker.dist import Dist
-from slurmkit.worker.ft.decision import Decision
+from slurmkit.supervisor.decision import Decision
+from slurmkit.worker.process_group import Dist
 from slurmkit.worker.signed_store import SignedStore
-from slurmkit.worker.trainer import Trainer
+from slurmkit.worker.train.trainer import Trainer
 
 POLL_S = 0.02
 REPORT_FLOOR_S = 10.0
@@ -89,7 +89,7 @@ def cause_of(reports: list[Report]) -> tuple[str | None, str]:
 
 Decide = Callable[[list[Report], int | None], Decision | None]
 """Rank 0's policy on every rank's report and their common live step: the Decision that a warm
-restart happens (ft.policy.decide on a RankRaised event), or None."""
+restart happens (supervisor.policy.decide on a RankRaised event), or None."""
 
 
 def _poll(check: Callable[[], bool], timeout_s: float, beat: Callable[[], None], ending: Callable[[], bool]) -> bool:

@@ -20,7 +20,7 @@ from slurmkit.common.markers import InjectedFault
 from slurmkit.config.train import Faults
 from slurmkit.worker.ft.stop import StopFlag
 from slurmkit.worker.ft.watchdog import Watchdog
-from slurmkit.worker.trainer import Trainer
+from slurmkit.worker.train.trainer import Trainer
 
 
 class InjectedError(RuntimeError):

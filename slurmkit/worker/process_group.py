@@ -108,7 +108,7 @@ def _tcp_store(addr: str, port: int, world_size: int, is_main: bool, timeout: dt
 
 class Group:
     """The default process group over a store of its own, which outlives it: a warm restart
-    (slurmkit.worker.ft.warm) aborts the group and builds the next generation on the same store
+    (slurmkit.worker.train.warm) aborts the group and builds the next generation on the same store
     (a new key prefix), with no new rendezvous port. Rank 0's process hosts the store."""
 
     def __init__(self, denv: DistEnv, backend: str, device: Any, timeout: dt.timedelta,

@@ -1,5 +1,5 @@
-"""The typed answer of the restart policy (worker.ft.policy.decide): an action, what it needs, and
-the effects the decider asks of whoever carries it out (worker.ft.effects); the message is for people only."""
+"""The typed answer of the restart policy (supervisor.policy.decide): an action, what it needs, and
+the effects the decider asks of whoever carries it out (supervisor.effects); the message is for people only."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Action(enum.StrEnum):
     RESTART_IN_JOB = "restart_in_job"
     """A new srun step of the ranks in this allocation (cold: fresh or standby processes)."""
     RESTART_WARM = "restart_warm"
-    """The ranks restart inside their own processes, from memory (slurmkit.worker.ft.warm)."""
+    """The ranks restart inside their own processes, from memory (slurmkit.worker.train.warm)."""
     ESCALATE = "escalate"
     """No warm restart: the ranks re-raise, their step fails, and the supervisor decides."""
     REQUEUE = "requeue"
@@ -49,7 +49,7 @@ class Decision:
     why: Why | None = None
     message: str = ""
     """One line for the job's log; never parsed."""
-    # The effects, carried out in this order by worker.ft.effects.carry_out:
+    # The effects, carried out in this order by supervisor.effects.carry_out:
     failure: Failure | None = None
     """An error to note in run.json's `failures` (a deterministic one ends the run when seen twice)."""
     entry: RestartEntry | None = None

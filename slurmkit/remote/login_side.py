@@ -1,5 +1,5 @@
-"""The login host's side of a forwarded command (its entry: `python -P -m slurmkit.cli.serve REQUEST`,
-or slurmkit.api.serve for a Python API call): the stage the request's files go to, and `fetch`.
+"""The login host's side of a forwarded command (its entry: `python -P -m slurmkit.cli.serve_command REQUEST`,
+or slurmkit.api.serve_call for a Python API call): the stage the request's files go to, and `fetch`.
 
 REQUEST (base64 JSON, slurmkit.remote.request) carries the command line, the profile's layers as
 the laptop read them (without `login`) and, where files go with the command, says a tar stream
@@ -87,7 +87,7 @@ def profile_file(req: Request) -> Path:
 
 
 def api(req: Request, print_answer: Callable[[dict[str, Any], Path, str], int]) -> int:
-    """A Python API method (slurmkit.api.serve's entry, which passes its `print_answer`);
+    """A Python API method (slurmkit.api.serve_call's entry, which passes its `print_answer`);
     the stage holds the function sent along."""
     req.check_versions(hello())
     with staging(req) as stage:

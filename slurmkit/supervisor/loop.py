@@ -1,5 +1,5 @@
 """The job's supervisor: on the batch host, torch-free, the last line of the batch script
-(`exec python -P -m slurmkit.worker.supervisor ...`). It runs the ranks for the whole incarnation:
+(`exec python -P -m slurmkit.supervisor ...`). It runs the ranks for the whole incarnation:
 
     HEALTH_GATE -> LAUNCH -> RUNNING -> DECIDING -> LAUNCH (restart in the job) | DONE
 
@@ -14,8 +14,8 @@
   never a failure to restart or requeue (a scancel is not a crash).
 - DECIDING: the ranks stopped on a signal (rank 0's record, common.markers.Stopped: a StepStopped
   event), and the supervisor exits 0 once it is decided; or the step exited non-zero (StepFailed).
-  The pure policy (worker.ft.policy.decide) answers with a Decision, whose effects the decider's
-  hands carry out (worker.ft.effects). RESTART_IN_JOB starts the next attempt (on the Decision's
+  The pure policy (supervisor.policy.decide) answers with a Decision, whose effects the decider's
+  hands carry out (supervisor.effects). RESTART_IN_JOB starts the next attempt (on the Decision's
   nodes, for a job that shrinks); COMPLETE exits 0; REQUEUE and END exit with the step's status.
 
 This process is the one decider of a restart in the job or a requeue, whatever the run kind (a Ray
@@ -48,11 +48,11 @@ from slurmkit.common.supervisor_plan import Plan
 from slurmkit.errors import SlurmkitError
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
-from slurmkit.worker.ft import effects
-from slurmkit.worker.ft.allocation import Allocation
-from slurmkit.worker.ft.decision import Action, Decision
-from slurmkit.worker.ft.policy import Event
-from slurmkit.worker.signal_inbox import SignalInbox
+from slurmkit.supervisor import effects
+from slurmkit.supervisor.allocation import Allocation
+from slurmkit.supervisor.decision import Action, Decision
+from slurmkit.supervisor.policy import Event
+from slurmkit.supervisor.signal_inbox import SignalInbox
 
 
 class State(enum.StrEnum):
@@ -135,7 +135,7 @@ class Supervisor:
     def _next_attempt(self, decision: Decision, taken: subprocess.Popen[bytes] | None) -> None:
         self.attempt += 1
         os.environ[outcomes.ATTEMPT_ENV] = str(self.attempt)  # the policy's outcomes.attempt(), and the step's
-        if taken is not None:  # the standby ranks take this attempt (slurmkit.worker.ft.standby)
+        if taken is not None:  # the standby ranks take this attempt (slurmkit.worker.standby)
             StandbyGo(self.job_id, outcomes.restart_count(), self.attempt).give(self.paths)
             self._standby = None
         else:
@@ -220,7 +220,7 @@ def event(paths: RunPaths, job_id: str, kind: str, attempt: int = 0, **fields: A
 
 def decide(paths: RunPaths, job_id: str, gather: Callable[[], Event], alloc: Allocation | None = None,
            said: str = "", attempt: int = 0) -> Decision:
-    """Gather the event, decide on it and carry out the effects (worker.ft.effects.decide); the
+    """Gather the event, decide on it and carry out the effects (supervisor.effects.decide); the
     decision in supervisor.jsonl and, for people, in the job's log. A run.json gone or corrupt is a
     Decision too (END, unreadable), never a traceback."""
     try:
@@ -268,7 +268,7 @@ def container_parts(tail: list[str]) -> Container:
 def parse(argv: list[str]) -> tuple[Path, Plan, Container]:
     """The run folder, the plan and the container parts, from the batch script's exec line."""
     head, tail = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m slurmkit.worker.supervisor")
+    parser = argparse.ArgumentParser(prog="python -m slurmkit.supervisor")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--plan", required=True, help="the plan as JSON (slurmkit.common.supervisor_plan.Plan)")
     parsed = parser.parse_args(head)
@@ -289,7 +289,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run_dir, plan, container = parse(args)
     return Supervisor(plan, RunPaths(run_dir), job_id, container).run()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from slurmkit.config.train import TrainConfig
-from slurmkit.worker.flops import dense_flops_per_sample
+from slurmkit.worker.train.flops import dense_flops_per_sample
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 1234  # fixed, so every seed is evaluated on the same held-out images

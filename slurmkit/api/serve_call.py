@@ -1,8 +1,8 @@
 """The login host's side of the Python API from a laptop (slurmkit.remote.api): one method of an
 Executor or a Job, run here with this side's own library; its answer as one JSON line.
 
-Its own entry (`python -P -m slurmkit.api.serve REQUEST`): the API's imports (the executor,
-the handles) stay out of slurmkit.cli.serve, which every CLI command from a laptop starts."""
+Its own entry (`python -P -m slurmkit.api.serve_call REQUEST`): the API's imports (the executor,
+the handles) stay out of slurmkit.cli.serve_command, which every CLI command from a laptop starts."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from slurmkit import trust
 from slurmkit.api.executor import Executor
 from slurmkit.api.handles import Job, states
 from slurmkit.errors import SlurmkitError
-from slurmkit.remote import serve
+from slurmkit.remote import login_side
 from slurmkit.remote.api import CALL_FILE, as_answer, as_error
 from slurmkit.remote.request import Request
 
@@ -62,7 +62,7 @@ def _value(method: str, params: dict[str, Any], stage: Path, profile: str) -> An
         return job.logs(params.get("rank"))
     if method == "cancel":
         return job.cancel()
-    raise SlurmkitError(f"unknown API method {method!r}", where="slurmkit.api.serve")
+    raise SlurmkitError(f"unknown API method {method!r}", where="slurmkit.api.serve_call")
 
 
 def print_answer(api: dict[str, Any], stage: Path, profile: str) -> int:
@@ -72,7 +72,7 @@ def print_answer(api: dict[str, Any], stage: Path, profile: str) -> int:
 
 def main(args: list[str]) -> int:
     try:
-        return serve.api(Request.decode(args[0] if args else ""), print_answer)
+        return login_side.api(Request.decode(args[0] if args else ""), print_answer)
     except SlurmkitError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code

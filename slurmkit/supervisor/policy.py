@@ -1,7 +1,7 @@
 """The restart policy, pure: `decide(state, event) -> Decision`, no I/O. What the run's record says
 (State) and what just happened (an Event) go in; a typed Decision comes out, with the effects it
 asks for (a failure noted, a restart entry, a verdict, a requeue). The job's supervisor reads the
-state, gathers the event and carries the effects out (worker.ft.effects); tests call `decide`
+state, gathers the event and carries the effects out (supervisor.effects); tests call `decide`
 with a table of cases.
 
 A crash, a hang or a lost node (with spare nodes, or elastic) is first restarted inside the
@@ -19,8 +19,8 @@ from slurmkit.common.cause import Cause
 from slurmkit.common.markers import HealthReport, PruneRequest
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import Failure, Preempted, RestartEntry, RunRecord, UnhealthyNode
-from slurmkit.worker.ft.allocation import Allocation
-from slurmkit.worker.ft.decision import Action, Decision
+from slurmkit.supervisor.allocation import Allocation
+from slurmkit.supervisor.decision import Action, Decision
 
 TIMEOUT_MARGIN_S = 60  # Slurm checks limits about every 30 s, so the signal may come that early
 IN_JOB_RETRY_S = 30.0  # after a crash or hang the job is not being stopped: a controller hiccup may take this long
@@ -95,7 +95,7 @@ class HealthFailed:
 
 @dataclass(frozen=True)
 class RankRaised:
-    """Rank 0, after an exception that every rank's process survived (worker.ft.warm)."""
+    """Rank 0, after an exception that every rank's process survived (worker.train.warm)."""
 
     step: int
     signature: str | None

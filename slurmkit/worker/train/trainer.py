@@ -1,7 +1,7 @@
 """A small data-parallel Trainer: DDP or FSDP2, seeded distributed sampling, accumulation, metrics.
 
 Bring a model, an optimizer, a dataset and a loss function; call fit(). Usable from any callable
-that runs inside `slurmkit.worker.dist.distributed()`.
+that runs inside `slurmkit.worker.process_group.distributed()`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from slurmkit.common.metrics import Interval, MetricsWriter
-from slurmkit.worker import agreement, fast_paths
-from slurmkit.worker.dist import Dist
-from slurmkit.worker.fast_paths import FastPaths
-from slurmkit.worker.flops import mfu
+from slurmkit.worker.process_group import Dist
+from slurmkit.worker.train import agreement, fast_paths
+from slurmkit.worker.train.fast_paths import FastPaths
+from slurmkit.worker.train.flops import mfu
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 Hook = Callable[["Trainer", dict[str, Any]], None]
@@ -113,7 +113,7 @@ class TrainerOptions:
     seed: int = 0
     """Seed of the distributed sampler's shuffle."""
     flops_per_sample: float = 0.0
-    """Training FLOPs per sample, for MFU (slurmkit.worker.flops)."""
+    """Training FLOPs per sample, for MFU (slurmkit.worker.train.flops)."""
     tokens_per_sample: int = 0
     """Tokens per sample, for tokens/s (0: not a token model)."""
     peak_flops: float = 0.0
@@ -139,7 +139,7 @@ Vote = Callable[[], int]
 
 class Trainer:
     """Runs optimizer steps. The step's loss and each vote in `votes` ride on its gradient all-reduce
-    (slurmkit.worker.agreement): at the step boundary every rank reads the same mean loss and the
+    (slurmkit.worker.train.agreement): at the step boundary every rank reads the same mean loss and the
     same agreement (the largest value of each vote) in `agreed`, with no collective of their own."""
 
     def __init__(
@@ -199,7 +199,7 @@ class Trainer:
         if self.sharded:
             if not isinstance(self.raw_model, FSDPModule):  # its optimizer would hold the unsharded parameters
                 raise ValueError("parallel='fsdp' needs the model sharded before its optimizer is made: "
-                                 "model = slurmkit.worker.trainer.parallelize(model, 'fsdp', device) first")
+                                 "model = slurmkit.worker.train.trainer.parallelize(model, 'fsdp', device) first")
         elif self.dist.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             o = self.options

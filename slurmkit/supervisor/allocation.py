@@ -7,7 +7,7 @@ when a node fails. Slurm takes the failed node out of the job: scontrol's NodeLi
 shrinks, while the job's SLURM_JOB_NODELIST still names it, and the node itself may be
 back IDLE at once (ReturnToService=2). So a lost node is one the job no longer holds, not one
 sinfo calls down (measured on the dev cluster, 22.05). Read from Slurm by the decider's eyes
-(worker.ft.effects.read_allocation); the policy decides on it as data.
+(supervisor.effects.read_allocation); the policy decides on it as data.
 """
 
 from __future__ import annotations

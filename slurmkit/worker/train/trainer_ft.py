@@ -3,7 +3,7 @@ the agreed stop through the StopCoordinator, the hang watchdog, and the live sta
 resumes from.
 
 At every step boundary the ranks' votes (a stop signal seen, and which; a background save still
-writing) ride on the step's gradient all-reduce (slurmkit.worker.agreement), so they all stop at
+writing) ride on the step's gradient all-reduce (slurmkit.worker.train.agreement), so they all stop at
 the same step and a save commits only once every rank's files are written. The signal handler
 itself only sets a flag.
 """
@@ -22,11 +22,11 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from slurmkit.worker.checkpoint.checkpointer import Checkpointer, HostCopy, StepFiles
 from slurmkit.worker.checkpoint.store import trainer_files
 from slurmkit.worker.checkpoint.threads import Prefetch, cpu_copy
-from slurmkit.worker.dist import Dist, Ranks
-from slurmkit.worker.ft.faults import FaultInjection
 from slurmkit.worker.ft.stop import StopCoordinator
 from slurmkit.worker.ft.watchdog import Watchdog
-from slurmkit.worker.trainer import Trainer
+from slurmkit.worker.process_group import Dist, Ranks
+from slurmkit.worker.train.faults import FaultInjection
+from slurmkit.worker.train.trainer import Trainer
 
 
 def rng_state() -> dict[str, Any]:
