@@ -18,7 +18,7 @@ import jinja2
 from slurmkit import trust
 from slurmkit.common import ports
 from slurmkit.common.layout import expand_root
-from slurmkit.common.supervisor_plan import Health, Plan, Shrink
+from slurmkit.common.supervisor_plan import Plan
 from slurmkit.config.fields import has_control, sbatch_safe
 from slurmkit.config.loader import Resolved
 from slurmkit.config.profile import ClusterProfile
@@ -162,6 +162,8 @@ class RenderInput:
     files: JobFiles
     python: str
     run_dir: str
+    plan: Plan | None = None
+    """The job's supervisor's plan (build.supervisor_plan), rendered as JSON into its last line."""
     array: str | None = None
     dependency: str | None = None
     sweep: dict[str, Any] | None = None
@@ -170,8 +172,6 @@ class RenderInput:
     """The code snapshot the ranks run from (working directory and PYTHONPATH); None runs from the submit folder."""
     rank_python: str | None = None
     """The ranks' interpreter (the container's, if it names one); None: `python`, the host's."""
-    job_folder: str | None = None
-    """submitit's folder, which `launcher: torchrun` ranks name to submitit themselves."""
 
 
 def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
@@ -195,71 +195,19 @@ def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
             "env_names": env_names, "gpus": gpus, "interactive": False}
 
 
-def torchrun_node(inp: RenderInput) -> str:
-    """`bash -c` for each node's srun task under `launcher: torchrun`: torchrun starts the node's
-    ranks (slurmkit.worker.torchrun_rank, then submitit's worker).
-
-    Slurm delivers a step's signals to every process of the step (whichever proctrack plugin), so
-    the ranks get the requeue signal and SIGTERM straight from Slurm. torchrun must not die of the
-    requeue signal (its default action for USR1 and USR2), which would end the node's task non-zero
-    under the ranks' save: it starts with that signal ignored, and each rank sets it back to the
-    default before its own handler goes in. For TERM, INT and HUP torchrun has its own handler,
-    which passes the signal on and waits up to 30 s for its ranks."""
-    assert inp.job_folder is not None and inp.resolved.resources.tasks_per_node is not None
-    rank_py = inp.rank_python or inp.python
-    # PYTHONSAFEPATH: torchrun starts each rank as `python -u -m MODULE`; the rank drops it again.
-    return (f"trap '' {inp.resolved.profile.signal}; "
-            f"PYTHONSAFEPATH=1 exec {rank_py} -m torch.distributed.run --nnodes=\"$SLURM_JOB_NUM_NODES\" "
-            f"--nproc-per-node={inp.resolved.resources.tasks_per_node:d} --rdzv-backend=c10d "
-            '--rdzv-endpoint="$SLURMKIT_RDZV_ENDPOINT" --rdzv-id="$SLURM_JOB_ID.$SLURMKIT_ATTEMPT" --max-restarts=0 '
-            f"-m slurmkit.worker.torchrun_rank {shell_quote(inp.job_folder)}")
-
-
-def standby_command(inp: RenderInput, container: dict[str, Any]) -> list[str] | None:
-    """The standby ranks' argv (slurmkit.worker.standby; the supervisor adds --run-dir and --attempt),
-    where the profile asks for them and the next in-job step is the same srun of submitit's worker."""
-    resolved = inp.resolved
-    policy = resolved.profile.requeue
-    if not (policy.standby and policy.in_job > 0 and inp.job_folder) or resolved.spec.ray \
-            or resolved.spec.launcher == "torchrun" or resolved.shrinks or container["srun"] or container["prefix"]:
-        return None
-    compiled = ["--compile"] if resolved.spec.task == "train" and resolved.spec.config.get("compile") else []
-    return [*shlex.split(inp.rank_python or inp.python), "-u", "-m", "slurmkit.worker.standby", *compiled,
-            inp.job_folder]
-
-
-def supervisor_plan(inp: RenderInput, container: dict[str, Any]) -> Plan:
-    """What the job's supervisor runs (slurmkit.common.supervisor_plan): rendered into the script as JSON."""
-    resolved = inp.resolved
-    prof, r = resolved.profile, resolved.resources
-    assert r.tasks_per_node is not None and r.nodes is not None
-    torchrun = resolved.spec.launcher == "torchrun"
-    gate = prof.health_gate == "always" or (prof.health_gate == "gpu" and bool(resolved.node_gpus))
-    return Plan(
-        signal=prof.signal, launcher="torchrun" if torchrun else "srun",
-        command=["bash", "-c", torchrun_node(inp)] if torchrun else shlex.split(inp.command),
-        stdout=inp.files.rank_stdout, stderr=inp.files.rank_stderr, tasks_per_node=r.tasks_per_node,
-        in_job=prof.requeue.in_job, srun_args=resolved.srun_args,
-        budgets=prof.requeue.model_dump(include={"preemption", "timeout", "node_failure", "hang", "crash"}),
-        standby=standby_command(inp, container),
-        shrink=Shrink(nodes=r.nodes, least=1 if r.elastic else r.nodes) if resolved.shrinks else None,
-        health=Health(python=shlex.split(inp.python), gpus=resolved.node_gpus,
-                      allreduce=prof.health_allreduce) if gate else None)
-
-
 def render(inp: RenderInput) -> str:
     resolved = inp.resolved
     env = make_environment(resolved.profile)
     container = container_context(resolved, inp.run_dir)
-    plan = None if resolved.spec.ray else supervisor_plan(inp, container)
+    plan = inp.plan
     context = {
         "name": resolved.spec.name,
         "spec": resolved.spec,
         "sbatch_args": sbatch_lines(resolved.sbatch_args),
         "profile": resolved.profile,
         "r": resolved.resources,
-        "alloc_nodes": resolved.alloc_nodes,
-        "shrinks": resolved.shrinks,
+        "alloc_nodes": resolved.shape.alloc_nodes,
+        "shrinks": resolved.shape.shrinks,
         "node_gpus": resolved.node_gpus,
         "files": inp.files,
         "array": inp.array,

@@ -318,9 +318,10 @@ def test_the_dry_run_is_the_very_request_submit_sends(cluster: None, tmp_path: P
 
     resolved = resolve(write_spec(tmp_path, name="same", command="true", resources={"nodes": 1}), str(dev_profile))
     request = jobs.dry_run(resolved)
-    assert str(request.paths.job_folder) in request.script
+    assert str(request.run_paths.job_folder) in request.script
     sub = jobs.send(request)
-    assert (sub.run_id, sub.run_dir, sub.script) == (request.paths.run_id, str(request.paths.run_dir), request.script)
+    paths = request.run_paths
+    assert (sub.run_id, sub.run_dir, sub.script) == (paths.run_id, str(paths.run_dir), request.script)
     assert RunPaths(Path(sub.run_dir)).script.read_text() == request.script
     assert finish(sub.run_dir, timeout_s=120).state == "COMPLETED"
 

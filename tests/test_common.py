@@ -147,8 +147,10 @@ RANKS_STAND_IN_FOR_THE_SUPERVISOR = {
     # Rank 0 asks the one policy where no supervisor process is there to: a warm restart inside the
     # ranks' processes, and the local profile's requeue; each start records its restart entry; a
     # command's runner shares the supervisor's signal inbox.
-    ("worker/train/incarnation.py", "slurmkit.supervisor"), ("worker/train/incarnation.py", "slurmkit.supervisor.decision"),
-    ("worker/train/warm.py", "slurmkit.supervisor.decision"), ("worker/interrupt.py", "slurmkit.supervisor.local_requeue"),
+    ("worker/train/incarnation.py", "slurmkit.supervisor"),
+    ("worker/train/incarnation.py", "slurmkit.supervisor.decision"),
+    ("worker/train/warm.py", "slurmkit.supervisor.decision"),
+    ("worker/interrupt.py", "slurmkit.supervisor.local_requeue"),
     ("worker/entry.py", "slurmkit.supervisor"), ("worker/command.py", "slurmkit.supervisor.signal_inbox"),
 }
 CLIENT_MAY_IMPORT = {

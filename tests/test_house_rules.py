@@ -138,7 +138,7 @@ def test_no_cycle_between_the_folders_inside_the_job_side() -> None:
     assert ("worker.train", "worker.checkpoint") in edges and ("worker.interrupt", "worker.ft") in edges
 
 
-MAX_LAZY_OWN_IMPORTS = 15
+MAX_LAZY_OWN_IMPORTS = 8
 
 
 def test_few_of_slurmkits_own_modules_are_imported_inside_functions_outside_the_cli() -> None:
@@ -153,3 +153,21 @@ def test_few_of_slurmkits_own_modules_are_imported_inside_functions_outside_the_
                 lazy += [f"{name}:{node.lineno}" for node in ast.walk(fn) if isinstance(node, ast.stmt)
                          and any(m.startswith("slurmkit") for m in _imported(node))]
     assert 0 < len(lazy) <= MAX_LAZY_OWN_IMPORTS, sorted(lazy)
+
+
+NODE_COUNT = {"nodes", "spare_nodes", "elastic"}
+
+
+def test_the_node_count_is_read_from_resources_in_one_place() -> None:
+    """resources.nodes, spare_nodes and elastic are read by config.shape alone (and checked where
+    config validates them); the header, submitit, the plan, pre-flight and limits ask the Shape."""
+    reads = []
+    for name, (_, tree) in _trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in NODE_COUNT and (
+                    (isinstance(node.value, ast.Attribute) and node.value.attr == "resources")
+                    or (isinstance(node.value, ast.Name) and node.value.id in ("r", "resources"))):
+                reads.append(f"{name}:{node.lineno}")
+    assert sorted({r.split(":")[0] for r in reads}) == ["slurmkit.config.shape"], reads
+    templates = [p.name for p in (ROOT / "templates").rglob("*.j2") if "r.nodes" in p.read_text()]
+    assert templates == []

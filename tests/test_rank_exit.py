@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from submitit.core.utils import DelayedSubmission, pickle_load
 
-from slurmkit.slurm.submitit_executor import RANK_MODULE
+from slurmkit.build import RANK_MODULE
+from slurmkit.worker import rank, torchrun_rank
 from slurmkit.worker.rank import exit_status
 from tests import helpers_fns
 
@@ -20,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 Ran = tuple[subprocess.CompletedProcess[str], Path, Path]
+
+
+def test_the_batch_script_and_torchrun_start_the_same_rank_module() -> None:
+    assert RANK_MODULE == torchrun_rank.RANK_MODULE == rank.__name__ == "slurmkit.worker.rank"
 
 
 def _run_rank(tmp_path: Path, how: str, module: str = RANK_MODULE) -> Ran:

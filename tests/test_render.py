@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
+from slurmkit.build import ArraySpec, build
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.config.loader import resolve
 from slurmkit.errors import RenderError
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
-from slurmkit.slurm.submitit_executor import ArraySpec, rank_python, render_for, submitit_command
 from slurmkit.supervisor import loop
 from tests.conftest import ROOT, write_spec
 from tests.test_profiles import SHIPPED
@@ -31,7 +31,7 @@ def render_profile(spec: Path, profile: str, sets: list[str] | None = None, arra
                    dependency: str | None = None) -> str:
     # A fixed interpreter, so the goldens do not depend on where the venv lives.
     res = resolve(spec, profile, ["profile.python=/opt/venv/bin/python", *(sets or [])])
-    return render_for(res, FOLDER, submitit_command(rank_python(res), FOLDER), array, dependency)
+    return build(res, FOLDER, array, dependency).script
 
 
 def supervisor_call(script: str) -> tuple[Plan, Container]:
@@ -39,7 +39,7 @@ def supervisor_call(script: str) -> tuple[Plan, Container]:
     its container lines on, run by bash with the exec line printing its argv instead."""
     start = script.find("# container:")
     tail = script[start if start >= 0 else script.index("# launch:"):]
-    tail = re.sub(r"^exec .* -m slurmkit\.worker\.supervisor ", lambda _: "printf '%s\\0' ", tail, flags=re.M)
+    tail = re.sub(r"^exec .* -m slurmkit\.supervisor ", lambda _: "printf '%s\\0' ", tail, flags=re.M)
     out = subprocess.run(["bash", "-c", tail], capture_output=True, check=True,
                          env={**os.environ, "SLURMKIT_RUN_DIR": "/run"}).stdout
     run_dir, plan, container = loop.parse(out.decode().split("\0")[:-1])
@@ -149,7 +149,7 @@ def test_sweep_array_script_finds_each_task_folder(tmp_path: Path) -> None:
 
 
 def test_plain_array_without_a_sweep_keeps_the_run_folder(tmp_path: Path) -> None:
-    # submitit's map_array through our executor: an array, but no sweep manifest to look tasks up in.
+    # An array request without a sweep folder: no manifest to look tasks up in; its tasks share the run folder.
     script = render_profile(GOLDEN / "spec.yaml", "devcluster", array=ArraySpec("0-3", list(range(4))))
     assert "#SBATCH --array=0-3" in script
     assert "slurmkit.worker.sweep_task" not in script

@@ -79,7 +79,7 @@ def test_submit_records_the_snapshot_and_renders_the_cd(repo: Path, dev_profile:
     monkeypatch.chdir(repo)
     resolved = resolve({"name": "snap", "command": "true", "snapshot": True}, str(dev_profile))
     request = jobs.dry_run(resolved)  # the very run folder a submit would create
-    assert f"cd {request.paths.code_dir} || exit 1" in request.script and 'PYTHONPATH=' in request.script
+    assert f"cd {request.run_paths.code_dir} || exit 1" in request.script and 'PYTHONPATH=' in request.script
     plain = resolve({"name": "snap", "command": "true"}, str(dev_profile))
     assert "/code || exit 1" not in jobs.dry_run(plain).script
     with pytest.raises(ConfigError, match="snapshot_max_mb"):

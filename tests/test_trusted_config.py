@@ -173,7 +173,7 @@ def test_a_checkpoint_folder_someone_made_first_refuses_the_submit_with_nothing_
     prof = profile_with(tmp_path, run_root, checkpoint_root=str(shared))
     resolved = resolve(write_spec(tmp_path, name="c", command="true"), str(prof))
     request = jobs.dry_run(resolved)  # the id a dry run showed: the one submit takes
-    claimed = shared / request.paths.run_id
+    claimed = shared / request.run_paths.run_id
     claimed.mkdir()
     os.chown(claimed, OTHER_UID, -1)
     with pytest.raises(NotOwnError) as caught:

@@ -121,11 +121,12 @@ def status(
     table = Table("job", "state", "nodes", "elapsed", "restarts", "goodput", "node-h (lost)", "jobs")
     # The run id is what a user types next: never cut, whatever the terminal's width.
     table.columns.insert(0, Column("run", no_wrap=True, min_width=max((len(r.run_id) for r in rows), default=3)))
-    for r in rows:
-        gp = f"{r.goodput:.0%}" if r.goodput is not None else ""
-        state = f"{r.state} ({r.reason})" if r.reason else r.state
-        spent = f"{r.node_hours:.2f} ({r.lost_node_hours or 0:.2f})" if r.node_hours is not None else ""
-        table.add_row(r.run_id, r.job_label, state, r.nodes, r.elapsed, str(r.restarts), gp, spent, str(r.jobs))
+    for row in rows:
+        gp = f"{row.goodput:.0%}" if row.goodput is not None else ""
+        state = f"{row.state} ({row.reason})" if row.reason else row.state
+        spent = f"{row.node_hours:.2f} ({row.lost_node_hours or 0:.2f})" if row.node_hours is not None else ""
+        table.add_row(row.run_id, row.job_label, state, row.nodes, row.elapsed, str(row.restarts), gp, spent,
+                      str(row.jobs))
     console = table_console()
     console.print(table)
     for r in rows:

@@ -246,8 +246,9 @@ class RunPaths:
                                            (self.run_dir, self.job_folder))
         return str(outcome), value
 
-    def rank_log(self, job_id: str, rank: int, stream: str = "out") -> Path:
-        """submitit's per-rank log name (its JobPaths layout: JOBID_RANK_log.out)."""
+    def rank_log(self, job_id: str, rank: int | str, stream: str = "out") -> Path:
+        """submitit's per-rank log name (its JobPaths layout: JOBID_RANK_log.out); with Slurm's
+        patterns (%j or %A_%a, %t) for arguments, the pattern the batch script names."""
         return self.job_folder / f"{job_id}_{rank}_log.{stream}"
 
     def rank_logs(self, job_id: str) -> dict[int, Path]:

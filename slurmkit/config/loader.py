@@ -17,6 +17,7 @@ from slurmkit.config.fields import gres_gpus, node_gpus
 from slurmkit.config.overrides import deep_merge, split_sets
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
+from slurmkit.config.shape import Shape
 from slurmkit.config.tracking import Tracking
 from slurmkit.config.train import TrainConfig
 from slurmkit.config.yamlio import read_yaml
@@ -40,21 +41,9 @@ class Resolved:
     spec_source: str
 
     @property
-    def num_tasks(self) -> int:
-        """Processes submitit runs: every rank, or for Ray the one driver."""
-        assert self.resources.nodes and self.resources.tasks_per_node
-        return 1 if self.spec.ray else self.resources.nodes * self.resources.tasks_per_node
-
-    @property
-    def alloc_nodes(self) -> int:
-        """Nodes the job allocates: the ranks' nodes and the spares."""
-        assert self.resources.nodes is not None
-        return self.resources.nodes + (self.resources.spare_nodes or 0)
-
-    @property
-    def shrinks(self) -> bool:
-        """The job outlives the loss of a node (--no-kill): a spare, or elastic, takes over."""
-        return bool(self.resources.spare_nodes or self.resources.elastic)
+    def shape(self) -> Shape:
+        """The job's nodes and tasks (config.shape: the one reading of the node count)."""
+        return Shape.of(self.resources, bool(self.spec.ray))
 
     @property
     def node_gpus(self) -> int:
@@ -334,8 +323,7 @@ def resolve_layers(layers: list[Layer], profile: ClusterProfile, profile_name: s
 def _check_batch(spec: RunSpec, resources: Resources, source: str) -> None:
     """The global batch splits over the ranks: checked at submit, not after the queue wait."""
     cfg = TrainConfig.model_validate(spec.config)
-    assert resources.nodes and resources.tasks_per_node
-    world = resources.nodes * resources.tasks_per_node
+    world = Shape.of(resources).world
     try:
         cfg.per_rank_batch(world)
     except ValueError as exc:

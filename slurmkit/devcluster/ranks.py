@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slurmkit.build import RANK_MODULE
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import StandbyGo
-from slurmkit.slurm.submitit_executor import RANK_MODULE
 
 
 def _environ(pid: Path) -> dict[str, str]:

@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 
 from slurmkit.bench import fs as fs_bench
+from slurmkit.build import python_command
 from slurmkit.common.layout import expand_checkpoint_root, expand_root
 from slurmkit.config.loader import Resolved
 from slurmkit.errors import SlurmError, SlurmkitError, squash
@@ -49,7 +50,7 @@ def _slurm(resolved: Resolved) -> list[Check]:
     out = [Check("slurm", PASS, f"{commands.version()}, controller up"), _accounting()]
     try:
         partition = preflight.check(resolved)
-        out.append(Check("partition", PASS, f"'{partition}' accepts {resolved.alloc_nodes} node(s) for "
+        out.append(Check("partition", PASS, f"'{partition}' accepts {resolved.shape.alloc_nodes} node(s) for "
                                             f"{resolved.resources.time}"))
     except SlurmkitError as exc:
         out.append(Check("partition", FAIL, exc.one_line(), "fix the profile field named above (`slurmkit profiles "
@@ -109,7 +110,6 @@ RUNTIME_TOOLS = {"apptainer": ["apptainer", "singularity"], "docker": ["docker"]
 
 def _compute_node(resolved: Resolved) -> Check:
     """A one-task job: the profile's interpreter imports slurmkit and submitit there, and sees the runtime."""
-    from slurmkit.slurm.submitit_executor import python_command
 
     c = resolved.profile.container
     tools = RUNTIME_TOOLS.get(c.runtime, []) if c else []
@@ -172,7 +172,7 @@ def _nccl(resolved: Resolved) -> Check:
         problems.append(f"NCCL_DEBUG={env['NCCL_DEBUG']} floods the logs of every rank")
     if env.get("NCCL_IB_DISABLE") == "1" and "NCCL_IB_HCA" in env:
         problems.append("NCCL_IB_DISABLE=1 contradicts NCCL_IB_HCA")
-    if gpus and resolved.resources.nodes and resolved.resources.nodes > 1 and "NCCL_SOCKET_IFNAME" not in env:
+    if gpus and resolved.shape.nodes > 1 and "NCCL_SOCKET_IFNAME" not in env:
         problems.append("multi-node GPU jobs without NCCL_SOCKET_IFNAME may pick a slow or wrong interface")
     if problems:
         return Check("nccl", WARN, "; ".join(problems), "adjust `nccl_env` in the profile")

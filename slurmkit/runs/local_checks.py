@@ -44,9 +44,9 @@ def check_local_gpus(resolved: Resolved, gpus_here: int) -> None:
 def warn_oversubscribed(resolved: Resolved) -> None:
     """A local run with more ranks than CPUs still runs, slowly: say so."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    ranks = resolved.num_tasks * (resolved.resources.cpus_per_task or 1)
-    if ranks > cpus:
-        warn(f"{resolved.profile_name}: {resolved.num_tasks} local rank(s) x {resolved.resources.cpus_per_task or 1} "
+    tasks, each = resolved.shape.num_tasks, resolved.resources.cpus_per_task or 1
+    if tasks * each > cpus:
+        warn(f"{resolved.profile_name}: {tasks} local rank(s) x {each} "
              f"CPU(s) each on {cpus} CPU(s); ranks will share cores")
 
 

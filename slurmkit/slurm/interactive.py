@@ -44,7 +44,8 @@ def salloc_argv(resolved: Resolved, rcfile: str, launcher: str | None = None) ->
     `launcher` is its launcher). Each value is one argument of its own, `--option=value`, so none can
     read as another option."""
     r, p = resolved.resources, resolved.profile
-    values = {"nodes": resolved.alloc_nodes, "ntasks-per-node": r.tasks_per_node, "cpus-per-task": r.cpus_per_task,
+    values = {"nodes": resolved.shape.alloc_nodes, "ntasks-per-node": r.tasks_per_node,
+              "cpus-per-task": r.cpus_per_task,
               "gpus-per-node": r.gpus_per_node, "gpus-per-task": r.gpus_per_task, "gres": r.gres,
               "cpus-per-gpu": r.cpus_per_gpu, "mem": r.mem, "mem-per-gpu": r.mem_per_gpu, "time": r.time,
               "partition": p.partition, "account": p.account, "qos": p.qos, "constraint": p.constraint,

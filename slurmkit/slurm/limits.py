@@ -74,9 +74,9 @@ def fairshare(user: str) -> float | None:
 def asked_tres(resolved: Resolved) -> dict[str, int]:
     """What one job of the run asks for, in TRES terms."""
     r = resolved.resources
-    tasks = (r.tasks_per_node or 1) * resolved.alloc_nodes
-    return {"node": resolved.alloc_nodes, "cpu": tasks * (r.cpus_per_task or 1),
-            "gres/gpu": resolved.node_gpus * resolved.alloc_nodes}
+    tasks = resolved.shape.tasks_per_node * resolved.shape.alloc_nodes
+    return {"node": resolved.shape.alloc_nodes, "cpu": tasks * (r.cpus_per_task or 1),
+            "gres/gpu": resolved.node_gpus * resolved.shape.alloc_nodes}
 
 
 WHERE = {"node": "resources.nodes", "cpu": "resources.cpus_per_task", "gres/gpu": "resources.gpus_per_node"}

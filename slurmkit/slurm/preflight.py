@@ -34,17 +34,17 @@ def check(resolved: Resolved, array_size: int | None = None) -> str:
                              valid=f"valid: {', '.join(sorted(partitions)) or 'none'}")
     part = partitions[name]
     limit = _max_minutes(part.get("MaxTime", ""))
-    assert r.time is not None and r.nodes is not None
+    assert r.time is not None
+    shape = resolved.shape
     if limit is not None and time_to_minutes(r.time) > limit:
         raise PreflightError(f"time {r.time} exceeds partition '{name}' MaxTime={part['MaxTime']}",
                              where="resources.time")
     total_nodes = int(part.get("TotalNodes", "0") or 0)
-    asked = f"nodes={r.nodes}" + (f" + spare_nodes={r.spare_nodes}" if r.spare_nodes else "")
-    where = "resources.spare_nodes" if r.spare_nodes else "resources.nodes"
-    if resolved.alloc_nodes > total_nodes:
+    asked, where = shape.asked, shape.where
+    if shape.alloc_nodes > total_nodes:
         raise PreflightError(f"{asked} exceeds the {total_nodes} nodes of partition '{name}'", where=where)
     max_nodes = part.get("MaxNodes", "UNLIMITED")
-    if max_nodes.isdigit() and resolved.alloc_nodes > int(max_nodes):
+    if max_nodes.isdigit() and shape.alloc_nodes > int(max_nodes):
         raise PreflightError(f"{asked} exceeds partition '{name}' MaxNodes={max_nodes}", where=where)
     if resolved.node_gpus:
         gres = commands.partition_gres(name)

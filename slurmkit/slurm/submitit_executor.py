@@ -13,7 +13,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import submitit.local as submitit_local
 from submitit.core.utils import DelayedSubmission, JobPaths
 
 from slurmkit import trust
+from slurmkit.build import SubmitRequest, python_command, rank_python, submitit_command
 from slurmkit.common import perms, ports
 from slurmkit.common.atomic import atomic_write, atomic_write_text
 from slurmkit.common.layout import RunPaths
@@ -29,7 +29,6 @@ from slurmkit.common.slurm_env import outer_job_env
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.loader import Resolved
 from slurmkit.errors import SlurmkitError
-from slurmkit.render import JobFiles, RenderInput, render, shell_quote
 from slurmkit.slurm import commands
 
 NO_LIMIT_MIN = 366 * 24 * 60
@@ -84,99 +83,32 @@ def _call_bytes(paths: RunPaths, job_id: str) -> bytes:
                             valid="submit the run again with `slurmkit submit`") from None
 
 
-SAFE_PATH = "-P"
-"""Every interpreter slurmkit starts runs with -P (Python 3.11+): it never imports from the working
-folder, where another user may have planted a `submitit.py` or `slurmkit/`. A user's own command
-keeps Python's usual rules (slurmkit.worker.rank drops PYTHONSAFEPATH before any user code runs)."""
-
-
-def python_command(resolved: Resolved) -> str:
-    """The interpreter on the host (and -P): the supervisor and the batch shell's helpers, and the
-    ranks when there is no container."""
-    return f"{shell_quote(resolved.profile.python or sys.executable)} {SAFE_PATH}"
-
-
-def rank_python(resolved: Resolved) -> str:
-    """The interpreter that runs each rank (and -P): the container's, if it names one."""
-    c = resolved.profile.container
-    return f"{shell_quote(c.python)} {SAFE_PATH}" if c is not None and c.python else python_command(resolved)
-
-
-RANK_MODULE = "slurmkit.worker.rank"
-"""Each rank's main module: submitit's worker, then an exit without Python's finalization."""
-
-
-def submitit_command(python: str, folder: Path) -> str:
-    """The command each rank runs: submitit's worker (`submitit.core._submit`, as submitit's own
-    SlurmExecutor._submitit_command_str) inside slurmkit.worker.rank."""
-    return " ".join([python, f"-u -m {RANK_MODULE}", shell_quote(str(folder))])
-
-
-def job_files(folder: Path, array: bool = False) -> JobFiles:
-    """Log patterns in submitit's JobPaths layout, so submitit's own stdout()/stderr() find them."""
-    paths = JobPaths(folder=folder)
-    out, err = str(paths.stdout), str(paths.stderr)
-    if array:
-        out, err = out.replace("%j", "%A_%a"), err.replace("%j", "%A_%a")
-    return JobFiles(out.replace("%t", "0"), err.replace("%t", "0"), out, err)
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """One sbatch job array: task i of the array is sweep task base + i (when it belongs to a sweep)."""
-
-    array: str
-    """The --array value, e.g. 0-5%2."""
-    task_ids: list[int]
-    base: int = 0
-    sweep_dir: str | None = None
-    """The sweep whose tasks these are; None for a plain submitit map_array, whose tasks share the run folder."""
-    pickle: str | None = None
-    """A sweep array's one pickle, written before sbatch; each task links it under its own job id when it starts."""
-
-
-def render_for(resolved: Resolved, folder: Path, command: str, array: ArraySpec | None = None,
-               dependency: str | None = None) -> str:
-    """The script for a run whose submitit folder is `folder` (inside the run or sweep folder)."""
-    sweep = {"dir": array.sweep_dir, "base": array.base, "pickle": array.pickle} if array and array.sweep_dir else None
-    code_dir = str(RunPaths(folder.parent).code_dir) if resolved.snapshot else None
-    return render(RenderInput(resolved, command, job_files(folder, array is not None), python_command(resolved),
-                              str(folder.parent), array=array.array if array else None, dependency=dependency,
-                              sweep=sweep, code_dir=code_dir, rank_python=rank_python(resolved),
-                              job_folder=str(folder)))
-
-
 class RenderedSlurmExecutor(submitit.SlurmExecutor):
-    """A SlurmExecutor whose submission file is slurmkit's rendered script."""
+    """A SlurmExecutor whose submission file is a built request's script (build.build), sent as it is."""
 
-    def __init__(self, folder: Path, resolved: Resolved, dependency: str | None = None,
-                 script: str | None = None) -> None:
-        """`script`: the dry run's rendering for this folder, sent as it is (else rendered here)."""
-        super().__init__(folder, max_num_timeout=resolved.profile.requeue.timeout,
+    def __init__(self, request: SubmitRequest) -> None:
+        resolved = request.resolved
+        super().__init__(request.job_folder, max_num_timeout=resolved.profile.requeue.timeout,
                          python=rank_python(resolved))
-        self.resolved = resolved
-        self.dependency = dependency
-        self.given_script = script
+        self.request = request
         self.last_script: str | None = None
         self.before_sbatch: Callable[[Path], None] | None = None
         """Called with the script's path just before sbatch runs (sweeps.arrays records its name)."""
-        self._array: ArraySpec | None = None
-        r = resolved.resources
-        assert r.time is not None
+        assert resolved.resources.time is not None
         # submitit reads these for the task count and its own timeout bookkeeping; the script
-        # itself comes from render().
-        self.update_parameters(nodes=r.nodes, ntasks_per_node=r.tasks_per_node, time=time_to_minutes(r.time))
+        # itself is the request's.
+        self.update_parameters(nodes=request.shape.nodes, ntasks_per_node=request.shape.tasks_per_node,
+                               time=time_to_minutes(resolved.resources.time))
 
     def _num_tasks(self) -> int:
-        return self.resolved.num_tasks  # a Ray run has one submitit task (the driver) over N nodes
+        return self.request.shape.num_tasks  # a Ray run has one submitit task (the driver) over N nodes
 
     @property
     def _submitit_command_str(self) -> str:
         return submitit_command(self.python, Path(self.folder))
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        given = self.given_script if self._array is None else None
-        self.last_script = given or render_for(self.resolved, Path(self.folder), command, self._array, self.dependency)
+        self.last_script = self.request.script
         return self.last_script
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
@@ -189,60 +121,33 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
             self.before_sbatch(submission_file_path)
         return argv
 
-    def submit_sweep_array(self, fn: Any, array: ArraySpec) -> str:
-        """One sbatch job array whose tasks all run `fn`, which finds its own config from its array
-        index; returns the array's job id.
+    def submit_sweep_array(self, fn: Any) -> str:
+        """The request's job array (its `array` set), whose tasks all run `fn`, which finds its own
+        config from its array index; returns the array's job id.
 
         One pickle serves every task: written once, before sbatch, at array.pickle, and linked
         under submitit's name for a task by that task's batch shell (slurmkit.worker.sweep_task). A
         100,000-task sweep costs one pickling and no file per task at submit time.
         """
-        assert array.pickle is not None
+        array = self.request.array
+        assert array is not None and array.pickle is not None
         Path(array.pickle).parent.mkdir(parents=True, exist_ok=True)
         delayed = DelayedSubmission(fn)
         delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
         delayed.dump(Path(array.pickle))
-        self._array = array
         try:
             return str(self._submit_command(self._submitit_command_str).job_id)
         except BaseException:
             Path(array.pickle).unlink(missing_ok=True)
             raise
-        finally:
-            self._array = None
 
     def _internal_process_submissions(self, delayed_submissions: list[DelayedSubmission]) -> list[submitit.Job[Any]]:
-        # submitit's own array path builds a plain SlurmExecutor; ours keeps the rendered script.
-        if len(delayed_submissions) == 1:
-            return super()._internal_process_submissions(delayed_submissions)
-        n = len(delayed_submissions)
-        return self._submit_array(delayed_submissions, ArraySpec(f"0-{n - 1}", list(range(n))))
-
-    def _submit_array(self, delayed: list[DelayedSubmission], array: ArraySpec) -> list[submitit.Job[Any]]:
-        """submitit's map_array as one sbatch array with our script: one pickle per task."""
-        folder = JobPaths.get_first_id_independent_folder(self.folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        pickles = []
-        for d in delayed:
-            path = folder / f".{uuid.uuid4().hex}.pkl"
-            d.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
-            d.dump(path)
-            pickles.append(path)
-        self._array = array
-        try:
-            first = self._submit_command(self._submitit_command_str)
-            ranks = list(range(first.num_tasks))
-            jobs: list[submitit.Job[Any]] = []
-            for k, task_id in enumerate(array.task_ids):
-                job: submitit.Job[Any] = submitit.SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{task_id}",
-                                                           tasks=ranks)
-                job.paths.move_temporary_file(pickles[k], "submitted_pickle")
-                jobs.append(job)
-        finally:
-            self._array = None
-            for path in pickles:
-                path.unlink(missing_ok=True)
-        return jobs
+        # One request is one sbatch: a job, or a sweep's array (submit_sweep_array). submitit's own
+        # batch would need a script built for an array; slurmkit's map_array builds one (a sweep).
+        if len(delayed_submissions) != 1 or self.request.array is not None:
+            raise SlurmkitError("one built request submits one job", where="RenderedSlurmExecutor",
+                                valid="valid: slurmkit.Executor.map_array for an array of calls")
+        return super()._internal_process_submissions(delayed_submissions)
 
 
 class SafeLocalExecutor(submitit.LocalExecutor):
@@ -346,6 +251,6 @@ def local_executor(folder: Path, resolved: Resolved) -> Any:
     # On Slurm a time of 0 means no limit; submitit's local executor would kill the job at once.
     timeout_min = time_to_minutes(r.time) or NO_LIMIT_MIN
     # submitit sets CUDA_VISIBLE_DEVICES to the first gpus_per_node GPUs, to none when there are none
-    ex.update_parameters(tasks_per_node=resolved.num_tasks, timeout_min=timeout_min, gpus_per_node=resolved.node_gpus,
-                         signal_delay_s=resolved.profile.signal_delay_s)
+    ex.update_parameters(tasks_per_node=resolved.shape.num_tasks, timeout_min=timeout_min,
+                         gpus_per_node=resolved.node_gpus, signal_delay_s=resolved.profile.signal_delay_s)
     return ex

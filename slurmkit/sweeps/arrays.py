@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from slurmkit import trust
+from slurmkit.build import ArraySpec, build
 from slurmkit.calls import SweepTask
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
@@ -18,6 +19,7 @@ from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, SweepPaths
 from slurmkit.config.loader import Resolved
 from slurmkit.errors import SlurmError, SlurmkitError, squash
 from slurmkit.slurm import commands
+from slurmkit.slurm.submitter import submitter
 from slurmkit.sweeps.plan import compress
 
 
@@ -30,8 +32,6 @@ def cluster_limits() -> tuple[int, int]:
 def submit_arrays(paths: SweepPaths, groups: list[Resolved], planned: list[dict[str, Any]],
                    kind: Literal["initial", "resubmit"], dependency: str | None, max_parallel: int | None) -> list[str]:
     """sbatch each planned array, recording each job id in the array log as soon as it exists."""
-    from slurmkit.slurm.submitit_executor import ArraySpec, RenderedSlurmExecutor
-
     created = dt.datetime.now().isoformat(timespec="seconds")
     arrays = [ArrayEntry(kind=kind, created=created, **arr) for arr in planned]
     chain = max_parallel and len(arrays) > 1
@@ -41,12 +41,13 @@ def submit_arrays(paths: SweepPaths, groups: list[Resolved], planned: list[dict[
     ids: list[str] = []
     for k, arr in enumerate(arrays):
         deps = [d for d in (dependency, f"afterany:{ids[-1]}" if chain and ids else None) if d]
-        executor = RenderedSlurmExecutor(paths.job_folder, groups[arr.group], ",".join(deps) or None)
-        executor.before_sbatch = functools.partial(_note_sbatch, paths, first_number + k)
         spec = ArraySpec(arr.array, [i - arr.base for i in arr.indices], arr.base, str(paths.sweep_dir),
                          str(paths.array_pickle(first_number + k)))
+        executor = submitter().RenderedSlurmExecutor(
+            build(groups[arr.group], paths.job_folder, array=spec, dependency=",".join(deps) or None))
+        executor.before_sbatch = functools.partial(_note_sbatch, paths, first_number + k)
         try:
-            job_id = executor.submit_sweep_array(SweepTask(str(paths.sweep_dir), arr.base), spec)
+            job_id = executor.submit_sweep_array(SweepTask(str(paths.sweep_dir), arr.base))
         except Exception as exc:
             detail = squash(str(exc))
             with ArrayLog(paths).editing() as log:

@@ -21,6 +21,7 @@ from slurmkit.common.locked import try_lock
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, Manifest, SweepPaths, materialize_task
 from slurmkit.runs.procs import start_time
+from slurmkit.slurm.submitter import submitter
 from slurmkit.sweeps.store import manifest_tasks
 
 POLL_S = 0.5
@@ -71,8 +72,6 @@ def recover(paths: SweepPaths) -> list[int]:
 
 def run(paths: SweepPaths, number: int) -> None:
     """Run the tasks of local array `number`, at most max_parallel at once; each job's pid goes to the array log."""
-    from slurmkit.slurm.submitit_executor import local_executor
-
     manifest = Manifest(paths).read()
     if manifest.arrays[number].runner_pid is None:  # its starter died before it could record this runner
         _record_runner(paths, number, os.getpid())
@@ -85,7 +84,8 @@ def run(paths: SweepPaths, number: int) -> None:
         while queue and len(running) < limit:
             i = queue.pop(0)
             task = materialize_task(paths, i, "", manifest)
-            job = local_executor(task.job_folder, groups[group_of[i]]).submit(SweepTask(str(paths.sweep_dir), index=i))
+            executor = submitter().local_executor(task.job_folder, groups[group_of[i]])
+            job = executor.submit(SweepTask(str(paths.sweep_dir), index=i))
             pid_start = start_time(int(job.job_id))
             RunFile(task).add_job_id(str(job.job_id), pid_start)
             with ArrayLog(paths).editing() as log:

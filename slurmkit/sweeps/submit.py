@@ -84,7 +84,7 @@ def _write_manifest(paths: SweepPaths, plan: SweepPlan, tasks: SweepTasks) -> No
         profile_name=first.profile_name, profile=first.profile.model_dump(), varying=plan.varying,
         max_parallel=plan.section.max_parallel, base_spec=tasks.base_spec, top=tasks.top,
         search=plan.section.search, prune=plan.section.prune, seed=plan.section.seed,
-        groups=[ResourceGroup(resources=g.resources.model_dump(), num_tasks=g.num_tasks) for g in tasks.groups],
+        groups=[ResourceGroup(resources=g.resources.model_dump(), num_tasks=g.shape.num_tasks) for g in tasks.groups],
         # Expanded once, here, as a plain run's is at submit: $VARS mean the login node's values.
         checkpoint_base=expand_checkpoint_root(root) if root else None, tasks=entries))
     ArrayLog(paths).create(ArrayList())

@@ -10,6 +10,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from slurmkit.common import outcomes, user_trace
@@ -51,6 +52,14 @@ def run(call: Run) -> Any:
     return value
 
 
+def train_task() -> ModuleType:
+    """slurmkit.worker.train.tasks.train_task (torch): only a task run, or a standby rank getting
+    ready for one, pays for it."""
+    from slurmkit.worker.train.tasks import train_task as module
+
+    return module
+
+
 def _run(call: Run) -> Any:
     # slurmkit's own interpreters start with -P (or PYTHONSAFEPATH); the user's code keeps Python's rules.
     os.environ.pop("PYTHONSAFEPATH", None)
@@ -63,9 +72,7 @@ def _run(call: Run) -> Any:
         os.environ["SLURMKIT_CHECKPOINT_URI"] = call.checkpoint_uri
     work = call.work
     if isinstance(work, TrainTask):  # its own stop and restart records
-        from slurmkit.worker.train.tasks import train_task  # torch: only a task run pays for it
-
-        return train_task.run(work.config, call.run_dir)
+        return train_task().run(work.config, call.run_dir)
 
     record_restart(call.run_dir)
     # A function's or command's own wandb.init() / mlflow.start_run() go on with the run's tracker runs

@@ -26,12 +26,15 @@ import sys
 import time
 from pathlib import Path
 
-import slurmkit.worker.entry  # noqa: F401 - what the pickled call runs: imported before the go, as the rest
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import StandbyGo
 from slurmkit.common.slurm_env import slurm_job_id
-from slurmkit.worker import rank, startup
+from slurmkit.worker import (
+    entry,  # what the pickled call runs: imported before the go, as the rest
+    rank,
+    startup,
+)
 from slurmkit.worker.ft.stop import requeue_signal
 
 POLL_S = 0.01
@@ -44,7 +47,7 @@ def _prepare(compiled: bool) -> float:
     import submitit  # noqa: F401
     import torch._dynamo  # noqa: F401 - torch, and what the optimizer's constructor imports: ~2 s more
 
-    import slurmkit.worker.train.tasks.train_task  # noqa: F401
+    entry.train_task()
 
     if compiled:  # what config.compile's first call imports (inductor): ~0.8 s more
         import torch._inductor.compile_fx  # noqa: F401

@@ -23,6 +23,9 @@ import sys
 
 from slurmkit import trust
 
+RANK_MODULE = "slurmkit.worker.rank"
+"""What each rank execs into (build.RANK_MODULE, held equal by tests/unit/test_rank_exit.py)."""
+
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
@@ -43,9 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         out = trust.open_append(path, 0o600)
         os.dup2(out, fd)
         os.close(out)
-    from slurmkit.worker import rank
-
-    os.execv(sys.executable, [sys.executable, "-P", "-u", "-m", rank.__name__, folder])
+    os.execv(sys.executable, [sys.executable, "-P", "-u", "-m", RANK_MODULE, folder])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from slurmkit.runs.jobs.status import (
 )
 from slurmkit.runs.jobs.submit import (
     Call,
-    Request,
+    SubmitRequest,
     Submitted,
     check_function_kind,
     check_secrets,
@@ -30,6 +30,6 @@ from slurmkit.runs.jobs.submit import (
     take_snapshot,
 )
 
-__all__ = ["FAILED_STATES", "Call", "Request", "RunStatus", "Submitted", "cancel", "check_function_kind",
+__all__ = ["FAILED_STATES", "Call", "RunStatus", "SubmitRequest", "Submitted", "cancel", "check_function_kind",
            "check_secrets", "describe", "dry_run", "entry", "is_active", "local_state", "resubmit",
            "result", "run_env", "run_state", "send", "status", "statuses", "submit", "take_snapshot", "wait"]

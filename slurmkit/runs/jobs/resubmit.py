@@ -13,6 +13,7 @@ from slurmkit.errors import SlurmkitError
 from slurmkit.runs import procs, registry
 from slurmkit.runs.jobs.status import is_active, run_state
 from slurmkit.runs.jobs.submit import Submitted, check_secrets
+from slurmkit.slurm.submitter import submitter
 
 
 def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
@@ -26,7 +27,7 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
         raise SlurmkitError(f"run is {st.state} (job {st.job_id}); nothing to resubmit", where=paths.run_id,
                             valid="valid: a run that ended other than COMPLETED; `slurmkit cancel` a live one first")
     check_secrets(rec.spec.secret_env if rec.spec else [], paths.run_id, {})
-    from slurmkit.slurm import submitit_executor as ex_mod  # submitit: only a resubmit pays for it
+    ex_mod = submitter()
 
     if rec.executor == "local":  # a laptop's rehearsal of what a cluster's resubmit does
         if rec.spec is None:

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from slurmkit.build import SubmitRequest, build
 from slurmkit.calls import Run
 from slurmkit.common import perms
 from slurmkit.common.layout import RunPaths, expand_root
@@ -21,6 +21,7 @@ from slurmkit.config.loader import Resolved
 from slurmkit.errors import ConfigError, SlurmError, SlurmkitError, squash
 from slurmkit.runs import local_checks, procs, registry, snapshot
 from slurmkit.slurm import preflight
+from slurmkit.slurm.submitter import submitter
 
 
 @dataclass(frozen=True)
@@ -72,38 +73,17 @@ def take_snapshot(resolved: Resolved, run_dir: Path, call: Call | None) -> dict[
                          resolved.profile.snapshot_max_mb)
 
 
-def _submitit_executor() -> ModuleType:
-    """slurmkit.slurm.submitit_executor (submitit and the templates, ~0.3 s): only a submit pays for it."""
-    from slurmkit.slurm import submitit_executor
-
-    return submitit_executor
-
-
-@dataclass(frozen=True)
-class Request:
-    """What a submit sends, as the dry run returns it (TorchX's dry run): the run's id and folder
-    to be, and the very script sbatch gets (rendered for a local profile too, unused there)."""
-
-    resolved: Resolved
-    paths: RunPaths
-    dependency: str | None
-    script: str
-
-
-def dry_run(resolved: Resolved, dependency: str | None = None) -> Request:
-    """Render exactly what submit would send, creating nothing and calling no Slurm daemon; `send`
-    sends this very value."""
+def dry_run(resolved: Resolved, dependency: str | None = None) -> SubmitRequest:
+    """Build exactly what submit would send (build.build: the shape, the plan, the script), for a
+    run id and folder to be, creating nothing and calling no Slurm daemon; `send` sends this very
+    value (rendered for a local profile too, unused there)."""
     local_checks.warn_idle_gpus(resolved)
     return _request(resolved, dependency)
 
 
-def _request(resolved: Resolved, dependency: str | None) -> Request:
-    ex_mod = _submitit_executor()
+def _request(resolved: Resolved, dependency: str | None) -> SubmitRequest:
     paths = RunPaths(expand_root(resolved.profile.run_root) / registry.new_run_id(resolved.spec.name))
-    script = ex_mod.render_for(resolved, paths.job_folder,
-                               ex_mod.submitit_command(ex_mod.rank_python(resolved), paths.job_folder),
-                               dependency=dependency)
-    return Request(resolved, paths, dependency, script)
+    return build(resolved, paths.job_folder, dependency=dependency)
 
 
 def submit(resolved: Resolved, dependency: str | None = None, call: Call | None = None,
@@ -116,17 +96,17 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
     return send(_request(resolved, dependency), call)
 
 
-def send(request: Request, call: Call | None = None) -> Submitted:
+def send(request: SubmitRequest, call: Call | None = None) -> Submitted:
     """Create the run folder and record the request names, submit it through submitit (sbatch gets
     request.script, byte for byte), record the job id. Everything the submit creates gets the run's
     umask (perms); a submit that fails before anything is queued leaves nothing behind."""
-    ex_mod = _submitit_executor()
+    ex_mod = submitter()
     resolved = request.resolved
     slurm = resolved.profile.executor == "slurm"
     run_mode = resolved.profile.run_mode
     with perms.umask(run_mode):
         paths = registry.create(resolved.profile.run_root, resolved.spec.name, run_mode,
-                                resolved.profile.checkpoint_root, run_id=request.paths.run_id)
+                                resolved.profile.checkpoint_root, run_id=request.run_paths.run_id)
         record = RunFile(paths)
         # Nothing queued: no folder, no record that could claim a job.
         with registry.or_nothing(paths, resolved.profile.checkpoint_root):
@@ -135,13 +115,12 @@ def send(request: Request, call: Call | None = None) -> Submitted:
                 created=dt.datetime.now().isoformat(timespec="seconds"), executor=resolved.profile.executor,
                 profile_name=resolved.profile_name, spec_source=resolved.spec_source,
                 spec=resolved.spec.model_dump(), profile=resolved.profile.model_dump(),
-                resources=resolved.resources.model_dump(), num_tasks=resolved.num_tasks))
+                resources=resolved.resources.model_dump(), num_tasks=request.shape.num_tasks))
             if (snap := take_snapshot(resolved, paths.run_dir, call)) is not None:
                 record.update(snapshot=snap)
             try:
                 if slurm:
-                    executor: Any = ex_mod.RenderedSlurmExecutor(paths.job_folder, resolved, request.dependency,
-                                                                 script=request.script)
+                    executor: Any = ex_mod.RenderedSlurmExecutor(request)
                 else:
                     executor = ex_mod.local_executor(paths.job_folder, resolved)
                 job = executor.submit(entry(resolved, paths, call))

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slurmkit.worker import at_exit
-from slurmkit.worker.checkpoint.checkpointer import Checkpointer, StepFiles, checkpoint_uri
+from slurmkit.worker.checkpoint.checkpointer import Checkpointer, StepFiles, checkpoint_uri, dcp_io_module
 from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore
 from slurmkit.worker.ft.stop import AgreedStop, ScriptStop, StopCoordinator
 from slurmkit.worker.process_group import Ranks
@@ -118,11 +118,9 @@ class Checkpoint:
 
     def _files(self, value: Any, rank_state: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """What a save of `value` hands the Checkpointer: this rank's files, and the sharded state."""
-        from slurmkit.worker.checkpoint.sharded import is_sharded  # torch: on first use
-
         ckpt = self._ckpt
         files = {_rank_file(ckpt.ranks.rank): rank_state} if rank_state is not None else {}
-        if is_sharded(value):
+        if dcp_io_module().is_sharded(value):
             return files, {SHARDED_KEY: value}
         if ckpt.ranks.is_main:
             files[STATE_FILE] = value

@@ -43,7 +43,7 @@ def checkpoint_uri(run_dir: str | None) -> str | None:
     return RunPaths(Path(run_dir)).checkpoint_uri(None) if run_dir else None
 
 
-def _dcp_io() -> ModuleType:
+def dcp_io_module() -> ModuleType:
     """slurmkit.worker.checkpoint.sharded (torch.distributed.checkpoint): imported only where a sharded state is."""
     import slurmkit.worker.checkpoint.sharded as sharded
 
@@ -81,7 +81,7 @@ class StepFiles:
     def load_sharded(self, state: dict[str, Any]) -> None:
         """Fill `state` (DTensors of this run's sharding, as get_state_dict gives them) from the step's
         DCP shards, resharded from whatever world size saved them; every rank calls it."""
-        dcp_io = _dcp_io()
+        dcp_io = dcp_io_module()
         if not self.sharded:
             raise CheckpointError(f"step-{self.step} holds no sharded state (saved without DTensors)")
         # Each rank checksums its share of the files: the step is read once in all, not once a rank.
@@ -214,7 +214,7 @@ class Checkpointer:
             self._in_flight = HostCopy(step, taken, True)
         shards = None
         if sharded is not None:
-            dcp_io = _dcp_io()
+            dcp_io = dcp_io_module()
             live = wait and not on_device(sharded)  # DCP writes each tensor's own bytes, a view's too
             staged, group = sharded if live else cpu_copy(sharded, self._shard_buffers), self._dcp_group()
             shards = lambda: dcp_io.save(staged, self.store, step, group)  # noqa: E731 - runs in the writer thread

@@ -12,7 +12,8 @@ outlives it. For generation g:
    collectives are chained.
 2. Each rank reports its error line under warm/g/rank<r> in the store.
 3. Rank 0 waits for every report (at most `report_wait_s`), decides with the requeue policy
-   (a RankRaised event for supervisor.policy.decide: the deterministic-error rule, requeue.in_job, requeue.crash) and writes
+   (a RankRaised event for supervisor.policy.decide: the deterministic-error rule, requeue.in_job,
+   requeue.crash) and writes
    warm/g/decision, with the live step when every report names the same one (`live_step`).
 4. On a restart every rank builds generation g+1 on the same store, wraps the model in a new DDP
    and restores from the live state or from its host copy, as decided. Otherwise every rank
