@@ -29,7 +29,7 @@ from bench_crash import first_step_after, last_step
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import read_records
-from slurmkit.config.loader import resolve
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 
 ROOT = Path(__file__).resolve().parent.parent

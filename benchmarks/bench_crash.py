@@ -42,9 +42,9 @@ import yaml
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records
 from slurmkit.common.record import RunFile
-from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
 from slurmkit.insight import goodput
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from slurmkit.worker import standby
 

@@ -32,8 +32,8 @@ import yaml
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s
 from slurmkit.common.record import RunFile
-from slurmkit.config.loader import resolve
 from slurmkit.insight import goodput
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from slurmkit.slurm.parse import Incarnation
 

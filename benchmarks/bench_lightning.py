@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.config.loader import resolve
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from tests.conftest import LIGHTNING, USER_CODE, pip_target
 

@@ -31,9 +31,9 @@ from bench_crash import first_step_after, import_floor_s, last_step
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
-from slurmkit.config.loader import resolve
 from slurmkit.devcluster import cluster as dc
 from slurmkit.insight import goodput
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 
 

@@ -27,7 +27,7 @@ import yaml
 from submitit.core import utils
 
 from slurmkit.common.sweep_layout import Manifest
-from slurmkit.config.loader import load_profile
+from slurmkit.load.loader import load_profile
 from slurmkit.slurm import commands
 from slurmkit.sweeps import resolve, search, spec, study
 from slurmkit.sweeps import submit as sub

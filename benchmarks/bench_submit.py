@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from slurmkit.config.loader import resolve
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 
 REPS = 5

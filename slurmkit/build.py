@@ -16,7 +16,7 @@ from typing import Any
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.supervisor_plan import Health, Plan, Shrink
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.config.shape import Shape
 from slurmkit.render import JobFiles, RenderInput, container_context, render, shell_quote
 

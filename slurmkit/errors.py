@@ -5,9 +5,11 @@ from __future__ import annotations
 import difflib
 import sys
 from collections.abc import Iterable
-from typing import Any
 
-CLIP_CHARS = 80
+# Re-exported: the rest of slurmkit takes a message's helpers from here, with its error classes.
+from slurmkit.config.text import CLIP_CHARS as CLIP_CHARS
+from slurmkit.config.text import clip as clip
+from slurmkit.config.text import cut as cut
 
 
 class SlurmkitError(Exception):
@@ -92,16 +94,6 @@ class DevClusterError(SlurmkitError):
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def cut(text: str, limit: int = CLIP_CHARS) -> str:
-    """Text for a message, cut to about `limit` characters: a 10,000-character value stays readable."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
-
-
-def clip(value: Any, limit: int = CLIP_CHARS) -> str:
-    """repr of a value for a message, cut (see cut)."""
-    return cut(repr(value), limit)
 
 
 def warn(message: str) -> None:

@@ -20,8 +20,8 @@ from slurmkit.common import ports
 from slurmkit.common.layout import expand_root
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.config.fields import has_control, sbatch_safe
-from slurmkit.config.loader import Resolved
 from slurmkit.config.profile import ClusterProfile
+from slurmkit.config.resolved import Resolved
 from slurmkit.config.slurm_args import sbatch_lines
 from slurmkit.errors import RenderError, clip
 from slurmkit.resources import shipped_dir

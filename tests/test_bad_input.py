@@ -280,8 +280,8 @@ def test_a_set_nested_past_the_yaml_limit_is_one_line(tmp_path: Path) -> None:
 
 def refused_at_line(tmp_path: Path, text: str) -> str:
     """The spec `text` refused by the CLI in one line; where its reader says the problem is."""
-    from slurmkit.config.yamlio import read_yaml
     from slurmkit.errors import ConfigError
+    from slurmkit.load.yamlio import read_yaml
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(text)
@@ -292,7 +292,7 @@ def refused_at_line(tmp_path: Path, text: str) -> str:
 
 
 def test_a_duplicate_yaml_key_is_refused_with_its_line(tmp_path: Path) -> None:
-    from slurmkit.config.yamlio import read_yaml
+    from slurmkit.load.yamlio import read_yaml
 
     assert refused_at_line(tmp_path, "name: x\ncommand: true\nresources:\n  nodes: 2\nresources:\n  time: 10\n") == "5"
     merged = tmp_path / "merged.yaml"  # a merge key may still be overridden, as YAML means it

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
-from slurmkit.config.loader import resolve
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from tests.conftest import EXAMPLES, ROOT
 from tests.test_containers import CONTAINERS

@@ -19,8 +19,8 @@ import pytest
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records, read_records
 from slurmkit.common.record import RunFile
-from slurmkit.config.loader import resolve
 from slurmkit.devcluster import ranks
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs, tracker_upload
 from slurmkit.runs import logs as run_logs
 from slurmkit.runs.failure import failure

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.config.loader import resolve
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from slurmkit.slurm import preflight
 from tests.test_cluster_faults import finish

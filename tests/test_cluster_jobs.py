@@ -204,8 +204,8 @@ def test_preflight_refusals(cluster: None, tmp_path: Path, dev_profile: Path, ru
 
 
 def test_preflight_refuses_array_over_max_array_size(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
-    from slurmkit.config.loader import resolve
     from slurmkit.errors import PreflightError
+    from slurmkit.load.loader import resolve
     from slurmkit.slurm import preflight
 
     res = resolve(write_spec(tmp_path, name="arr", command="true"), str(dev_profile))
@@ -228,9 +228,9 @@ def test_preflight_refuses_what_the_qos_would_keep_pending_forever(qos_one_node_
                                                                    tmp_path: Path, dev_profile: Path) -> None:
     """QOSMaxNodePerJobLimit and QOSMaxWallDurationPerJobLimit: Slurm would queue such a job and never
     start it; pre-flight reads the association's QOS (sacctmgr) and refuses it in one line instead."""
-    from slurmkit.config.loader import resolve
     from slurmkit.errors import PreflightError
     from slurmkit.insight import doctor
+    from slurmkit.load.loader import resolve
     from slurmkit.slurm import limits, preflight
 
     def resolved(nodes: int, limit: str) -> Any:
@@ -314,8 +314,7 @@ def test_sacct_reports_finished_jobs_in_one_call(cluster: None, tmp_path: Path, 
 def test_the_dry_run_is_the_very_request_submit_sends(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
     """As TorchX's dry run: one typed value, shown, then sent as it is (the run id and folder it
     names included), byte for byte what sbatch got."""
-    from slurmkit.config.loader import resolve
-
+    from slurmkit.load.loader import resolve
     resolved = resolve(write_spec(tmp_path, name="same", command="true", resources={"nodes": 1}), str(dev_profile))
     request = jobs.dry_run(resolved)
     assert str(request.run_paths.job_folder) in request.script

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import RankProcess
-from slurmkit.config.loader import resolve
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from slurmkit.runs.stack import stacks
 from slurmkit.slurm import interactive

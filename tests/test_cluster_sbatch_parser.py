@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.config.loader import resolve
 from slurmkit.config.slurm_args import OWN_NAMES_BELOW_OWNED, SLURMKIT_OWNS, SRUN_OWNS, owner_of
 from slurmkit.errors import ConfigError
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from tests.conftest import steady, write_spec
 from tests.test_quoting import PRINTABLE, SHELL_HOSTILE

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
 from slurmkit.common.layout import RunPaths
-from slurmkit.config.loader import resolve
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from slurmkit.runs import logs as run_logs
 from tests.conftest import EXAMPLES, executed_steps, steady

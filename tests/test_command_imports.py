@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurmkit.config.loader import resolve
 from slurmkit.errors import PreflightError
+from slurmkit.load.loader import resolve
 from slurmkit.slurm.imports import check_command_imports, command_python, missing, script_imports
 from tests.conftest import write_spec
 

@@ -331,3 +331,12 @@ def test_what_a_run_runs_is_one_typed_kind_for_each_kind_of_spec() -> None:
                      "function": PythonFunction(pow, (2, 3), {}), "task": TrainTask("train", {"steps": 3}),
                      "ray": RayDriver(RunSpec(name="x", ray={"driver": "d.py"}).ray.model_dump())}  # type: ignore[union-attr]
     assert {type(w) for w in works.values()} == set(typing.get_args(Work))
+
+
+def test_config_is_pure_data_and_imports_nothing_of_slurmkit_outside_itself() -> None:
+    """config/ is the bottom floor: its models import only each other (lazily or not); reading files
+    (trust), finding the shipped profiles (resources) and loading are slurmkit.load's."""
+    outside = sorted(f"{_relative(path)}: {module}" for path in _modules(PACKAGE / "config")
+                     for module in _all_slurmkit_imports(path) if not module.startswith("slurmkit.config"))
+    assert outside == []
+    assert "slurmkit.trust" in _all_slurmkit_imports(PACKAGE / "load" / "yamlio.py")  # the check sees imports

@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
-from slurmkit.config.loader import resolve
+from slurmkit.load.loader import resolve
 from slurmkit.runs.jobs import dry_run
 from tests.conftest import EXAMPLES, ROOT
 from tests.test_render import check_shell, step_argv, supervisor_call

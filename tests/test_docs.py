@@ -44,8 +44,7 @@ def test_profiles_doc_inheritance_example_validates(tmp_path: Path) -> None:
 
 
 def test_remote_doc_profile_example_validates_with_its_login_host(tmp_path: Path) -> None:
-    from slurmkit.config.loader import load_profile
-
+    from slurmkit.load.loader import load_profile
     text = (ROOT / "docs/remote.md").read_text()
     path = tmp_path / "site.yaml"
     path.write_text(text.split("# site.yaml, in a folder on SLURMKIT_PROFILE_PATH\n", 1)[1].split("```", 1)[0])

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from slurmkit.config.loader import resolve
 from slurmkit.errors import ConfigError
+from slurmkit.load.loader import resolve
 from slurmkit.runs.jobs import dry_run
 from tests.conftest import EXAMPLES
 from tests.test_render import check_shell, supervisor_call

@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from slurmkit.config.loader import resolve
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.runspec import RunSpec
 from slurmkit.errors import SlurmkitError
+from slurmkit.load.loader import resolve
 from slurmkit.render import RESERVED_WORDS
 from tests.test_quoting import HOSTILE, PRINTABLE
 from tests.test_render import check_shell, render_profile

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from slurmkit.config.loader import resolve
+from slurmkit.load.loader import resolve
 from slurmkit.render import render_shell_rc
 from slurmkit.runs.shell import SHELL_SPEC
 from slurmkit.slurm import interactive

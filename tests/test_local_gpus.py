@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit.config.loader import resolve
 from slurmkit.errors import SlurmkitError
+from slurmkit.load.loader import resolve
 from slurmkit.runs import local_checks
 from slurmkit.slurm.submitit_executor import local_executor
 

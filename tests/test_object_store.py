@@ -17,8 +17,8 @@ import yaml
 from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
-from slurmkit.config.loader import resolve
 from slurmkit.errors import PreflightError
+from slurmkit.load.loader import resolve
 from slurmkit.slurm.imports import check_storage
 from slurmkit.worker.checkpoint.store import MARKER, CheckpointError, CheckpointStore, to_bytes
 from tests.conftest import write_spec

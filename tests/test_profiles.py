@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from slurmkit.config.loader import available_profiles, load_profile, resolve
 from slurmkit.errors import ConfigError
+from slurmkit.load.loader import available_profiles, load_profile, resolve
 from tests.conftest import write_spec
 
 SHIPPED = ["local", "devcluster", "gpu-pyxis", "hpc-apptainer", "cpu-partition"]
@@ -197,7 +197,7 @@ def test_every_shipped_profile_renders_without_user_in_the_environment(tmp_path:
     import pwd
 
     from slurmkit.common.layout import expand_root
-    from slurmkit.config.loader import available_profiles, resolve
+    from slurmkit.load.loader import available_profiles, resolve
     from slurmkit.runs import jobs
 
     monkeypatch.delenv("USER", raising=False)

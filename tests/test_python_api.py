@@ -81,7 +81,7 @@ def test_unpicklable_call_is_refused_at_submit(local_profile: Path, run_root: Pa
 
 
 def test_spec_file_cannot_name_a_function(tmp_path: Path, local_profile: Path) -> None:
-    from slurmkit.config.loader import resolve
+    from slurmkit.load.loader import resolve
     from slurmkit.runs import jobs
 
     resolved = resolve({"name": "x", "function": "m.f"}, str(local_profile))

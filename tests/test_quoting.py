@@ -10,9 +10,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmkit.config.loader import resolve
-from slurmkit.config.yamlio import dump
 from slurmkit.errors import ConfigError
+from slurmkit.load.loader import resolve
+from slurmkit.load.yamlio import dump
 from tests.test_render import FOLDER, check_shell, render_profile
 
 # Hostile to bash but read literally by sbatch's #SBATCH parser once shlex-quoted.

@@ -62,8 +62,7 @@ def write_ray_spec(tmp_path: Path, **ray: object) -> Path:
 def test_relative_driver_is_read_beside_the_spec(tmp_path: Path) -> None:
     code, script = render(write_ray_spec(tmp_path))
     assert code == 0, script
-    from slurmkit.config.loader import resolve
-
+    from slurmkit.load.loader import resolve
     assert resolve(write_ray_spec(tmp_path), "devcluster").spec.ray.driver == str(tmp_path / "drv.py")  # type: ignore[union-attr]
 
 
@@ -84,8 +83,8 @@ def test_a_ray_run_is_refused_at_submit_when_its_python_has_no_ray(tmp_path: Pat
     """A real interpreter without Ray (a fresh venv): pre-flight asks it, before any Slurm call."""
     import sys
 
-    from slurmkit.config.loader import resolve
     from slurmkit.errors import PreflightError
+    from slurmkit.load.loader import resolve
     from slurmkit.slurm.imports import check_ray_importable
 
     venv = tmp_path / "noray"

@@ -15,8 +15,8 @@ import yaml
 
 from slurmkit.build import ArraySpec, build
 from slurmkit.common.supervisor_plan import Plan
-from slurmkit.config.loader import resolve
 from slurmkit.errors import RenderError
+from slurmkit.load.loader import resolve
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
 from slurmkit.supervisor import loop
@@ -212,8 +212,8 @@ def test_raw_is_used_only_where_the_docs_say() -> None:
 
 def test_srun_and_sbatch_args_are_rendered_and_options_slurmkit_sets_are_refused(tmp_path: Path) -> None:
     from slurmkit.common.supervisor_plan import Plan
-    from slurmkit.config.loader import resolve
     from slurmkit.errors import ConfigError
+    from slurmkit.load.loader import resolve
     from slurmkit.runs import jobs
     from slurmkit.slurm import steps
 

@@ -11,9 +11,9 @@ from typing import Any
 from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile, RunRecord
-from slurmkit.config.loader import resolve
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
+from slurmkit.load.loader import resolve
 
 # What an older slurmkit wrote: a spec key since removed, a profile key and a nested budget it no
 # longer has, and values it now refuses (a node count past Slurm's int, a '#' sbatch reads as a comment).

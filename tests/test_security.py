@@ -186,8 +186,7 @@ def test_a_local_run_never_imports_slurmkits_own_modules_from_the_submit_folder(
 
 
 def test_every_interpreter_the_batch_script_starts_runs_with_safe_path(tmp_path: Path) -> None:
-    from slurmkit.config.loader import resolve
-
+    from slurmkit.load.loader import resolve
     (tmp_path / "d.py").write_text("result = 1\n")
     for profile in ("devcluster", "gpu-pyxis", "hpc-apptainer"):
         for spec in ({"command": "true"}, {"command": "true", "launcher": "torchrun"},

@@ -73,7 +73,7 @@ def test_outside_git_the_module_folder_is_copied(tmp_path: Path, monkeypatch: py
 
 def test_submit_records_the_snapshot_and_renders_the_cd(repo: Path, dev_profile: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmkit.config.loader import resolve
+    from slurmkit.load.loader import resolve
     from slurmkit.runs import jobs
 
     monkeypatch.chdir(repo)

@@ -278,7 +278,7 @@ def test_submit_and_sweep_submit_read_the_profile_once(tmp_path: Path, local_pro
     """One profile load a command (its extends chain read once, --set applied to it), after the
     root group's own read (does the profile name a login host: slurmkit.remote.forward.site_of).
     A sweep's command once read it three times (its task cap, its umask, its tasks), submit's twice."""
-    from slurmkit.config import loader
+    from slurmkit.load import loader
 
     reads: list[str] = []
     real = loader.profile_layers

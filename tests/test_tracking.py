@@ -169,8 +169,8 @@ def test_a_tracking_uri_that_is_none_is_refused_in_one_line() -> None:
 
 
 def test_a_tracker_the_ranks_python_lacks_is_refused_at_submit(tmp_path: Path) -> None:
-    from slurmkit.config.loader import resolve
     from slurmkit.errors import PreflightError
+    from slurmkit.load.loader import resolve
     from slurmkit.slurm import imports
 
     profile = tmp_path / "p.yaml"
@@ -310,8 +310,8 @@ def test_a_password_in_a_tracking_uri_is_refused_and_never_echoed() -> None:
 
 
 def test_a_ranks_python_older_than_slurmkit_supports_is_refused_at_submit(tmp_path: Path) -> None:
-    from slurmkit.config.loader import resolve
     from slurmkit.errors import PreflightError
+    from slurmkit.load.loader import resolve
     from slurmkit.slurm import imports
 
     old = Path.home() / ".pyenv" / "versions" / "3.10.13" / "bin" / "python"

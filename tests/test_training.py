@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.config.loader import resolve
 from slurmkit.config.train import TrainConfig
+from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from slurmkit.worker.train.tasks.train_task import run as train
 from tests.conftest import EXAMPLES, steady

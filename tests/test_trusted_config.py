@@ -18,7 +18,7 @@ import yaml
 from typer.testing import CliRunner
 
 from slurmkit.cli.app import app
-from slurmkit.config.loader import load_profile, resolve
+from slurmkit.load.loader import load_profile, resolve
 from slurmkit.render import render_shell_rc
 from slurmkit.runs import jobs, registry
 from slurmkit.trust import NotOwnError

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from slurmkit.config.fields import time_to_minutes
-from slurmkit.config.loader import resolve
 from slurmkit.errors import ConfigError, RunNotFoundError
+from slurmkit.load.loader import resolve
 from slurmkit.runs.jobs import dry_run
 from tests.conftest import write_spec
 
@@ -84,7 +84,7 @@ def test_kwargs_from_a_file_and_from_set_have_the_same_types(tmp_path: Path, loc
 def test_what_slurmkit_writes_as_yaml_reads_back_unchanged(text: str) -> None:
     """`profiles show` and the tests write with yamlio.dump: PyYAML's own dumper leaves 0E0 bare,
     which the YAML 1.2 numbers of the loader read as a float."""
-    from slurmkit.config import yamlio
+    from slurmkit.load import yamlio
 
     data = {"text": text, "number": 1e-3, "count": 1000}
     assert yamlio.load_text(yamlio.dump(data), "test") == data
@@ -174,7 +174,7 @@ def test_after_kinds_and_a_job_slurmkit_did_not_submit(tmp_path: Path) -> None:
     ("profile.checkpoint_root=s3://b/x #1", "s3://b/x #1"),
 ])
 def test_a_set_value_is_typed_by_the_field_it_targets(item: str, value: Any) -> None:
-    from slurmkit.config.overrides import parse_set
+    from slurmkit.load.overrides import parse_set
 
     assert parse_set(item)[1] == value and type(parse_set(item)[1]) is type(value)
 

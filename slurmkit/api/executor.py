@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING, Any
 from slurmkit.api import mapped, submitit_names
 from slurmkit.api.handles import Job, SearchHandle, SweepHandle
 from slurmkit.common.sweep_layout import SweepPaths
-from slurmkit.config.loader import (
+from slurmkit.config.profile import ClusterProfile, Resources
+from slurmkit.config.resolved import Resolved
+from slurmkit.errors import ConfigError, did_you_mean, squash
+from slurmkit.load.loader import (
     Layer,
-    Resolved,
     load_profile,
     profile_layers,
     profile_name,
     resolve_layers,
     validate_layers,
 )
-from slurmkit.config.overrides import split_sets
-from slurmkit.config.profile import ClusterProfile, Resources
-from slurmkit.errors import ConfigError, did_you_mean, squash
+from slurmkit.load.overrides import split_sets
 from slurmkit.remote import api as remote_api
 from slurmkit.remote.forward import site_of
 from slurmkit.runs import jobs

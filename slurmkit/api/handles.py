@@ -14,8 +14,8 @@ from slurmkit.api import submitit_names
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import SweepPaths
-from slurmkit.config.loader import load_profile, profile_name
 from slurmkit.errors import JobFailedError
+from slurmkit.load.loader import load_profile, profile_name
 from slurmkit.remote import api as remote_api
 from slurmkit.remote.api import RemoteJob
 from slurmkit.remote.forward import site_of

@@ -19,7 +19,7 @@ from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write
 from slurmkit.common.code_source import source_of
 from slurmkit.common.sweep_layout import Manifest, SweepPaths, latest_job_ids
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.runs.jobs import Call
 from slurmkit.sweeps.resolve import SweepTasks
 from slurmkit.sweeps.spec import SweepPlan, SweepSection, check_keys, section_of

@@ -23,7 +23,7 @@ def allreduce(
 ) -> None:
     """All-reduce time, algbw and busbw from 8 B to 256 MB over every rank, with a memcpy baseline."""
     from slurmkit.common.layout import RunPaths
-    from slurmkit.config.loader import resolve
+    from slurmkit.load.loader import resolve
     from slurmkit.runs import jobs
 
     spec = {"name": "bench-allreduce", "callable": "slurmkit.bench.allreduce:run",

@@ -142,7 +142,7 @@ def run_root_for(profile: str | None) -> str:
 
 def scope_of(profile: str | None) -> Scope:
     """The runs the given (or default) profile sees (slurmkit.runs.lookup.Scope)."""
-    from slurmkit.config.loader import load_profile, profile_name
+    from slurmkit.load.loader import load_profile, profile_name
     from slurmkit.runs.lookup import Scope
 
     model = load_profile(profile_name(profile))

@@ -12,8 +12,8 @@ DOCTOR_SPEC = {"name": "slurmkit-doctor", "command": "true"}
 @user_errors
 def doctor(profile: ProfileOpt = None, as_json: JsonOpt = False) -> None:
     """Check that the profile works from here: Slurm, munge, compute-node Python, storage, NCCL, containers."""
-    from slurmkit.config.loader import resolve
     from slurmkit.insight import doctor as doc
+    from slurmkit.load.loader import resolve
 
     checks = doc.run(resolve(DOCTOR_SPEC, profile))
     if as_json:

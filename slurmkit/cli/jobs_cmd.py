@@ -45,7 +45,7 @@ def submit(
     verbose: VerboseOpt = False,
 ) -> None:
     """Submit RUNSPEC; print its run id and job id."""
-    from slurmkit.config.loader import resolve
+    from slurmkit.load.loader import resolve
     from slurmkit.runs import jobs
 
     resolved = resolve(runspec, profile, set_ or [])

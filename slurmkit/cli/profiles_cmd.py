@@ -16,8 +16,7 @@ app = typer.Typer(no_args_is_help=True, help="Cluster profiles: list, show, vali
 @user_errors
 def list_(as_json: JsonOpt = False) -> None:
     """List the profiles on the search path ($SLURMKIT_PROFILE_PATH, then the shipped ones)."""
-    from slurmkit.config.loader import available_profiles, describe
-
+    from slurmkit.load.loader import available_profiles, describe
     rows = [{"name": n, "path": str(p), "description": describe(p)} for n, p in sorted(available_profiles().items())]
     if as_json:
         print_json(rows)
@@ -34,9 +33,8 @@ def list_(as_json: JsonOpt = False) -> None:
 @user_errors
 def show(name: Annotated[str, typer.Argument(help="Profile name or path.")]) -> None:
     """Print a profile with its `extends` chain resolved and every default filled in."""
-    from slurmkit.config import yamlio
-    from slurmkit.config.loader import load_profile
-
+    from slurmkit.load import yamlio
+    from slurmkit.load.loader import load_profile
     typer.echo(yamlio.dump(load_profile(name).model_dump()), nl=False)
 
 
@@ -44,8 +42,7 @@ def show(name: Annotated[str, typer.Argument(help="Profile name or path.")]) -> 
 @user_errors
 def validate(file: Annotated[Path, typer.Argument(help="Profile YAML to check.")]) -> None:
     """Validate a profile file; exit 2 with one line saying what is wrong."""
-    from slurmkit.config.loader import load_profile
-
+    from slurmkit.load.loader import load_profile
     load_profile(str(file) if file.suffix else f"./{file}")
     typer.echo(f"ok: {file}")
 

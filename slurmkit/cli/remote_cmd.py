@@ -11,7 +11,7 @@ from slurmkit.errors import ConfigError
 
 
 def _site(profile: str | None):  # type: ignore[no-untyped-def]
-    from slurmkit.config.loader import profile_name
+    from slurmkit.load.loader import profile_name
     from slurmkit.remote.forward import site_of
 
     site = site_of(profile)

@@ -17,7 +17,7 @@ def render(
     set_: SetOpt = None,
 ) -> None:
     """Print the sbatch script for RUNSPEC, exactly as `submit` would submit it."""
-    from slurmkit.config.loader import resolve
+    from slurmkit.load.loader import resolve
     from slurmkit.runs.jobs import dry_run
 
     typer.echo(dry_run(resolve(runspec, profile, set_ or [])).script, nl=False)

@@ -65,8 +65,8 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a sweep: one job array per chunk of at most MaxArraySize tasks."""
-    from slurmkit.config.loader import load_profile, profile_name
-    from slurmkit.config.overrides import split_sets
+    from slurmkit.load.loader import load_profile, profile_name
+    from slurmkit.load.overrides import split_sets
     from slurmkit.sweeps import plan as plan_mod
     from slurmkit.sweeps import resolve as resolve_mod
     from slurmkit.sweeps import spec as spec_mod

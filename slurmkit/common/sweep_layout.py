@@ -33,9 +33,9 @@ from slurmkit.common.code_source import with_source
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.locked import LockedJson, Record
 from slurmkit.common.record import RunFile, RunRecord, SweepRef
-from slurmkit.config.overrides import deep_merge, nested
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.search import PruneSection, SearchSection
+from slurmkit.load.overrides import deep_merge, nested
 
 MANIFEST = "sweep.json"
 ARRAYS = "arrays.json"

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from slurmkit.config.fields import EnvMap, Strict
-from slurmkit.errors import clip
+from slurmkit.config.text import clip
 
 MOUNT_OPTIONS = {"pyxis": ("ro", "rw"), "apptainer": ("ro", "rw"), "docker": ("ro", "rw", "z", "Z")}
 _APPTAINER_URI = re.compile(r"^(docker|docker-archive|oras|library|shub|https?)://")

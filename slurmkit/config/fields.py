@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationInfo, field_validator
 
-from slurmkit.errors import clip
+from slurmkit.config.text import clip
 
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
 _MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$")

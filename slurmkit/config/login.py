@@ -7,7 +7,7 @@ import re
 from pydantic import Field, field_validator
 
 from slurmkit.config.fields import Strict, TildePath
-from slurmkit.errors import clip
+from slurmkit.config.text import clip
 
 # What ssh takes as a host (a name, an ssh_config Host alias, an address): never an option.
 _HOST = re.compile(r"^[A-Za-z0-9_.:%\[\]-]+$")

@@ -11,8 +11,8 @@ from slurmkit.config.fields import EnvMap, EnvNames, Strict
 from slurmkit.config.profile import Resources
 from slurmkit.config.ray import RaySpec
 from slurmkit.config.slurm_args import SbatchArgs, SrunArgs
+from slurmkit.config.text import clip
 from slurmkit.config.tracking import Tracking
-from slurmkit.errors import clip
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator
 
 from slurmkit.config.fields import SbatchOptions, sbatch_safe
-from slurmkit.errors import clip
+from slurmkit.config.text import clip
 
 _OPTION = re.compile(r"^--([a-z][a-z0-9-]*)(=.+)?$", re.DOTALL)
 _NAME = re.compile(r"^[a-z][a-z0-9-]+$")  # long names: a one-letter key is an abbreviation

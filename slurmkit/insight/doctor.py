@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from slurmkit.bench import fs as fs_bench
 from slurmkit.build import python_command
 from slurmkit.common.layout import expand_checkpoint_root, expand_root
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.errors import SlurmError, SlurmkitError, squash
 from slurmkit.slurm import commands, limits, preflight
 

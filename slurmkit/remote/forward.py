@@ -26,10 +26,10 @@ from typing import IO, Any
 
 from slurmkit import __version__
 from slurmkit.common.atomic import write_output
-from slurmkit.config.loader import load_profile, profile_layers, profile_name
 from slurmkit.config.login import LoginHost
-from slurmkit.config.yamlio import read_yaml
 from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.load.loader import load_profile, profile_layers, profile_name
+from slurmkit.load.yamlio import read_yaml
 from slurmkit.remote.connection import LOST, ConnectError, Connection
 from slurmkit.remote.request import STAGE_PREFIX, Request
 from slurmkit.runs import snapshot

@@ -13,7 +13,7 @@ from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import RankProcess
 from slurmkit.common.record import RunFile, RunRecord
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.errors import SlurmkitError
 from slurmkit.render import render_interactive
 from slurmkit.runs.jobs import statuses

@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 from slurmkit.common.atomic import atomic_write_text
-from slurmkit.config.loader import resolve
 from slurmkit.errors import SlurmkitError
+from slurmkit.load.loader import resolve
 from slurmkit.render import render_interactive, render_shell_rc
 from slurmkit.runs import registry
 from slurmkit.slurm import interactive

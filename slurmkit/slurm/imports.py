@@ -23,7 +23,7 @@ from pathlib import Path
 
 from slurmkit import __version__
 from slurmkit.common.layout import OBJECT_STORES, expand_checkpoint_root
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.errors import PreflightError
 
 PYTHON_PROBE_TIMEOUT_S = 30

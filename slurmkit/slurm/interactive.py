@@ -10,7 +10,7 @@ import subprocess
 from typing import NoReturn
 
 from slurmkit import trust
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 
 SHELL_JOB_NAME = "slurmkit-shell"
 

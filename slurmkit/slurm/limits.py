@@ -9,7 +9,7 @@ import getpass
 from dataclasses import dataclass, field
 
 from slurmkit.config.fields import time_to_minutes
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.errors import PreflightError, SlurmError
 from slurmkit.slurm import commands
 

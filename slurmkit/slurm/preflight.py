@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from slurmkit.config.fields import time_to_minutes
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.errors import PreflightError
 from slurmkit.slurm import commands, imports, limits
 

@@ -27,7 +27,7 @@ from slurmkit.common.atomic import atomic_write, atomic_write_text
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import outer_job_env
 from slurmkit.config.fields import time_to_minutes
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.errors import SlurmkitError
 from slurmkit.slurm import commands
 

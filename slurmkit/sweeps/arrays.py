@@ -16,7 +16,7 @@ from slurmkit.calls import SweepTask
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, SweepPaths
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.errors import SlurmError, SlurmkitError, squash
 from slurmkit.slurm import commands
 from slurmkit.slurm.submitter import submitter

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from slurmkit.config.loader import Layer, Resolved, load_profile, profile_name, resolve_layers
-from slurmkit.config.overrides import nested, split_sets
 from slurmkit.config.profile import ClusterProfile
+from slurmkit.config.resolved import Resolved
 from slurmkit.config.search import candidates
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError
+from slurmkit.load.loader import Layer, load_profile, profile_name, resolve_layers
+from slurmkit.load.overrides import nested, split_sets
 from slurmkit.sweeps.spec import SweepPlan
 
 if TYPE_CHECKING:

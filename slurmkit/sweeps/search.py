@@ -41,11 +41,11 @@ from slurmkit.common.locked import try_lock
 from slurmkit.common.markers import PruneRequest
 from slurmkit.common.metrics import is_number, iter_records
 from slurmkit.common.sweep_layout import DriverFile, DriverRecord, Manifest, ManifestTask, SweepManifest, SweepPaths
-from slurmkit.config.overrides import deep_merge, nested
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.search import SearchSection
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import PreflightError, SlurmkitError
+from slurmkit.load.overrides import deep_merge, nested
 from slurmkit.runs.jobs.status import is_active
 from slurmkit.runs.polling import DEFAULT_MAX_S, Poller
 from slurmkit.runs.procs import same_process, start_time

@@ -30,13 +30,13 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from slurmkit.config.fields import Strict
-from slurmkit.config.loader import Layer, read_yaml
-from slurmkit.config.overrides import parse_set
 from slurmkit.config.profile import SWEEP_MAX_TASKS as DEFAULT_MAX_TASKS
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.search import PruneSection, SearchSection, check_distributions
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError, clip, did_you_mean
+from slurmkit.load.loader import Layer, read_yaml
+from slurmkit.load.overrides import parse_set
 
 SWEEP_KEY = "sweep"
 _ABSENT = object()

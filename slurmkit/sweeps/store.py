@@ -5,8 +5,8 @@ newest array and job id) are slurmkit.common.sweep_layout's."""
 from __future__ import annotations
 
 from slurmkit.common.sweep_layout import SweepManifest, task_spec
-from slurmkit.config.loader import Resolved
 from slurmkit.config.profile import ClusterProfile, Resources
+from slurmkit.config.resolved import Resolved
 from slurmkit.config.runspec import RunSpec
 from slurmkit.runs.jobs.submit import check_secrets
 

@@ -23,10 +23,10 @@ from slurmkit.common.sweep_layout import (
     SweepManifest,
     SweepPaths,
 )
-from slurmkit.config.loader import load_profile, profile_name
-from slurmkit.config.overrides import split_sets
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.errors import PreflightError
+from slurmkit.load.loader import load_profile, profile_name
+from slurmkit.load.overrides import split_sets
 from slurmkit.runs import registry
 from slurmkit.runs.jobs import take_snapshot
 from slurmkit.runs.procs import signal_process

@@ -8,7 +8,7 @@ from slurmkit.common import perms
 from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RestartEntry, RunFile
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.errors import SlurmkitError
 from slurmkit.runs import procs, registry
 from slurmkit.runs.jobs.status import is_active, run_state

@@ -17,7 +17,7 @@ from slurmkit.common import perms
 from slurmkit.common.layout import RunPaths, expand_root
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.work import work_of
-from slurmkit.config.loader import Resolved
+from slurmkit.config.resolved import Resolved
 from slurmkit.errors import ConfigError, SlurmError, SlurmkitError, squash
 from slurmkit.runs import local_checks, procs, registry, snapshot
 from slurmkit.slurm import preflight

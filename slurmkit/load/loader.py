@@ -7,70 +7,26 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from slurmkit.config.fields import gres_gpus, node_gpus
-from slurmkit.config.overrides import deep_merge, split_sets
+from slurmkit.config.fields import gres_gpus
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
+from slurmkit.config.resolved import Resolved
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.shape import Shape
-from slurmkit.config.tracking import Tracking
 from slurmkit.config.train import TrainConfig
-from slurmkit.config.yamlio import read_yaml
 from slurmkit.errors import ConfigError, SlurmkitError, clip, cut, did_you_mean, warn
+from slurmkit.load.overrides import deep_merge, split_sets
+from slurmkit.load.yamlio import read_yaml
 from slurmkit.resources import shipped_dir
 
 DEFAULT_PROFILE = "local"
 PROFILE_PATH_ENV = "SLURMKIT_PROFILE_PATH"
 
 Layer = tuple[str, dict[str, Any]]  # (source shown in errors, raw mapping)
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """A run spec and profile after all layers are merged; resources has every field set."""
-
-    spec: RunSpec
-    profile: ClusterProfile
-    profile_name: str
-    resources: Resources
-    spec_source: str
-
-    @property
-    def shape(self) -> Shape:
-        """The job's nodes and tasks (config.shape: the one reading of the node count)."""
-        return Shape.of(self.resources, bool(self.spec.ray))
-
-    @property
-    def node_gpus(self) -> int:
-        """GPUs each node gets, however resources ask for them: gpus_per_node, gpus_per_task x
-        tasks_per_node, or a gpu gres. The health gate, container GPU flags, pre-flight and Ray use it."""
-        r = self.resources
-        return node_gpus(r.gpus_per_node, r.gpus_per_task, r.tasks_per_node, r.gres)
-
-    @property
-    def tracking(self) -> Tracking | None:
-        """The trackers the run logs to: the spec's, else the profile's."""
-        return self.spec.tracking or self.profile.tracking
-
-    @property
-    def snapshot(self) -> bool:
-        """Whether the code is copied into the run folder: the spec's choice, else the profile's."""
-        return self.profile.snapshot if self.spec.snapshot is None else self.spec.snapshot
-
-    @property
-    def srun_args(self) -> list[str]:
-        """The ranks' extra srun options: the profile's, then the spec's (srun takes the last of two)."""
-        return [*self.profile.srun_args, *self.spec.srun_args]
-
-    @property
-    def sbatch_args(self) -> dict[str, str | int | bool]:
-        """The job's extra sbatch options: the profile's, each replaced by the spec's of the same name."""
-        return {**self.profile.sbatch_args, **self.spec.sbatch_args}
 
 
 MAX_EXTENDS = 32

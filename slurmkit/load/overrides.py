@@ -9,8 +9,8 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.train import TrainConfig
-from slurmkit.config.yamlio import MAX_DEPTH, YamlSyntaxError, load_text
 from slurmkit.errors import ConfigError, clip
+from slurmkit.load.yamlio import MAX_DEPTH, YamlSyntaxError, load_text
 
 PROFILE_PREFIX = "profile."
 
