@@ -2,7 +2,7 @@
 # The GPU checks as one prepared script, for a machine with one CUDA GPU and no network (an H200 here).
 # Run from the repository root, with .whl/ holding slurmkit's wheel and the light dependencies that
 # machine lacks (benchmarks/README.md says how they were made); results go to $OUT.
-#   1. tests/test_gpu_device.py: pinned staging, nvidia-smi/NVML against torch, NCCL + bf16 under the Trainer
+#   1. tests/unit/test_gpu_device.py: pinned staging, nvidia-smi/NVML against torch, NCCL + bf16 under the Trainer
 #   2. benchmarks/bench_gpu.py: MFU of the GPT example (DDP, FSDP2; eager and compiled) at a size that
 #      fills the device, against the bf16 matmul measured first, and the async-save stall against DCP's
 #   3. the product path: `slurmkit submit` of examples/train_gpt.yaml on the local profile, one rank on
@@ -32,8 +32,8 @@ fi
 export PYTHONUNBUFFERED=1
 "$py" -c 'import torch, slurmkit; print("torch", torch.__version__, "cuda", torch.version.cuda, "slurmkit", slurmkit.__file__)'
 
-echo "== 1. tests/test_gpu_device.py"
-timeout 150 "$py" -P -m pytest -q -p no:cacheprovider tests/test_gpu_device.py 2>&1 | tee "$OUT/tests.log" | tail -25
+echo "== 1. tests/unit/test_gpu_device.py"
+timeout 150 "$py" -P -m pytest -q -p no:cacheprovider tests/unit/test_gpu_device.py 2>&1 | tee "$OUT/tests.log" | tail -25
 
 # On the GPU: ~1.2 B parameters (24 x 2048, seq 2048, batch 8: about 50 GB).
 echo "== 2. benchmarks/bench_gpu.py ${bench[*]}: DDP and FSDP2, eager and compiled"

@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # tmux: the tests type into `slurmkit attach` through a real terminal; chromium: the HTML report is
-# loaded in a real headless browser (tests/test_report_browser.py); squashfs-tools: pyxis images are
-# squashfs files, listed at submit (tests/test_containers.py).
+# loaded in a real headless browser (tests/unit/test_report_browser.py); squashfs-tools: pyxis images are
+# squashfs files, listed at submit (tests/unit/test_containers.py).
 if [ "$(id -u)" = 0 ] && ! { command -v slurmctld && command -v tmux && command -v chromium && command -v mksquashfs; } >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

@@ -1,7 +1,7 @@
 """The callables submitit pickles on the client and calls on every rank: small records whose
 `__call__` loads the job's side where it runs (slurmkit.worker.entry, slurmkit.worker.sweep_task).
 The client that builds them imports none of it: a submit loads no worker module into the login
-process (tests/test_common.py holds it), and submitit's pickle names only this module.
+process (tests/unit/test_common.py holds it), and submitit's pickle names only this module.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,7 @@ def local_profile(tmp_path: Path, run_root: Path) -> Path:
 @pytest.fixture
 def local_once(tmp_path: Path, run_root: Path) -> Path:
     """The local profile with no preemption budget: a stop on the profile's signal ends the run
-    rather than start it again (the local rehearsal of a requeue: tests/test_local_rehearsal.py)."""
+    rather than start it again (the local rehearsal of a requeue: tests/unit/test_local_rehearsal.py)."""
     path = tmp_path / "once.yaml"
     path.write_text(yaml.safe_dump({"extends": "local", "run_root": str(run_root), "requeue": {"preemption": 0}}))
     return path
@@ -202,3 +203,12 @@ def lightning(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def huggingface(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding transformers and accelerate, from the package index (nothing vendored)."""
     return pip_target(tmp_path_factory.mktemp("huggingface"), HUGGINGFACE)
+
+
+def wait_until(predicate: Any, timeout_s: float = 90, what: str = "", poll_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out waiting for {what}")

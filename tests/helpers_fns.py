@@ -64,7 +64,7 @@ class _Finalized:
 
 
 def exits_like_a_rank(marks: str, how: str) -> str:
-    """For tests/test_rank_exit.py: leaves an atexit handler, a non-daemon thread still at work, an
+    """For tests/unit/test_rank_exit.py: leaves an atexit handler, a non-daemon thread still at work, an
     idle thread pool, and an object only the interpreter's finalization would collect, each (but
     the pool) writing its mark in `marks`; then returns, raises or calls sys.exit(3) as `how` says."""
     import atexit

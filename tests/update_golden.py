@@ -15,8 +15,8 @@ def main() -> int:
         print("update_golden: refusing under CI; goldens are updated by hand and committed", file=sys.stderr)
         return 2
     os.environ["USER"] = "alice"  # as test_golden_render sets it
-    from tests.test_profiles import SHIPPED
-    from tests.test_render import GOLDEN, render_profile
+    from tests.unit.test_profiles import SHIPPED
+    from tests.unit.test_render import GOLDEN, render_profile
 
     for profile in SHIPPED:
         (GOLDEN / f"{profile}.sh").write_text(render_profile(GOLDEN / "spec.yaml", profile))

@@ -42,7 +42,7 @@ SRUN_OWNS = {k: v for k, v in SLURMKIT_OWNS.items() if k in (
 OWN_NAMES_BELOW_OWNED = frozenset({"gpus", "container"})
 """sbatch and srun options whose whole name begins an option slurmkit owns (`--gpus`, `--container`):
 getopt_long takes an exact name as itself, so these are not abbreviations (checked against the
-real sbatch and srun --help in tests/test_cluster_sbatch_parser.py)."""
+real sbatch and srun --help in tests/cluster/test_cluster_sbatch_parser.py)."""
 
 
 def owner_of(name: str, owns: dict[str, str]) -> str | None:

@@ -1,7 +1,7 @@
 // slurmkit report: the interactive panels of the HTML report, drawn as SVG from the JSON the page
 // carries (no network, no library). Drag across a step panel to zoom every step panel to that range,
 // double-click to zoom out; hover for a step's values. When every panel is drawn, <body> gets
-// data-rendered="N" (the panels drawn), which tests/test_report_browser.py reads in a real browser.
+// data-rendered="N" (the panels drawn), which tests/unit/test_report_browser.py reads in a real browser.
 (function () {
   "use strict";
   var data = JSON.parse(document.getElementById("report-data").textContent);

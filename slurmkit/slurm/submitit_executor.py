@@ -2,7 +2,7 @@
 text it submits is our Jinja render.
 
 The hook is submitit's private `_make_submission_file_text`; pyproject pins submitit to a tested
-range and tests/test_executor_hook.py fails if the hook stops being used.
+range and tests/unit/test_executor_hook.py fails if the hook stops being used.
 """
 
 from __future__ import annotations
