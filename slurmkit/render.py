@@ -38,7 +38,7 @@ RESERVED_WORDS = frozenset({"if", "then", "else", "elif", "fi", "case", "esac", 
 """bash's reserved words: safe as arguments, but shellcheck reads some of them as syntax."""
 
 
-def shell_quote(value: Any) -> Shell:
+def shell_quote(value: object) -> Shell:
     if isinstance(value, Shell):
         return value
     if isinstance(value, bool):
@@ -53,11 +53,11 @@ def shell_quote(value: Any) -> Shell:
     return Shell(shlex.quote(text))
 
 
-def _raw(value: Any) -> Shell:
+def _raw(value: object) -> Shell:
     return Shell(str(value))
 
 
-def sbatch_value(value: Any, option: str, pattern: bool = False) -> Shell:
+def sbatch_value(value: object, option: str, pattern: bool = False) -> Shell:
     """A value for an #SBATCH line, which sbatch's own parser reads (not bash): refuse what it
     reads specially, then quote. pattern: a log path whose file name holds our own %j/%t patterns."""
     text = str(value)
@@ -71,7 +71,7 @@ def sbatch_value(value: Any, option: str, pattern: bool = False) -> Shell:
     return shell_quote(text)
 
 
-def _finalize(value: Any) -> Any:
+def _finalize(value: object) -> Any:
     return shell_quote(value)
 
 

@@ -41,7 +41,7 @@ def user_errors(fn: F) -> F:
     failed job's own frames (its whole traceback and last output where the command has `--verbose`)."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: object, **kwargs: object) -> Any:
         try:
             return fn(*args, **kwargs)
         except SlurmkitError as exc:
@@ -77,7 +77,7 @@ def output_file(raw: str | None, option: str) -> Path | None:
     return path
 
 
-def json_safe(data: Any) -> Any:
+def json_safe(data: object) -> Any:
     """`data` with every NaN and infinity as null: strict JSON parsers refuse Python's bare `NaN` and
     `Infinity`, and a metric that is not a number has no value to give."""
     if isinstance(data, float) and not math.isfinite(data):
@@ -89,11 +89,11 @@ def json_safe(data: Any) -> Any:
     return data
 
 
-def _dumps(data: Any) -> str:
+def _dumps(data: object) -> str:
     return json.dumps(json_safe(data), indent=2, default=str, allow_nan=False)
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     """JSON on stdout, strict: NaN and infinities are written null (json_safe)."""
     typer.echo(_dumps(data))
 

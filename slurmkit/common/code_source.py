@@ -15,13 +15,13 @@ from typing import Any
 DYNAMIC = "<dynamic-code>"
 
 
-def source_of(fn: Any) -> str | None:
+def source_of(fn: object) -> str | None:
     """The file a function's code names (None for a callable without code: a builtin, a C function)."""
     code = getattr(_function(fn), "__code__", None)
     return code.co_filename if isinstance(code, types.CodeType) else None
 
 
-def with_source(fn: Any, filename: str | None) -> Any:
+def with_source(fn: object, filename: str | None) -> Any:
     """`fn`, its code and that of the functions and classes in its globals named `filename` where
     cloudpickle named them <dynamic-code>; the same object back."""
     func = _function(fn)
@@ -38,7 +38,7 @@ def with_source(fn: Any, filename: str | None) -> Any:
     return fn
 
 
-def _function(fn: Any) -> Any:
+def _function(fn: object) -> Any:
     """The plain function under a bound method, a static or class method, or a functools.partial."""
     while not isinstance(fn, types.FunctionType) and (inner := getattr(fn, "__func__", getattr(fn, "func", None))):
         fn = inner

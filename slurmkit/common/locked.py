@@ -128,7 +128,7 @@ class LockedJson(Generic[M]):
             self._save(record)
             return True
 
-    def update(self, **changes: Any) -> M:
+    def update(self, **changes: object) -> M:
         """Set fields (each checked against the model) in one locked write; the record written."""
         with self.editing() as record:
             assign(record, changes)

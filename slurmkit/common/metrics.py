@@ -85,7 +85,7 @@ def last_record(path: Path) -> dict[str, Any] | None:
     return next(iter_records_reversed(path), None)
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> bool:
     """An int or a float, not a bool (JSON's true is no metric)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

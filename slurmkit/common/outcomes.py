@@ -71,7 +71,7 @@ class Outcome(Record):
         return any(marker in self.error for marker in PEER_FAILURE_MARKERS)
 
 
-def _json_value(value: Any) -> tuple[Any, str]:
+def _json_value(value: object) -> tuple[Any, str]:
     """The value as JSON when it is small and JSON-able; else None and why."""
     try:
         text = json.dumps(value, allow_nan=False)
@@ -95,7 +95,7 @@ def attempt() -> int:
     return int(os.environ.get(ATTEMPT_ENV, "0") or 0)
 
 
-def record(path: Path, state: str, *, value: Any = None, error: str = "", cause: str = "",
+def record(path: Path, state: str, *, value: object = None, error: str = "", cause: str = "",
            trace: list[str] | None = None) -> None:
     """Write one rank's outcome atomically (a reader never sees half a record)."""
     shown, omitted = _json_value(value) if state == SUCCESS else (None, "")

@@ -138,7 +138,7 @@ class RunRecord(Record):
 
     @model_validator(mode="before")
     @classmethod
-    def _other_versions(cls, data: Any) -> Any:
+    def _other_versions(cls, data: object) -> Any:
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -248,7 +248,7 @@ class RunFile(LockedJson[RunRecord]):
         super().__init__(paths.record)
         self.paths = paths
 
-    def add_job_id(self, job_id: str, pid_start: int | None = None, **also: Any) -> RunRecord:
+    def add_job_id(self, job_id: str, pid_start: int | None = None, **also: object) -> RunRecord:
         """Append a job id; a local run's is the controller's pid, kept with its start time (procs).
         `also`: more fields set in the same write."""
         with self.editing() as record:

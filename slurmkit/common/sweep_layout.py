@@ -218,7 +218,7 @@ class Manifest(LockedJson[SweepManifest]):
     def editing(self) -> Any:
         raise TypeError("sweep.json is written once; job arrays are recorded through ArrayLog")
 
-    def update(self, **changes: Any) -> SweepManifest:
+    def update(self, **changes: object) -> SweepManifest:
         raise TypeError("sweep.json is written once; job arrays are recorded through ArrayLog")
 
     def read(self) -> SweepManifest:

@@ -56,7 +56,7 @@ Work = TrainTask | ShellCommand | RayDriver | Target | PythonFunction
 """What a run runs: one of a run spec's kinds (config.runspec.KINDS), as a tagged union."""
 
 
-def work_of(spec: RunSpec, fn: Any = None, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Work:
+def work_of(spec: RunSpec, fn: object = None, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Work:
     """The run spec's kind as its Work (`fn`, `args`, `kwargs`: a `function` spec's call)."""
     if spec.task is not None:
         return TrainTask(spec.task, spec.config)

@@ -26,7 +26,7 @@ class Strict(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+    def _no_bool_as_number(cls, value: object, info: ValidationInfo) -> Any:
         # pydantic's lax mode reads true as 1: `nodes: true` would silently become one node.
         field = cls.model_fields.get(info.field_name or "")
         if isinstance(value, bool) and field is not None and not _admits_bool(field.annotation):
@@ -36,7 +36,7 @@ class Strict(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _one_line_values(cls, value: Any, info: ValidationInfo) -> Any:
+    def _one_line_values(cls, value: object, info: ValidationInfo) -> Any:
         # A newline inside an #SBATCH value would start a new shell line; refuse it at the source.
         if info.field_name not in cls.multiline_fields and has_control(value):
             raise ValueError("control characters (newline, tab, NUL, ...) are not allowed; valid: one line of text")
@@ -46,7 +46,7 @@ class Strict(BaseModel):
         return value
 
 
-def _admits_bool(annotation: Any) -> bool:
+def _admits_bool(annotation: object) -> bool:
     if annotation is bool or annotation is Any:
         return True
     return any(_admits_bool(a) for a in getattr(annotation, "__args__", ()) if a is not type(None))
@@ -57,7 +57,7 @@ def _control(c: str) -> bool:
     return ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029"
 
 
-def _holds(value: Any, bad: Callable[[str], bool]) -> bool:
+def _holds(value: object, bad: Callable[[str], bool]) -> bool:
     """Whether a string in `value` (keys of mappings and items of lists too) holds a character `bad` picks."""
     if isinstance(value, str):
         return any(bad(c) for c in value)
@@ -68,11 +68,11 @@ def _holds(value: Any, bad: Callable[[str], bool]) -> bool:
     return False
 
 
-def has_control(value: Any) -> bool:
+def has_control(value: object) -> bool:
     return _holds(value, _control)
 
 
-def has_nul(value: Any) -> bool:
+def has_nul(value: object) -> bool:
     return _holds(value, "\x00".__eq__)
 
 
@@ -105,7 +105,7 @@ def _slurm_mem(value: str) -> str:
     return m.group(1) + m.group(2)
 
 
-def _env_keys(value: Any) -> Any:
+def _env_keys(value: object) -> Any:
     """YAML 1.1 reads an unquoted key ON, NO, YES or TRUE as a boolean and 12 as a number: say so."""
     if isinstance(value, dict):
         for key, item in value.items():
@@ -172,7 +172,7 @@ def _tilde_resolves(value: str) -> str:
     return value
 
 
-def _whole_number_as_text(value: Any) -> Any:
+def _whole_number_as_text(value: object) -> Any:
     """`time: 90` and `mem: 8000` are numbers in YAML and text to Slurm (minutes, megabytes)."""
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 

@@ -44,14 +44,14 @@ MAX_SEED = 2**32 - 1
 """Optuna's samplers seed numpy's generator, which takes 0 .. 2**32 - 1."""
 
 
-def _number(value: Any, integer: bool) -> bool:
+def _number(value: object, integer: bool) -> bool:
     """A finite int (for an int range) or a finite int or float, never a bool."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return isinstance(value, int) if integer else math.isfinite(value)
 
 
-def _choice_value(value: Any) -> bool:
+def _choice_value(value: object) -> bool:
     """What Optuna's categorical distribution stores and gives back unchanged: None, a bool, a string,
     an int or a finite float."""
     return value is None or isinstance(value, bool | str | int) or (isinstance(value, float) and math.isfinite(value))

@@ -71,7 +71,7 @@ def _srun_args(value: list[str]) -> list[str]:
     return value
 
 
-def _sbatch_keys(value: Any) -> Any:
+def _sbatch_keys(value: object) -> Any:
     """submitit's spelling too: `mail_type` is `mail-type`; a leading `--` is dropped."""
     if isinstance(value, dict):
         return {str(k).removeprefix("--").replace("_", "-"): v for k, v in value.items()}

@@ -3,8 +3,6 @@ message uses these; slurmkit.errors re-exports them for the rest of slurmkit).""
 
 from __future__ import annotations
 
-from typing import Any
-
 CLIP_CHARS = 80
 
 
@@ -13,6 +11,6 @@ def cut(text: str, limit: int = CLIP_CHARS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
-def clip(value: Any, limit: int = CLIP_CHARS) -> str:
+def clip(value: object, limit: int = CLIP_CHARS) -> str:
     """repr of a value for a message, cut (see cut)."""
     return cut(repr(value), limit)

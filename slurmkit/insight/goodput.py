@@ -78,7 +78,7 @@ def run_incarnations(paths: RunPaths, record: RunRecord) -> list[Incarnation]:
     return [Incarnation(job_id or "local", start, start, end, state, "this machine")]
 
 
-def iso_epoch(iso: Any) -> float | None:
+def iso_epoch(iso: object) -> float | None:
     """run.json's and the outcome records' local ISO times as epoch seconds."""
     try:
         return dt.datetime.fromisoformat(str(iso)).timestamp()

@@ -62,7 +62,7 @@ def render(data: ReportData) -> str:
             f"{_tables(data)}</body></html>\n")
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> Any:
     """A NaN or infinite loss (a diverged run) as null: JSON has no such numbers, and the panels skip nulls."""
     if isinstance(value, float) and not math.isfinite(value):
         return None

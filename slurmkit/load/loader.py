@@ -100,7 +100,7 @@ def profile_layers(name_or_path: str) -> list[Layer]:
         path = _parent_path(parent, path)
 
 
-def _parent_path(parent: Any, child: Path) -> Path:
+def _parent_path(parent: object, child: Path) -> Path:
     """The file `extends: parent` in `child` names; errors name the child's extends field."""
     where = f"{child}:extends"
     if not isinstance(parent, str) or not parent:

@@ -39,7 +39,7 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     return path, value
 
 
-def _unwrap(annotation: Any) -> Any:
+def _unwrap(annotation: object) -> Any:
     """str from Annotated[str, ...] and from str | None; anything else as it is."""
     while True:
         if get_origin(annotation) is Annotated:
@@ -94,7 +94,7 @@ def split_sets(items: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     return spec, profile
 
 
-def set_path(target: dict[str, Any], path: list[str], value: Any) -> None:
+def set_path(target: dict[str, Any], path: list[str], value: object) -> None:
     for part in path[:-1]:
         nxt = target.setdefault(part, {})
         if not isinstance(nxt, dict):

@@ -67,7 +67,7 @@ class UserDumper(yaml.SafeDumper):
 UserDumper.yaml_implicit_resolvers = UserLoader.yaml_implicit_resolvers
 
 
-def dump(data: Any) -> str:
+def dump(data: object) -> str:
     """YAML text of `data` in the order given, as UserLoader reads it back."""
     return yaml.dump(data, Dumper=UserDumper, sort_keys=False, allow_unicode=True)
 
@@ -156,7 +156,7 @@ def load_text(text: str, where: str) -> Any:
     return data
 
 
-def check_size(data: Any, where: str) -> None:
+def check_size(data: object, where: str) -> None:
     """Refuse deep nesting and alias bombs: YAML aliases share one object, which validation would
     walk once per reference, so count nodes as expanded and stop at MAX_NODES."""
     stack: list[tuple[Any, int]] = [(data, 0)]

@@ -107,7 +107,7 @@ class RemoteJob:
             raise SlurmkitError("the profile names no login host any more", where=f"{self.profile}:login")
         return site
 
-    def _ask(self, method: str, **params: Any) -> Any:
+    def _ask(self, method: str, **params: object) -> Any:
         return call(self._site, method, {"job": self.ids(), **params})
 
     def ids(self) -> dict[str, str]:
@@ -153,7 +153,7 @@ def states(handles: list[RemoteJob]) -> dict[RemoteJob, str]:
     return out
 
 
-def submit(site: Site, profile: str, executor: dict[str, Any], method: str, payload: Any,
+def submit(site: Site, profile: str, executor: dict[str, Any], method: str, payload: object,
            params: dict[str, Any] | None = None) -> list[RemoteJob]:
     """submit / map_array / submit_command of an Executor on the login host; its jobs."""
     import cloudpickle
@@ -167,17 +167,17 @@ def from_id(site: Site, profile: str, ident: str) -> RemoteJob:
     return jobs_from(profile, [call(site, "from_id", {"ident": ident})])[0]
 
 
-def as_answer(value: Any) -> dict[str, Any]:
+def as_answer(value: object) -> dict[str, Any]:
     """What the login host prints for a value: JSON, or a pickle where JSON cannot carry it."""
     return {"value": value} if _plain(value) else _pickled(value)
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     return value is None or isinstance(value, (str, int, float, bool)) or (
         isinstance(value, list) and all(isinstance(v, str) for v in value))
 
 
-def _pickled(value: Any) -> dict[str, Any]:
+def _pickled(value: object) -> dict[str, Any]:
     data = pickle.dumps(value, protocol=5)
     try:
         plain_data(data)  # what the laptop will accept, checked here: the refusal names the type

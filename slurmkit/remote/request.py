@@ -94,7 +94,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "command": str, "pickled": bool, "slurmkit": str, "python": str, "api": (dict, type(None)), "stage_id": str}
 
 
-def _check_types(data: Any) -> None:
+def _check_types(data: object) -> None:
     """Each field of a decoded request is of its type (a TypeError names the first that is not)."""
     if not isinstance(data, dict):
         raise TypeError("not a mapping")

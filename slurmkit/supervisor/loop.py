@@ -37,7 +37,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from slurmkit import trust
 from slurmkit.common import outcomes, ports
@@ -199,15 +198,15 @@ class Supervisor:
         return exit_status(proc.returncode)
 
     # -- the record -----------------------------------------------------------------------------
-    def _enter(self, state: State, **fields: Any) -> None:
+    def _enter(self, state: State, **fields: object) -> None:
         self.state = state
         self._event("state", state=state.value, **fields)
 
-    def _event(self, kind: str, **fields: Any) -> None:
+    def _event(self, kind: str, **fields: object) -> None:
         event(self.paths, self.job_id, kind, attempt=self.attempt, **fields)
 
 
-def event(paths: RunPaths, job_id: str, kind: str, attempt: int = 0, **fields: Any) -> None:
+def event(paths: RunPaths, job_id: str, kind: str, attempt: int = 0, **fields: object) -> None:
     """One line of supervisor.jsonl."""
     line = {"time": round(time.time(), 3), "event": kind, "job_id": job_id,
             "restart_count": outcomes.restart_count(), "attempt": attempt, **fields}

@@ -34,7 +34,7 @@ class SignalInbox:
     def __enter__(self) -> Self:
         return self.install()
 
-    def _note(self, signum: int, frame: Any) -> None:
+    def _note(self, signum: int, frame: object) -> None:
         self._pending.append(signum)
 
     def take(self) -> list[int]:

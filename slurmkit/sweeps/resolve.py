@@ -76,7 +76,7 @@ def resolve_tasks(plan: SweepPlan, profile: str | None = None, sets: list[str] |
     return factored if factored is not None else _full(plan, top, prof, name, spec_sets)
 
 
-def _full(plan: SweepPlan, top: list[Layer], prof: Any, name: str, spec_sets: dict[str, Any]) -> SweepTasks:
+def _full(plan: SweepPlan, top: list[Layer], prof: object, name: str, spec_sets: dict[str, Any]) -> SweepTasks:
     groups: list[Resolved] = []
     group_index: dict[str, int] = {}
     group_of: list[int] = []
@@ -150,8 +150,8 @@ def _model_validators(model: BaseModel) -> list[Any]:
     return list(type(model).__pydantic_decorators__.model_validators.values())
 
 
-def _validate_one(plan: SweepPlan, top: list[Layer], prof: Any, name: str, key: str,
-                  value: Any) -> tuple[str, Any] | None:
+def _validate_one(plan: SweepPlan, top: list[Layer], prof: object, name: str, key: str,
+                  value: object) -> tuple[str, Any] | None:
     """One override value, validated in the base; for config, (field, the value --set leaves)."""
     section, field = key.split(".")
     resolved = _resolve_task(plan, {key: value}, top, prof, name)
@@ -170,7 +170,7 @@ def _with_values(model: TrainConfig, values: dict[str, Any]) -> TrainConfig:
 
 
 def _check_across_fields(cfg_model: TrainConfig, checks: list[Any], values: dict[str, Any], plan: SweepPlan,
-                         top: list[Layer], prof: Any, name: str, overrides: dict[str, Any]) -> None:
+                         top: list[Layer], prof: object, name: str, overrides: dict[str, Any]) -> None:
     """TrainConfig's model validators on this task's values; a failure is reported as the full
     path would report it (its one-line error, naming the source)."""
     task_cfg = _with_values(cfg_model, values)

@@ -37,7 +37,7 @@ class Interrupted(BaseException):
 
 def _raising_handler(requeue: bool) -> Any:
     """A signal handler that raises Interrupted (a stop for requeue, or for good)."""
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: object) -> None:
         raise Interrupted(requeue)
 
     return handler

@@ -51,7 +51,7 @@ class RunInfo:
 def _params(record: RunRecord) -> dict[str, str]:
     flat: dict[str, str] = {}
 
-    def put(prefix: str, value: Any) -> None:
+    def put(prefix: str, value: object) -> None:
         if isinstance(value, dict):
             for k, v in value.items():
                 put(f"{prefix}.{k}" if prefix else str(k), v)

@@ -84,7 +84,7 @@ class Checkpoint:
     def resumed_step(self) -> int | None:
         return self._ckpt.resumed_step
 
-    def restore(self, like: Any = None) -> Any | None:
+    def restore(self, like: object = None) -> Any | None:
         """The newest valid state (rank 0 picks the step, every rank loads it), or None: a fresh start.
         This rank's own part of it, where it saved one, is then `rank_state`. A sharded state (one
         holding DTensors: FSDP2's, from torch.distributed.checkpoint.state_dict.get_state_dict) is
@@ -107,7 +107,7 @@ class Checkpoint:
         found = ckpt.restore(load)
         return found[1] if found else None
 
-    def save(self, step: int, state: Any | Callable[[], Any], wait: bool = False, rank_state: Any = None) -> None:
+    def save(self, step: int, state: Any | Callable[[], Any], wait: bool = False, rank_state: object = None) -> None:
         """Save `state` as step-N, on every rank: in the background, committed at a later boundary, or
         now with `wait`. A function returning the state is called when the save is due. A plain state
         (every rank holds the same) is written by rank 0; a sharded one (DTensors anywhere in it) by
@@ -116,7 +116,7 @@ class Checkpoint:
         files, sharded = self._files(state() if callable(state) else state, rank_state)
         self._ckpt.save(step, files, wait or not self.async_save, sharded=sharded)
 
-    def _files(self, value: Any, rank_state: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def _files(self, value: object, rank_state: object) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """What a save of `value` hands the Checkpointer: this rank's files, and the sharded state."""
         ckpt = self._ckpt
         files = {_rank_file(ckpt.ranks.rank): rank_state} if rank_state is not None else {}
@@ -126,7 +126,7 @@ class Checkpoint:
             files[STATE_FILE] = value
         return files, None
 
-    def step(self, step: int, state: Any | Callable[[], Any], rank_state: Any = None) -> None:
+    def step(self, step: int, state: Any | Callable[[], Any], rank_state: object = None) -> None:
         """The step boundary after `step` finished steps, on every rank. `state`, or a function
         returning it (called only when a save is due), is what restore() gives back; `rank_state`
         this rank's own part, restored as `rank_state`."""
@@ -182,11 +182,11 @@ def restore() -> Any | None:
     return default().restore()
 
 
-def step(n: int, state: Any | Callable[[], Any], rank_state: Any = None) -> None:
+def step(n: int, state: Any | Callable[[], Any], rank_state: object = None) -> None:
     default().step(n, state, rank_state)
 
 
-def save(n: int, state: Any, wait: bool = False) -> None:
+def save(n: int, state: object, wait: bool = False) -> None:
     default().save(n, state, wait)
 
 

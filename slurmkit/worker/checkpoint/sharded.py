@@ -48,7 +48,7 @@ from slurmkit.worker.checkpoint.store import (
 from slurmkit.worker.checkpoint.threads import any_tensor
 
 
-def is_sharded(state: Any) -> bool:
+def is_sharded(state: object) -> bool:
     """The state holds a DTensor anywhere (it must go through DCP to be saved whole)."""
     return any_tensor(state, lambda t: isinstance(t, DTensor))
 
@@ -87,7 +87,7 @@ _SHARDED_INDEX_GLOBALS = {
 }
 
 
-def _enum_member(cls: Any, name: Any) -> enum.Enum:
+def _enum_member(cls: object, name: object) -> enum.Enum:
     """What Python 3.11.0 to 3.11.3 pickle an enum member as, `getattr(EnumClass, "NAME")`, for an
     enum the unpickler already admitted, and nothing else (3.11.4 on pickle `EnumClass(value)`)."""
     if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
@@ -114,7 +114,7 @@ class ShardReader(FsspecReader):
         super().__init__(path)
         self.metadata_digest = metadata_digest
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
+    def read_metadata(self, *args: object, **kwargs: object) -> dcp_metadata.Metadata:
         path = self.fs.concat_path(self.path, SHARDED_INDEX)
         with self.fs.create_stream(path, "rb") as stream:
             data = stream.read()

@@ -20,7 +20,7 @@ from slurmkit.common.layout import RunPaths
 Call = tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 
-def is_checkpointable(fn: Any) -> bool:
+def is_checkpointable(fn: object) -> bool:
     """What submitit takes for a Checkpointable (its JobEnvironment checks the same attribute)."""
     return callable(getattr(fn, "__submitit_checkpoint__", None) or getattr(fn, "checkpoint", None))
 
@@ -39,7 +39,7 @@ def save(paths: RunPaths, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     return True
 
 
-def load(paths: RunPaths, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+def load(paths: RunPaths, fn: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     """The call this incarnation runs: the one the last stop kept, else the submitted one. Unpickled
     only from the caller's own file, in a folder no one else can write (trust.load_pickle)."""
     if not paths.resume_call.exists():

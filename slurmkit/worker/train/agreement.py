@@ -13,7 +13,6 @@ annotations against the real classes.)
 """
 
 import functools
-from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -50,7 +49,7 @@ class Agreement:
     """One step's agreement: `offer` the pack before the backward pass of the step's last micro-batch,
     `result` after the optimizer step."""
 
-    def __init__(self, model: Any, world_size: int) -> None:
+    def __init__(self, model: object, world_size: int) -> None:
         self.world_size = world_size
         self._offered: torch.Tensor | None = None
         self._summed: torch.Tensor | None = None

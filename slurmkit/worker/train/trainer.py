@@ -237,12 +237,12 @@ class Trainer:
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
 
-    def _to_device(self, batch: Any) -> Any:
+    def _to_device(self, batch: object) -> Any:
         if self.device.type == "cpu":  # a DataLoader's batches are there already: no walk every step
             return batch
         return self._moved(batch)
 
-    def _moved(self, batch: Any) -> Any:
+    def _moved(self, batch: object) -> Any:
         if isinstance(batch, (list, tuple)):
             return type(batch)(self._moved(b) for b in batch)
         return batch.to(self.device, non_blocking=True) if isinstance(batch, torch.Tensor) else batch

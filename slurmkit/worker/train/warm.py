@@ -170,7 +170,7 @@ def _read(store: SignedStore, key: str, parse: Callable[[Any], T]) -> T | None:
         return None
 
 
-def parse_report(data: Any) -> Report:
+def parse_report(data: object) -> Report:
     """A Report from its JSON, every field of its type; ValueError otherwise."""
     if not (isinstance(data, dict) and type(data.get("rank")) is int and isinstance(data.get("error"), str)
             and isinstance(data.get("peer_failed"), bool) and _step(data.get("live_step"))):
@@ -178,13 +178,13 @@ def parse_report(data: Any) -> Report:
     return Report(data["rank"], data["error"], data["peer_failed"], data.get("live_step"))
 
 
-def parse_verdict(data: Any) -> Verdict:
+def parse_verdict(data: object) -> Verdict:
     if not (isinstance(data, dict) and isinstance(data.get("restart"), bool) and _step(data.get("live_step"))):
         raise ValueError("not a decision")
     return Verdict(data["restart"], data.get("live_step"))
 
 
-def _step(value: Any) -> bool:
+def _step(value: object) -> bool:
     return value is None or (type(value) is int and value >= 0)
 
 
@@ -207,7 +207,7 @@ def possible(dist: Dist) -> bool:
     return dist.group is not None and dist.backend == "gloo"
 
 
-def first_step_hook(failed_at: float, restored: Any) -> Callable[[Trainer, dict[str, Any]], None]:
+def first_step_hook(failed_at: float, restored: object) -> Callable[[Trainer, dict[str, Any]], None]:
     """The first step back carries what the warm restart took (the report and benchmarks read it)."""
     def hook(trainer: Trainer, record: dict[str, Any]) -> None:
         record["warm_restart"] = {"failed_at": round(failed_at, 3), "resumed_step": restored,
