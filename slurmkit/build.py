@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.supervisor_plan import Health, Plan, Shrink
@@ -105,7 +105,7 @@ def torchrun_node(resolved: Resolved, job_folder: str) -> str:
             f"-m slurmkit.worker.torchrun_rank {shell_quote(job_folder)}")
 
 
-def standby_command(resolved: Resolved, job_folder: str, container: dict[str, Any]) -> list[str] | None:
+def standby_command(resolved: Resolved, job_folder: str, container: Mapping[str, object]) -> list[str] | None:
     """The standby ranks' argv (slurmkit.worker.standby; the supervisor adds --run-dir and --attempt),
     where the profile asks for them and the next in-job step is the same srun of submitit's worker."""
     policy = resolved.profile.requeue

@@ -8,7 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -38,7 +38,7 @@ class Record(BaseModel):
 M = TypeVar("M", bound=Record)
 
 
-def assign(record: Record, changes: dict[str, Any]) -> None:
+def assign(record: Record, changes: Mapping[str, object]) -> None:
     """Set declared fields of record, each checked; a name the model does not declare is a TypeError,
     as a typo would otherwise land as an extra field nobody reads."""
     unknown = sorted(set(changes) - set(type(record).model_fields))

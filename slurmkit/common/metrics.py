@@ -23,7 +23,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -196,7 +196,7 @@ class MetricsWriter:
     def enabled(self) -> bool:
         return self._file is not None
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Mapping[str, object]) -> None:
         if self._file is not None:
             stamped = {"time": round(time.time(), 3), **record}
             self._file.write(json.dumps(stamped) + "\n")

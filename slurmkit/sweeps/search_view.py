@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,7 @@ class SearchState:
                 "trials": [t.as_dict() for t in self.trials]}
 
 
-def _params(params: dict[str, Any]) -> str:
+def _params(params: Mapping[str, object]) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
 
 

@@ -22,6 +22,7 @@ import json
 import math
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -235,7 +236,7 @@ def safe_name(stem: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "sweep"
 
 
-def section_of(raw: dict[str, Any], source: str) -> SweepSection:
+def section_of(raw: Mapping[str, object], source: str) -> SweepSection:
     """The sweep section validated; the first error as one line naming its field."""
     try:
         return SweepSection.model_validate(raw)

@@ -9,6 +9,7 @@ import importlib
 import os
 import sys
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -139,7 +140,7 @@ def user_imports() -> None:
         sys.path.append(here)
 
 
-def call_target(target: str, kwargs: dict[str, Any]) -> Any:
+def call_target(target: str, kwargs: Mapping[str, object]) -> Any:
     """A spec's `callable: module:function`, imported by the user's rules (user_imports)."""
     module_name, _, attr = target.partition(":")
     obj: Any = importlib.import_module(module_name)
@@ -148,7 +149,7 @@ def call_target(target: str, kwargs: dict[str, Any]) -> Any:
     return obj(**kwargs)
 
 
-def call_function(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], paths: RunPaths | None = None) -> Any:
+def call_function(fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, object], paths: RunPaths | None = None) -> Any:
     """A function from slurmkit.Executor. A parameter annotated slurmkit.Checkpoint gets the run's
     Checkpoint; a process group it brought up (slurmkit.distributed) is left together once it
     returns (or stops at an agreed step), and torn down however it ends. A submitit Checkpointable

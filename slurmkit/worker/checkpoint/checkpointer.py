@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -78,7 +78,7 @@ class StepFiles:
         """The step holds a DCP checkpoint (load it with load_sharded)."""
         return self._manifest.get("format") == SHARDED
 
-    def load_sharded(self, state: dict[str, Any]) -> None:
+    def load_sharded(self, state: Mapping[str, object]) -> None:
         """Fill `state` (DTensors of this run's sharding, as get_state_dict gives them) from the step's
         DCP shards, resharded from whatever world size saved them; every rank calls it."""
         dcp_io = dcp_io_module()
@@ -154,7 +154,7 @@ class Checkpointer:
             step, found, verified = self.ranks.from_main(older), None, {}
         return None
 
-    def keep_start(self, step: int | None, files: dict[str, Any]) -> None:
+    def keep_start(self, step: int | None, files: Mapping[str, object]) -> None:
         """With a host copy: the state training starts from is the first (a fresh start's: not on disk)."""
         if self.host_copy:
             self.committed = HostCopy(step or 0, cpu_copy(files, self._host_memory()), step is not None)
@@ -196,7 +196,7 @@ class Checkpointer:
             self._reserving.join()
         return self._buffers[self._slot]
 
-    def save(self, step: int, files: dict[str, Any], wait: bool, mine: Collection[str] | None = None,
+    def save(self, step: int, files: Mapping[str, object], wait: bool, mine: Collection[str] | None = None,
              sharded: dict[str, Any] | None = None) -> None:
         """Start this rank's share of step's save: `files` copied to host memory, those named in `mine`
         (all by default) written in the background, and `sharded` (a state of DTensors) as this

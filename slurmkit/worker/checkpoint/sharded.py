@@ -20,7 +20,7 @@ import io
 import os
 import pickle
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -139,7 +139,8 @@ class _WeightsOnlyPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
-def save(state: dict[str, Any], store: CheckpointStore, step: int, group: tdist.ProcessGroup | None) -> list[Entry]:
+def save(state: Mapping[str, object], store: CheckpointStore, step: int,
+         group: tdist.ProcessGroup | None) -> list[Entry]:
     """Write `state` (on CPU) as this rank's shard of a DCP checkpoint in step-N; the entries of the
     files this process wrote. Collective over `group` (every rank of the save calls it)."""
     folder = store.step_uri(step)

@@ -21,7 +21,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
@@ -62,7 +62,7 @@ def digest(data: bytes) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
-def _matches(data: bytes, want: dict[str, Any]) -> bool:
+def _matches(data: bytes, want: Mapping[str, object]) -> bool:
     """A file's bytes against its manifest entry: size, then the checksum it was written with."""
     if len(data) != want.get("bytes"):
         return False

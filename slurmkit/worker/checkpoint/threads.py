@@ -4,7 +4,7 @@ thread that writes it (AsyncWriter), and the search for the newest valid step at
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from slurmkit.worker import at_exit
@@ -170,7 +170,7 @@ class AsyncWriter:
     def done(self) -> bool:
         return self._thread is None or not self._thread.is_alive()
 
-    def start(self, step: int, files: dict[str, Any], before: Callable[[], list[Entry]] | None = None) -> None:
+    def start(self, step: int, files: Mapping[str, object], before: Callable[[], list[Entry]] | None = None) -> None:
         """Write `files` (one per name) in the background; `before`, a writer of its own (a sharded
         save: slurmkit.worker.checkpoint.sharded), runs first in the same thread, and its entries count too."""
         self.wait()

@@ -8,6 +8,7 @@ incarnation runs the answer (a `DelayedSubmission`). Budgets are the profile's, 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import cloudpickle
@@ -25,7 +26,7 @@ def is_checkpointable(fn: object) -> bool:
     return callable(getattr(fn, "__submitit_checkpoint__", None) or getattr(fn, "checkpoint", None))
 
 
-def save(paths: RunPaths, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def save(paths: RunPaths, fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, object]) -> bool:
     """Rank 0, stopping for a requeue: ask fn for its next call and keep it for the next incarnation.
     False when there is none to keep (not rank 0, or checkpoint() answered None)."""
     if os.environ.get("SLURM_PROCID", "0") != "0" or not is_checkpointable(fn):

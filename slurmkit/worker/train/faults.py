@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ class FaultInjection:
 
     @staticmethod
     def _error_hook(step: int) -> Callable[[Trainer, dict[str, Any]], None]:
-        def hook(trainer: Trainer, record: dict[str, Any]) -> None:
+        def hook(trainer: Trainer, record: Mapping[str, object]) -> None:
             if trainer.state.step == step:
                 raise InjectedError(f"injected error at step {step}")
 
@@ -96,7 +96,7 @@ class FaultInjection:
         trainer.loss_fn = failing
 
     def _hold_hook(self, step: int, flag: StopFlag, watchdog: Watchdog) -> Callable[[Trainer, dict[str, Any]], None]:
-        def hook(trainer: Trainer, record: dict[str, Any]) -> None:
+        def hook(trainer: Trainer, record: Mapping[str, object]) -> None:
             if trainer.state.step != step or self.resumed:
                 return
             if trainer.dist.is_main:

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     return trainer, extras
 
 
-def run(config: dict[str, Any], run_dir: str | None = None) -> dict[str, Any]:
+def run(config: Mapping[str, object], run_dir: str | None = None) -> dict[str, Any]:
     """Train on every rank; each rank returns the summary (with its own parameter digest)."""
     cfg = TrainConfig.model_validate(config)
     _compile_cache(cfg, run_dir)
