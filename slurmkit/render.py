@@ -24,6 +24,7 @@ from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.resolved import Resolved
 from slurmkit.config.slurm_args import sbatch_lines
 from slurmkit.errors import RenderError, clip
+from slurmkit.jsontypes import JsonObject
 from slurmkit.resources import shipped_dir
 
 ENTRY_TEMPLATE = "sbatch.sh.j2"
@@ -166,7 +167,7 @@ class RenderInput:
     """The job's supervisor's plan (build.supervisor_plan), rendered as JSON into its last line."""
     array: str | None = None
     dependency: str | None = None
-    sweep: dict[str, Any] | None = None
+    sweep: JsonObject | None = None
     """For a sweep's job array: {"dir": sweep folder, "base": sweep index of array task 0}."""
     code_dir: str | None = None
     """The code snapshot the ranks run from (working directory and PYTHONPATH); None runs from the submit folder."""
@@ -174,7 +175,7 @@ class RenderInput:
     """The ranks' interpreter (the container's, if it names one); None: `python`, the host's."""
 
 
-def container_context(resolved: Resolved, run_dir: str) -> dict[str, Any]:
+def container_context(resolved: Resolved, run_dir: str) -> JsonObject:
     """Mounts (the user's, then the run folder, run_root and a local checkpoint root), env names, GPU flag."""
     c = resolved.profile.container
     if c is None:

@@ -27,6 +27,7 @@ from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.config.resolved import Resolved
 from slurmkit.errors import ConfigError, did_you_mean, squash
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.loader import (
     Layer,
     load_profile,
@@ -109,7 +110,7 @@ class Executor:
     def __init__(self, profile: str | None = None, *, name: str | None = None, env: dict[str, str] | None = None,
                  set: list[str] | None = None, snapshot: bool | None = None, launcher: str | None = None,
                  max_parallel: int | None = None, **fields: Any) -> None:
-        self._kw: dict[str, Any] = {"name": name, "env": env, "set": set, "snapshot": snapshot, "launcher": launcher,
+        self._kw: JsonObject = {"name": name, "env": env, "set": set, "snapshot": snapshot, "launcher": launcher,
                                     "max_parallel": max_parallel, **fields}
         self.max_parallel = max_parallel
         """map_array's throttle where its call names none (submitit's slurm_array_parallelism)."""
@@ -128,7 +129,7 @@ class Executor:
         if profile_sets:
             layers.append(("set", profile_sets))
         self.profile: ClusterProfile = validate_layers(ClusterProfile, layers)
-        spec: dict[str, Any] = {"resources": {k: v for k, v in fields.items() if k in RESOURCE_FIELDS}}
+        spec: JsonObject = {"resources": {k: v for k, v in fields.items() if k in RESOURCE_FIELDS}}
         spec.update({k: v for k, v in (("name", name), ("env", env), ("snapshot", snapshot), ("launcher", launcher))
                      if v is not None})
         self._spec_layers: list[Layer] = [(SOURCE, spec), *([("set", spec_sets)] if spec_sets else [])]
@@ -144,7 +145,7 @@ class Executor:
         """The run spec a submit of fn gets: a `function` run named after fn unless name= was given."""
         return self._resolve({"name": _name_of(fn), "function": _qualified(fn)})
 
-    def _resolve(self, base: dict[str, Any]) -> Resolved:
+    def _resolve(self, base: JsonObject) -> Resolved:
         return resolve_layers([(SOURCE, base), *self._spec_layers], self.profile, self.profile_name)
 
     def update(self, **kw: Any) -> Executor:
@@ -207,9 +208,9 @@ class Executor:
         return mapped.submit(self.resolve(fn), fn, items, throttle, max_array_size)
 
 
-def sweep(spec: str | Path | dict[str, Any] | Callable[..., Any], profile: str | None = None,
+def sweep(spec: str | Path | JsonObject | Callable[..., Any], profile: str | None = None,
           grid: dict[str, list[Any]] | None = None, max_parallel: int | None = None, set: list[str] | None = None,
-          search: dict[str, Any] | None = None, prune: dict[str, Any] | None = None,
+          search: JsonObject | None = None, prune: JsonObject | None = None,
           **fields: Any) -> SweepHandle:
     """Submit a sweep spec (a file, or a mapping with a `sweep:` section) as `slurmkit sweep` does.
 

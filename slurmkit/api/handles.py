@@ -15,6 +15,7 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.errors import JobFailedError
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.loader import load_profile, profile_name
 from slurmkit.remote import api as remote_api
 from slurmkit.remote.api import RemoteJob
@@ -169,7 +170,7 @@ class SweepHandle:
     def wait(self, timeout: float | None = None) -> dict[int, str]:
         return {s.index: s.state for s in wait(self.paths, timeout_s=timeout)}
 
-    def results(self) -> list[dict[str, Any]]:
+    def results(self) -> list[JsonObject]:
         """One row per task: index, state, the varying keys and the final metrics."""
         return results(self.paths).rows
 

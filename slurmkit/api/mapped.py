@@ -20,6 +20,7 @@ from slurmkit.common.atomic import atomic_write
 from slurmkit.common.code_source import source_of
 from slurmkit.common.sweep_layout import Manifest, SweepPaths, latest_job_ids
 from slurmkit.config.resolved import Resolved
+from slurmkit.jsontypes import JsonObject
 from slurmkit.runs.jobs import Call
 from slurmkit.sweeps.resolve import SweepTasks
 from slurmkit.sweeps.spec import SweepPlan, SweepSection, check_keys, section_of
@@ -64,7 +65,7 @@ def submit(resolved: Resolved, fn: Callable[..., Any], items: list[tuple[Any, ..
     return [Job(f"{paths.sweep_id}/{i}", latest[i] or "", str(paths.task(i).run_dir)) for i in range(len(items))]
 
 
-def search(resolved: Resolved, fn: Callable[..., Any], search: dict[str, Any], prune: dict[str, Any] | None,
+def search(resolved: Resolved, fn: Callable[..., Any], search: JsonObject, prune: JsonObject | None,
            max_parallel: int | None) -> SweepPaths:
     """slurmkit.sweep(fn, search=...): a search whose trials call fn(**params); a param key without
     a section (`lr`) is the function's keyword (`kwargs.lr`)."""

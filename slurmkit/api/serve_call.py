@@ -15,12 +15,13 @@ from slurmkit import trust
 from slurmkit.api.executor import Executor
 from slurmkit.api.handles import Job, states
 from slurmkit.errors import SlurmkitError
+from slurmkit.jsontypes import JsonObject
 from slurmkit.remote import login_side
 from slurmkit.remote.api import CALL_FILE, as_answer, as_error
 from slurmkit.remote.request import Request
 
 
-def answer(api: dict[str, Any], stage: Path, profile: str) -> dict[str, Any]:
+def answer(api: JsonObject, stage: Path, profile: str) -> JsonObject:
     """The method's value (as_answer), or its error (as_error) for the laptop to raise as it is."""
     try:
         return as_answer(_value(api["method"], api["params"], stage, profile))
@@ -32,7 +33,7 @@ def _ids(job: Job) -> dict[str, str]:
     return {"run_id": job.run_id, "job_id": job.job_id, "run_dir": job.run_dir}
 
 
-def _value(method: str, params: dict[str, Any], stage: Path, profile: str) -> Any:
+def _value(method: str, params: JsonObject, stage: Path, profile: str) -> Any:
     if method in ("submit", "map_array", "submit_command"):
         ex = Executor(profile, **params["executor"])
         if method == "submit_command":
@@ -65,7 +66,7 @@ def _value(method: str, params: dict[str, Any], stage: Path, profile: str) -> An
     raise SlurmkitError(f"unknown API method {method!r}", where="slurmkit.api.serve_call")
 
 
-def print_answer(api: dict[str, Any], stage: Path, profile: str) -> int:
+def print_answer(api: JsonObject, stage: Path, profile: str) -> int:
     print(json.dumps(answer(api, stage, profile)), flush=True)
     return 0
 

@@ -7,7 +7,8 @@ so busbw is comparable to the link's bandwidth whatever the rank count.
 from __future__ import annotations
 
 import time
-from typing import Any
+
+from slurmkit.jsontypes import JsonObject
 
 MIN_BYTES = 8
 MAX_BYTES = 256 * 1024**2
@@ -30,7 +31,7 @@ def _iters(size: int) -> int:
     return max(2, min(50, TARGET_BYTES_PER_SIZE // (size * 8)))
 
 
-def run(max_bytes: int = MAX_BYTES) -> dict[str, Any]:
+def run(max_bytes: int = MAX_BYTES) -> JsonObject:
     """On every rank: time all_reduce per size; rank 0's rows are the result."""
     import torch
     import torch.distributed as tdist

@@ -21,6 +21,7 @@ from decimal import Decimal
 from typing import Any
 
 from slurmkit.errors import SlurmkitError
+from slurmkit.jsontypes import JsonObject
 
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?$", re.IGNORECASE)
 CHUNK = 1 << 20
@@ -101,7 +102,7 @@ def _timed(store: Any, size: int) -> tuple[float, float, float | None]:
     return write_s, read_s, time.perf_counter() - t0
 
 
-def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, Any]:
+def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> JsonObject:
     from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore
 
     root = f"{uri.rstrip('/')}/.slurmkit-bench-{uuid.uuid4().hex[:8]}"
@@ -119,7 +120,7 @@ def run(uri: str, size: int, checkpoint_bytes: int | None = None) -> dict[str, A
     finally:
         with contextlib.suppress(OSError):
             store.fs.rm(store.root, recursive=True)
-    out: dict[str, Any] = {"uri": uri, "bytes": size, "write_s": round(write_s, 3), "read_s": round(read_s, 3),
+    out: JsonObject = {"uri": uri, "bytes": size, "write_s": round(write_s, 3), "read_s": round(read_s, 3),
                            "write_MBps": round(size / write_s / 1e6, 1), "read_MBps": round(size / read_s / 1e6, 1)}
     if store.local and shutil.which("dd"):
         dd_write, dd_read = _dd(os.path.dirname(store.root), size)

@@ -23,6 +23,7 @@ from slurmkit.cli.common import (
     transitions,
     user_errors,
 )
+from slurmkit.jsontypes import JsonObject
 
 
 class _SubmitByDefault(TyperGroup):
@@ -150,7 +151,7 @@ def _search_submitted(done: SweepSubmitted, batch: int, wait: bool, as_json: boo
         raise typer.Exit(1)
 
 
-def _print_preview(info: dict[str, Any], varying: list[str], as_json: bool) -> None:
+def _print_preview(info: JsonObject, varying: list[str], as_json: bool) -> None:
     """What a sweep would submit (--dry-run)."""
     if as_json:
         print_json(info)
@@ -290,7 +291,7 @@ def cancel(sweep: SweepArg, profile: ProfileOpt = None) -> None:
     typer.echo(f"cancelled {', '.join(ids) or 'nothing'}")
 
 
-def _table(columns: list[str], rows: list[dict[str, Any]], best: int | None = None) -> None:
+def _table(columns: list[str], rows: list[JsonObject], best: int | None = None) -> None:
     """Plain aligned columns (wide sweeps stay readable when piped); '*' marks the best row."""
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(c), *(len(r[k]) for r in cells)]) for k, c in enumerate(columns)]

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -19,6 +19,7 @@ from slurmkit import trust
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.errors import RunNotFoundError, SlurmkitError, clip
+from slurmkit.jsontypes import JsonObject
 
 MAX_RECORD_BYTES = 64 << 20  # a record holds a script and restarts: far below this; a larger file is not one
 
@@ -30,7 +31,7 @@ class Record(BaseModel):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         """The record as its file holds it: unset optional fields (None) left out."""
         return self.model_dump(mode="json", exclude_none=True)
 

@@ -35,15 +35,15 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from slurmkit import trust
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
+from slurmkit.jsontypes import JsonObject
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Path) -> JsonObject | None:
     try:
         found = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
@@ -188,7 +188,7 @@ class HealthReport:
     problems: list[str]
     source: str
     """Where the GPU list came from (NVML, nvidia-smi, none)."""
-    gpus: list[dict[str, Any]]
+    gpus: list[JsonObject]
 
     def write(self, paths: RunPaths) -> None:
         # 0666 narrowed by the job's umask; written beside and renamed, never through a planted symlink.

@@ -25,14 +25,15 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from slurmkit import trust
+from slurmkit.jsontypes import JsonObject
 
 _BLOCK = 1 << 16
 
 
-def iter_records(path: Path) -> Iterator[dict[str, Any]]:
+def iter_records(path: Path) -> Iterator[JsonObject]:
     """Every record, oldest first, one line in memory at a time; a missing file has none."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed by the with below, after the open can fail
@@ -45,7 +46,7 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
                 yield record
 
 
-def iter_records_reversed(path: Path) -> Iterator[dict[str, Any]]:
+def iter_records_reversed(path: Path) -> Iterator[JsonObject]:
     """Every record, newest first, read backwards in blocks (the tail costs no scan of the file)."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
@@ -67,7 +68,7 @@ def iter_records_reversed(path: Path) -> Iterator[dict[str, Any]]:
                     yield record
 
 
-def _parse(line: bytes) -> dict[str, Any] | None:
+def _parse(line: bytes) -> JsonObject | None:
     try:
         value = json.loads(line)
     except ValueError:
@@ -75,12 +76,12 @@ def _parse(line: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path) -> list[JsonObject]:
     """Every record in a list (for small files and tests; the readers of a run stream)."""
     return list(iter_records(path))
 
 
-def last_record(path: Path) -> dict[str, Any] | None:
+def last_record(path: Path) -> JsonObject | None:
     """The newest complete record, read from the end of the file."""
     return next(iter_records_reversed(path), None)
 
@@ -90,7 +91,7 @@ def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def numbers(record: dict[str, Any]) -> dict[str, float]:
+def numbers(record: JsonObject) -> dict[str, float]:
     """A record's values a tracker or a report plots: numbers, not the step bookkeeping."""
     skip = {"time", "step", "steps"}
     return {k: float(v) for k, v in record.items() if k not in skip and is_number(v)}
@@ -113,15 +114,15 @@ def last_values(path: Path, scan: int = LAST_VALUES_SCAN) -> dict[str, float | i
     return found
 
 
-def steps_of(record: dict[str, Any]) -> int:
+def steps_of(record: JsonObject) -> int:
     """How many steps a record covers (1 in files from before intervals)."""
     return int(record.get("steps", 1))
 
 
-def busy_s(record: dict[str, Any]) -> float:
+def busy_s(record: JsonObject) -> float:
     """Seconds the record's steps took together, less what the first step of a process spent in
     torch.compile (its `startup` record's compile phase): a restart's cost, not training."""
-    spent = float(record.get("step_s_sum", record.get("step_s", 0.0)))
+    spent = float(record["step_s_sum"] if "step_s_sum" in record else record.get("step_s", 0.0))
     startup = record.get("startup")
     if isinstance(startup, dict) and "compile" in startup and "first_step" in startup:
         spent -= max(0.0, float(startup["compile"]) - float(startup["first_step"]))
@@ -143,10 +144,10 @@ class Interval:
         self._loss = 0.0
         self._losses: list[float] = []
         self._stall = 0.0
-        self._extra: dict[str, Any] = {}
+        self._extra: JsonObject = {}
 
-    def add(self, step: int, step_s: float, loss: float, extra: dict[str, Any] | None = None,
-            force: bool = False) -> dict[str, Any] | None:
+    def add(self, step: int, step_s: float, loss: float, extra: JsonObject | None = None,
+            force: bool = False) -> JsonObject | None:
         """Count one step (`extra`: ckpt_stall_s, summed, and keys kept as they are); the record if due."""
         self._step = step
         self._times.append(step_s)
@@ -162,11 +163,11 @@ class Interval:
             return None
         return self._record()
 
-    def flush(self) -> dict[str, Any] | None:
+    def flush(self) -> JsonObject | None:
         """End the interval now (after a failure); None if it holds no step."""
         return self._record() if self._times else None
 
-    def _record(self) -> dict[str, Any]:
+    def _record(self) -> JsonObject:
         times, n = self._times, len(self._times)
         total = sum(times)
         # A hook's own keys never replace the aggregates.
@@ -185,7 +186,7 @@ class MetricsWriter:
 
     def __init__(self, path: Path | None, enabled: bool) -> None:
         self._file: TextIO | None = None
-        self.sinks: list[Callable[[dict[str, Any]], None]] = []
+        self.sinks: list[Callable[[JsonObject], None]] = []
         """Each written record is also handed to these (the run's trackers, worker.tracking)."""
         if enabled and path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from slurmkit.common.locked import LockedJson, Record, assign
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.tracking import Tracking
+from slurmkit.jsontypes import JsonObject
 
 MAX_TASKS = 1_000_000
 JobId = Annotated[str, StringConstraints(pattern=r"^\d+(?:_\d+)?$")]
@@ -69,7 +70,7 @@ class UnhealthyNode(Record):
     node: str
     problems: list[str] = []
     source: str = ""
-    gpus: list[dict[str, Any]] = []
+    gpus: list[JsonObject] = []
     time: str = ""
 
 
@@ -87,7 +88,7 @@ class SweepRef(Record):
 
     sweep_id: str
     index: int
-    overrides: dict[str, Any] = {}
+    overrides: JsonObject = {}
     seed: int | None = None
 
 
@@ -110,7 +111,7 @@ class RunRecord(Record):
     """The cluster profile as validated at submit (its `requeue` budgets among it)."""
     resources: Resources = Field(default_factory=Resources)
     """The resources the job asked for, every layer applied."""
-    unread: dict[str, Any] | None = None
+    unread: JsonObject | None = None
     """What another slurmkit version wrote into spec, profile or resources that this one cannot read:
     a key it does not know, or a value it now refuses, kept here as written (by field, then path)."""
     num_tasks: Annotated[int, Field(strict=True, ge=1, le=MAX_TASKS)] = 1
@@ -119,7 +120,7 @@ class RunRecord(Record):
     """A local run's controller pid → its start time (runs.procs), so a reused pid is not taken for it."""
     script: str | None = None
     """The sbatch script submitted (also script.sh)."""
-    snapshot: dict[str, Any] | None = None
+    snapshot: JsonObject | None = None
     """The code snapshot taken at submit (runs.snapshot)."""
     sweep: SweepRef | None = None
     restarts: list[RestartEntry] = []
@@ -133,7 +134,7 @@ class RunRecord(Record):
     """Why the run must not be restarted again (a budget spent, a deterministic error)."""
     cancelled: bool | None = None
     preempted: Preempted | None = None
-    goodput: dict[str, Any] | None = None
+    goodput: JsonObject | None = None
     """The goodput accounting (insight.goodput) of the last job that finished, with its job_id."""
 
     @model_validator(mode="before")
@@ -200,12 +201,12 @@ M = TypeVar("M", bound=BaseModel)
 _MAX_DROPS = 64
 
 
-def readable(model: type[M], data: dict[str, Any]) -> tuple[M | None, dict[str, Any]]:
+def readable(model: type[M], data: JsonObject) -> tuple[M | None, JsonObject]:
     """`data` (a spec, profile or resources another slurmkit version wrote) as this version reads it,
     and what it had to leave out: each key it does not know, or whose value it now refuses, is moved
     out so its default applies. None when even that leaves no valid model (a required field refused)."""
     data = copy.deepcopy(data)
-    dropped: dict[str, Any] = {}
+    dropped: JsonObject = {}
     for _ in range(_MAX_DROPS):
         try:
             return model.model_validate(data), dropped
@@ -228,7 +229,7 @@ def _key_path(loc: tuple[int | str, ...]) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _move(data: dict[str, Any], path: tuple[str, ...], into: dict[str, Any]) -> None:
+def _move(data: JsonObject, path: tuple[str, ...], into: JsonObject) -> None:
     *parents, last = path
     for key in parents:
         if not isinstance(data.get(key), dict):

@@ -35,6 +35,7 @@ from slurmkit.common.locked import LockedJson, Record
 from slurmkit.common.record import RunFile, RunRecord, SweepRef
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.search import PruneSection, SearchSection
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.overrides import deep_merge, nested
 
 MANIFEST = "sweep.json"
@@ -120,12 +121,12 @@ class ManifestTask(Record):
     """One task of the manifest: what varies (its overrides, seed and resource group)."""
 
     index: int
-    overrides: dict[str, Any] = {}
+    overrides: JsonObject = {}
     """Dotted keys → values, over the base spec."""
     seed: int
     group: int = 0
     """Index into the manifest's `groups`."""
-    spec: dict[str, Any] | None = None
+    spec: JsonObject | None = None
     """The task's whole spec, where the base spec and overrides cannot rebuild it."""
     invalid: str | None = None
     """A search's trial whose params the spec refused when it was asked: why. It is never submitted,
@@ -135,7 +136,7 @@ class ManifestTask(Record):
 class ResourceGroup(Record):
     """Resources shared by tasks: one sbatch script (and array) per group."""
 
-    resources: dict[str, Any]
+    resources: JsonObject
     num_tasks: int
 
 
@@ -182,13 +183,13 @@ class SweepManifest(Record):
     created: str = ""
     executor: str = ""
     profile_name: str = ""
-    profile: dict[str, Any] = {}
+    profile: JsonObject = {}
     varying: list[str] = []
     """The keys that differ between tasks (the columns of `sweep status`)."""
     max_parallel: int | None = None
-    base_spec: dict[str, Any] | None = None
+    base_spec: JsonObject | None = None
     """The spec every task's overrides apply to; None where each task holds its whole spec."""
-    top: dict[str, Any] = {}
+    top: JsonObject = {}
     """--set values, applied over each task's overrides."""
     groups: list[ResourceGroup] = []
     checkpoint_base: str | None = None
@@ -282,15 +283,15 @@ class DriverFile(LockedJson[DriverRecord]):
 class TaskEntry:
     """What one task runs and where."""
 
-    spec: dict[str, Any]
-    resources: dict[str, Any]
+    spec: JsonObject
+    resources: JsonObject
     num_tasks: int
     env: dict[str, str]
     run_dir: str
     checkpoint_uri: str
 
 
-def task_spec(manifest: SweepManifest, index: int) -> dict[str, Any]:
+def task_spec(manifest: SweepManifest, index: int) -> JsonObject:
     """The task's validated run spec: base spec < its sweep overrides < --set."""
     task = manifest.tasks[index]
     if task.spec is not None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from slurmkit.common.code_source import source_of
 from slurmkit.config.runspec import RunSpec
+from slurmkit.jsontypes import JsonObject
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,7 @@ class TrainTask:
     """`task: train`: the built-in Trainer with its config."""
 
     task: str
-    config: dict[str, Any]
+    config: JsonObject
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class ShellCommand:
 class RayDriver:
     """`ray:`: a driver script against a Ray cluster over the allocation (config.runspec.RaySpec, as data)."""
 
-    ray: dict[str, Any]
+    ray: JsonObject
 
 
 @dataclass(frozen=True)

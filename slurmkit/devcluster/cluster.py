@@ -22,6 +22,7 @@ from typing import Any
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.devcluster import names, network
 from slurmkit.errors import DevClusterError, SlurmError, squash
+from slurmkit.jsontypes import JsonObject
 from slurmkit.runs.procs import pid_alive
 from slurmkit.slurm import commands
 
@@ -57,15 +58,15 @@ def ensure_packages(log: Log) -> None:
     sh(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES], timeout=900, env=env)
 
 
-def _load() -> dict[str, Any]:
+def _load() -> JsonObject:
     try:
-        data: dict[str, Any] = json.loads(DAEMONS_FILE.read_text())
+        data: JsonObject = json.loads(DAEMONS_FILE.read_text())
         return data
     except (FileNotFoundError, json.JSONDecodeError):
         return {"nodes": 0, "daemons": {}}
 
 
-def _save(state: dict[str, Any]) -> None:
+def _save(state: JsonObject) -> None:
     atomic_write_text(DAEMONS_FILE, json.dumps(state, indent=2) + "\n")
 
 
@@ -125,7 +126,7 @@ def _mariadb_ok() -> bool:
     return sh(["mariadb", "-e", "select 1"], timeout=10, check=False).returncode == 0
 
 
-def _start_munge(state: dict[str, Any], log: Log) -> None:
+def _start_munge(state: JsonObject, log: Log) -> None:
     if _munge_ok():
         return
     log("starting munged")
@@ -142,7 +143,7 @@ def _start_munge(state: dict[str, Any], log: Log) -> None:
     _wait_for("munged", _munge_ok, 20, pid, "munged.console.log")
 
 
-def _start_mariadb(state: dict[str, Any], log: Log, purge: bool) -> None:
+def _start_mariadb(state: JsonObject, log: Log, purge: bool) -> None:
     if not _mariadb_ok():
         log("starting mariadb")
         run = Path("/run/mysqld")
@@ -160,7 +161,7 @@ def _start_mariadb(state: dict[str, Any], log: Log, purge: bool) -> None:
     sh(["mariadb", "-e", sql], timeout=30)
 
 
-def _start_daemon(state: dict[str, Any], name: str, argv: list[str], ready: Callable[[], bool],
+def _start_daemon(state: JsonObject, name: str, argv: list[str], ready: Callable[[], bool],
                   log: Log, timeout: float = 60) -> None:
     if ours(name, state["daemons"].get(name)):
         return
@@ -205,7 +206,7 @@ def _wait_idle(n: int, log: Log, timeout: float = 90) -> None:
     raise DevClusterError(f"nodes not idle after {timeout:.0f} s: {states}", valid=f"see {names.LOG_DIR}")
 
 
-def up(n: int = 2, purge: bool = False, log: Log = print, variant: names.Variant = names.DEFAULT) -> dict[str, Any]:
+def up(n: int = 2, purge: bool = False, log: Log = print, variant: names.Variant = names.DEFAULT) -> JsonObject:
     """Bring the cluster up with n nodes as `variant` says; a second call with the same ones changes
     nothing, other ones restart the daemons (slurmctld reads MaxJobCount only when it starts).
     Without accounting no mariadb or slurmdbd runs: sacct has nothing to ask, as on clusters
@@ -260,7 +261,7 @@ def _check(n: int, v: names.Variant) -> None:
         raise DevClusterError(f"--gpus-per-node {v.gpus_per_node}", valid="valid: 0 to 16")
 
 
-def _start_slurmds(state: dict[str, Any], n: int, log: Log) -> None:
+def _start_slurmds(state: JsonObject, n: int, log: Log) -> None:
     for nd in names.nodes(n):
         (names.STATE_DIR / f"slurmd-{nd.name}").mkdir(exist_ok=True)
         # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails its cgroup init.
@@ -343,7 +344,7 @@ def is_ours() -> bool:
         return False
 
 
-def status() -> dict[str, Any]:
+def status() -> JsonObject:
     state = _load()
     daemons = {name: {"pid": pid, "alive": ours(name, pid)} for name, pid in state["daemons"].items()}
     return {"nodes": state.get("nodes", 0), "daemons": daemons,

@@ -22,11 +22,11 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import busy_s, iter_records_reversed, steps_of
 from slurmkit.common.record import RunRecord
+from slurmkit.jsontypes import JsonObject
 from slurmkit.slurm import commands
 from slurmkit.slurm.parse import Incarnation
 
@@ -43,7 +43,7 @@ class Goodput:
     goodput: float
     steps: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
@@ -53,7 +53,7 @@ def incarnations(job_ids: list[str]) -> list[Incarnation]:
     return sorted(found, key=lambda i: i.start or i.submit or 0.0)
 
 
-def local_incarnation(oldest: dict[str, Any], newest: dict[str, Any]) -> Incarnation:
+def local_incarnation(oldest: JsonObject, newest: JsonObject) -> Incarnation:
     """Without accounting or a run record (metrics alone): the run's own clock, from the start of its
     first step to its last."""
     return Incarnation("local", None, float(oldest["time"]) - busy_s(oldest), float(newest["time"]), "LOCAL",
@@ -114,15 +114,15 @@ class Accountant:
         self._starts = [i.start or 0.0 for i in self._started]
         self._covered: list[list[int]] = []  # disjoint, sorted [first, last] step ranges of newer records
         self._hist: Counter[float] = Counter()
-        self._earliest: dict[int, tuple[dict[str, Any], float]] = {}  # incarnation -> (its first record, new part)
-        self.newest: dict[str, Any] | None = None
-        self.oldest: dict[str, Any] | None = None
+        self._earliest: dict[int, tuple[JsonObject, float]] = {}  # incarnation -> (its first record, new part)
+        self.newest: JsonObject | None = None
+        self.oldest: JsonObject | None = None
         self.useful = self.productive = self.stalls = 0.0
         # An in-job restart's first record, until its older neighbour says when the failed step ended.
-        self._restarted: tuple[dict[str, Any], float, int] | None = None
-        self._in_job: list[tuple[float, dict[str, Any], float]] = []  # (gap, first record, its new part)
+        self._restarted: tuple[JsonObject, float, int] | None = None
+        self._in_job: list[tuple[float, JsonObject, float]] = []  # (gap, first record, its new part)
 
-    def add(self, rec: dict[str, Any]) -> None:
+    def add(self, rec: JsonObject) -> None:
         if "step" not in rec or "time" not in rec:
             return
         self.newest = self.newest or rec
@@ -183,7 +183,7 @@ class Accountant:
                 return value
         return 0.0
 
-    def firsts(self) -> list[tuple[Incarnation, dict[str, Any]]]:
+    def firsts(self) -> list[tuple[Incarnation, JsonObject]]:
         """Each started incarnation with the first record it wrote (those that wrote none are left out).
 
         A step belongs to the incarnation that started last before it (sacct's times are whole seconds)."""
@@ -209,7 +209,7 @@ class Accountant:
         typical = self.typical
         return [gap + max(0.0, busy_s(rec) - typical) for gap, rec, _ in reversed(self._in_job)]
 
-    def _first_steps(self) -> list[tuple[dict[str, Any], float]]:
+    def _first_steps(self) -> list[tuple[JsonObject, float]]:
         """The first record of every start, incarnation or in-job, with its new part."""
         return [*(self._earliest[k] for k in sorted(self._earliest)), *((rec, new) for _, rec, new in self._in_job)]
 
@@ -235,7 +235,7 @@ class Accountant:
                        steps)
 
 
-def of_records(steps: list[dict[str, Any]], incs: list[Incarnation]) -> Accountant:
+def of_records(steps: list[JsonObject], incs: list[Incarnation]) -> Accountant:
     """The accountant of records held in a list, oldest first."""
     acc = Accountant(incs)
     for rec in reversed(steps):
@@ -263,6 +263,6 @@ def startup_spans(inc: Incarnation, marks: dict[str, float]) -> dict[str, float]
     return spans
 
 
-def account(steps: list[dict[str, Any]], incs: list[Incarnation], now: float | None = None) -> Goodput:
+def account(steps: list[JsonObject], incs: list[Incarnation], now: float | None = None) -> Goodput:
     """Split the wall time of a run into productive and lost time (records oldest first)."""
     return of_records(steps, incs).result(now)

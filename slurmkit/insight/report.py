@@ -19,6 +19,7 @@ from slurmkit.errors import SlurmkitError
 from slurmkit.insight import cost, goodput, report_html
 from slurmkit.insight.report_data import ReportData, Segment, headline
 from slurmkit.insight.report_html import STATE_COLORS
+from slurmkit.jsontypes import JsonObject
 
 MAX_POINTS = 2000
 """Points per curve: records are averaged into step buckets, so a report's memory does not grow with the run."""
@@ -34,7 +35,7 @@ class Curve:
         # bucket -> steps, loss x steps, busy, samples/s x busy, mfu x busy, loss min, loss max, time
         self._buckets: dict[int, list[float]] = {}
 
-    def add(self, rec: dict[str, Any]) -> None:
+    def add(self, rec: JsonObject) -> None:
         if "step" not in rec or "loss" not in rec:
             return
         step = int(rec["step"])

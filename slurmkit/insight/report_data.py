@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from slurmkit.insight import goodput
+from slurmkit.jsontypes import JsonObject
 
 
 @dataclass
@@ -32,10 +32,10 @@ class ReportData:
     run_id: str
     steps: list[dict[str, float]]
     """The curve's points (at most about MAX_POINTS), oldest step first."""
-    gpu: list[dict[str, Any]]
+    gpu: list[JsonObject]
     segments: list[Segment]
     accounting: goodput.Goodput
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: JsonObject = field(default_factory=dict)
     restarts: list[tuple[int, str]] = field(default_factory=list)
     """Every restart at the step training went on from (the checkpoint resumed, or the failed step's
     start for an in-job one), with its cause: marked on the curves."""

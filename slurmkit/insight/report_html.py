@@ -11,6 +11,7 @@ from importlib import resources
 from typing import Any
 
 from slurmkit.insight.report_data import ReportData, headline
+from slurmkit.jsontypes import JsonObject
 
 STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
                 "PREEMPTED": "#ef6c00", "TIMEOUT": "#ef6c00", "NODE_FAIL": "#c62828", "FAILED": "#c62828",
@@ -28,9 +29,9 @@ table { border-collapse: collapse; margin: 0.5em 0 1.5em; } td, th { border: 1px
 """
 
 
-def page_data(data: ReportData) -> dict[str, Any]:
+def page_data(data: ReportData) -> JsonObject:
     """What report.js draws: the curve (MFU in percent), GPU samples by host, restarts, incarnations."""
-    gpu: list[dict[str, Any]] = []
+    gpu: list[JsonObject] = []
     hosts = sorted({g["host"] for g in data.gpu})
     t0 = min((g["time"] for g in data.gpu), default=0.0)
     for g in data.gpu:
@@ -90,7 +91,7 @@ def _tables(data: ReportData) -> str:
             f"{_code(data.summary.get('snapshot'))}")
 
 
-def _code(snap: dict[str, Any] | None) -> str:
+def _code(snap: JsonObject | None) -> str:
     """The code snapshot every incarnation ran (run.json), if the run took one."""
     if not snap:
         return ""

@@ -19,6 +19,7 @@ from slurmkit.config.runspec import RunSpec
 from slurmkit.config.shape import Shape
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError, SlurmkitError, clip, cut, did_you_mean, warn
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.overrides import deep_merge, split_sets
 from slurmkit.load.yamlio import read_yaml
 from slurmkit.resources import shipped_dir
@@ -26,7 +27,7 @@ from slurmkit.resources import shipped_dir
 DEFAULT_PROFILE = "local"
 PROFILE_PATH_ENV = "SLURMKIT_PROFILE_PATH"
 
-Layer = tuple[str, dict[str, Any]]  # (source shown in errors, raw mapping)
+Layer = tuple[str, JsonObject]  # (source shown in errors, raw mapping)
 
 
 MAX_EXTENDS = 32
@@ -153,7 +154,7 @@ def _source_of(loc: tuple[Any, ...], layers: list[Layer]) -> str:
 
 def validate_layers(model: type[BaseModel], layers: list[Layer], prefix: tuple[str, ...] = ()) -> Any:
     """Merge the layers and validate; prefix is where this model sits inside the files."""
-    merged: dict[str, Any] = {}
+    merged: JsonObject = {}
     for _, raw in layers:
         node: Any = raw
         for part in prefix:
@@ -187,7 +188,7 @@ def _one_line(model: type[BaseModel], exc: ValidationError, layers: list[Layer],
     return ConfigError(msg, where=where)
 
 
-def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> ClusterProfile:
+def load_profile(name_or_path: str, overrides: JsonObject | None = None) -> ClusterProfile:
     layers = profile_layers(name_or_path)
     if overrides:
         layers.append(("--set profile", overrides))
@@ -195,7 +196,7 @@ def load_profile(name_or_path: str, overrides: dict[str, Any] | None = None) -> 
     return profile
 
 
-def spec_layers(spec: str | Path | dict[str, Any]) -> list[Layer]:
+def spec_layers(spec: str | Path | JsonObject) -> list[Layer]:
     """A run spec file, or a mapping built in Python, as the lowest spec layer."""
     return [("<spec>", spec) if isinstance(spec, dict) else (str(spec), read_yaml(Path(spec)))]
 
@@ -209,7 +210,7 @@ def validate_runspec(layers: list[Layer]) -> RunSpec:
 
 def merge_resources(*layers: Resources) -> Resources:
     """Field by field, the last layer that sets a field wins."""
-    merged: dict[str, Any] = {}
+    merged: JsonObject = {}
     for layer in layers:
         merged.update(layer.model_dump(exclude_none=True))
     return Resources.model_validate(merged)
@@ -305,7 +306,7 @@ def profile_name(profile: str | None) -> str:
     return profile or os.environ.get("SLURMKIT_PROFILE") or DEFAULT_PROFILE
 
 
-def resolve(spec: str | Path | dict[str, Any], profile: str | None = None, sets: list[str] | None = None) -> Resolved:
+def resolve(spec: str | Path | JsonObject, profile: str | None = None, sets: list[str] | None = None) -> Resolved:
     """Load a run spec (file or mapping) against a profile, with --set overrides on top."""
     spec_sets, profile_sets = split_sets(sets or [])
     name = profile_name(profile)

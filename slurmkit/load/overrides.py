@@ -10,6 +10,7 @@ from slurmkit.config.profile import ClusterProfile
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError, clip
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.yamlio import MAX_DEPTH, YamlSyntaxError, load_text
 
 PROFILE_PREFIX = "profile."
@@ -79,10 +80,10 @@ def targets_text(path: list[str]) -> str | None:
     return None
 
 
-def split_sets(items: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_sets(items: list[str]) -> tuple[JsonObject, JsonObject]:
     """Parse overrides into (run-spec overrides, profile overrides); profile.* keys go to the profile."""
-    spec: dict[str, Any] = {}
-    profile: dict[str, Any] = {}
+    spec: JsonObject = {}
+    profile: JsonObject = {}
     for item in items:
         path, value = parse_set(item)
         target = spec
@@ -94,7 +95,7 @@ def split_sets(items: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     return spec, profile
 
 
-def set_path(target: dict[str, Any], path: list[str], value: object) -> None:
+def set_path(target: JsonObject, path: list[str], value: object) -> None:
     for part in path[:-1]:
         nxt = target.setdefault(part, {})
         if not isinstance(nxt, dict):
@@ -103,15 +104,15 @@ def set_path(target: dict[str, Any], path: list[str], value: object) -> None:
     target[path[-1]] = value
 
 
-def nested(flat: dict[str, Any]) -> dict[str, Any]:
+def nested(flat: JsonObject) -> JsonObject:
     """{'config.lr': 1} -> {'config': {'lr': 1}}, the shape of a spec layer."""
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for key, value in flat.items():
         set_path(out, key.split("."), value)
     return out
 
 
-def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: JsonObject, top: JsonObject) -> JsonObject:
     """Merge top over base: mappings merge key by key, anything else is replaced."""
     out = copy.deepcopy(base)
     for key, value in top.items():

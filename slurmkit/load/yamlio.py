@@ -16,6 +16,7 @@ import yaml
 
 from slurmkit import trust
 from slurmkit.errors import ConfigError, clip
+from slurmkit.jsontypes import JsonObject
 from slurmkit.resources import shipped_dir
 
 
@@ -107,7 +108,7 @@ def read_regular(path: Path, limit: int) -> bytes:
 SCRIPT_SUFFIXES = {".py": "python", ".sh": "bash", ".bash": "bash"}
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> JsonObject:
     """A YAML mapping from a UTF-8 file of the caller's own (or root's) that no one else can write (a
     profile, run spec or sweep spec is configuration: another user's could run code as the caller);
     anything else is one ConfigError naming the file. A script given where a spec goes

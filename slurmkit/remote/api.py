@@ -23,6 +23,7 @@ from typing import Any
 
 from slurmkit import __version__, errors
 from slurmkit.errors import SlurmkitError
+from slurmkit.jsontypes import JsonObject
 from slurmkit.remote.connection import ConnectError
 from slurmkit.remote.forward import Site, run_request, site_of
 from slurmkit.remote.request import Request
@@ -33,7 +34,7 @@ TYPED = {c.__name__: c for c in (errors.SlurmkitError, errors.ConfigError, error
                                  errors.RunNotFoundError, errors.JobFailedError)}
 
 
-def call(site: Site, method: str, params: dict[str, Any], pickled: bytes | None = None) -> Any:
+def call(site: Site, method: str, params: JsonObject, pickled: bytes | None = None) -> Any:
     """One API method on the login host; its answer, or its error raised here as the same type."""
     req = Request("api", profile=site.layers, files=pickled is not None, command=f"api {method}",
                   slurmkit=__version__, python=platform.python_version(), pickled=pickled is not None,
@@ -74,7 +75,7 @@ def plain_data(data: bytes) -> Any:
                             ) from None
 
 
-def _error(err: dict[str, Any]) -> SlurmkitError:
+def _error(err: JsonObject) -> SlurmkitError:
     cls = TYPED.get(err["class"], SlurmkitError)
     if cls is errors.JobFailedError:
         return errors.JobFailedError(err["what"], where=err["where"], valid=err["valid"], log_tail=err["log_tail"],
@@ -153,8 +154,8 @@ def states(handles: list[RemoteJob]) -> dict[RemoteJob, str]:
     return out
 
 
-def submit(site: Site, profile: str, executor: dict[str, Any], method: str, payload: object,
-           params: dict[str, Any] | None = None) -> list[RemoteJob]:
+def submit(site: Site, profile: str, executor: JsonObject, method: str, payload: object,
+           params: JsonObject | None = None) -> list[RemoteJob]:
     """submit / map_array / submit_command of an Executor on the login host; its jobs."""
     import cloudpickle
 
@@ -167,7 +168,7 @@ def from_id(site: Site, profile: str, ident: str) -> RemoteJob:
     return jobs_from(profile, [call(site, "from_id", {"ident": ident})])[0]
 
 
-def as_answer(value: object) -> dict[str, Any]:
+def as_answer(value: object) -> JsonObject:
     """What the login host prints for a value: JSON, or a pickle where JSON cannot carry it."""
     return {"value": value} if _plain(value) else _pickled(value)
 
@@ -177,7 +178,7 @@ def _plain(value: object) -> bool:
         isinstance(value, list) and all(isinstance(v, str) for v in value))
 
 
-def _pickled(value: object) -> dict[str, Any]:
+def _pickled(value: object) -> JsonObject:
     data = pickle.dumps(value, protocol=5)
     try:
         plain_data(data)  # what the laptop will accept, checked here: the refusal names the type
@@ -189,8 +190,8 @@ def _pickled(value: object) -> dict[str, Any]:
     return {"pickle": base64.b64encode(data).decode()}
 
 
-def as_error(exc: SlurmkitError) -> dict[str, Any]:
-    err: dict[str, Any] = {"class": type(exc).__name__ if type(exc).__name__ in TYPED else "SlurmkitError",
+def as_error(exc: SlurmkitError) -> JsonObject:
+    err: JsonObject = {"class": type(exc).__name__ if type(exc).__name__ in TYPED else "SlurmkitError",
                            "what": exc.what, "where": exc.where, "valid": exc.valid}
     if isinstance(exc, errors.JobFailedError):
         err |= {"log_tail": exc.log_tail, "rank": exc.rank, "cause": exc.cause, "trace": list(exc.trace),

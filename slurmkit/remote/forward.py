@@ -28,6 +28,7 @@ from slurmkit import __version__
 from slurmkit.common.atomic import write_output
 from slurmkit.config.login import LoginHost
 from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.loader import load_profile, profile_layers, profile_name
 from slurmkit.load.yamlio import read_yaml
 from slurmkit.remote.connection import LOST, ConnectError, Connection
@@ -56,7 +57,7 @@ class Site:
 
     name: str
     login: LoginHost
-    layers: list[tuple[str, dict[str, Any]]]
+    layers: list[tuple[str, JsonObject]]
     snapshot: bool
     snapshot_max_mb: int
 

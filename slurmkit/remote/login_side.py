@@ -20,13 +20,13 @@ import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from slurmkit import __version__
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.config.profile import ClusterProfile
+from slurmkit.jsontypes import JsonObject
 from slurmkit.remote import unpack
 from slurmkit.remote.connection import private_cache
 from slurmkit.remote.request import Request
@@ -86,7 +86,7 @@ def profile_file(req: Request) -> Path:
     return folder / str(parent)
 
 
-def api(req: Request, print_answer: Callable[[dict[str, Any], Path, str], int]) -> int:
+def api(req: Request, print_answer: Callable[[JsonObject, Path, str], int]) -> int:
     """A Python API method (slurmkit.api.serve_call's entry, which passes its `print_answer`);
     the stage holds the function sent along."""
     req.check_versions(hello())

@@ -10,9 +10,10 @@ import json
 import re
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from slurmkit.errors import SlurmkitError
+from slurmkit.jsontypes import JsonObject
 
 STAGE_PREFIX = "slurmkit-stage:"
 """An argument that names a file sent along: its path in the stage, there."""
@@ -28,11 +29,11 @@ class VersionMismatchError(SlurmkitError):
 class Request:
     op: Literal["run", "hello", "fetch", "api"]
     argv: list[str] = field(default_factory=list)
-    profile: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    profile: list[tuple[str, JsonObject]] = field(default_factory=list)
     """The profile's layers, ancestors first: (file name, mapping), `extends` and `login` taken out."""
     files: bool = False
     """A tar stream follows on stdin: work/ (the code, for a snapshot) and files/ (arguments)."""
-    origin: dict[str, Any] | None = None
+    origin: JsonObject | None = None
     """Where the snapshot's code came from on the laptop (folder, git commit, dirty)."""
     workdir: str = ""
     """The working folder, relative to the code sent along (a subfolder of a git tree)."""
@@ -41,7 +42,7 @@ class Request:
     """Something pickled here is loaded there (a function from Python): Python must match too."""
     slurmkit: str = ""
     python: str = ""
-    api: dict[str, Any] | None = None
+    api: JsonObject | None = None
     """A Python API method and its parameters (slurmkit.remote.api)."""
     stage_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 

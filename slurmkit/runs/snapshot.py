@@ -22,10 +22,10 @@ import stat
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from slurmkit.common import perms
 from slurmkit.errors import ConfigError
+from slurmkit.jsontypes import JsonObject
 
 GIT_TIMEOUT_S = 30
 MB = 1 << 20
@@ -43,7 +43,7 @@ class Snapshot:
     files: int
     bytes: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -105,7 +105,7 @@ class Listing:
     def total(self) -> int:
         return sum(s for s, _ in self.sizes)
 
-    def origin(self) -> dict[str, Any]:
+    def origin(self) -> JsonObject:
         """Where the code comes from: its folder, and in git its commit and whether it differs from it."""
         commit = dirty = None
         if self.in_git:
@@ -172,6 +172,6 @@ def _copy(src: Path, target: Path, top: Path, kind: str) -> None:
     os.chmod(target, mode)  # the umask narrowed the open's mode; this is the mode meant
 
 
-def into(run_dir: Path, code_dir: Path, module_file: str | None, max_mb: int) -> dict[str, Any]:
+def into(run_dir: Path, code_dir: Path, module_file: str | None, max_mb: int) -> JsonObject:
     """Take the run's snapshot into code_dir; what run.json records of it."""
     return take(code_dir, source_of(module_file), max_mb).as_dict() | {"dir": str(code_dir.relative_to(run_dir))}

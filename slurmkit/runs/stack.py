@@ -13,12 +13,12 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import STACK_SIGNAL, RankProcess
 from slurmkit.common.record import RunFile
 from slurmkit.errors import SlurmkitError
+from slurmkit.jsontypes import JsonObject
 from slurmkit.runs.jobs import is_active, statuses
 from slurmkit.slurm import commands
 
@@ -39,7 +39,7 @@ class RankStack:
     host: str = ""
     pid: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return asdict(self)
 
 

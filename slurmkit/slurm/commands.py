@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from slurmkit import trust
 from slurmkit.common.slurm_env import base_id, expand_hostlist
 from slurmkit.errors import SlurmError, squash, warn
+from slurmkit.jsontypes import JsonObject
 from slurmkit.slurm import parse
 
 # What Slurm prints is read in slurm/parse.py; callers know ACTIVE_STATES as commands.ACTIVE_STATES.
@@ -374,6 +374,6 @@ def partition_gres(partition: str) -> list[str]:
     return [g for line in out.splitlines() for g in line.strip().split(",") if g and g != "(null)"]
 
 
-def ping() -> dict[str, Any]:
+def ping() -> JsonObject:
     out = run(["scontrol", "ping"], timeout=10, check=False)
     return {"up": "UP" in out, "detail": squash(out, None)}

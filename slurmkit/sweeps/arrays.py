@@ -8,7 +8,7 @@ import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from slurmkit import trust
 from slurmkit.build import ArraySpec, build
@@ -18,6 +18,7 @@ from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, SweepPaths
 from slurmkit.config.resolved import Resolved
 from slurmkit.errors import SlurmError, SlurmkitError, squash
+from slurmkit.jsontypes import JsonObject
 from slurmkit.slurm import commands
 from slurmkit.slurm.submitter import submitter
 from slurmkit.sweeps.plan import compress
@@ -29,7 +30,7 @@ def cluster_limits() -> tuple[int, int]:
     return int(conf.get("MaxArraySize", "1001")), int(conf.get("MaxJobCount", "10000"))
 
 
-def submit_arrays(paths: SweepPaths, groups: list[Resolved], planned: list[dict[str, Any]],
+def submit_arrays(paths: SweepPaths, groups: list[Resolved], planned: list[JsonObject],
                    kind: Literal["initial", "resubmit"], dependency: str | None, max_parallel: int | None) -> list[str]:
     """sbatch each planned array, recording each job id in the array log as soon as it exists."""
     created = dt.datetime.now().isoformat(timespec="seconds")

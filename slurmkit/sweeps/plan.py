@@ -8,8 +8,7 @@ waits for the previous one (afterany) so that N also holds across the whole swee
 
 from __future__ import annotations
 
-from typing import Any
-
+from slurmkit.jsontypes import JsonObject
 from slurmkit.sweeps.resolve import SweepTasks
 from slurmkit.sweeps.spec import SweepPlan
 
@@ -44,12 +43,12 @@ def chunks(indices: list[int], max_array_size: int) -> list[tuple[int, list[int]
 
 
 def plan_arrays(group_of: list[int], indices: list[int], max_array_size: int,
-                max_parallel: int | None) -> list[dict[str, Any]]:
+                max_parallel: int | None) -> list[JsonObject]:
     """The arrays that run `indices`: grouped by resource group (group_of[index]), then chunked."""
     groups: dict[int, list[int]] = {}
     for i in indices:
         groups.setdefault(group_of[i], []).append(i)
-    arrays: list[dict[str, Any]] = []
+    arrays: list[JsonObject] = []
     for group, members_of_group in groups.items():
         for base, members in chunks(sorted(members_of_group), max_array_size):
             spec = compress([i - base for i in members]) + (f"%{max_parallel}" if max_parallel else "")
@@ -60,7 +59,7 @@ def plan_arrays(group_of: list[int], indices: list[int], max_array_size: int,
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default; used only by --dry-run, which asks no daemon
 
 
-def preview(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None) -> dict[str, Any]:
+def preview(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None) -> JsonObject:
     """What submit would create: every task's varying values and seed, and the arrays."""
     limit = max_array_size or DEFAULT_MAX_ARRAY_SIZE
     arrays = plan_arrays(tasks.group_of, list(range(len(tasks))), limit, plan.section.max_parallel)

@@ -26,6 +26,7 @@ from slurmkit.config.resolved import Resolved
 from slurmkit.config.search import candidates
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.loader import Layer, load_profile, profile_name, resolve_layers
 from slurmkit.load.overrides import nested, split_sets
 from slurmkit.sweeps.spec import SweepPlan
@@ -46,11 +47,11 @@ class SweepTasks:
     """One Resolved per distinct resources: that of the group's first task."""
     group_of: list[int]
     seeds: list[int]
-    specs: list[dict[str, Any] | None]
+    specs: list[JsonObject | None]
     """Each task's validated spec (model_dump) on the full path; None where base_spec rebuilds it."""
-    base_spec: dict[str, Any] | None
+    base_spec: JsonObject | None
     """The validated base (base layers and --set), on the factored path."""
-    top: dict[str, Any]
+    top: JsonObject
     """--set's run-spec overrides (nested), applied above each task's sweep overrides."""
 
     def __len__(self) -> int:
@@ -76,12 +77,12 @@ def resolve_tasks(plan: SweepPlan, profile: str | None = None, sets: list[str] |
     return factored if factored is not None else _full(plan, top, prof, name, spec_sets)
 
 
-def _full(plan: SweepPlan, top: list[Layer], prof: object, name: str, spec_sets: dict[str, Any]) -> SweepTasks:
+def _full(plan: SweepPlan, top: list[Layer], prof: object, name: str, spec_sets: JsonObject) -> SweepTasks:
     groups: list[Resolved] = []
     group_index: dict[str, int] = {}
     group_of: list[int] = []
     seeds: list[int] = []
-    specs: list[dict[str, Any] | None] = []
+    specs: list[JsonObject | None] = []
     for i, o in enumerate(plan.overrides):
         resolved = _resolve_task(plan, o, top, prof, name)
         key = resolved.resources.model_dump_json()
@@ -94,7 +95,7 @@ def _full(plan: SweepPlan, top: list[Layer], prof: object, name: str, spec_sets:
     return SweepTasks(groups, group_of, seeds, specs, None, spec_sets)
 
 
-def _factored(plan: SweepPlan, top: list[Layer], prof: Any, name: str, spec_sets: dict[str, Any]) -> SweepTasks | None:
+def _factored(plan: SweepPlan, top: list[Layer], prof: Any, name: str, spec_sets: JsonObject) -> SweepTasks | None:
     """The factored path, or None where it does not apply (then every task is validated in full)."""
     keys = {k for o in plan.overrides for k in o}
     if not all(k.count(".") == 1 and k.split(".")[0] in FACTORED_SECTIONS for k in keys):
@@ -113,7 +114,7 @@ def _factored(plan: SweepPlan, top: list[Layer], prof: Any, name: str, spec_sets
     validated: dict[tuple[str, type, Any], tuple[str, Any] | None] = {}
     seeds: list[int] = []
     for i, o in enumerate(plan.overrides):
-        cfg_values: dict[str, Any] = {}
+        cfg_values: JsonObject = {}
         for key, value in o.items():
             # By type and value (1, 1.0 and True are equal in Python, not here); repr for the unhashable.
             memo = (key, type(value), value if type(value) in _SCALARS else repr(value))
@@ -137,7 +138,7 @@ def _factored(plan: SweepPlan, top: list[Layer], prof: Any, name: str, spec_sets
     return SweepTasks([first], [0] * len(seeds), seeds, [None] * len(seeds), base.spec.model_dump(), spec_sets)
 
 
-def _resolve_task(plan: SweepPlan, overrides: dict[str, Any], top: list[Layer], prof: Any, name: str) -> Resolved:
+def _resolve_task(plan: SweepPlan, overrides: JsonObject, top: list[Layer], prof: Any, name: str) -> Resolved:
     """One task validated in full: base layers < its sweep overrides < --set."""
     return resolve_layers([*plan.base_layers, (f"{plan.source}:sweep", nested(overrides)), *top], prof, name)
 
@@ -158,7 +159,7 @@ def _validate_one(plan: SweepPlan, top: list[Layer], prof: object, name: str, ke
     return (field, getattr(_train_config(resolved), field)) if section == "config" else None
 
 
-def _with_values(model: TrainConfig, values: dict[str, Any]) -> TrainConfig:
+def _with_values(model: TrainConfig, values: JsonObject) -> TrainConfig:
     """model_copy(update=values) without its three copy.copy calls: 3 µs a task is a third of a
     second at 100k. The new instance's fields are the validated base's and the validated values."""
     new = type(model).__new__(type(model))
@@ -169,8 +170,8 @@ def _with_values(model: TrainConfig, values: dict[str, Any]) -> TrainConfig:
     return new
 
 
-def _check_across_fields(cfg_model: TrainConfig, checks: list[Any], values: dict[str, Any], plan: SweepPlan,
-                         top: list[Layer], prof: object, name: str, overrides: dict[str, Any]) -> None:
+def _check_across_fields(cfg_model: TrainConfig, checks: list[Any], values: JsonObject, plan: SweepPlan,
+                         top: list[Layer], prof: object, name: str, overrides: JsonObject) -> None:
     """TrainConfig's model validators on this task's values; a failure is reported as the full
     path would report it (its one-line error, naming the source)."""
     task_cfg = _with_values(cfg_model, values)

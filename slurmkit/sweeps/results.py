@@ -28,6 +28,7 @@ from slurmkit.common.sweep_layout import (
 from slurmkit.config.profile import Resources
 from slurmkit.errors import SlurmkitError, did_you_mean
 from slurmkit.insight import cost
+from slurmkit.jsontypes import JsonObject
 from slurmkit.runs.jobs import is_active, local_state
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.procs import same_process
@@ -54,7 +55,7 @@ class TaskState:
     """What the task's newest job held, once it has ended (slurmkit.insight.cost); 0 before."""
     gpu_hours: float = 0.0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -152,7 +153,7 @@ def counts(states: list[TaskState]) -> dict[str, int]:
     return dict(sorted(Counter(s.state for s in states).items()))
 
 
-def _numbers(mapping: dict[str, Any]) -> dict[str, float | int]:
+def _numbers(mapping: JsonObject) -> dict[str, float | int]:
     return {k: v for k, v in mapping.items() if is_number(v)}
 
 
@@ -176,7 +177,7 @@ def minimize(metric: str) -> bool:
 
 @dataclass(frozen=True)
 class Results:
-    rows: list[dict[str, Any]]
+    rows: list[JsonObject]
     varying: list[str]
     metrics: list[str]
     sort: str | None
@@ -184,7 +185,7 @@ class Results:
     """Index (task index) of the best row by `sort` (or loss), None when no row has it."""
 
 
-def iter_rows(paths: SweepPaths, manifest: SweepManifest | None = None) -> Iterator[dict[str, Any]]:
+def iter_rows(paths: SweepPaths, manifest: SweepManifest | None = None) -> Iterator[JsonObject]:
     """One row per task, in task order, made as it is yielded: index, state, the varying config
     keys and the task's final metrics. Only tasks that have started have a folder, and so
     metrics: one listing of tasks/ finds them, rather than a failed open per pending task."""

@@ -45,6 +45,7 @@ from slurmkit.config.runspec import RunSpec
 from slurmkit.config.search import SearchSection
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import PreflightError, SlurmkitError
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.overrides import deep_merge, nested
 from slurmkit.runs.jobs.status import is_active
 from slurmkit.runs.polling import DEFAULT_MAX_S, Poller
@@ -104,7 +105,7 @@ def start_driver(paths: SweepPaths) -> int:
 
 
 # -- submit: the base, the first batch, the driver ---------------------------------------------------
-def preview(plan: SweepPlan) -> dict[str, Any]:
+def preview(plan: SweepPlan) -> JsonObject:
     """What submit would start (--dry-run): the search, its arrays' count; no trial is asked."""
     search = plan.section.search
     assert search is not None
@@ -129,7 +130,7 @@ def begin(paths: SweepPaths, search: SearchSection, after: str | None) -> list[s
 
 
 # -- one batch ------------------------------------------------------------------------------------
-def _task(manifest: SweepManifest, number: int, params: dict[str, Any]) -> ManifestTask:
+def _task(manifest: SweepManifest, number: int, params: JsonObject) -> ManifestTask:
     """Trial `number` as a task: its params over the base spec, validated as the task will read it.
     Params the spec refuses (a combination the submit's one-at-a-time check could not see) make a
     task that is never run: FAILED, and the study told so, while the search goes on."""

@@ -8,10 +8,10 @@ import signal
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from slurmkit.common.sweep_layout import DriverFile, DriverRecord, Manifest, SweepPaths
 from slurmkit.errors import ConfigError, SlurmkitError
+from slurmkit.jsontypes import JsonObject
 from slurmkit.runs.polling import Poller
 from slurmkit.runs.procs import same_process, signal_process
 from slurmkit.sweeps import study
@@ -49,7 +49,7 @@ class SearchState:
         return (f"{self.ended}/{self.budget} trials ended" + (f" ({extra})" if extra else "") + f"; {best}; "
                 f"driver {self.driver}" + (f": {self.detail}" if self.detail else ""))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {"driver": self.driver, "detail": self.detail, "budget": self.budget, "metric": self.metric,
                 "mode": self.mode, "ended": self.ended, "best": self.best.as_dict() if self.best else None,
                 "trials": [t.as_dict() for t in self.trials]}

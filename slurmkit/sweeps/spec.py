@@ -36,6 +36,7 @@ from slurmkit.config.runspec import RunSpec
 from slurmkit.config.search import PruneSection, SearchSection, check_distributions
 from slurmkit.config.train import TrainConfig
 from slurmkit.errors import ConfigError, clip, did_you_mean
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.loader import Layer, read_yaml
 from slurmkit.load.overrides import parse_set
 
@@ -50,7 +51,7 @@ class RandomSection(Strict):
     """How many configs to sample."""
     seed: int = 0
     """Seed of the sampler: the same spec always gives the same configs."""
-    params: dict[str, dict[str, Any]] = Field(min_length=1)
+    params: dict[str, JsonObject] = Field(min_length=1)
     """KEY: {uniform: [lo, hi]} | {log_uniform: [lo, hi]} | {int: [lo, hi]} (inclusive) | {choice: [v, ...]}."""
 
     @model_validator(mode="after")
@@ -64,7 +65,7 @@ class SweepSection(Strict):
 
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     """KEY: [values]; every combination becomes a task."""
-    configs: list[dict[str, Any]] = Field(default_factory=list, alias="list")
+    configs: list[JsonObject] = Field(default_factory=list, alias="list")
     """Explicit configs, each a mapping of KEY: value."""
     random: RandomSection | None = None
     """Sampled configs."""
@@ -107,7 +108,7 @@ class SweepPlan:
     name: str
     base_layers: list[Layer]
     section: SweepSection
-    overrides: list[dict[str, Any]]
+    overrides: list[JsonObject]
 
     @cached_property
     def varying(self) -> list[str]:
@@ -169,7 +170,7 @@ def count(section: SweepSection) -> int:
     return math.prod(sizes)
 
 
-def expand(section: SweepSection, max_tasks: int = DEFAULT_MAX_TASKS, where: str = "<spec>") -> list[dict[str, Any]]:
+def expand(section: SweepSection, max_tasks: int = DEFAULT_MAX_TASKS, where: str = "<spec>") -> list[JsonObject]:
     """Every task's flat overrides: grid x list x random; counted first, and more than max_tasks
     (the profile's sweep_max_tasks) is one ConfigError, before a task is made. A search has none
     before its study asks them."""
@@ -178,7 +179,7 @@ def expand(section: SweepSection, max_tasks: int = DEFAULT_MAX_TASKS, where: str
                           valid="valid: fewer values or samples, or raise sweep_max_tasks in the profile")
     if section.search is not None:
         return []
-    parts: list[list[dict[str, Any]]] = []
+    parts: list[list[JsonObject]] = []
     if section.grid:
         keys = list(section.grid)
         parts.append([dict(zip(keys, combo, strict=True)) for combo in itertools.product(*section.grid.values())])
@@ -202,9 +203,9 @@ def parse_grid_option(item: str) -> tuple[str, list[Any]]:
     return key, [parse_set(f"{key}={v}")[1] for v in raw.split(",")]
 
 
-def load(path: Path | dict[str, Any], grid: list[str] | None = None, max_parallel: int | None = None,
+def load(path: Path | JsonObject, grid: list[str] | None = None, max_parallel: int | None = None,
          grid_values: dict[str, list[Any]] | None = None, max_tasks: int = DEFAULT_MAX_TASKS,
-         sections: dict[str, Any] | None = None) -> SweepPlan:
+         sections: JsonObject | None = None) -> SweepPlan:
     """Read a sweep spec (a file, or a mapping built in Python: slurmkit.sweep); --grid options and
     grid_values replace (or add) grid keys; `sections` sets keys of the sweep section (slurmkit.sweep's
     search and prune), a None left out. Keys are checked here."""

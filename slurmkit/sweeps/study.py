@@ -23,6 +23,7 @@ from slurmkit import trust
 from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.config.search import PruneSection, SearchSection
 from slurmkit.errors import ConfigError
+from slurmkit.jsontypes import JsonObject
 from slurmkit.runs.procs import start_time
 
 if TYPE_CHECKING:
@@ -45,10 +46,10 @@ def optuna_module() -> Any:
     return optuna
 
 
-def distributions(search: SearchSection) -> dict[str, Any]:
+def distributions(search: SearchSection) -> JsonObject:
     """Each param's Optuna distribution, by its dotted key."""
     d = optuna_module().distributions
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for key, spec in search.params.items():
         kind, args = next(iter(spec.items()))
         if kind == "choice":
@@ -219,12 +220,12 @@ class Trial:
     number: int
     state: str
     """COMPLETE, PRUNED, FAIL, RUNNING or WAITING (Optuna's)."""
-    params: dict[str, Any]
+    params: JsonObject
     value: float | None
     steps: int
     """Intermediate values reported to the pruner."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return asdict(self)
 
 

@@ -9,7 +9,7 @@ import datetime as dt
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
@@ -25,6 +25,7 @@ from slurmkit.common.sweep_layout import (
 )
 from slurmkit.config.profile import ClusterProfile
 from slurmkit.errors import PreflightError
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.loader import load_profile, profile_name
 from slurmkit.load.overrides import split_sets
 from slurmkit.runs import registry
@@ -55,7 +56,7 @@ class SweepSubmitted:
     tasks: int
     array_job_ids: list[str]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {"sweep_id": self.sweep_id, "tasks": self.tasks, "array_job_ids": self.array_job_ids,
                 "sweep_dir": self.sweep_dir}
 

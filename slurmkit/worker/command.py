@@ -26,9 +26,9 @@ import subprocess
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
+from slurmkit.jsontypes import JsonObject
 from slurmkit.supervisor.signal_inbox import SignalInbox
 from slurmkit.worker.ft.stop import AgreedStop, requeue_signal
 from slurmkit.worker.interrupt import Interrupted
@@ -133,7 +133,7 @@ def _echo(proc: subprocess.Popen[bytes], tail: deque[str], marker: Path) -> Inte
             raise
 
 
-def run_command(command: str, marker: Path) -> dict[str, Any]:
+def run_command(command: str, marker: Path) -> JsonObject:
     """Run with bash -c (with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and
     LOCAL_WORLD_SIZE exported), echo its output to the rank log as it comes, return its tail.
     `marker`: this rank's CommandStop file (markers.CommandStop.prepared)."""

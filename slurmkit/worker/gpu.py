@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmkit import trust
+from slurmkit.jsontypes import JsonObject
 
 SMI_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "power.draw", "temperature.gpu",
               "ecc.errors.uncorrected.volatile.total")
@@ -34,7 +35,7 @@ class GpuState:
     ecc_uncorrected: int | None
     """Volatile uncorrectable ECC errors since the driver loaded; None where the GPU does not report them."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return asdict(self)
 
 

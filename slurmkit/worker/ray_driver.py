@@ -24,6 +24,7 @@ from typing import Any
 
 from slurmkit import trust
 from slurmkit.common.atomic import atomic_write_text
+from slurmkit.jsontypes import JsonObject
 
 POLL_S = 0.5
 
@@ -70,7 +71,7 @@ def token_file(run_dir: str) -> Path:
     return path
 
 
-def run(spec: dict[str, Any]) -> Any:
+def run(spec: JsonObject) -> Any:
     """Wait for the whole Ray cluster, then run the driver script; its module-level `result` is returned.
 
     The stop signals interrupt the driver (slurmkit.worker.interrupt): on preemption or the time

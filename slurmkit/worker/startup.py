@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any
 
+from slurmkit.jsontypes import JsonObject
+
 _MARKS: dict[str, float] = {}
 
 
@@ -58,7 +60,7 @@ def compile_seconds() -> float:
     return round(sum(dynamo.compilation_time_metrics.get("_compile.compile_inner", [])), 3)
 
 
-def first_step_hook(trainer: Any, record: dict[str, Any]) -> None:
+def first_step_hook(trainer: Any, record: JsonObject) -> None:
     """Trainer hook: the first step of this process carries the start-up phases, then it unhooks.
     With config.compile the first step compiles: `compile` ends the seconds torch.compile took in it."""
     first = round(time.time() - _START - record["step_s"], 3)

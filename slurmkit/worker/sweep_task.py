@@ -19,16 +19,16 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.common.sweep_layout import Manifest, SweepPaths, load_call, materialize_task, task_entry
 from slurmkit.common.work import work_of
 from slurmkit.config.runspec import RunSpec
+from slurmkit.jsontypes import JsonObject
 
 
-def task_run(sweep_dir: str, base: int, index: int | None) -> dict[str, Any]:
+def task_run(sweep_dir: str, base: int, index: int | None) -> JsonObject:
     """Array task base + SLURM_ARRAY_TASK_ID's (or `index`'s) run, as slurmkit.calls.Run's fields
     (that module calls this one): its own config, looked up in the manifest."""
     index = index if index is not None else base + int(os.environ["SLURM_ARRAY_TASK_ID"])

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.config.tracking import Tracking
+from slurmkit.jsontypes import JsonObject
 
 MLFLOW_BATCH = 1000  # MLflow's limit of metrics in one log_batch
 RUN_TAG = "slurmkit/run_id"
@@ -84,7 +85,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def restart_fields(entry: RestartEntry) -> dict[str, Any]:
+def restart_fields(entry: RestartEntry) -> JsonObject:
     return {k: v for k, v in json.loads(entry.model_dump_json()).items() if v not in (None, "", [])}
 
 

@@ -29,13 +29,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from slurmkit.common.atomic import atomic_write_text
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import MetricsWriter, iter_records_reversed, numbers
 from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.config.tracking import redact
+from slurmkit.jsontypes import JsonObject
 from slurmkit.trust import NotOwnError, read_own
 from slurmkit.worker import tracker_backends
 from slurmkit.worker.process_group import detect
@@ -53,7 +54,7 @@ def bounded_all(calls: dict[str, Callable[[], T]], timeout_s: float) -> dict[str
     """Each call() in a thread of its own, side by side, under one bound for them all: its value, or
     its exception (TimeoutError when it had not returned within `timeout_s`; the thread is left to
     end by itself: a daemon, it never holds the process's exit)."""
-    boxes: dict[str, dict[str, Any]] = {name: {} for name in calls}
+    boxes: dict[str, JsonObject] = {name: {} for name in calls}
 
     def run(name: str) -> None:
         try:
@@ -157,7 +158,7 @@ class Trackers:
                 self.dropped[backend.name] = type(exc).__name__
                 remember(self.info.paths.run_dir, backend.name, exc)
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: JsonObject) -> None:
         """A metrics record (MetricsWriter's sink)."""
         if "step" in record:
             self.log(numbers(record), int(record["step"]))
@@ -186,7 +187,7 @@ class Trackers:
         except Exception as exc:  # run.json mid-edit elsewhere, a full disk: the next record tries again
             say("restarts not read", exc)
 
-    def finish(self, summary: dict[str, Any]) -> None:
+    def finish(self, summary: JsonObject) -> None:
         """The run's end: its summary's numbers, and the tracker run closed as finished."""
         self._each("finish", lambda b: b.finish(self.last_step, numbers(summary)))
 
@@ -270,7 +271,7 @@ def environment(run_dir: str, rank: int) -> dict[str, str]:
     return env
 
 
-def _finish(run_dir: str, log: Path, summary: dict[str, Any]) -> bool:
+def _finish(run_dir: str, log: Path, summary: JsonObject) -> bool:
     """The run's tracker runs closed as finished with `summary`; False when it names no tracker."""
     last = next((int(r["step"]) for r in iter_records_reversed(log) if "step" in r), 0)
     opened = Trackers.open(run_dir, resumed_from=last)  # as a resumed incarnation: nothing purged

@@ -141,7 +141,7 @@ def test_login_side_imports_no_worker_module_and_common_imports_neither_side() -
 
 
 JOB_SIDE_ALLOWED = ("slurmkit.worker", "slurmkit.supervisor", "slurmkit.common", "slurmkit.config", "slurmkit.slurm",
-                    "slurmkit.errors", "slurmkit.trust", "slurmkit.calls")
+                    "slurmkit.errors", "slurmkit.trust", "slurmkit.calls", "slurmkit.jsontypes")
 JOB_SIDE = ("worker/", "supervisor/")
 RANKS_STAND_IN_FOR_THE_SUPERVISOR = {
     # Rank 0 asks the one policy where no supervisor process is there to: a warm restart inside the

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.insight import cost, goodput
+from slurmkit.jsontypes import JsonObject
 from slurmkit.runs import procs
 from slurmkit.runs.failure import headline
 from slurmkit.runs.lookup import Scope, find_in, list_runs, read_records
@@ -39,7 +39,7 @@ class RunStatus:
     gpu_hours: float | None = None
     lost_node_hours: float | None = None
     """Of node_hours, those not spent on steps that count (start-up, restarts, steps run again, stalls)."""
-    snapshot: dict[str, Any] | None = None
+    snapshot: JsonObject | None = None
     """The code snapshot the run runs from (slurmkit.runs.snapshot), if it took one."""
     reason: str = ""
     """Why a pending job waits, as squeue says it (Priority, Resources, BeginTime, JobHeldUser, ...)."""
@@ -47,7 +47,7 @@ class RunStatus:
     """A failed run's failing rank and its error (runs.failure): `rank 1: ValueError: bad input`."""
     executor: str = "slurm"
     """slurm: job_id is a Slurm job id; local: it is the process id of the run's controller."""
-    accounting: dict[str, Any] = field(default_factory=dict)
+    accounting: JsonObject = field(default_factory=dict)
     """An ended Slurm run's whole goodput and cost accounting (goodput, node_hours, ... are of it)."""
 
     @property
@@ -55,7 +55,7 @@ class RunStatus:
         """The job id as a person reads it: a local run's says it is a process id."""
         return f"pid {self.job_id}" if self.executor == "local" and self.job_id else self.job_id
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -105,7 +105,7 @@ def _pending_reason(info: commands.JobInfo | None) -> str:
     return info.reason if info is not None and info.state == "PENDING" and info.reason not in ("", "None") else ""
 
 
-def _accounting(paths: RunPaths, rec: RunRecord, info: commands.JobInfo | None) -> dict[str, Any]:
+def _accounting(paths: RunPaths, rec: RunRecord, info: commands.JobInfo | None) -> JsonObject:
     """A finished run's goodput (a training run's) and cost, from the sacct answer status already has
     and the run's metrics; nothing is written (an older run's cached value in run.json is read)."""
     cached = rec.goodput or {}

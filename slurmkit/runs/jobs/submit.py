@@ -19,6 +19,7 @@ from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.work import work_of
 from slurmkit.config.resolved import Resolved
 from slurmkit.errors import ConfigError, SlurmError, SlurmkitError, squash
+from slurmkit.jsontypes import JsonObject
 from slurmkit.runs import local_checks, procs, registry, snapshot
 from slurmkit.slurm import preflight
 from slurmkit.slurm.submitter import submitter
@@ -63,7 +64,7 @@ def check_function_kind(resolved: Resolved, call: Call | None) -> None:
         raise ConfigError("a Python function needs a spec of kind function", where=resolved.spec_source)
 
 
-def take_snapshot(resolved: Resolved, run_dir: Path, call: Call | None) -> dict[str, Any] | None:
+def take_snapshot(resolved: Resolved, run_dir: Path, call: Call | None) -> JsonObject | None:
     """The code snapshot (when the run asks for one) into the run folder; what run.json records."""
     if not resolved.snapshot:
         return None

@@ -36,6 +36,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from slurmkit.jsontypes import StateDict
 from slurmkit.worker import at_exit
 from slurmkit.worker.checkpoint.checkpointer import Checkpointer, StepFiles, checkpoint_uri, dcp_io_module
 from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore
@@ -116,7 +117,7 @@ class Checkpoint:
         files, sharded = self._files(state() if callable(state) else state, rank_state)
         self._ckpt.save(step, files, wait or not self.async_save, sharded=sharded)
 
-    def _files(self, value: object, rank_state: object) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def _files(self, value: object, rank_state: object) -> tuple[StateDict, StateDict | None]:
         """What a save of `value` hands the Checkpointer: this rank's files, and the sharded state."""
         ckpt = self._ckpt
         files = {_rank_file(ckpt.ranks.rank): rank_state} if rank_state is not None else {}

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.errors import squash
+from slurmkit.jsontypes import StateDict
 from slurmkit.worker import at_exit
 from slurmkit.worker.checkpoint.store import SHARDED, CheckpointError, CheckpointStore, Entry
 from slurmkit.worker.checkpoint.threads import AsyncWriter, Prefetch, cpu_copy, on_device, reserve
@@ -55,7 +56,7 @@ class HostCopy:
     """The state of a committed step (or the start's), in this rank's memory: a warm restart's source."""
 
     step: int
-    files: dict[str, Any]
+    files: StateDict
     """Every file of a save, as this rank took it."""
     on_disk: bool
     """A committed checkpoint holds the same (False: the initial state of a fresh start)."""
@@ -109,9 +110,9 @@ class Checkpointer:
         self.committed: HostCopy | None = None
         self._in_flight: HostCopy | None = None
         # Two sets of copy memory: the host copy's stays untouched while the next save is taken.
-        self._buffers: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+        self._buffers: tuple[StateDict, StateDict] = ({}, {})
         self._slot = 0
-        self._shard_buffers: dict[str, Any] = {}  # a sharded save's host copy, the same memory each save
+        self._shard_buffers: StateDict = {}  # a sharded save's host copy, the same memory each save
         self._sharded = False  # the save in flight has DCP shards
         self._group: Any = None
         self._reserving: threading.Thread | None = None
@@ -172,7 +173,7 @@ class Checkpointer:
 
     # --------------------------------------------------------------- save and commit
 
-    def reserve(self, state: Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]) -> None:
+    def reserve(self, state: Callable[[], tuple[StateDict, StateDict | None]]) -> None:
         """Allocate the host memory of a save of state()'s files and sharded state (as save() will name
         them) in a thread, once, ahead of the first save: pinning a large state would otherwise stall
         that save. state() is called here, once."""
@@ -190,14 +191,14 @@ class Checkpointer:
 
         self._reserving = at_exit.daemon(work, "slurmkit-ckpt-reserve")
 
-    def _host_memory(self) -> dict[str, Any]:
+    def _host_memory(self) -> StateDict:
         """The set of copy memory the next copy goes into, once reserve()'s thread is done with it."""
         if self._reserving is not None:
             self._reserving.join()
         return self._buffers[self._slot]
 
     def save(self, step: int, files: Mapping[str, object], wait: bool, mine: Collection[str] | None = None,
-             sharded: dict[str, Any] | None = None) -> None:
+             sharded: StateDict | None = None) -> None:
         """Start this rank's share of step's save: `files` copied to host memory, those named in `mine`
         (all by default) written in the background, and `sharded` (a state of DTensors) as this
         rank's shard of a DCP checkpoint in the same step (slurmkit.worker.checkpoint.sharded). Every rank calls

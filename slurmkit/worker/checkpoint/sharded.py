@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.tensor import DTensor
 
 import slurmkit.worker.checkpoint.crc as record_crc
+from slurmkit.jsontypes import JsonObject
 from slurmkit.worker.checkpoint.store import (
     DIGEST,
     SHARDED,
@@ -158,10 +159,10 @@ def share(names: list[str], rank: int, world_size: int) -> list[str]:
     return sorted(names)[rank::world_size]
 
 
-def damage(store: CheckpointStore, step: int, manifest: dict[str, Any], rank: int, world_size: int) -> str | None:
+def damage(store: CheckpointStore, step: int, manifest: JsonObject, rank: int, world_size: int) -> str | None:
     """What is wrong with this rank's share of a sharded step's files (None: each has its size and
     checksum). The ranks agree on every rank's answer before any of them loads (a load is collective)."""
-    files: dict[str, dict[str, Any]] = manifest["files"]
+    files: dict[str, JsonObject] = manifest["files"]
     if DIGEST not in files.get(SHARDED_INDEX, {}):
         return f"{store.step_dir(step)}: the commit marker names no {SHARDED_INDEX} checksum"
     for name in share(list(files), rank, world_size):
@@ -170,7 +171,7 @@ def damage(store: CheckpointStore, step: int, manifest: dict[str, Any], rank: in
     return None
 
 
-def load(state: dict[str, Any], store: CheckpointStore, step: int, manifest: dict[str, Any]) -> None:
+def load(state: JsonObject, store: CheckpointStore, step: int, manifest: JsonObject) -> None:
     """Fill `state` (DTensors of this run's sharding) from a sharded step saved at any world size,
     once every rank found its share undamaged. Collective over the default group."""
     reader = ShardReader(store.step_uri(step), manifest["files"][SHARDED_INDEX][DIGEST])
@@ -184,7 +185,7 @@ def full_state(store: CheckpointStore, step: int) -> dict[str, torch.Tensor]:
     manifest = store.verify(step)
     if manifest is None or manifest.get("format") != SHARDED:
         raise CheckpointError(f"{store.step_dir(step)}: not a committed sharded step")
-    files: dict[str, dict[str, Any]] = manifest["files"]
+    files: dict[str, JsonObject] = manifest["files"]
     for name in files:
         if not store.file_matches(step, name, files[name]):
             raise CheckpointError(f"{store.step_dir(step)}/{name}: size or checksum differs from the commit marker's")

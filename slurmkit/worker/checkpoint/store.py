@@ -33,6 +33,7 @@ from slurmkit import trust
 from slurmkit.common.atomic import atomic_write
 from slurmkit.common.layout import OBJECT_STORES
 from slurmkit.errors import squash
+from slurmkit.jsontypes import JsonObject
 from slurmkit.worker.checkpoint.storage import CheckpointError, Storage, open_storage
 
 MARKER = "COMMITTED.json"
@@ -257,7 +258,7 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint step {step}: cannot write {name}: {_explain(exc, path)}") from exc
         return Entry(name, stream.hasher.hexdigest(), stream.size)
 
-    def commit(self, step: int, entries: list[Entry], meta: dict[str, Any] | None = None) -> None:
+    def commit(self, step: int, entries: list[Entry], meta: JsonObject | None = None) -> None:
         """Write the marker last: from now on step-N is a valid checkpoint."""
         manifest = {"step": step, "files": {e.name: {DIGEST: e.digest, "bytes": e.bytes} for e in entries},
                     **(meta or {})}
@@ -275,9 +276,9 @@ class CheckpointStore:
         found = [int(m.group(1)) for n in names if (m := _STEP_RE.match(n))]
         return sorted(found, reverse=True)
 
-    def manifest(self, step: int) -> dict[str, Any] | None:
+    def manifest(self, step: int) -> JsonObject | None:
         try:
-            data: dict[str, Any] = json.loads(self.fs.cat_file(f"{self.step_dir(step)}/{MARKER}"))
+            data: JsonObject = json.loads(self.fs.cat_file(f"{self.step_dir(step)}/{MARKER}"))
         except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             return None
         if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
@@ -287,7 +288,7 @@ class CheckpointStore:
     def committed(self) -> list[int]:
         return [s for s in self.steps() if self.fs.exists(f"{self.step_dir(s)}/{MARKER}")]
 
-    def verify(self, step: int, keep: dict[str, bytes] | None = None) -> dict[str, Any] | None:
+    def verify(self, step: int, keep: dict[str, bytes] | None = None) -> JsonObject | None:
         """The manifest if every file exists with its recorded size and checksum, else None.
 
         With `keep`, the verified bytes are kept there (up to KEEP_MAX_BYTES in all), so loading
@@ -311,7 +312,7 @@ class CheckpointStore:
         self._valid.add(step)
         return manifest
 
-    def _verify_sharded(self, step: int, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    def _verify_sharded(self, step: int, manifest: JsonObject) -> JsonObject | None:
         """A sharded step (slurmkit.worker.checkpoint.sharded): every file there with its size, and DCP's index
         checksummed; the shards' checksums are checked at load, each by one rank (one read in all,
         not one per rank)."""
@@ -320,7 +321,7 @@ class CheckpointStore:
                      for i in self.fs.ls(self.step_dir(step), detail=True)}
         except OSError:
             return None
-        files: dict[str, Any] = manifest["files"]
+        files: JsonObject = manifest["files"]
         if any(sizes.get(name) != want.get("bytes") for name, want in files.items()):
             return None
         index = SHARDED_INDEX
@@ -329,7 +330,7 @@ class CheckpointStore:
         self._valid.add(step)
         return manifest
 
-    def file_matches(self, step: int, name: str, want: dict[str, Any]) -> bool:
+    def file_matches(self, step: int, name: str, want: JsonObject) -> bool:
         """One file of step-N against its manifest entry (size and checksum)."""
         try:
             return _matches(self.fs.cat_file(f"{self.step_dir(step)}/{name}"), want)

@@ -7,11 +7,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from slurmkit.jsontypes import StateDict
 from slurmkit.worker import at_exit
 from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore, Entry
 
 
-def cpu_copy(obj: Any, buffers: dict[str, Any] | None = None) -> Any:
+def cpu_copy(obj: Any, buffers: StateDict | None = None) -> Any:
     """A CPU copy of a (nested) state, taken at a step boundary so training may go on.
 
     With `buffers`, tensors are copied into the memory of an earlier copy (or of reserve()) taken
@@ -40,7 +41,7 @@ def cpu_copy(obj: Any, buffers: dict[str, Any] | None = None) -> Any:
     return copy
 
 
-def reserve(obj: Any, buffers: dict[str, Any]) -> None:
+def reserve(obj: Any, buffers: StateDict) -> None:
     """Allocate the host memory cpu_copy(obj, buffers) will copy into, and touch it, without copying:
     run in a thread ahead of the first save, which then pays for the copy alone. Pinning gigabytes
     takes about as long as a training step does at this size, and the first save would wait for it."""
@@ -65,7 +66,7 @@ def on_device(obj: Any) -> bool:
     return any_tensor(obj, lambda t: not _local(t).is_cpu)
 
 
-def _walk(obj: Any, buffers: dict[str, Any] | None, key: str, leaf: Callable[[Any, Any], Any], touch: bool) -> Any:
+def _walk(obj: Any, buffers: StateDict | None, key: str, leaf: Callable[[Any, Any], Any], touch: bool) -> Any:
     """`obj` with each tensor replaced by leaf(tensor, its host buffer): the one in `buffers` under
     the tensor's path when it fits, else a new one (kept there)."""
     import torch

@@ -17,8 +17,9 @@ from slurmkit import trust
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write
 from slurmkit.common.layout import RunPaths
+from slurmkit.jsontypes import JsonObject
 
-Call = tuple[Any, tuple[Any, ...], dict[str, Any]]
+Call = tuple[Any, tuple[Any, ...], JsonObject]
 
 
 def is_checkpointable(fn: object) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import InjectedFault
 from slurmkit.config.train import Faults
+from slurmkit.jsontypes import JsonObject
 from slurmkit.worker.ft.stop import StopFlag
 from slurmkit.worker.ft.watchdog import Watchdog
 from slurmkit.worker.train.trainer import Trainer
@@ -67,7 +68,7 @@ class FaultInjection:
             trainer.hooks.append(self._hold_hook(self.faults.hold_at_step, flag, watchdog))
 
     @staticmethod
-    def _error_hook(step: int) -> Callable[[Trainer, dict[str, Any]], None]:
+    def _error_hook(step: int) -> Callable[[Trainer, JsonObject], None]:
         def hook(trainer: Trainer, record: Mapping[str, object]) -> None:
             if trainer.state.step == step:
                 raise InjectedError(f"injected error at step {step}")
@@ -95,7 +96,7 @@ class FaultInjection:
 
         trainer.loss_fn = failing
 
-    def _hold_hook(self, step: int, flag: StopFlag, watchdog: Watchdog) -> Callable[[Trainer, dict[str, Any]], None]:
+    def _hold_hook(self, step: int, flag: StopFlag, watchdog: Watchdog) -> Callable[[Trainer, JsonObject], None]:
         def hook(trainer: Trainer, record: Mapping[str, object]) -> None:
             if trainer.state.step != step or self.resumed:
                 return

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import torch.distributed as tdist
 
@@ -15,6 +14,7 @@ from slurmkit.common.markers import HangMarker, StopMarker
 from slurmkit.common.record import RestartEntry, RunFile
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.config.train import TrainConfig
+from slurmkit.jsontypes import JsonObject
 from slurmkit.supervisor import effects, policy, restarts
 from slurmkit.supervisor.decision import Action, Decision
 from slurmkit.worker.checkpoint.checkpointer import checkpoint_uri
@@ -87,7 +87,7 @@ class Incarnation:
         if final:
             raise BudgetSpent(f"not continuing: {final}")
 
-    def fit(self, trainer: Trainer) -> dict[str, Any]:
+    def fit(self, trainer: Trainer) -> JsonObject:
         """trainer.fit(), restarted in the process after an exception while the policy allows (a
         warm restart); otherwise the exception goes on, and the supervisor takes over (cold)."""
         while True:
@@ -163,8 +163,8 @@ class Incarnation:
         """The step this incarnation restored; None when it started fresh or keeps no checkpoints."""
         return self.ft.ckpt.resumed_step if self.ft else None
 
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def summary(self) -> JsonObject:
+        out: JsonObject = {}
         if self.ft:
             out.update(resumed_from_step=self.resumed_step,
                        checkpoint_stall_s=round(self.ft.ckpt.stall_s, 4))

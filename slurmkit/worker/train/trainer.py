@@ -23,13 +23,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from slurmkit.common.metrics import Interval, MetricsWriter
+from slurmkit.jsontypes import JsonObject
 from slurmkit.worker.process_group import Dist
 from slurmkit.worker.train import agreement, fast_paths
 from slurmkit.worker.train.fast_paths import FastPaths
 from slurmkit.worker.train.flops import mfu
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
-Hook = Callable[["Trainer", dict[str, Any]], None]
+Hook = Callable[["Trainer", JsonObject], None]
 _NULL = contextlib.nullcontext()  # reusable: it holds no state
 
 
@@ -89,11 +90,11 @@ class TrainState:
     """The latest warm steps' seconds (a process's first step pays for warm-up and is left out)."""
     last_loss: float | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                 "step_times": list(self.step_times), "last_loss": self.last_loss}
 
-    def load(self, meta: dict[str, Any]) -> None:
+    def load(self, meta: JsonObject) -> None:
         """From a checkpoint's trainer.pt (as_dict's form)."""
         self.step, self.epoch, self.batch_in_epoch = meta["step"], meta["epoch"], meta["batch_in_epoch"]
         self.step_times = deque(meta.get("step_times", [])[-STEP_WINDOW:], maxlen=STEP_WINDOW)
@@ -260,7 +261,7 @@ class Trainer:
         loss, self.agreed = agreement.unpack(self.agreement.result(), list(self.votes), self.dist.world_size)
         return loss
 
-    def train_step(self, batches: Iterator[Any]) -> dict[str, Any]:
+    def train_step(self, batches: Iterator[Any]) -> JsonObject:
         t0 = time.perf_counter()
         for call in self.before_step:
             call(self)
@@ -301,12 +302,12 @@ class Trainer:
             self.state.step_times.append(step_s)
         return {"step": self.state.step, "loss": loss_value, "step_s": step_s}
 
-    def fit(self) -> dict[str, Any]:
+    def fit(self) -> JsonObject:
         batches = self._batches()
         interval = Interval(self.options.log_every, self.options.log_min_interval_s)
         first = True
         while self.state.step < self.options.steps and not self.stop_requested:
-            record: dict[str, Any] | None = None
+            record: JsonObject | None = None
             try:
                 record = self.train_step(batches)
                 for hook in list(self.hooks):
@@ -318,7 +319,7 @@ class Trainer:
             first = False
         return self.summary()
 
-    def _log(self, interval: Interval, record: dict[str, Any] | None, force: bool) -> None:
+    def _log(self, interval: Interval, record: JsonObject | None, force: bool) -> None:
         """Rank 0 adds the step (None: none ran) to the interval and writes the interval's record when it ends."""
         if not self.dist.is_main:
             return
@@ -339,7 +340,7 @@ class Trainer:
         print(f"step {out['step']}/{self.options.steps} loss {out['loss']:.4f} "
               f"{out['samples_per_s']:.1f} samples/s mfu {out['mfu']:.2%}", flush=True)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         # The first step of a process pays for warm-up (allocations, DDP buckets): the median leaves it out.
         step_s = self.median_step_s()
         return {

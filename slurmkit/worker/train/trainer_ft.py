@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from slurmkit.jsontypes import JsonObject, StateDict
 from slurmkit.worker.checkpoint.checkpointer import Checkpointer, HostCopy, StepFiles
 from slurmkit.worker.checkpoint.store import trainer_files
 from slurmkit.worker.checkpoint.threads import Prefetch, cpu_copy
@@ -29,9 +30,9 @@ from slurmkit.worker.train.faults import FaultInjection
 from slurmkit.worker.train.trainer import Trainer
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state() -> StateDict:
     np_state: Any = np.random.get_state()
-    state: dict[str, Any] = {
+    state: StateDict = {
         "python": random.getstate(),
         "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
                   "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
@@ -42,7 +43,7 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: StateDict) -> None:
     random.setstate(state["python"])
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
@@ -57,19 +58,19 @@ class Boundary:
     the live state resumes (TrainerFT.live_step)."""
 
     step: int
-    meta: dict[str, Any]
+    meta: JsonObject
     """trainer.pt as a save writes it: the step count, the data position, the scheduler."""
-    rng: dict[str, Any]
+    rng: StateDict
     buffers: dict[str, torch.Tensor]
     """The model's buffers (a forward may change them: batch-norm statistics)."""
 
 
-def trainer_meta(trainer: Trainer) -> dict[str, Any]:
+def trainer_meta(trainer: Trainer) -> JsonObject:
     return {**trainer.state.as_dict(),
             "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None}
 
 
-def _apply_meta(trainer: Trainer, meta: dict[str, Any], rng: dict[str, Any] | None) -> None:
+def _apply_meta(trainer: Trainer, meta: JsonObject, rng: JsonObject | None) -> None:
     if trainer.scheduler is not None and meta.get("scheduler") is not None:
         trainer.scheduler.load_state_dict(meta["scheduler"])
     trainer.state.load(meta)
@@ -77,13 +78,13 @@ def _apply_meta(trainer: Trainer, meta: dict[str, Any], rng: dict[str, Any] | No
         set_rng_state(rng)
 
 
-def _apply(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any], meta: dict[str, Any],
-           rng: dict[str, Any] | None) -> None:
+def _apply(trainer: Trainer, model: JsonObject, optim: JsonObject, meta: JsonObject,
+           rng: StateDict | None) -> None:
     _set_weights(trainer, model, optim)
     _apply_meta(trainer, meta, rng)
 
 
-def _weights(trainer: Trainer) -> dict[str, Any]:
+def _weights(trainer: Trainer) -> StateDict:
     """Model and optimizer state, not copied: under fsdp this rank's DTensor shards, with the
     optimizer's keyed by parameter name (torch.distributed.checkpoint.state_dict), so they reshard."""
     if trainer.sharded:
@@ -92,7 +93,7 @@ def _weights(trainer: Trainer) -> dict[str, Any]:
     return {"model": trainer.raw_model.state_dict(), "optim": trainer.optimizer.state_dict()}
 
 
-def _set_weights(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any]) -> None:
+def _set_weights(trainer: Trainer, model: StateDict, optim: StateDict) -> None:
     if trainer.sharded:
         set_state_dict(trainer.raw_model, trainer.optimizer, model_state_dict=model, optim_state_dict=optim)
     else:
@@ -147,7 +148,7 @@ class TrainerFT:
         """Load the newest valid checkpoint (slurmkit.worker.checkpoint.checkpointer: rank 0 picks it, every
         rank loads it, one that fails to load on any rank is skipped by all); none left means a
         fresh start from the model's initial state."""
-        initial: dict[str, Any] = {}
+        initial: StateDict = {}
 
         def load(files: StepFiles) -> None:
             """Every file is read first, then applied: an unreadable one changes nothing."""
@@ -213,9 +214,9 @@ class TrainerFT:
 
     # --------------------------------------------------------------- saving
 
-    def _state(self, trainer: Trainer, whole: bool = True) -> dict[str, Any]:
+    def _state(self, trainer: Trainer, whole: bool = True) -> StateDict:
         """The live state as a save names it (not yet copied); without `whole`, this rank's rng only."""
-        state: dict[str, Any] = {self.rng_file: rng_state()}
+        state: StateDict = {self.rng_file: rng_state()}
         if whole:
             weights = _weights(trainer)
             state["model.pt"], state["optim.pt"] = weights["model"], weights["optim"]
@@ -229,7 +230,7 @@ class TrainerFT:
         files, sharded, mine = self._save_args(trainer)
         self.ckpt.save(trainer.state.step, files, wait or not self.async_save, mine=mine, sharded=sharded)
 
-    def _save_args(self, trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any] | None, tuple[str, ...] | None]:
+    def _save_args(self, trainer: Trainer) -> tuple[StateDict, StateDict | None, tuple[str, ...] | None]:
         """What save() hands the Checkpointer: its files, its sharded state, the files this rank writes."""
         if trainer.sharded:
             files = {self.rng_file: rng_state(), **({"trainer.pt": trainer_meta(trainer)} if self.dist.is_main else {})}
@@ -247,7 +248,7 @@ class TrainerFT:
         if self.ckpt.host_copy:
             trainer.before_step.append(self.mark)
 
-    def on_step_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: Trainer, record: JsonObject) -> None:
         stall_before = self.ckpt.stall_s
         try:
             self._step_end(trainer)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from slurmkit.common import outcomes
+from slurmkit.jsontypes import JsonObject
 from slurmkit.supervisor.decision import Decision
 from slurmkit.worker.process_group import Dist
 from slurmkit.worker.signed_store import SignedStore
@@ -207,9 +208,9 @@ def possible(dist: Dist) -> bool:
     return dist.group is not None and dist.backend == "gloo"
 
 
-def first_step_hook(failed_at: float, restored: object) -> Callable[[Trainer, dict[str, Any]], None]:
+def first_step_hook(failed_at: float, restored: object) -> Callable[[Trainer, JsonObject], None]:
     """The first step back carries what the warm restart took (the report and benchmarks read it)."""
-    def hook(trainer: Trainer, record: dict[str, Any]) -> None:
+    def hook(trainer: Trainer, record: JsonObject) -> None:
         record["warm_restart"] = {"failed_at": round(failed_at, 3), "resumed_step": restored,
                                   "back_s": round(time.time() - failed_at, 3)}
         trainer.hooks.remove(hook)

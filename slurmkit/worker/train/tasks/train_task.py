@@ -16,6 +16,7 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import MetricsWriter
 from slurmkit.common.record import RunFile
 from slurmkit.config.train import TrainConfig
+from slurmkit.jsontypes import JsonObject
 from slurmkit.worker import rank, startup, tracking
 from slurmkit.worker.gpu import GpuSampler
 from slurmkit.worker.process_group import Dist, distributed
@@ -32,10 +33,10 @@ def _dtype(cfg: TrainConfig, dist: Dist) -> torch.dtype | None:
     return None
 
 
-def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, dict[str, Any]]:
+def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, JsonObject]:
     """The Trainer for cfg, and the task's extras (evaluation data, peak source)."""
     torch.manual_seed(cfg.seed)  # same init on every rank; DDP also broadcasts rank 0's
-    extras: dict[str, Any] = {}
+    extras: JsonObject = {}
     if cfg.model == "digits":
         train_set, test_set = digits.data()
         net: torch.nn.Module = digits.model(cfg)
@@ -65,7 +66,7 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     return trainer, extras
 
 
-def run(config: Mapping[str, object], run_dir: str | None = None) -> dict[str, Any]:
+def run(config: Mapping[str, object], run_dir: str | None = None) -> JsonObject:
     """Train on every rank; each rank returns the summary (with its own parameter digest)."""
     cfg = TrainConfig.model_validate(config)
     _compile_cache(cfg, run_dir)
