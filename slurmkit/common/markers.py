@@ -10,7 +10,7 @@ writes it and who reads it, and the only code that reads or writes them. RunPath
   read by the next start (supervisor.restarts.lost_steps).
 - stopped.json (Stopped): written by rank 0 once the ranks stopped on a signal (and saved, where
   they keep checkpoints): the ranks' typed end of the step. Read by the job's supervisor, the one
-  decider of what comes next (worker.supervisor: requeue or not).
+  decider of what comes next (slurmkit.supervisor: requeue or not).
 - hang-rankN.json (HangMarker): written by rank N's watchdog (train.incarnation); read and removed by
   the policy after the step failed (cause hang).
 - health-NODE.json (HealthReport): written by the health gate on a node that fails it

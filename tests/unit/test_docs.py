@@ -126,6 +126,8 @@ def _defined_names() -> set[str]:
                 names.add(node.name)
             elif isinstance(node, ast.Assign):
                 names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
     return names
 
 
@@ -238,3 +240,59 @@ def test_readme_hello_world_runs_as_written(tmp_path: Path) -> None:
                           env={**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert ast.literal_eval(proc.stdout.strip().splitlines()[-1]) == promised
+
+
+STRUCTURAL = [ROOT / "README.md", DOCS / "design.md", DOCS / "index.md"]
+PACKAGES = ("worker", "supervisor", "common", "runs", "sweeps", "slurm", "api", "cli", "remote", "insight", "load",
+            "build", "render", "trust", "errors", "calls", "jsontypes", "devcluster", "bench")
+
+
+def test_every_module_and_path_the_structural_pages_name_exists() -> None:
+    """README, design.md and index.md say where things live: each `slurmkit.x.y`, each short
+    `worker.ft.stop`-style name and each `slurmkit/...` path they give is in the code."""
+    missing, seen = [], 0
+    for page in STRUCTURAL:
+        text = page.read_text()
+        for token in set(re.findall(r"`([^`\n]+)`", text)):
+            if re.fullmatch(rf"(?:{'|'.join(PACKAGES)})(\.\w+)+", token) and not token.endswith((".jsonl", ".json")):
+                seen += 1
+                if not _resolves(f"slurmkit.{token}"):
+                    missing.append(f"{page.name}: {token}")
+        for path in set(re.findall(r"\bslurmkit/[\w/.]*\w/?", text)):
+            seen += 1
+            if not (ROOT / path).exists() and not (ROOT / f"{path}.py").exists():
+                missing.append(f"{page.name}: {path}")
+    assert missing == [] and seen >= 40, (missing, seen)
+
+
+def test_the_floors_design_md_lists_are_the_code_s_imports() -> None:
+    """design.md's `layers` block lists every package and top module, lowest first; each imports only
+    its own floor's and the floors below (every import that can run, lazy ones included)."""
+    from tests.unit.test_house_rules import _edges
+
+    block = (DOCS / "design.md").read_text().split("```layers\n", 1)[1].split("```", 1)[0]
+    floor = {name: n for n, line in enumerate(block.splitlines()) for name in line.split()}
+
+    def package(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else ""
+
+    edges = {(a, b) for a, b in _edges(package) if a and b and a != b}
+    assert {x for e in edges for x in e} <= set(floor), sorted({x for e in edges for x in e} - set(floor))
+    upward = sorted(f"{a} -> {b}" for a, b in edges if floor[b] > floor[a])
+    assert upward == [] and ("worker", "supervisor") in edges
+
+
+def test_the_policy_is_asked_by_the_callers_design_md_names() -> None:
+    """design.md: supervisor.policy.decide is called by supervisor.effects.decide and, on the local
+    profile, supervisor.local_requeue; by nothing else."""
+    import ast
+
+    callers = set()
+    for path in (ROOT / "slurmkit").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "decide" \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "policy":
+                callers.add(path.relative_to(ROOT).as_posix())
+    assert callers == {"slurmkit/supervisor/effects.py", "slurmkit/supervisor/local_requeue.py"}
+    assert "`supervisor.effects.decide`, and `supervisor.local_requeue`" in (DOCS / "design.md").read_text()

@@ -1,4 +1,4 @@
-"""The Trainer's fast paths on CPU (worker.fast_paths): compile per block with inductor against eager,
+"""The Trainer's fast paths on CPU (worker.train.fast_paths): compile per block with inductor against eager,
 its cache loaded by a restart (one process; and 2 ranks under FSDP2 through the local requeue),
 activation checkpointing, FSDP2's mixed precision, the fused
 optimizer's and DDP's options reaching the objects they set. GPU figures: benchmarks/gpu_check.sh."""

@@ -52,7 +52,7 @@ rank holds a shard of parameters, gradients and optimizer state (checkpoints thr
 
 def parallelize(model: nn.Module, parallel: str, device: torch.device | str,
                 fast: FastPaths | None = None) -> nn.Module:
-    """The model on `device`, its fast paths applied (worker.fast_paths: compile, activation
+    """The model on `device`, its fast paths applied (worker.train.fast_paths: compile, activation
     checkpointing per block) and under fsdp sharded in place with FSDP2 (its blocks, then the root),
     before an optimizer is made over its parameters (fully_shard replaces them with DTensors)."""
     model = model.to(device)
