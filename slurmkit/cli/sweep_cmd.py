@@ -90,13 +90,18 @@ def submit(
     if wait:
         _wait_and_print(done, as_json)
         return
+    _print_submitted(done, plan.overrides, plan.varying, as_json)
+
+
+def _print_submitted(done: SweepSubmitted, overrides: list[JsonObject], varying: list[str], as_json: bool) -> None:
+    """What a submitted sweep is: its id, arrays and folder, and its first tasks' values."""
     if as_json:
         print_json(done.as_dict())
         return
     arrays = ", ".join(done.array_job_ids) or "local runner"
     typer.echo(f"sweep {done.sweep_id}  {done.tasks} tasks  arrays {arrays}  {done.sweep_dir}")
-    tasks = [{"index": i, **o} for i, o in enumerate(plan.overrides[:SHOWN_TASKS])]
-    _table(["index", *plan.varying], tasks)
+    tasks = [{"index": i, **o} for i, o in enumerate(overrides[:SHOWN_TASKS])]
+    _table(["index", *varying], tasks)
     if done.tasks > SHOWN_TASKS:
         typer.echo(f"... and {done.tasks - SHOWN_TASKS} more: `slurmkit sweep status {done.sweep_id}`")
 

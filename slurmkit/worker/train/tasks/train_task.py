@@ -66,6 +66,16 @@ def build(cfg: TrainConfig, dist: Dist, run_dir: Path | None) -> tuple[Trainer, 
     return trainer, extras
 
 
+def _report(summary: JsonObject, trainer: Trainer, dist: Dist, extras: JsonObject) -> None:
+    """The test accuracy where the task has a test set; rank 0 prints the run's figures."""
+    if "test_set" in extras:
+        summary["accuracy"] = digits.accuracy(trainer.raw_model, extras["test_set"], trainer.device)
+    if dist.is_main:
+        shown = {k: summary[k] for k in ("steps", "loss", "accuracy", "samples_per_s", "mfu", "restarts")
+                 if k in summary}
+        print(f"slurmkit train: done {json.dumps(shown)}", flush=True)
+
+
 def run(config: Mapping[str, object], run_dir: str | None = None) -> JsonObject:
     """Train on every rank; each rank returns the summary (with its own parameter digest)."""
     cfg = TrainConfig.model_validate(config)
@@ -105,12 +115,7 @@ def run(config: Mapping[str, object], run_dir: str | None = None) -> JsonObject:
         if trackers is not None:
             trackers.finish(summary)
             trackers.close()
-        if "test_set" in extras:
-            summary["accuracy"] = digits.accuracy(trainer.raw_model, extras["test_set"], trainer.device)
-        if dist.is_main:
-            shown = {k: summary[k] for k in ("steps", "loss", "accuracy", "samples_per_s", "mfu", "restarts")
-                     if k in summary}
-            print(f"slurmkit train: done {json.dumps(shown)}", flush=True)
+        _report(summary, trainer, dist, extras)
     # Past the group's teardown only returns are left (the trainer's objects freed, the outcome and
     # submitit's result written). CI saw rank 1 never get to its exit from here, its group gone and
     # rank 0 done, the job RUNNING with every step done: should that recur, its stacks are logged.
