@@ -84,6 +84,10 @@ class RequeueBudget(Strict):
     """Of the crash and hang restarts, how many per job incarnation run again inside the allocation
     (a new srun step, no trip through the queue); each also spends its cause's budget. 0: every
     restart is a requeue."""
+    no_progress_restarts: int = Field(3, ge=0)
+    """The crash-loop breaker: a run whose last N restarts were each after a failure (crash, hang,
+    node failure) and each came back to the same checkpointed step ends (why `no_progress`), even
+    with budget left. 0 turns it off. Restarts after a preemption or the time limit never count."""
     standby: bool = True
     """Keep a standby set of rank processes in the allocation, their imports paid (torch,
     torch._dynamo), for the next in-job restart: a killed or hung rank restarts without fresh

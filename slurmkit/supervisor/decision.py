@@ -11,13 +11,15 @@ from slurmkit.common.cause import Cause
 from slurmkit.common.record import Failure, Preempted, RestartEntry, UnhealthyNode
 
 Why = Literal["budget", "deterministic", "slurm_failed", "uncertain", "cancel_mode", "slurm_decides", "unreadable",
-              "pruned"]
+              "pruned", "no_progress"]
 """Why a run ended or was left as it is (END, REQUEUE): budget: the cause's budget is spent;
 deterministic: the same error at the same step twice; slurm_failed: Slurm refused the requeue;
 uncertain: the requeue may or may not have gone through; cancel_mode: preempted under
 PreemptMode=CANCEL (resume by `slurmkit resubmit`); slurm_decides: SIGTERM, Slurm ends or requeues
 the job itself; unreadable: the run's record could not be read (the supervisor ends the job rather
-than guess); pruned: a search's pruner stopped the trial (common.markers.PruneRequest)."""
+than guess); pruned: a search's pruner stopped the trial (common.markers.PruneRequest); no_progress:
+the last requeue.no_progress_restarts restarts, each after a failure, came back to the same
+checkpointed step (the crash-loop breaker)."""
 
 
 class Action(enum.StrEnum):

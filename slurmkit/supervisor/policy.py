@@ -13,6 +13,7 @@ its cause (preemption, time limit) within that cause's budget, or left to Slurm 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
 from slurmkit.common.cause import Cause
@@ -143,6 +144,36 @@ def newly_lost(state: State) -> list[str]:
     return [n for n in state.alloc.lost if n not in known]
 
 
+FAILURES = (Cause.CRASH, Cause.HANG, Cause.NODE_FAILURE)
+
+
+def no_progress(record: RunRecord) -> tuple[int, list[RestartEntry]] | None:
+    """(the step, the restarts) where the crash-loop breaker holds: the last
+    requeue.no_progress_restarts restarts were each after a failure and each came back to the same
+    checkpointed step (known: a restart whose resumed step nobody recorded proves nothing)."""
+    n = record.profile.requeue.no_progress_restarts
+    last = record.restarts[-n:] if n else []
+    steps = {r.resumed_step for r in last}
+    if len(last) < n or n == 0 or len(steps) != 1 or None in steps or any(r.cause not in FAILURES for r in last):
+        return None
+    step = steps.pop()
+    assert step is not None
+    return step, last
+
+
+def _stuck(s: State, cause: Cause, step: int | None, detail: str) -> Decision | None:
+    """END with why `no_progress` where the breaker holds, naming the cause that keeps repeating."""
+    found = no_progress(s.record)
+    if found is None:
+        return None
+    at, last = found
+    counts = Counter(r.cause for r in last)
+    repeated = ", ".join(f"{c} x{k}" for c, k in counts.most_common())
+    said = f"no progress: the last {len(last)} restarts ({repeated}) each came back to step {at}"
+    return Decision(Action.END, cause, step, why="no_progress", said=said, final=said,
+                    message=f"{said}; now {cause} ({detail}): not restarted")
+
+
 def _step_failed(s: State, e: StepFailed) -> Decision:
     if e.outcomes and all(o is not None and o.ok for o in e.outcomes):
         # Every rank of this step recorded success: it failed while exiting, after its work was done.
@@ -160,7 +191,8 @@ def _step_failed(s: State, e: StepFailed) -> Decision:
                             final=f"deterministic error at step {step}: {signature}",
                             message=f"not requeued: the same error at step {step} twice ({signature})")
         failure = Failure(error=signature, step=step, time=s.now)
-    decision = _in_job(s, cause, step, detail, lost) or _requeue(s, cause, step, detail, bad_nodes=lost)
+    decision = _stuck(s, cause, step, detail) or _in_job(s, cause, step, detail, lost) \
+        or _requeue(s, cause, step, detail, bad_nodes=lost)
     return replace(decision, failure=failure)
 
 
@@ -256,7 +288,8 @@ def _rank_raised(s: State, e: RankRaised) -> Decision:
     it restarts here, so never twice)."""
     r = s.record
     repeated = e.signature is not None and any(f.error == e.signature and f.step == e.step for f in r.failures)
-    if repeated or not (r.in_job_left(s.job_id, s.restart_count) and r.allowed(Cause.CRASH)):
+    if repeated or no_progress(r) is not None or not (r.in_job_left(s.job_id, s.restart_count)
+                                                     and r.allowed(Cause.CRASH)):
         return Decision(Action.ESCALATE, Cause.CRASH, e.step,
                         message=f"no warm restart: crash ({e.detail}) at step {e.step}; the supervisor decides")
     n_in_job = len(r.in_job_entries(s.job_id, s.restart_count)) + 1

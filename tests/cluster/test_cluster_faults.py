@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.metrics import iter_records, read_records
 from slurmkit.common.record import RunFile
@@ -615,3 +616,23 @@ def test_fsdp_under_torchrun_preempted_loses_no_step_and_ends_bitwise_the_uninte
     manifest = store.manifest(store.committed()[0])
     assert manifest is not None and manifest["format"] == "dcp" and {"__0_0.distcp", "__1_0.distcp"} <= set(
         manifest["files"])
+
+
+def test_a_crash_loop_back_to_the_same_checkpoint_ends_no_progress_with_budget_left(
+        cluster: None, dev_profile: Path) -> None:
+    """Rank 1 killed after every restart, before the next save: each restart comes back to step 150
+    (150 steps, about 6 s, before the next commit). The third such restart is the last
+    (requeue.no_progress_restarts: 3), though the crash budget has six left; the decision says why."""
+    every = 150
+    paths, _ = start(dev_profile, "profile.requeue.crash=9", "profile.requeue.in_job=2", "config.steps=400",
+                     f"config.checkpoint_every={every}", *FINE_LOG)
+    signal_rank_at_step(paths, 1, every + 10, signal.SIGKILL)  # after the commit of step 150
+    for n in (1, 2, 3):
+        wait_until(lambda: len(RunFile(paths).read().restarts) == n  # noqa: B023 - waited on at once
+                   and RunFile(paths).read().restarts[-1].resumed_step == every, 180, f"restart {n} back at 150")
+        os.kill(rank_pid(paths, 1), signal.SIGKILL)
+    assert finish(paths) == "FAILED"
+    record = RunFile(paths).read()
+    assert [(r.cause, r.resumed_step) for r in record.restarts] == [("crash", every)] * 3
+    assert record.left(Cause.CRASH) == 6
+    assert supervisor_events(paths.run_dir, "decision")[-1]["why"] == "no_progress"

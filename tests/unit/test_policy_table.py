@@ -31,6 +31,9 @@ SPARE = Allocation(("node1", "node2", "node3", "node4"), ("node1", "node3", "nod
 ELASTIC = Allocation(("node1", "node2"), ("node1",), (), 2, least=1)
 SHRUNK = Allocation(("node1", "node2"), ("node1",), (), 2)  # not elastic: a step needs both
 PRUNED = PruneRequest(20, 3.5, "t")  # a search's pruner stopped the trial at its value of step 20
+ROOMY = {"preemption": 9, "timeout": 9, "crash": 9, "hang": 9, "node_failure": 9, "in_job": 9}
+LOOP = [{"kind": kind, "n": n, "job_id": "7", "time": "t", "cause": "crash", "resumed_step": 20, "in_job": in_job}
+        for kind, n, in_job in (("requeue", 1, None), ("in_job", 1, 1), ("requeue", 2, None))]
 
 
 def ok() -> Outcome:
@@ -139,6 +142,31 @@ CASES = [
          {"action": Action.END, "why": "pruned", "failure": None, "entry": None}, alloc=WHOLE, pruned=PRUNED),
     Case("a pruned trial gets no warm restart", RankRaised(75, "ValueError: x", "rank 1", 50, True),
          {"action": Action.ESCALATE, "entry": None}, pruned=PRUNED),
+    # The crash-loop breaker: the last 3 restarts, each after a failure, came back to step 20.
+    Case("three failed restarts back to the same step end the run, budget left", StepFailed(1, (err(PEER), None)),
+         {"action": Action.END, "why": "no_progress", "cause": Cause.CRASH, "entry": None},
+         budgets=ROOMY, record={"restarts": LOOP}, alloc=WHOLE),
+    Case("so do a hang and a lost node among them", StepFailed(1, (None, None), hangs=("rank 1 hung",)),
+         {"action": Action.END, "why": "no_progress", "cause": Cause.HANG},
+         budgets=ROOMY, record={"restarts": [LOOP[0], {**LOOP[1], "cause": "hang"},
+                                             {**LOOP[2], "cause": "node_failure"}]}),
+    Case("the breaker gives no warm restart either", RankRaised(40, "ValueError: x", "rank 1", 20, True),
+         {"action": Action.ESCALATE, "entry": None}, budgets=ROOMY, record={"restarts": LOOP}),
+    Case("a restart that came back further on is progress", StepFailed(1, (err(PEER), None)),
+         {"action": Action.RESTART_IN_JOB, "cause": Cause.CRASH},
+         budgets=ROOMY, record={"restarts": [*LOOP[:2], {**LOOP[2], "resumed_step": 40}]}, alloc=WHOLE),
+    Case("a preemption among them is not the run's failure", StepFailed(1, (err(PEER), None)),
+         {"action": Action.RESTART_IN_JOB, "cause": Cause.CRASH},
+         budgets=ROOMY, record={"restarts": [LOOP[0], {**LOOP[1], "cause": "preemption"}, LOOP[2]]}, alloc=WHOLE),
+    Case("restarts whose resumed step nobody recorded prove nothing", StepFailed(1, (err(PEER), None)),
+         {"action": Action.RESTART_IN_JOB, "cause": Cause.CRASH},
+         budgets=ROOMY, record={"restarts": [{**r, "resumed_step": None} for r in LOOP]}, alloc=WHOLE),
+    Case("two such restarts are not yet a loop", StepFailed(1, (err(PEER), None)),
+         {"action": Action.RESTART_IN_JOB, "cause": Cause.CRASH}, budgets=ROOMY, record={"restarts": LOOP[:2]},
+         alloc=WHOLE),
+    Case("no_progress_restarts 0 turns the breaker off", StepFailed(1, (err(PEER), None)),
+         {"action": Action.RESTART_IN_JOB, "cause": Cause.CRASH},
+         budgets={**ROOMY, "no_progress_restarts": 0}, record={"restarts": LOOP}, alloc=WHOLE),
 ]
 
 
@@ -183,10 +211,10 @@ def test_the_table_covers_every_action_and_every_event() -> None:
 def test_the_policy_is_pure_it_imports_no_io() -> None:
     """decide() reads nothing and runs nothing: the policy module imports only records, types and
     the Decision, never Slurm, files or processes."""
-    tree = ast.parse((ROOT / "slurmkit" / "worker" / "ft" / "policy.py").read_text())
+    tree = ast.parse((ROOT / "slurmkit" / "supervisor" / "policy.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    allowed = {"__future__", "dataclasses", "slurmkit.common.cause", "slurmkit.common.markers",
+    allowed = {"__future__", "collections", "dataclasses", "slurmkit.common.cause", "slurmkit.common.markers",
                "slurmkit.common.outcomes", "slurmkit.common.record", "slurmkit.supervisor.allocation",
                "slurmkit.supervisor.decision"}
     assert imported <= allowed, imported - allowed
