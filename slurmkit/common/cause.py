@@ -11,6 +11,9 @@ class Cause(enum.StrEnum):
     """A rank raised or died (not because a peer was lost)."""
     HANG = "hang"
     """A rank's watchdog saw no step for the profile's hang timeout."""
+    STARTUP_HANG = "startup_hang"
+    """A rank saw no first step within the profile's startup_timeout_s (a node that never joined the
+    rendezvous, a hung NCCL init, a data loader stuck at start). Spends the hang budget."""
     NODE_FAILURE = "node_failure"
     """A node was lost or failed the health gate (Slurm's NODE_FAIL)."""
     PREEMPTION = "preemption"
@@ -28,4 +31,6 @@ class Cause(enum.StrEnum):
     def budget_key(self) -> str:
         """The profile's `requeue` budget this cause spends: an external requeue (or one nobody
         recorded a reason for) spends the preemption budget; from inside the job it looks the same."""
+        if self is Cause.STARTUP_HANG:
+            return Cause.HANG.value
         return Cause.PREEMPTION.value if self in (Cause.REQUEUE, Cause.UNKNOWN) else self.value

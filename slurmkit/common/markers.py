@@ -157,27 +157,38 @@ class Stopped:
 
 @dataclass(frozen=True)
 class HangMarker:
-    """A rank's watchdog fired: no step for `idle_s` seconds."""
+    """A rank's watchdog fired: no step for `idle_s` seconds (`startup`: no first step yet, the
+    startup timeout's watch fired)."""
 
     rank: int
     idle_s: float
     time: float
+    startup: bool = False
 
     def write(self, paths: RunPaths) -> None:
         atomic_write_text(paths.hang_marker(self.rank), json.dumps(asdict(self)) + "\n")
 
-    @staticmethod
-    def take_all(paths: RunPaths) -> list[str]:
-        """Every rank's hang marker, as its text (the detail of a restart), by rank; removed."""
-        texts = []
-        for path in paths.hang_markers():
-            texts.append(path.read_text().strip())
-            path.unlink()
-        return texts
+    def describe(self) -> str:
+        """The restart's detail, for people."""
+        waited = "no first step" if self.startup else "no step progress"
+        return f"rank {self.rank}: {waited} for {self.idle_s:.0f} s"
 
     @staticmethod
-    def now(rank: int, idle_s: float) -> HangMarker:
-        return HangMarker(rank, round(idle_s, 1), time.time())
+    def take_all(paths: RunPaths) -> list[HangMarker]:
+        """Every rank's hang marker, by rank; removed. One that cannot be read still says a rank hung."""
+        found = []
+        for path in paths.hang_markers():
+            data = _read_json(path)
+            try:
+                found.append(HangMarker(**data) if data is not None else HangMarker(-1, 0.0, 0.0))
+            except TypeError:
+                found.append(HangMarker(-1, 0.0, 0.0))
+            path.unlink(missing_ok=True)
+        return found
+
+    @staticmethod
+    def now(rank: int, idle_s: float, startup: bool = False) -> HangMarker:
+        return HangMarker(rank, round(idle_s, 1), time.time(), startup)
 
 
 @dataclass(frozen=True)

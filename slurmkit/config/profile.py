@@ -137,6 +137,12 @@ class ClusterProfile(Strict):
     """Signal sent before the time limit or on preemption. USR2 by default: NCCL uses USR1."""
     signal_delay_s: int = Field(120, ge=0, le=65535)
     """Seconds before the limit at which the signal arrives (sbatch --signal=B:SIG@DELAY)."""
+    startup_timeout_s: float = Field(600.0, ge=0)
+    """Seconds from a rank's start to its first completed step before it is a hang (cause
+    startup_hang: its stack dumped, restarted as a hang is): a node that never joins the
+    rendezvous, a hung NCCL init, a data loader stuck at start. It applies to the Trainer's task, a
+    slurmkit.Checkpoint and the Lightning and Hugging Face callbacks, which report steps. 600 s is
+    torch's own NCCL timeout; 0 turns it off."""
     requeue: RequeueBudget = Field(default_factory=lambda: RequeueBudget())
     """Requeue budget per cause."""
     setup: Setup = Field(default_factory=Setup)

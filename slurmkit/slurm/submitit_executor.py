@@ -156,6 +156,9 @@ class SafeLocalExecutor(submitit.LocalExecutor):
     (with -P from `python`), which loads the job's pickle only from a file of the caller's own, as
     on Slurm."""
 
+    startup_timeout_s = ""
+    """The profile's startup_timeout_s, for the ranks (SLURMKIT_STARTUP_TIMEOUT_S, as on Slurm; empty: the default)."""
+
     @property
     def _submitit_command_str(self) -> str:
         return submitit_command(self.python, self.folder)
@@ -168,7 +171,8 @@ class SafeLocalExecutor(submitit.LocalExecutor):
     def _submit_command(self, command: str) -> Any:
         # Each job (each task of a local array too) its own rendezvous port, free when it starts
         # (common/ports.py): a pid-derived one could be a Slurm job's on the same host.
-        with _environ(MASTER_PORT=str(ports.free_local_port())), _detached_stdio(), _own_session():
+        with _environ(MASTER_PORT=str(ports.free_local_port()), SLURMKIT_STARTUP_TIMEOUT_S=self.startup_timeout_s), \
+                _detached_stdio(), _own_session():
             return super()._submit_command(command)
 
 
@@ -245,7 +249,8 @@ def _without(names: list[str]) -> Iterator[None]:
 def local_executor(folder: Path, resolved: Resolved) -> Any:
     """submitit's LocalExecutor (SafeLocalExecutor): every rank a process on this machine."""
     ex = SafeLocalExecutor(folder, max_num_timeout=resolved.profile.requeue.timeout,
-                                python=python_command(resolved))
+                           python=python_command(resolved))
+    ex.startup_timeout_s = str(resolved.profile.startup_timeout_s)  # what a Slurm job's script exports
     r = resolved.resources
     assert r.time is not None
     # On Slurm a time of 0 means no limit; submitit's local executor would kill the job at once.

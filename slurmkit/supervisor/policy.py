@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
 from slurmkit.common.cause import Cause
-from slurmkit.common.markers import HealthReport, PruneRequest
+from slurmkit.common.markers import HangMarker, HealthReport, PruneRequest
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import Failure, Preempted, RestartEntry, RunRecord, UnhealthyNode
 from slurmkit.supervisor.allocation import Allocation
@@ -54,8 +54,8 @@ class StepFailed:
     exit_code: int
     outcomes: tuple[Outcome | None, ...]
     """This step's outcome record of each rank (None: none written)."""
-    hangs: tuple[str, ...] = ()
-    """The hang markers of ranks whose watchdog fired, as text."""
+    hangs: tuple[HangMarker, ...] = ()
+    """The hang markers of ranks whose watchdog fired (or whose startup timeout did)."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def newly_lost(state: State) -> list[str]:
     return [n for n in state.alloc.lost if n not in known]
 
 
-FAILURES = (Cause.CRASH, Cause.HANG, Cause.NODE_FAILURE)
+FAILURES = (Cause.CRASH, Cause.HANG, Cause.STARTUP_HANG, Cause.NODE_FAILURE)
 
 
 def no_progress(record: RunRecord) -> tuple[int, list[RestartEntry]] | None:
@@ -180,7 +180,8 @@ def _step_failed(s: State, e: StepFailed) -> Decision:
         return Decision(Action.COMPLETE, message=f"srun exit {e.exit_code}, but every rank had finished its work")
     step, lost, failure = s.last_step, newly_lost(s), None
     if e.hangs:
-        cause, detail = Cause.HANG, e.hangs[0]
+        startup = any(h.startup for h in e.hangs)
+        cause, detail = (Cause.STARTUP_HANG if startup else Cause.HANG), e.hangs[0].describe()
     elif lost:
         cause, detail = Cause.NODE_FAILURE, f"lost {','.join(lost)} (the job no longer holds it)"
     else:

@@ -24,6 +24,7 @@ from slurmkit.supervisor import restarts
 from slurmkit.worker import checkpoint, ray_driver, tracking
 from slurmkit.worker.command import CommandFailed, run_command
 from slurmkit.worker.ft import checkpointable
+from slurmkit.worker.ft.watchdog import StartupWatch
 from slurmkit.worker.interrupt import Interrupted, requeue_on_signal
 from slurmkit.worker.process_group import detect, rank_env
 
@@ -73,6 +74,7 @@ def _run(call: Run) -> Any:
         os.environ["SLURMKIT_CHECKPOINT_URI"] = call.checkpoint_uri
     work = call.work
     if isinstance(work, TrainTask):  # its own stop and restart records
+        StartupWatch.begin()  # from before torch's import to the first step (startup.first_step_hook)
         return train_task().run(work.config, call.run_dir)
 
     record_restart(call.run_dir)

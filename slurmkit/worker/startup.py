@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from slurmkit.jsontypes import JsonObject
+from slurmkit.worker.ft.watchdog import StartupWatch
 
 _MARKS: dict[str, float] = {}
 
@@ -69,6 +70,7 @@ def first_step_hook(trainer: Any, record: JsonObject) -> None:
         record["startup"]["compile"] = round(first + spent, 3)
         record["compile_cache"] = compile_cache_counts()
     trainer.hooks.remove(first_step_hook)
+    StartupWatch.end()
 
 
 def compile_cache_counts() -> dict[str, int]:

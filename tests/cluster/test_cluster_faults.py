@@ -636,3 +636,24 @@ def test_a_crash_loop_back_to_the_same_checkpoint_ends_no_progress_with_budget_l
     assert [(r.cause, r.resumed_step) for r in record.restarts] == [("crash", every)] * 3
     assert record.left(Cause.CRASH) == 6
     assert supervisor_events(paths.run_dir, "decision")[-1]["why"] == "no_progress"
+
+
+def test_a_rank_frozen_before_its_first_step_is_a_startup_hang_restarted_in_the_job(
+        cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
+    """Rank 1 stopped (SIGSTOP) while it starts: rank 0 waits for it in the rendezvous until its
+    startup timeout (20 s here) fires, and the step ends rather than hold the allocation to its time
+    limit; the in-job restart, a hang's path, runs the whole run again and it completes."""
+    paths, _ = start(dev_profile, "profile.startup_timeout_s=20")
+
+    def rank1() -> int | None:
+        try:
+            return ranks.rank_pid(paths, 1)
+        except LookupError:
+            return None
+
+    wait_until(lambda: rank1() is not None, 120, "rank 1's process")  # while it imports torch
+    os.kill(rank1() or 0, signal.SIGSTOP)
+    check(paths, reference)
+    assert [r.cause for r in RunFile(paths).read().restarts] == ["startup_hang"]  # no step had completed
+    decided = [(d["action"], d["cause"]) for d in supervisor_events(paths.run_dir, "decision")]
+    assert decided == [("restart_in_job", "startup_hang")]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from slurmkit.common.cause import Cause
-from slurmkit.common.markers import HealthReport, PruneRequest
+from slurmkit.common.markers import HangMarker, HealthReport, PruneRequest
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.supervisor import policy
@@ -93,8 +93,14 @@ CASES = [
     Case("crash budget spent: the run ends", StepFailed(1, (err(BAD), None)),
          {"action": Action.END, "why": "budget", "final": "crash budget of 2 spent"},
          record={"restarts": [entry(n=1, cause="crash"), entry(n=2, cause="crash")]}, alloc=WHOLE),
-    Case("a hang marker makes it a hang", StepFailed(1, (None, None), ("rank 1: no step for 60 s",)),
+    Case("a hang marker makes it a hang", StepFailed(1, (None, None), (HangMarker(1, 60.0, 0.0),)),
          {"action": Action.RESTART_IN_JOB, "cause": Cause.HANG, "failure": None}, alloc=WHOLE),
+    Case("a startup timeout's marker is a startup hang, restarted as a hang",
+         StepFailed(1, (None, None), (HangMarker(0, 600.0, 0.0), HangMarker(1, 600.0, 0.0, startup=True))),
+         {"action": Action.RESTART_IN_JOB, "cause": Cause.STARTUP_HANG, "failure": None}, alloc=WHOLE),
+    Case("it spends the hang budget", StepFailed(1, (None, None), (HangMarker(1, 600.0, 0.0, startup=True),)),
+         {"action": Action.END, "why": "budget", "cause": Cause.STARTUP_HANG},
+         record={"restarts": [entry(n=1, cause="hang")]}),
     Case("a lost node with a spare left restarts on the spare", StepFailed(1, (err(PEER), None)),
          {"action": Action.RESTART_IN_JOB, "cause": Cause.NODE_FAILURE, "nodes": 2, "exclude": ("node4",)},
          alloc=SPARE),
@@ -146,7 +152,7 @@ CASES = [
     Case("three failed restarts back to the same step end the run, budget left", StepFailed(1, (err(PEER), None)),
          {"action": Action.END, "why": "no_progress", "cause": Cause.CRASH, "entry": None},
          budgets=ROOMY, record={"restarts": LOOP}, alloc=WHOLE),
-    Case("so do a hang and a lost node among them", StepFailed(1, (None, None), hangs=("rank 1 hung",)),
+    Case("so do a hang and a lost node among them", StepFailed(1, (None, None), hangs=(HangMarker(1, 60.0, 0.0),)),
          {"action": Action.END, "why": "no_progress", "cause": Cause.HANG},
          budgets=ROOMY, record={"restarts": [LOOP[0], {**LOOP[1], "cause": "hang"},
                                              {**LOOP[2], "cause": "node_failure"}]}),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import HangMarker
 from slurmkit.worker.ft.watchdog import FLOOR_S, HANG_EXIT_CODE, auto_timeout
 
 CHILD = """
@@ -38,3 +41,34 @@ def test_watchdog_fires_after_the_timeout(tmp_path: Path) -> None:
 def test_auto_timeout_floor_and_multiple() -> None:
     assert auto_timeout(0.005) == FLOOR_S
     assert auto_timeout(3.0) == 30.0
+
+
+STARTUP_CHILD = """
+import sys, time
+from slurmkit.worker.ft.stop import ScriptStop
+script = ScriptStop()  # a slurmkit.Checkpoint's or a framework callback's: the startup watch begins
+if sys.argv[1] == "steps":
+    script.stepped()  # the first step completed
+print("waiting", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def _startup_child(tmp_path: Path, mode: str, sleep_s: str, timeout_s: str = "1") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SLURMKIT_RUN_DIR": str(tmp_path), "RANK": "3", "SLURMKIT_STARTUP_TIMEOUT_S": timeout_s}
+    return subprocess.run([sys.executable, "-c", STARTUP_CHILD, mode, sleep_s], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_a_rank_with_no_first_step_within_the_startup_timeout_is_a_startup_hang(tmp_path: Path) -> None:
+    proc = _startup_child(tmp_path, "never", "60")  # would wait 60 s: exiting 75 means the watch ended it
+    assert proc.returncode == HANG_EXIT_CODE, proc.stderr
+    assert "Thread" in proc.stderr  # every thread's stack, dumped
+    (found,) = HangMarker.take_all(RunPaths(tmp_path))
+    assert (found.rank, found.startup) == (3, True)
+
+
+def test_the_first_step_ends_the_startup_watch_and_zero_turns_it_off(tmp_path: Path) -> None:
+    assert _startup_child(tmp_path, "steps", "3").returncode == 0  # past the 1 s timeout, after a step
+    assert _startup_child(tmp_path, "never", "3", timeout_s="0").returncode == 0
+    assert HangMarker.take_all(RunPaths(tmp_path)) == []

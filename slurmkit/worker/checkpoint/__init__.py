@@ -142,6 +142,7 @@ class Checkpoint:
             self.save(step, state, rank_state=rank_state)
         elif self.every and not callable(state):  # its host memory, before the first save needs it
             ckpt.reserve(lambda: self._files(state, rank_state))
+        self.script.stepped()
 
     def close(self) -> None:
         """Commit a save still in flight (the function returned)."""

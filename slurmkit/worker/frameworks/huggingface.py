@@ -38,6 +38,7 @@ class AgreedStopCallback(TrainerCallback):
         self.agreed = Stop.NONE
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.script.stepped()
         agreed = self.votes.vote()
         if agreed != Stop.NONE and self.agreed == Stop.NONE:
             self.votes.drain()

@@ -61,6 +61,7 @@ class _AgreedStop:
         self.votes = LaggedVote(self.script.flag)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.script.stepped()
         if trainer.global_step % max(1, int(trainer.log_every_n_steps)) == 0:
             _log(trainer)
         agreed = self.votes.vote()

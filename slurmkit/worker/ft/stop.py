@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker import at_exit
+from slurmkit.worker.ft.watchdog import StartupWatch
 
 if TYPE_CHECKING:  # the Trainer imports torch; this module is imported by torch-free code too
     from slurmkit.worker.process_group import Ranks
@@ -214,11 +215,17 @@ class ScriptStop:
 
     def __init__(self) -> None:
         self.flag = StopFlag().install()  # now: a signal before the first step is not lost
+        StartupWatch.begin()  # until stepped(): the profile's startup_timeout_s
         marker = os.environ.get(COMMAND_STOP_ENV)
         self.marker = Path(marker) if marker else None
         if self.marker is not None:
             CommandStop().write(self.marker)
         at_exit.install()  # the script's exit, past its last line, must not abort (slurmkit.worker.at_exit)
+
+    @staticmethod
+    def stepped() -> None:
+        """A step completed on this rank (its boundary passed): the startup timeout is over."""
+        StartupWatch.end()
 
     def release(self) -> None:
         """Training is over (the framework's Trainer finished): no step will read the flag again, so
@@ -226,6 +233,7 @@ class ScriptStop:
         script no longer agrees stops (it terminates it, as any script), and a signal that came
         after the last step is delivered now, to that handler."""
         self.flag.uninstall()
+        StartupWatch.end()
         if self.marker is not None and (found := CommandStop.read(self.marker)) is not None and found.step is None:
             self.marker.unlink(missing_ok=True)
         if self.flag.is_set:

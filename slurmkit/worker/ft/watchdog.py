@@ -3,6 +3,13 @@
 On firing it dumps every thread's stack (faulthandler) to the rank's log, leaves a marker in
 the run folder naming the cause, and exits the process with HANG_EXIT_CODE. srun's
 --kill-on-bad-exit then stops the other ranks, and the supervisor asks the restart policy what next.
+
+Two watches use it. The step watchdog (the Trainer's) arms once it has measured step times. The
+startup watch (StartupWatch) runs from a rank's start to its first completed step, for the
+profile's startup_timeout_s (SLURMKIT_STARTUP_TIMEOUT_S; 600 s, torch's own NCCL default; 0: off):
+a node that never joins the rendezvous, a hung NCCL init or a data loader stuck at start. A rank
+frozen before its first step holds its peers in their first collective, and their startup watches
+fire: the allocation is not held to its time limit.
 """
 
 from __future__ import annotations
@@ -13,8 +20,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import HangMarker
 
 HANG_EXIT_CODE = 75
+STARTUP_ENV = "SLURMKIT_STARTUP_TIMEOUT_S"
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
 FLOOR_S = 10.0
 STEP_MULTIPLE = 10.0
 
@@ -26,12 +39,12 @@ def auto_timeout(median_step_s: float, floor_s: float = FLOOR_S) -> float:
 
 class Watchdog:
     def __init__(self, timeout_s: float | None, on_fire: Callable[[float], None] | None = None,
-                 poll_s: float = 0.5) -> None:
+                 poll_s: float = 0.5, armed: bool = False) -> None:
         self.timeout_s = timeout_s  # None: derived from the measured step time once armed
         self.on_fire = on_fire
         self.poll_s = poll_s
         self._last = time.monotonic()
-        self._armed = False
+        self._armed = armed  # armed from the start: a fixed timeout, no step time to wait for
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="slurmkit-watchdog", daemon=True)
 
@@ -69,3 +82,40 @@ class Watchdog:
                     self.on_fire(idle)
                 sys.stderr.flush()
                 os._exit(HANG_EXIT_CODE)
+
+
+def _rank() -> int:
+    """This process's global rank as the launcher set it (torchrun's RANK, srun's, submitit's local)."""
+    for name in ("RANK", "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+class StartupWatch:
+    """The startup timeout of this process: begun where a rank will report steps (the Trainer's
+    task, a slurmkit.Checkpoint, a framework's callback), ended at its first completed step. One
+    per process: a second begin() keeps the first (its clock started earlier)."""
+
+    _current: Watchdog | None = None
+
+    @classmethod
+    def begin(cls) -> None:
+        if cls._current is not None:
+            return
+        run_dir, rank = os.environ.get("SLURMKIT_RUN_DIR"), _rank()
+        timeout = float(os.environ.get(STARTUP_ENV) or DEFAULT_STARTUP_TIMEOUT_S)
+        if timeout <= 0 or not run_dir:  # off, or a script run outside slurmkit: nothing to restart it
+            return
+
+        def mark(idle_s: float) -> None:
+            HangMarker.now(rank, idle_s, startup=True).write(RunPaths(Path(run_dir)))
+
+        cls._current = Watchdog(timeout, mark, armed=True).start()
+
+    @classmethod
+    def end(cls) -> None:
+        """The first step completed (or training is over): the startup timeout no longer applies."""
+        current, cls._current = cls._current, None
+        if current is not None:
+            current.stop()
