@@ -95,6 +95,16 @@ def login_user(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("USER", pwd.getpwuid(os.getuid()).pw_name)
 
 
+@pytest.fixture(autouse=True)
+def own_node_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own state folder, so its node ledger (common.node_ledger) starts empty: the
+    blames one test's faults leave never keep another test's jobs off a node. The jobs a test
+    submits get it too (sbatch passes the environment on)."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
+
+
 @pytest.fixture
 def single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Training in the test process itself: no launcher's rank variables leak in."""

@@ -14,6 +14,7 @@ from slurmkit.cli import (
     devcluster_cmd,
     doctor_cmd,
     jobs_cmd,
+    nodes_cmd,
     profiles_cmd,
     remote_cmd,
     render_cmd,
@@ -97,6 +98,7 @@ app.command("shell")(shell_cmd.shell)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("report")(report_cmd.report)
 app.command("track")(track_cmd.track)
+app.command("nodes")(nodes_cmd.nodes)
 app.add_typer(sweep_cmd.app, name="sweep")
 app.add_typer(profiles_cmd.app, name="profiles")
 app.add_typer(devcluster_cmd.app, name="devcluster")

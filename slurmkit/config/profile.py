@@ -97,6 +97,23 @@ class RequeueBudget(Strict):
     or Ray (their next step differs, or is not slurmkit's own srun of submitit's worker)."""
 
 
+WINDOW_UNITS = {"m": 60, "h": 3600, "d": 86400}
+
+
+class NodeLedgerPolicy(Strict):
+    """What the memory of bad nodes does at submit (slurmkit.common.node_ledger; `slurmkit nodes`)."""
+
+    exclude_after: int = Field(2, ge=0)
+    """A node blamed this many times within `window` (a failed health gate, a lost node, a rank hung
+    on it) is kept out of this user's next submits on the cluster; 0 turns the exclusion off."""
+    window: str = Field("7d", pattern=r"^[1-9][0-9]{0,4}[mhd]$")
+    """How far back blame counts: a number and m, h or d (7d)."""
+
+    @property
+    def window_s(self) -> float:
+        return int(self.window[:-1]) * WINDOW_UNITS[self.window[-1]]
+
+
 class Setup(Strict):
     """Lines run in the batch shell before the ranks start."""
 
@@ -137,6 +154,8 @@ class ClusterProfile(Strict):
     """Signal sent before the time limit or on preemption. USR2 by default: NCCL uses USR1."""
     signal_delay_s: int = Field(120, ge=0, le=65535)
     """Seconds before the limit at which the signal arrives (sbatch --signal=B:SIG@DELAY)."""
+    node_ledger: NodeLedgerPolicy = Field(default_factory=lambda: NodeLedgerPolicy())
+    """The memory of bad nodes across runs (docs/fault-tolerance.md, "Health")."""
     startup_timeout_s: float = Field(600.0, ge=0)
     """Seconds from a rank's start to its first completed step before it is a hang (cause
     startup_hang: its stack dumped, restarted as a hang is): a node that never joins the

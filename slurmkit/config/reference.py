@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from slurmkit.config.container import Container
 from slurmkit.config.login import LoginHost
-from slurmkit.config.profile import ClusterProfile, RequeueBudget, Resources, Setup
+from slurmkit.config.profile import ClusterProfile, NodeLedgerPolicy, RequeueBudget, Resources, Setup
 from slurmkit.config.search import PruneSection, SearchSection
 from slurmkit.config.tracking import Tracking
 from slurmkit.config.train import Faults, TrainConfig
@@ -21,7 +21,8 @@ from slurmkit.config.train import Faults, TrainConfig
 BEGIN = "<!-- BEGIN FIELD REFERENCE (generated: python -m slurmkit.config.reference) -->"
 END = "<!-- END FIELD REFERENCE -->"
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
-    ("profile", ClusterProfile), ("resources", Resources), ("requeue", RequeueBudget), ("setup", Setup),
+    ("profile", ClusterProfile), ("resources", Resources), ("requeue", RequeueBudget),
+    ("node_ledger", NodeLedgerPolicy), ("setup", Setup),
     ("container", Container), ("login", LoginHost), ("tracking", Tracking),
 ]
 TRAIN_SECTIONS: list[tuple[str, type[BaseModel]]] = [("config", TrainConfig), ("config.faults", Faults)]

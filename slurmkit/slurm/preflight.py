@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from slurmkit.common.node_ledger import NodeLedger, causes, exclusion, recent
+from slurmkit.common.slurm_env import expand_hostlist
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.resolved import Resolved
-from slurmkit.errors import PreflightError
+from slurmkit.errors import PreflightError, warn
 from slurmkit.slurm import commands, imports, limits
 
 
@@ -14,14 +18,8 @@ def _max_minutes(max_time: str) -> int | None:
     return time_to_minutes(max_time)
 
 
-def check(resolved: Resolved, array_size: int | None = None) -> str:
-    """Raise PreflightError if the job cannot run on the live cluster; return the partition used."""
-    imports.check_ray_importable(resolved)
-    imports.check_command_imports(resolved, resolved.spec_source)
-    imports.check_storage(resolved)
-    imports.check_packages(resolved)
-    r = resolved.resources
-    partitions = commands.show_partitions()
+def _partition(resolved: Resolved, partitions: dict[str, dict[str, str]]) -> str:
+    """The partition the job goes to: the profile's, else the cluster's default; refused in one line."""
     name = resolved.profile.partition
     if name is None:
         defaults = [p for p, f in partitions.items() if f.get("Default") == "YES"]
@@ -32,6 +30,41 @@ def check(resolved: Resolved, array_size: int | None = None) -> str:
     if name not in partitions:
         raise PreflightError(f"partition '{name}' does not exist on this cluster", where="profile:partition",
                              valid=f"valid: {', '.join(sorted(partitions)) or 'none'}")
+    return name
+
+
+def avoid_blamed(resolved: Resolved) -> Resolved:
+    """The request kept off the nodes the user's ledger blames enough on this cluster (the profile's
+    node_ledger), as many as the partition can spare, said in one line; unchanged where none is."""
+    ledger = resolved.profile.node_ledger
+    if ledger.exclude_after == 0:
+        return resolved
+    by_node = recent(NodeLedger(commands.show_config().get("ClusterName", "")).blames(), ledger.window_s)
+    partitions = commands.show_partitions()
+    total = int(partitions[_partition(resolved, partitions)].get("TotalNodes", "0") or 0)
+    already = set(expand_hostlist(resolved.profile.exclude or ""))
+    chosen = exclusion(by_node, ledger.exclude_after, total, resolved.shape.alloc_nodes, already)
+    if chosen.kept:
+        warn(f"node ledger: kept {', '.join(chosen.kept)} (blamed: "
+             f"{'; '.join(causes(by_node[n]) for n in chosen.kept)}): without them the partition cannot hold "
+             f"{resolved.shape.alloc_nodes} node(s)")
+    if not chosen.excluded:
+        return resolved
+    warn(f"node ledger: excluding {', '.join(f'{n} ({causes(by_node[n])})' for n in chosen.excluded)}; "
+         "`slurmkit nodes --forget NODE` clears one")
+    nodes = ",".join([*sorted(already), *chosen.excluded])
+    return replace(resolved, profile=resolved.profile.model_copy(update={"exclude": nodes}))
+
+
+def check(resolved: Resolved, array_size: int | None = None) -> str:
+    """Raise PreflightError if the job cannot run on the live cluster; return the partition used."""
+    imports.check_ray_importable(resolved)
+    imports.check_command_imports(resolved, resolved.spec_source)
+    imports.check_storage(resolved)
+    imports.check_packages(resolved)
+    r = resolved.resources
+    partitions = commands.show_partitions()
+    name = _partition(resolved, partitions)
     part = partitions[name]
     limit = _max_minutes(part.get("MaxTime", ""))
     assert r.time is not None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from slurmkit.common.cause import Cause
+from slurmkit.common.node_ledger import BlameCause
 from slurmkit.common.record import Failure, Preempted, RestartEntry, UnhealthyNode
 
 Why = Literal["budget", "deterministic", "slurm_failed", "uncertain", "cancel_mode", "slurm_decides", "unreadable",
@@ -62,6 +63,9 @@ class Decision:
     """Nodes that failed the health gate, to record."""
     preempted: Preempted | None = None
     """END (cancel_mode): the preemption Slurm ended for good, to record."""
+    blame: tuple[tuple[str, BlameCause], ...] = ()
+    """(node, cause) for the user's node ledger (common.node_ledger): a failed health gate, a lost
+    node, the node of a hung rank."""
     detail: str = ""
     """REQUEUE: the requeue marker's detail (the next restart's)."""
     within_s: float = 30.0

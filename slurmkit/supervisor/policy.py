@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 
 from slurmkit.common.cause import Cause
 from slurmkit.common.markers import HangMarker, HealthReport, PruneRequest
+from slurmkit.common.node_ledger import BlameCause
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import Failure, Preempted, RestartEntry, RunRecord, UnhealthyNode
 from slurmkit.supervisor.allocation import Allocation
@@ -194,7 +195,17 @@ def _step_failed(s: State, e: StepFailed) -> Decision:
         failure = Failure(error=signature, step=step, time=s.now)
     decision = _stuck(s, cause, step, detail) or _in_job(s, cause, step, detail, lost) \
         or _requeue(s, cause, step, detail, bad_nodes=lost)
-    return replace(decision, failure=failure)
+    return replace(decision, failure=failure, blame=(*((n, "lost") for n in lost), *_hung_nodes(s, e.hangs)))
+
+
+def _hung_nodes(s: State, hangs: tuple[HangMarker, ...]) -> list[tuple[str, BlameCause]]:
+    """The nodes of the ranks that hung, where the step's node order is known: the incarnation's
+    first step (attempt 0) runs rank r on the job's node r // tasks_per_node, as srun places them."""
+    per_node = s.record.resources.tasks_per_node
+    if s.alloc is None or s.attempt != 0 or not per_node:
+        return []
+    nodes = {s.alloc.started[h.rank // per_node] for h in hangs if 0 <= h.rank < per_node * len(s.alloc.started)}
+    return [(n, "hang") for n in sorted(nodes)]
 
 
 def _in_job(s: State, cause: Cause, step: int | None, detail: str, lost: list[str]) -> Decision | None:
@@ -279,7 +290,7 @@ def _health_failed(s: State, e: HealthFailed) -> Decision:
     unhealthy = tuple(UnhealthyNode(**asdict(f), time=s.now) for f in e.reports)
     decision = _requeue(s, Cause.NODE_FAILURE, s.last_step, f"health gate: {detail}",
                         bad_nodes=[f.node for f in e.reports])
-    return replace(decision, unhealthy=unhealthy)
+    return replace(decision, unhealthy=unhealthy, blame=tuple((f.node, "health_gate") for f in e.reports))
 
 
 def _rank_raised(s: State, e: RankRaised) -> Decision:

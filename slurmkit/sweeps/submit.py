@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from slurmkit.common import perms
@@ -128,6 +128,7 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
     if slurm:
         for group in tasks.groups:
             preflight.check(group)
+        tasks = replace(tasks, groups=[preflight.avoid_blamed(g) for g in tasks.groups])
     paths = create(plan, tasks)
     with registry.or_nothing(RunPaths(paths.sweep_dir), first.profile.checkpoint_root):
         if prepare is not None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,33 +18,40 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
 from slurmkit.runs import jobs
 from slurmkit.slurm import commands
-from tests.conftest import ROOT, steady, write_spec
+from tests.conftest import ROOT, steady, wait_until, write_spec
 
 pytestmark = pytest.mark.cluster
 runner = CliRunner()
 
 
-def test_health_gate_failure_requeues_with_the_bad_node_excluded(cluster: None, tmp_path: Path) -> None:
+def gated_profile(tmp_path: Path) -> Path:
     profile = tmp_path / "gate.yaml"
     profile.write_text(yaml.safe_dump({
         "extends": "devcluster", "run_root": str(tmp_path / "runs"), "health_gate": "always",
         # The stand-in nvidia-smi reports an uncorrectable ECC error on node1 only.
         "setup": {"env": {"STANDIN_GPUS": "2", "STANDIN_ECC": "1:2", "STANDIN_ECC_NODE": "node1"},
                   "commands": [f'export PATH="{ROOT / "tests" / "standins"}:$PATH"']}}))
-    # Keep node2 busy, so the job starts on node1 and must fail its gate there.
+    return profile
+
+
+def gate_fails_on_node1(tmp_path: Path, profile: Path, name: str) -> RunPaths:
+    """A one-node run sent to node1 (node2 kept busy meanwhile), whose health gate fails there."""
     blocker = subprocess.run(["sbatch", "--parsable", "-w", "node2", "--exclusive", "--output=/dev/null",
                               "--wrap", "sleep 120"], capture_output=True, text=True, check=True).stdout.strip()
     try:
-        spec = write_spec(tmp_path, name="gated", command="hostname", resources={"nodes": 1, "time": "00:05:00"})
+        spec = write_spec(tmp_path, filename=f"{name}.yaml", name=name, command="hostname",
+                          resources={"nodes": 1, "time": "00:05:00"})
         result = runner.invoke(app, ["submit", str(spec), "-p", str(profile), "--json"])
         assert result.exit_code == 0, result.output
         paths = RunPaths(Path(json.loads(result.stdout)["run_dir"]))
-        deadline = time.monotonic() + 90
-        while not RunFile(paths).read().excluded_nodes:
-            assert time.monotonic() < deadline, "the gate never failed"
-            time.sleep(0.5)
+        wait_until(lambda: RunFile(paths).read().excluded_nodes, 90, "the gate to fail")
     finally:
         commands.scancel([blocker])
+    return paths
+
+
+def test_health_gate_failure_requeues_with_the_bad_node_excluded(cluster: None, tmp_path: Path) -> None:
+    paths = gate_fails_on_node1(tmp_path, gated_profile(tmp_path), "gated")
     final = jobs.wait(paths, poller=steady(0.5), timeout_s=120)
     assert final.state == "COMPLETED"
     assert jobs.result(paths)["stdout"].split() == ["node2"]
@@ -56,6 +62,30 @@ def test_health_gate_failure_requeues_with_the_bad_node_excluded(cluster: None, 
     assert [r.cause for r in record.restarts] == ["node_failure"]
     shown = commands.run(["scontrol", "show", "job", final.job_id])
     assert "ExcNodeList=node1" in shown
+
+
+def test_a_node_that_failed_the_gate_in_two_runs_is_kept_out_of_the_third(cluster: None, tmp_path: Path) -> None:
+    """The user's node ledger remembers each failed gate; the next submit leaves node1 out from the
+    start (sbatch --exclude), and `slurmkit nodes` shows why; --forget clears it."""
+    profile = gated_profile(tmp_path)
+    for name in ("first", "second"):
+        paths = gate_fails_on_node1(tmp_path, profile, name)
+        jobs.cancel(paths)
+    listed = runner.invoke(app, ["nodes", "-p", str(profile), "--json"])
+    assert listed.exit_code == 0, listed.output
+    (node1,) = json.loads(listed.stdout)
+    assert (node1["node"], node1["blames"], node1["excluded"]) == ("node1", 2, True)
+    spec = write_spec(tmp_path, filename="third.yaml", name="third", command="hostname",
+                      resources={"nodes": 1, "time": "00:05:00"})
+    result = runner.invoke(app, ["submit", str(spec), "-p", str(profile), "--wait", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    third = RunPaths(Path(out["run_dir"]))
+    assert out["state"] == "COMPLETED" and RunFile(third).read().restarts == []  # no gate failed: never on node1
+    assert "--exclude=node1" in third.script.read_text()
+    forgot = runner.invoke(app, ["nodes", "-p", str(profile), "--forget", "node1", "--json"])
+    assert json.loads(forgot.stdout) == {"node": "node1", "forgotten": 2}
+    assert json.loads(runner.invoke(app, ["nodes", "-p", str(profile), "--json"]).stdout) == []
 
 
 def test_doctor_passes_then_fails_with_a_fix_when_slurmctld_is_down(cluster: None, dev_profile: Path) -> None:

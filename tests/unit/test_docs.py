@@ -171,7 +171,7 @@ FOREIGN_NAMES = {"GraceTime", "ExcNodeList", "SchedulerParameters", "MaxArraySiz
                  "EndTime", "KillWait", "SlurmctldParameters", "PreemptParameters", "AccountingStorageType",
                  "DistributedDataParallel", "DistributedSampler", "TimeoutError", "NodeList", "MaxTRESPerJob",
                  "MaxTRESPerUser", "MaxWall", "AccountingStorageEnforce", "FairShare", "ElapsedRaw", "NNodes",
-                 "BatchMode", "ControlMaster", "ControlPersist", "MixedPrecisionPolicy"}
+                 "BatchMode", "ControlMaster", "ControlPersist", "MixedPrecisionPolicy", "ClusterName"}
 
 
 def test_every_class_module_and_cli_option_named_in_docs_exists() -> None:

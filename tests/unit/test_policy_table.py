@@ -221,6 +221,20 @@ def test_the_policy_is_pure_it_imports_no_io() -> None:
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     allowed = {"__future__", "collections", "dataclasses", "slurmkit.common.cause", "slurmkit.common.markers",
-               "slurmkit.common.outcomes", "slurmkit.common.record", "slurmkit.supervisor.allocation",
-               "slurmkit.supervisor.decision"}
+               "slurmkit.common.node_ledger", "slurmkit.common.outcomes", "slurmkit.common.record",
+               "slurmkit.supervisor.allocation", "slurmkit.supervisor.decision"}
     assert imported <= allowed, imported - allowed
+
+
+def test_the_decision_blames_the_nodes_it_can_name_for_the_ledger() -> None:
+    health = next(c for c in CASES if isinstance(c.event, HealthFailed))
+    assert policy.decide(health.state(), health.event).blame == (("node2", "health_gate"),)
+    spare = next(c for c in CASES if c.alloc is SPARE and c.attempt == 0)
+    assert ("node2", "lost") in policy.decide(spare.state(), spare.event).blame
+    hung = Case("rank 1 hung", StepFailed(1, (None, None), (HangMarker(1, 60.0, 0.0),)), {}, alloc=WHOLE,
+                record={"resources": {"tasks_per_node": 1}})
+    assert policy.decide(hung.state(), hung.event).blame == (("node2", "hang"),)
+    hung.attempt = 1  # after an in-job restart the step's node order is not the job's: no one is named
+    assert policy.decide(hung.state(), hung.event).blame == ()
+    crash = CASES[1]
+    assert policy.decide(crash.state(), crash.event).blame == ()  # a crash blames no node

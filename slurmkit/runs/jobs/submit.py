@@ -94,6 +94,8 @@ def submit(resolved: Resolved, dependency: str | None = None, call: Call | None 
     dry run returns. dependency is an sbatch --dependency value (dependency.after_dependency); call
     is the Python function a `function` spec runs (slurmkit.Executor.submit)."""
     _check_request(resolved, dependency, call, preflighted)
+    if resolved.profile.executor == "slurm":
+        resolved = preflight.avoid_blamed(resolved)
     return send(_request(resolved, dependency), call)
 
 
