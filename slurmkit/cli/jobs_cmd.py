@@ -124,6 +124,9 @@ def status(
     for row in rows:
         gp = f"{row.goodput:.0%}" if row.goodput is not None else ""
         state = f"{row.state} ({row.reason})" if row.reason else row.state
+        if row.stragglers:
+            named = (f"rank {s['rank']} on {s['node']} {s['score']:.2f}" for s in row.stragglers)
+            state += f" stragglers: {', '.join(named)}"
         spent = f"{row.node_hours:.2f} ({row.lost_node_hours or 0:.2f})" if row.node_hours is not None else ""
         table.add_row(row.run_id, row.job_label, state, row.nodes, row.elapsed, str(row.restarts), gp, spent,
                       str(row.jobs))

@@ -169,6 +169,11 @@ class RunPaths:
         """The job's supervisor's states and decisions, one JSON line each (slurmkit.supervisor.loop)."""
         return self.run_dir / "supervisor.jsonl"
 
+    @property
+    def straggler_marker(self) -> Path:
+        """The ranks rank 0 names as stragglers now (common.markers.Stragglers)."""
+        return self.run_dir / "stragglers.json"
+
     def hang_marker(self, rank: int) -> Path:
         return self.run_dir / f"hang-rank{rank}.json"
 

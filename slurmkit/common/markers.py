@@ -192,6 +192,37 @@ class HangMarker:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """A rank scoring below the profile's straggler_score for a window of readings (worker.ft.straggler)."""
+
+    rank: int
+    node: str
+    score: float
+    """The fastest rank's median step work over this rank's: 1.0 is the fastest."""
+    since: float
+    """When its first reading below the score came (epoch seconds)."""
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """The ranks named now, written by rank 0 whenever that changes (none: an empty list)."""
+
+    ranks: list[Straggler]
+
+    def write(self, paths: RunPaths) -> None:
+        atomic_write_text(paths.straggler_marker, json.dumps([asdict(s) for s in self.ranks]) + "\n")
+
+    @staticmethod
+    def read(paths: RunPaths) -> list[Straggler]:
+        """The ranks named at the last reading; none where the file is missing or not a list of them."""
+        try:
+            found = json.loads(paths.straggler_marker.read_text())
+            return [Straggler(**s) for s in found] if isinstance(found, list) else []
+        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, TypeError):
+            return []
+
+
+@dataclass(frozen=True)
 class HealthReport:
     """Why `node` failed the health gate."""
 

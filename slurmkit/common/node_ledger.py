@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from slurmkit import trust
 from slurmkit.common.locked import LockedJson, Record
 
-BlameCause = Literal["health_gate", "lost", "hang"]
+BlameCause = Literal["health_gate", "lost", "hang", "straggler"]
 KEEP_S = 90 * 86400
 """Blames older than this are dropped at the next write: no window reaches that far."""
 

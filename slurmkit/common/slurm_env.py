@@ -8,6 +8,11 @@ from __future__ import annotations
 import os
 import re
 
+STARTUP_TIMEOUT_ENV = "SLURMKIT_STARTUP_TIMEOUT_S"
+"""The profile's startup_timeout_s, as every rank gets it (worker.ft.watchdog.StartupWatch)."""
+STRAGGLER_SCORE_ENV = "SLURMKIT_STRAGGLER_SCORE"
+"""The profile's straggler_score, as every rank gets it (worker.ft.straggler)."""
+
 _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
 # What a job's own environment says about that job, and what slurmkit sets for a run's ranks (its
 # run folder, markers, rendezvous, tracker runs): a run started from inside one (a nested pipeline)

@@ -156,6 +156,10 @@ class ClusterProfile(Strict):
     """Seconds before the limit at which the signal arrives (sbatch --signal=B:SIG@DELAY)."""
     node_ledger: NodeLedgerPolicy = Field(default_factory=lambda: NodeLedgerPolicy())
     """The memory of bad nodes across runs (docs/fault-tolerance.md, "Health")."""
+    straggler_score: float = Field(0.7, ge=0, lt=1)
+    """A rank whose own step work scores below this for three readings in a row (about 10 s apart)
+    is named a straggler: in its run's log, `slurmkit status` and the node ledger. The score is the
+    fastest rank's median over the rank's own (1.0: the fastest). 0 turns the scoring off."""
     startup_timeout_s: float = Field(600.0, ge=0)
     """Seconds from a rank's start to its first completed step before it is a hang (cause
     startup_hang: its stack dumped, restarted as a hang is): a node that never joins the

@@ -25,7 +25,7 @@ from slurmkit.build import SubmitRequest, python_command, rank_python, submitit_
 from slurmkit.common import perms, ports
 from slurmkit.common.atomic import atomic_write, atomic_write_text
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.slurm_env import outer_job_env
+from slurmkit.common.slurm_env import STARTUP_TIMEOUT_ENV, STRAGGLER_SCORE_ENV, outer_job_env
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.resolved import Resolved
 from slurmkit.errors import SlurmkitError
@@ -156,8 +156,8 @@ class SafeLocalExecutor(submitit.LocalExecutor):
     (with -P from `python`), which loads the job's pickle only from a file of the caller's own, as
     on Slurm."""
 
-    startup_timeout_s = ""
-    """The profile's startup_timeout_s, for the ranks (SLURMKIT_STARTUP_TIMEOUT_S, as on Slurm; empty: the default)."""
+    rank_env: dict[str, str] = {}
+    """What a Slurm job's batch script exports for the ranks from the profile (local_executor sets it)."""
 
     @property
     def _submitit_command_str(self) -> str:
@@ -171,8 +171,7 @@ class SafeLocalExecutor(submitit.LocalExecutor):
     def _submit_command(self, command: str) -> Any:
         # Each job (each task of a local array too) its own rendezvous port, free when it starts
         # (common/ports.py): a pid-derived one could be a Slurm job's on the same host.
-        with _environ(MASTER_PORT=str(ports.free_local_port()), SLURMKIT_STARTUP_TIMEOUT_S=self.startup_timeout_s), \
-                _detached_stdio(), _own_session():
+        with _environ(MASTER_PORT=str(ports.free_local_port()), **self.rank_env), _detached_stdio(), _own_session():
             return super()._submit_command(command)
 
 
@@ -250,7 +249,8 @@ def local_executor(folder: Path, resolved: Resolved) -> Any:
     """submitit's LocalExecutor (SafeLocalExecutor): every rank a process on this machine."""
     ex = SafeLocalExecutor(folder, max_num_timeout=resolved.profile.requeue.timeout,
                            python=python_command(resolved))
-    ex.startup_timeout_s = str(resolved.profile.startup_timeout_s)  # what a Slurm job's script exports
+    ex.rank_env = {STARTUP_TIMEOUT_ENV: str(resolved.profile.startup_timeout_s),
+                   STRAGGLER_SCORE_ENV: str(resolved.profile.straggler_score)}
     r = resolved.resources
     assert r.time is not None
     # On Slurm a time of 0 means no limit; submitit's local executor would kill the job at once.

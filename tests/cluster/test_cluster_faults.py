@@ -9,6 +9,7 @@ import re
 import signal
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,12 @@ import pytest
 
 from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import Stragglers
 from slurmkit.common.metrics import iter_records, read_records
+from slurmkit.common.node_ledger import NodeLedger
 from slurmkit.common.record import RunFile
-from slurmkit.devcluster import ranks
+from slurmkit.devcluster import names, ranks
+from slurmkit.jsontypes import JsonObject
 from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs, tracker_upload
 from slurmkit.runs import logs as run_logs
@@ -91,6 +95,7 @@ def check(paths: RunPaths, reference: dict[str, Any], max_lost: int = EVERY) -> 
     lost = len(executed_steps(paths.metrics)) - STEPS
     assert 0 <= lost <= max_lost, f"{lost} steps recomputed"
     assert results[0]["restarts"] >= 1
+    assert Stragglers.read(paths) == []  # no rank was slowed: none is named
     return results[0]
 
 
@@ -657,3 +662,26 @@ def test_a_rank_frozen_before_its_first_step_is_a_startup_hang_restarted_in_the_
     assert [r.cause for r in RunFile(paths).read().restarts] == ["startup_hang"]  # no step had completed
     decided = [(d["action"], d["cause"]) for d in supervisor_events(paths.run_dir, "decision")]
     assert decided == [("restart_in_job", "startup_hang")]
+
+
+def test_a_rank_slowed_from_outside_is_named_a_straggler_and_its_node_blamed(cluster: None, dev_profile: Path) -> None:
+    """Rank 1 stopped 2/3 of the time (SIGSTOP/SIGCONT, 100 ms of every 150): its forward passes
+    and optimizer steps take about 3x longer, rank 0's do not (it waits in the all-reduce, which is
+    not its own work). Readings every second here: within three, `status` names rank 1."""
+    paths, _ = start(dev_profile, "config.steps=3000", "env.SLURMKIT_STRAGGLER_PERIOD_S=1")
+    wait_step(paths, 1)
+    pid = rank_pid(paths, 1)
+    named: list[JsonObject] = []
+    try:
+        while not named and jobs.run_state(paths).state == "RUNNING":
+            for _ in range(20):  # 3 s of the duty cycle between two looks
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(0.1)
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(0.05)
+            named = jobs.run_state(paths).stragglers
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        jobs.cancel(paths)
+    assert [(s["rank"], s["node"]) for s in named] == [(1, "node2")] and named[0]["score"] < 0.7
+    assert [(b.node, b.cause) for b in NodeLedger(names.CLUSTER_NAME).blames()] == [("node2", "straggler")]

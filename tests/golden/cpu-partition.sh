@@ -38,4 +38,5 @@ SLURMKIT_RUN_DIR=/shared/runs/golden-run
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
 export SLURMKIT_STARTUP_TIMEOUT_S=600.0
+export SLURMKIT_STRAGGLER_SCORE=0.7
 exec /opt/venv/bin/python -P -m slurmkit.supervisor --run-dir "$SLURMKIT_RUN_DIR" --plan '{"signal":"USR2","launcher":"srun","command":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.rank","/shared/runs/golden-run/submitit"],"stdout":"/shared/runs/golden-run/submitit/%j_%t_log.out","stderr":"/shared/runs/golden-run/submitit/%j_%t_log.err","tasks_per_node":4,"in_job":2,"budgets":{"preemption":20,"timeout":5,"node_failure":3,"hang":3,"crash":3},"standby":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.standby","/shared/runs/golden-run/submitit"]}'

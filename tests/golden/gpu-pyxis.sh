@@ -53,4 +53,5 @@ SLURMKIT_SRUN_CONTAINER=(--container-image=/lustre/images/pytorch-slurmkit-25.01
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
 export SLURMKIT_STARTUP_TIMEOUT_S=600.0
+export SLURMKIT_STRAGGLER_SCORE=0.7
 exec /opt/venv/bin/python -P -m slurmkit.supervisor --run-dir "$SLURMKIT_RUN_DIR" --plan '{"signal":"USR2","launcher":"srun","command":["/usr/bin/python","-P","-u","-m","slurmkit.worker.rank","/shared/runs/golden-run/submitit"],"stdout":"/shared/runs/golden-run/submitit/%j_%t_log.out","stderr":"/shared/runs/golden-run/submitit/%j_%t_log.err","tasks_per_node":8,"in_job":2,"budgets":{"preemption":50,"timeout":10,"node_failure":5,"hang":3,"crash":3},"health":{"python":["/opt/venv/bin/python","-P"],"gpus":8,"allreduce":false}}' -- srun-options "${#SLURMKIT_SRUN_CONTAINER[@]}" "${SLURMKIT_SRUN_CONTAINER[@]}"

@@ -48,4 +48,5 @@ SLURMKIT_RANK_PREFIX=(apptainer exec --nv --bind /scratch:/scratch,/scratch/alic
 export SUBMITIT_EXECUTOR=slurm
 export SLURMKIT_SIGNAL=USR2
 export SLURMKIT_STARTUP_TIMEOUT_S=600.0
+export SLURMKIT_STRAGGLER_SCORE=0.7
 exec /opt/venv/bin/python -P -m slurmkit.supervisor --run-dir "$SLURMKIT_RUN_DIR" --plan '{"signal":"USR2","launcher":"srun","command":["/opt/venv/bin/python","-P","-u","-m","slurmkit.worker.rank","/shared/runs/golden-run/submitit"],"stdout":"/shared/runs/golden-run/submitit/%j_%t_log.out","stderr":"/shared/runs/golden-run/submitit/%j_%t_log.err","tasks_per_node":4,"in_job":2,"budgets":{"preemption":20,"timeout":5,"node_failure":3,"hang":3,"crash":3},"health":{"python":["/opt/venv/bin/python","-P"],"gpus":4,"allreduce":false}}' -- rank-prefix "${#SLURMKIT_RANK_PREFIX[@]}" "${SLURMKIT_RANK_PREFIX[@]}"

@@ -3,10 +3,12 @@ run or many with one squeue call; waiting on it."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import Stragglers
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.insight import cost, goodput
 from slurmkit.jsontypes import JsonObject
@@ -49,6 +51,8 @@ class RunStatus:
     """slurm: job_id is a Slurm job id; local: it is the process id of the run's controller."""
     accounting: JsonObject = field(default_factory=dict)
     """An ended Slurm run's whole goodput and cost accounting (goodput, node_hours, ... are of it)."""
+    stragglers: list[JsonObject] = field(default_factory=list)
+    """A running run's ranks named stragglers now (worker.ft.straggler): rank, node, score, since (ISO)."""
 
     @property
     def job_label(self) -> str:
@@ -97,8 +101,13 @@ def statuses(runs: list[tuple[RunPaths, RunRecord]]) -> list[RunStatus]:
             lost_node_hours=acct.get("lost_node_hours"), snapshot=rec.snapshot,
             reason=_pending_reason(infos.get(jid)),
             cause=headline(paths, jid, rec.num_tasks) if state in FAILED_STATES else "", executor=rec.executor,
-            accounting=acct))
+            accounting=acct, stragglers=_stragglers(paths) if state == "RUNNING" else []))
     return out
+
+
+def _stragglers(paths: RunPaths) -> list[JsonObject]:
+    return [{**asdict(s), "since": dt.datetime.fromtimestamp(s.since).isoformat(timespec="seconds")}
+            for s in Stragglers.read(paths)]
 
 
 def _pending_reason(info: commands.JobInfo | None) -> str:

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import HangMarker
+from slurmkit.common.slurm_env import STARTUP_TIMEOUT_ENV
 
 HANG_EXIT_CODE = 75
-STARTUP_ENV = "SLURMKIT_STARTUP_TIMEOUT_S"
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 FLOOR_S = 10.0
 STEP_MULTIPLE = 10.0
@@ -104,7 +104,7 @@ class StartupWatch:
         if cls._current is not None:
             return
         run_dir, rank = os.environ.get("SLURMKIT_RUN_DIR"), _rank()
-        timeout = float(os.environ.get(STARTUP_ENV) or DEFAULT_STARTUP_TIMEOUT_S)
+        timeout = float(os.environ.get(STARTUP_TIMEOUT_ENV) or DEFAULT_STARTUP_TIMEOUT_S)
         if timeout <= 0 or not run_dir:  # off, or a script run outside slurmkit: nothing to restart it
             return
 

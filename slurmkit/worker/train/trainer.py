@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from slurmkit.common.metrics import Interval, MetricsWriter
 from slurmkit.jsontypes import JsonObject
+from slurmkit.worker.ft import straggler
 from slurmkit.worker.process_group import Dist
 from slurmkit.worker.train import agreement, fast_paths
 from slurmkit.worker.train.fast_paths import FastPaths
@@ -269,6 +270,7 @@ class Trainer:
             self.model.train()
         accum = self.options.grad_accum
         total: torch.Tensor | None = None
+        own = 0.0  # this rank's forward passes and optimizer step: its own work, no collective's wait
         for micro in range(accum):
             batch = self._to_device(next(batches))
             last = micro == accum - 1
@@ -277,8 +279,10 @@ class Trainer:
             if isinstance(self.model, FSDPModule) and accum > 1:  # FSDP2's no_sync: reduce-scatter on the last
                 self.model.set_requires_gradient_sync(last)
             with sync:
+                t_forward = time.perf_counter()
                 with self._autocast():
                     loss = self.loss_fn(self.model, batch)
+                own += time.perf_counter() - t_forward
                 if accum > 1:
                     loss = loss / accum
                 part = loss.detach().float()
@@ -287,10 +291,12 @@ class Trainer:
                     self._offer(total)
                 loss.backward()
         self.updating = True
+        t_update = time.perf_counter()
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        straggler.OWN.add(own + time.perf_counter() - t_update)
         loss_value = self._agreed_loss()
         step_s = time.perf_counter() - t0
         self.state.step += 1

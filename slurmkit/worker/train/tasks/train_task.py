@@ -18,6 +18,7 @@ from slurmkit.common.record import RunFile
 from slurmkit.config.train import TrainConfig
 from slurmkit.jsontypes import JsonObject
 from slurmkit.worker import rank, startup, tracking
+from slurmkit.worker.ft import straggler
 from slurmkit.worker.gpu import GpuSampler
 from slurmkit.worker.process_group import Dist, distributed
 from slurmkit.worker.train import fast_paths, incarnation
@@ -94,7 +95,7 @@ def run(config: Mapping[str, object], run_dir: str | None = None) -> JsonObject:
             print(f"slurmkit train: model={cfg.model} world_size={dist.world_size} backend={dist.backend} "
                   f"global_batch={trainer.global_batch} peak={extras['peak_flops']:.3g} ({extras['peak_source']})",
                   flush=True)
-        sampler = _gpu_sampler(cfg, dist, run_dir)
+        watchers = [w for w in (_gpu_sampler(cfg, dist, run_dir), straggler.sharing(dist, run_dir)) if w is not None]
         trackers = _trackers(trainer, dist, run_dir, life.resumed_step)
         t0 = time.perf_counter()
         try:
@@ -103,8 +104,8 @@ def run(config: Mapping[str, object], run_dir: str | None = None) -> JsonObject:
         finally:
             life.close()
             trainer.metrics.close()
-            if sampler is not None:
-                sampler.stop()
+            for watcher in watchers:
+                watcher.stop()
             if trackers is not None and (life.stopped or sys.exc_info()[0] is not None):
                 trackers.close()  # the tracker run goes on in the next incarnation
         if life.stopped:

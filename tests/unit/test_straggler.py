@@ -1,0 +1,61 @@
+"""Straggler scores (worker.ft.straggler): the score of each rank, who is named and when, and two
+ranks sharing their medians over a real signed store, rank 0 naming the slow one."""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from pathlib import Path
+
+import pytest
+
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.markers import Stragglers
+from slurmkit.common.node_ledger import NodeLedger
+from slurmkit.common.ports import free_local_port
+from slurmkit.worker.ft.straggler import OwnTime, Pace, Sharing, Watch, scores
+from tests.conftest import wait_until
+
+
+def paces(*medians: float) -> list[Pace]:
+    return [Pace(rank, f"node{rank + 1}", m) for rank, m in enumerate(medians)]
+
+
+def test_the_fastest_rank_scores_one_and_a_rank_three_times_slower_a_third() -> None:
+    assert scores(paces(0.1, 0.3, 0.1)) == {0: 1.0, 1: pytest.approx(1 / 3), 2: 1.0}
+
+
+def test_a_rank_is_named_after_three_readings_below_the_score_and_no_longer_once_it_recovers() -> None:
+    watch = Watch(0.7)
+    assert watch.update(paces(0.1, 0.3), 1.0) == [] and watch.update(paces(0.1, 0.3), 2.0) == []
+    (named,) = watch.update(paces(0.1, 0.3), 3.0)
+    assert (named.rank, named.node, named.score, named.since) == (1, "node2", pytest.approx(0.333, abs=1e-3), 1.0)
+    assert watch.update(paces(0.1, 0.12), 4.0) == []  # back above 0.7: not named, and counting again
+    assert watch.update(paces(0.1, 0.3), 5.0) == []
+
+
+def test_a_slow_moment_does_not_name_anyone() -> None:
+    watch = Watch(0.7)
+    found = [watch.update(paces(0.1, 0.3 if reading % 2 else 0.1), float(reading)) for reading in range(10)]
+    assert found == [[]] * 10
+
+
+def test_rank_0_names_the_slow_rank_from_the_medians_shared_on_the_run_store(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmkit.worker.signed_store import tcp_store
+
+    monkeypatch.setenv("SLURMKIT_STRAGGLER_PERIOD_S", "0.05")
+    store = tcp_store("127.0.0.1", free_local_port(), 1, True, dt.timedelta(seconds=30), secrets.token_bytes(32))
+    fast, slow = OwnTime(), OwnTime()
+    for _ in range(10):
+        fast.add(0.1)
+        slow.add(0.35)
+    ranks = [Sharing(store, 0, 2, str(tmp_path), own=fast).start(), Sharing(store, 1, 2, None, own=slow).start()]
+    try:
+        wait_until(lambda: Stragglers.read(RunPaths(tmp_path)) != [], 60, "rank 1 named")
+    finally:
+        for sharing in ranks:
+            sharing.stop()
+    (named,) = Stragglers.read(RunPaths(tmp_path))
+    assert (named.rank, named.score) == (1, pytest.approx(0.286, abs=1e-3))
+    assert [(b.node, b.cause) for b in NodeLedger("").blames()] == [(named.node, "straggler")]
