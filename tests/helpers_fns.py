@@ -99,3 +99,17 @@ def echo_float(value: str) -> None:
 
 def always_fails(x: float) -> float:
     raise ValueError(f"this objective fails at every x ({x})")
+
+
+def paced_steps(steps: int, step_s: float) -> int:
+    """A function run with a slurmkit.Checkpoint whose rank 1 takes four times as long a step as
+    rank 0 (its own work: the sleep); no save. Returns the rank."""
+    import slurmkit
+
+    rank, _, _ = slurmkit.distributed.init()
+    ckpt = slurmkit.Checkpoint(every=0)
+    for step in range(1, steps + 1):
+        time.sleep(step_s * (4 if rank == 1 else 1))
+        ckpt.step(step, {"step": step})
+    ckpt.close()
+    return rank

@@ -32,6 +32,11 @@ def init(timeout_s: float | None = None) -> tuple[int, int, Any]:
     return _dist.rank, _dist.world_size, torch.device(_dist.device_str)
 
 
+def current() -> Any:
+    """The process group init() brought up (a process_group.Dist), or None."""
+    return _dist
+
+
 def shutdown() -> None:
     """Leave the process group together (a barrier) and destroy it; nothing if init() was not called."""
     global _active, _dist

@@ -14,6 +14,7 @@ from slurmkit.common.markers import Stragglers
 from slurmkit.common.node_ledger import NodeLedger
 from slurmkit.common.ports import free_local_port
 from slurmkit.worker.ft.straggler import OwnTime, Pace, Sharing, Watch, scores
+from tests import helpers_fns
 from tests.conftest import wait_until
 
 
@@ -59,3 +60,16 @@ def test_rank_0_names_the_slow_rank_from_the_medians_shared_on_the_run_store(tmp
     (named,) = Stragglers.read(RunPaths(tmp_path))
     assert (named.rank, named.score) == (1, pytest.approx(0.286, abs=1e-3))
     assert [(b.node, b.cause) for b in NodeLedger("").blames()] == [(named.node, "straggler")]
+
+
+def test_a_checkpoint_functions_slow_rank_is_named_on_the_local_profile(local_profile: Path) -> None:
+    """Two ranks of a function with a slurmkit.Checkpoint over slurmkit.distributed: rank 1's steps
+    take 4x rank 0's (rank 0 waits for it in the stop vote, which is not its own work)."""
+    import slurmkit
+
+    ex = slurmkit.Executor(profile=str(local_profile), tasks_per_node=2, name="paced",
+                           env={"SLURMKIT_STRAGGLER_PERIOD_S": "0.3"})
+    job = ex.submit(helpers_fns.paced_steps, 150, 0.01)
+    assert job.result(timeout=300) == 0
+    (named,) = Stragglers.read(RunPaths(Path(job.run_dir)))
+    assert named.rank == 1 and named.score < 0.7

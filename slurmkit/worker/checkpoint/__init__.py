@@ -37,9 +37,10 @@ from collections.abc import Callable
 from typing import Any
 
 from slurmkit.jsontypes import StateDict
-from slurmkit.worker import at_exit
+from slurmkit.worker import at_exit, distributed
 from slurmkit.worker.checkpoint.checkpointer import Checkpointer, StepFiles, checkpoint_uri, dcp_io_module
 from slurmkit.worker.checkpoint.store import CheckpointError, CheckpointStore
+from slurmkit.worker.ft import straggler
 from slurmkit.worker.ft.stop import AgreedStop, ScriptStop, StopCoordinator
 from slurmkit.worker.process_group import Ranks
 
@@ -56,6 +57,8 @@ class Checkpoint:
         """uri: an fsspec URI; unset, the run's ($SLURMKIT_CHECKPOINT_URI, else the run folder's)."""
         self.uri, self.every, self.keep, self.async_save = uri or _run_folder_uri(), every, keep_latest_k, async_save
         self.script = ScriptStop()
+        self._clock = straggler.BoundaryClock()
+        self._pace: straggler.Sharing | None = None
         self._parts: tuple[Checkpointer, StopCoordinator] | None = None
         self.rank_state: Any | None = None
         """This rank's own part of the restored step (`rank_state=` of its save), or None."""
@@ -131,7 +134,10 @@ class Checkpoint:
         """The step boundary after `step` finished steps, on every rank. `state`, or a function
         returning it (called only when a save is due), is what restore() gives back; `rank_state`
         this rank's own part, restored as `rank_state`."""
+        self._clock.arrived()
         ckpt, stop = self._made()
+        if self._pace is None and (dist := distributed.current()) is not None:  # the group slurmkit brought up
+            self._pace = straggler.sharing(dist, os.environ.get("SLURMKIT_RUN_DIR"))
         agreed = stop.agree(ckpt.ranks)
         ckpt.at_boundary(agreed.writing)
         if agreed.stop:
@@ -143,9 +149,12 @@ class Checkpoint:
         elif self.every and not callable(state):  # its host memory, before the first save needs it
             ckpt.reserve(lambda: self._files(state, rank_state))
         self.script.stepped()
+        self._clock.left()
 
     def close(self) -> None:
-        """Commit a save still in flight (the function returned)."""
+        """Commit a save still in flight (the function returned); stop sharing the rank's pace."""
+        if self._pace is not None:
+            self._pace.stop()
         if self._parts is not None:
             self._ckpt.finish()
 

@@ -54,6 +54,21 @@ OWN = OwnTime()
 """This process's: the Trainer and slurmkit.Checkpoint add to it, the sharing thread reads it."""
 
 
+class BoundaryClock:
+    """A step boundary's own-work clock (a slurmkit.Checkpoint's): from the end of the last boundary
+    to the start of this one, so neither the stop vote's wait nor a save counts."""
+
+    def __init__(self) -> None:
+        self._left: float | None = None
+
+    def arrived(self) -> None:
+        if self._left is not None:
+            OWN.add(time.perf_counter() - self._left)
+
+    def left(self) -> None:
+        self._left = time.perf_counter()
+
+
 @dataclass(frozen=True)
 class Pace:
     rank: int
