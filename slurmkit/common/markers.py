@@ -169,9 +169,8 @@ class HangMarker:
         atomic_write_text(paths.hang_marker(self.rank), json.dumps(asdict(self)) + "\n")
 
     def describe(self) -> str:
-        """The restart's detail, for people."""
-        waited = "no first step" if self.startup else "no step progress"
-        return f"rank {self.rank}: {waited} for {self.idle_s:.0f} s"
+        """The restart's detail: the marker as its file holds it (JSON: rank, idle_s, time, startup)."""
+        return json.dumps(asdict(self))
 
     @staticmethod
     def take_all(paths: RunPaths) -> list[HangMarker]:
