@@ -7,8 +7,10 @@ with a table of cases.
 A crash, a hang or a lost node (with spare nodes, or elastic) is first restarted inside the
 allocation (a new srun step, or for an exception the processes survive a warm restart in them),
 within the profile's requeue.in_job per incarnation; then it goes through the queue. An error that
-repeats at the same step is deterministic and never restarted. A stop on a signal is requeued for
-its cause (preemption, time limit) within that cause's budget, or left to Slurm (a plain SIGTERM).
+repeats at the same step is deterministic and never restarted, and restarts that keep coming
+back to the same checkpoint end the run (the crash-loop breaker, requeue.no_progress_restarts). A
+stop on a signal is requeued for its cause (preemption, time limit) within that cause's budget, or
+left to Slurm (a plain SIGTERM).
 """
 
 from __future__ import annotations
@@ -151,7 +153,9 @@ FAILURES = (Cause.CRASH, Cause.HANG, Cause.STARTUP_HANG, Cause.NODE_FAILURE)
 def no_progress(record: RunRecord) -> tuple[int, list[RestartEntry]] | None:
     """(the step, the restarts) where the crash-loop breaker holds: the last
     requeue.no_progress_restarts restarts were each after a failure and each came back to the same
-    checkpointed step (known: a restart whose resumed step nobody recorded proves nothing)."""
+    checkpointed step (known: a restart whose resumed step nobody recorded proves nothing). The
+    decider cannot see commits: a last incarnation that saved a newer step before it failed is
+    judged by the restarts before it all the same."""
     n = record.profile.requeue.no_progress_restarts
     last = record.restarts[-n:] if n else []
     steps = {r.resumed_step for r in last}
