@@ -40,6 +40,8 @@ def avoid_blamed(resolved: Resolved) -> Resolved:
     if ledger.exclude_after == 0:
         return resolved
     by_node = recent(NodeLedger(commands.show_config().get("ClusterName", "")).blames(), ledger.window_s)
+    if not any(len(found) >= ledger.exclude_after for found in by_node.values()):
+        return resolved
     partitions = commands.show_partitions()
     total = int(partitions[_partition(resolved, partitions)].get("TotalNodes", "0") or 0)
     already = set(expand_hostlist(resolved.profile.exclude or ""))

@@ -32,7 +32,8 @@ def test_a_rank_is_named_after_three_readings_below_the_score_and_no_longer_once
     (named,) = watch.update(paces(0.1, 0.3), 3.0)
     assert (named.rank, named.node, named.score, named.since) == (1, "node2", pytest.approx(0.333, abs=1e-3), 1.0)
     assert watch.update(paces(0.1, 0.12), 4.0) == []  # back above 0.7: not named, and counting again
-    assert watch.update(paces(0.1, 0.3), 5.0) == []
+    assert watch.update(paces(0.1, 0.3), 5.0) == [] and watch.update(paces(0.1, 0.3), 6.0) == []
+    assert [s.since for s in watch.update(paces(0.1, 0.3), 7.0)] == [5.0]  # since its first reading below
 
 
 def test_a_slow_moment_does_not_name_anyone() -> None:

@@ -93,7 +93,7 @@ class Watch:
         found, nodes = scores(paces), {p.rank: p.node for p in paces}
         for rank, score in found.items():
             count, since = self._below.get(rank, (0, now))
-            self._below[rank] = (count + 1, since) if score < self.threshold else (0, now)
+            self._below[rank] = (count + 1, since if count else now) if score < self.threshold else (0, now)
         return [Straggler(rank, nodes[rank], round(found[rank], 3), since)
                 for rank, (count, since) in sorted(self._below.items())
                 if count >= self.readings and rank in found]
