@@ -20,7 +20,7 @@ def nodes(profile: ProfileOpt = None,
 
     prof = load_profile(profile_name(profile))
     if forget is not None:
-        cleared = ledger.forget(prof, forget)
+        cleared = ledger.forget(forget)
         if as_json:
             print_json({"node": forget, "forgotten": cleared})
         else:

@@ -1,5 +1,5 @@
-"""`slurmkit nodes`: the user's memory of bad nodes on a profile's cluster (common.node_ledger), and
-forgetting one."""
+"""`slurmkit nodes`: the user's memory of bad nodes on this cluster (common.node_ledger, its file
+named by Slurm's ClusterName), and forgetting one."""
 
 from __future__ import annotations
 
@@ -28,22 +28,17 @@ class NodeBlame:
         return asdict(self)
 
 
-def ledger(profile: ClusterProfile) -> NodeLedger:
-    """The ledger of the profile's cluster (Slurm's ClusterName)."""
-    return NodeLedger(commands.show_config().get("ClusterName", ""))
-
-
 def blamed(profile: ClusterProfile) -> list[NodeBlame]:
     """The nodes blamed within the window, most blamed first."""
     policy = profile.node_ledger
     found = []
-    for node, blames in recent(ledger(profile).blames(), policy.window_s).items():
+    for node, blames in recent(NodeLedger(commands.cluster_name()).blames(), policy.window_s).items():
         last = dt.datetime.fromtimestamp(blames[-1].time).isoformat(timespec="seconds")
         found.append(NodeBlame(node, len(blames), causes(blames), last, sorted({b.run_id for b in blames if b.run_id}),
                                0 < policy.exclude_after <= len(blames)))
     return found
 
 
-def forget(profile: ClusterProfile, node: str) -> int:
-    """Clear every blame of `node` on the profile's cluster; how many there were."""
-    return ledger(profile).forget(node)
+def forget(node: str) -> int:
+    """Clear every blame of `node` on this cluster; how many there were."""
+    return NodeLedger(commands.cluster_name()).forget(node)

@@ -363,6 +363,11 @@ def show_config() -> dict[str, str]:
     return parse.config(run(["scontrol", "show", "config"], query=True))
 
 
+def cluster_name() -> str:
+    """Slurm's ClusterName: whose node ledger a submit reads (common.node_ledger)."""
+    return show_config().get("ClusterName", "")
+
+
 def show_partitions() -> dict[str, dict[str, str]]:
     out = run(["scontrol", "show", "partition", "--oneliner"], query=True)
     parts = [parse.oneliner(line) for line in out.splitlines() if line.strip()]

@@ -39,7 +39,7 @@ def avoid_blamed(resolved: Resolved) -> Resolved:
     ledger = resolved.profile.node_ledger
     if ledger.exclude_after == 0:
         return resolved
-    by_node = recent(NodeLedger(commands.show_config().get("ClusterName", "")).blames(), ledger.window_s)
+    by_node = recent(NodeLedger(commands.cluster_name()).blames(), ledger.window_s)
     if not any(len(found) >= ledger.exclude_after for found in by_node.values()):
         return resolved
     partitions = commands.show_partitions()
