@@ -120,6 +120,22 @@ def chain_reason(folder: Path | str) -> str | None:
     return None
 
 
+def private_folder(base: Path, env: str, holds: str) -> Path:
+    """`base`, made 0700 where missing, refused in one line unless it is the caller's own, reachable by
+    no one else, and no other user can swap a folder on the way: where slurmkit keeps `holds` (a
+    connection's socket, a node ledger). `env` names the variable that moves it."""
+    valid = f"valid: a folder of your own that only you can reach (set {env} to one)"
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:  # a folder on the way another user made (and keeps us out of), a read-only home
+        check(reason(base.parent) or chain_reason(base.parent.parent) or f"cannot make {base}: {exc.strerror}",
+              str(base), valid)
+    mode = base.stat().st_mode & 0o777
+    private = f"{base} has mode {mode:o}: others could reach {holds}" if mode & 0o077 else None
+    check(reason(base) or private or chain_reason(base.parent), str(base), valid)
+    return base
+
+
 def check(why: str | None, where: str, valid: str) -> None:
     """Refuse in one line when there is a reason to."""
     if why:

@@ -46,15 +46,7 @@ def state_folder() -> Path:
     """$XDG_STATE_HOME/slurmkit/nodes (else ~/.local/state/...): made 0700 if missing, and refused
     in one line unless it is the caller's own and reachable by no one else."""
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "slurmkit" / "nodes"
-    valid = "valid: a folder of your own that only you can reach (set XDG_STATE_HOME to one)"
-    try:
-        base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        trust.check(trust.reason(base.parent) or f"cannot make {base}: {exc.strerror}", str(base), valid)
-    mode = base.stat().st_mode & 0o777
-    private = f"{base} has mode {mode:o}: others could rewrite your node ledger" if mode & 0o077 else None
-    trust.check(trust.reason(base) or private, str(base), valid)
-    return base
+    return trust.private_folder(base, "XDG_STATE_HOME", "your node ledger")
 
 
 class NodeLedger(LockedJson[Blames]):

@@ -184,17 +184,4 @@ def private_cache(name: str) -> Path:
     """~/.cache/slurmkit/NAME (or under $XDG_CACHE_HOME), made 0700 and checked: no one else can
     reach or swap what is in it (the master's socket; a forwarded command's stage)."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slurmkit" / name
-    try:
-        base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:  # a folder on the way another user made (and keeps us out of), a read-only home
-        trust.check(trust.reason(base.parent) or trust.chain_reason(base.parent.parent)
-                    or f"cannot make {base}: {exc.strerror}", str(base), "valid: a folder of your own that only "
-                    "you can reach (set XDG_CACHE_HOME to one)")
-    trust.check(trust.reason(base) or _private_reason(base) or trust.chain_reason(base.parent), str(base),
-                "valid: a folder of your own that only you can reach")
-    return base
-
-
-def _private_reason(folder: Path) -> str | None:
-    mode = folder.stat().st_mode & 0o777
-    return f"{folder} has mode {mode:o}: others could reach the connection's socket" if mode & 0o077 else None
+    return trust.private_folder(base, "XDG_CACHE_HOME", "the connection's socket")
