@@ -50,12 +50,16 @@ class SubmitRequest:
     resolved: Resolved
     job_folder: Path
     """submitit's folder, inside the run (or sweep) folder."""
-    shape: Shape
     plan: Plan | None
     """The job's supervisor's plan (None for a Ray run, whose driver owns its recovery)."""
     script: str
     dependency: str | None = None
     array: ArraySpec | None = None
+
+    @property
+    def shape(self) -> Shape:
+        """The job's nodes and tasks (config.shape), as the script asks for them."""
+        return self.resolved.shape
 
     @property
     def run_paths(self) -> RunPaths:
@@ -149,4 +153,4 @@ def build(resolved: Resolved, job_folder: Path, array: ArraySpec | None = None,
         plan=plan, array=array.array if array else None, dependency=dependency, sweep=sweep,
         code_dir=str(RunPaths(job_folder.parent).code_dir) if resolved.snapshot else None,
         rank_python=rank_python(resolved)))
-    return SubmitRequest(resolved, job_folder, resolved.shape, plan, script, dependency, array)
+    return SubmitRequest(resolved, job_folder, plan, script, dependency, array)

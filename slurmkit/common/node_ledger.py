@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -24,6 +25,8 @@ from pydantic import BaseModel
 
 from slurmkit import trust
 from slurmkit.common.locked import LockedJson, Record
+from slurmkit.common.slurm_env import slurm_job_id
+from slurmkit.errors import SlurmkitError, squash
 
 BlameCause = Literal["health_gate", "lost", "hang", "straggler"]
 KEEP_S = 90 * 86400
@@ -78,6 +81,18 @@ class NodeLedger(LockedJson[Blames]):
             if len(kept) != len(blames):
                 self._save(Blames(blames=kept))
             return len(blames) - len(kept)
+
+
+def blame_here(found: Iterable[tuple[str, BlameCause]], run_id: str) -> None:
+    """Blames from inside a job (its supervisor, its rank 0), into the user's ledger of the job's
+    cluster (SLURM_CLUSTER_NAME): a ledger that cannot be written costs the run nothing but the
+    memory, said in one line."""
+    at, job_id = time.time(), slurm_job_id()
+    try:
+        NodeLedger(os.environ.get("SLURM_CLUSTER_NAME", "")).add(
+            Blame(node=node, cause=cause, time=at, run_id=run_id, job_id=job_id) for node, cause in found)
+    except (OSError, SlurmkitError) as exc:
+        print(f"slurmkit: the node ledger was not written: {squash(str(exc))}", file=sys.stderr, flush=True)
 
 
 def recent(blames: list[Blame], window_s: float, now: float | None = None) -> dict[str, list[Blame]]:

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-import time
 from dataclasses import replace
 
 from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import HangMarker, HealthReport, PruneRequest, RestartRequest, Stopped
-from slurmkit.common.node_ledger import Blame, BlameCause, NodeLedger
+from slurmkit.common.node_ledger import blame_here
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import RunFile, RunRecord
-from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
-from slurmkit.errors import SlurmError, SlurmkitError, squash
+from slurmkit.common.slurm_env import expand_hostlist
+from slurmkit.errors import SlurmError
 from slurmkit.slurm import commands
 from slurmkit.supervisor import policy
 from slurmkit.supervisor.allocation import Allocation
@@ -114,7 +112,7 @@ def write_down(paths: RunPaths, d: Decision) -> None:
     """The Decision's part of run.json (one locked write, where it has one), and its blame in the
     user's node ledger."""
     if d.blame:
-        blame(d.blame, paths.run_id)
+        blame_here(d.blame, paths.run_id)
     if d.failure or d.entry or d.final or d.unhealthy or d.preempted:
         with RunFile(paths).editing() as record:
             if d.failure:
@@ -126,17 +124,6 @@ def write_down(paths: RunPaths, d: Decision) -> None:
             record.unhealthy.extend(d.unhealthy)
             if d.preempted:
                 record.preempted = d.preempted
-
-
-def blame(found: tuple[tuple[str, BlameCause], ...], run_id: str) -> None:
-    """Into the user's ledger of this cluster (SLURM_CLUSTER_NAME): a ledger that cannot be written
-    costs this run nothing but the memory, said in one line."""
-    at, job_id = time.time(), slurm_job_id()
-    try:
-        NodeLedger(os.environ.get("SLURM_CLUSTER_NAME", "")).add(
-            Blame(node=node, cause=cause, time=at, run_id=run_id, job_id=job_id) for node, cause in found)
-    except (OSError, SlurmkitError) as exc:
-        print(f"slurmkit: the node ledger was not written: {squash(str(exc))}", file=sys.stderr, flush=True)
 
 
 def requeue(paths: RunPaths, job_id: str, d: Decision) -> None:

@@ -27,9 +27,8 @@ from typing import Any
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import Straggler, Stragglers
-from slurmkit.common.node_ledger import Blame, NodeLedger
+from slurmkit.common.node_ledger import blame_here
 from slurmkit.common.slurm_env import STRAGGLER_SCORE_ENV
-from slurmkit.errors import SlurmkitError
 from slurmkit.worker.process_group import Dist
 
 PERIOD_ENV = "SLURMKIT_STRAGGLER_PERIOD_S"
@@ -156,12 +155,7 @@ class Sharing:
         if self.paths is None:
             return
         Stragglers(named).write(self.paths)
-        try:
-            NodeLedger(os.environ.get("SLURM_CLUSTER_NAME", "")).add(
-                Blame(node=s.node, cause="straggler", time=time.time(), run_id=self.paths.run_id,
-                      job_id=os.environ.get("SLURM_JOB_ID", "")) for s in new)
-        except (OSError, SlurmkitError) as exc:
-            print(f"slurmkit: the node ledger was not written: {exc}", file=sys.stderr, flush=True)
+        blame_here(((s.node, "straggler") for s in new), self.paths.run_id)
 
 
 def sharing(dist: Dist, run_dir: str | None) -> Sharing | None:
