@@ -18,6 +18,7 @@ import jinja2
 from slurmkit import trust
 from slurmkit.common import ports
 from slurmkit.common.layout import expand_root
+from slurmkit.common.slurm_env import rank_env
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.config.fields import has_control, sbatch_safe
 from slurmkit.config.profile import ClusterProfile
@@ -225,6 +226,7 @@ def render(inp: RenderInput) -> str:
         "env": resolved.spec.env,
         "slurm": resolved.profile.executor == "slurm",
         "ray_port": ports.ray_port_shell(),
+        "rank_env": rank_env(resolved.profile.startup_timeout_s, resolved.profile.straggler_score),
     }
     try:
         return env.get_template(ENTRY_TEMPLATE).render(context)

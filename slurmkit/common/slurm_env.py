@@ -13,6 +13,13 @@ STARTUP_TIMEOUT_ENV = "SLURMKIT_STARTUP_TIMEOUT_S"
 STRAGGLER_SCORE_ENV = "SLURMKIT_STRAGGLER_SCORE"
 """The profile's straggler_score, as every rank gets it (worker.ft.straggler)."""
 
+
+def rank_env(startup_timeout_s: float, straggler_score: float) -> dict[str, str]:
+    """What every rank gets from the profile: the batch script exports it on Slurm, the local
+    executor sets it for its ranks."""
+    return {STARTUP_TIMEOUT_ENV: str(startup_timeout_s), STRAGGLER_SCORE_ENV: str(straggler_score)}
+
+
 _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
 # What a job's own environment says about that job, and what slurmkit sets for a run's ranks (its
 # run folder, markers, rendezvous, tracker runs): a run started from inside one (a nested pipeline)

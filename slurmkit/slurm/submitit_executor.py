@@ -25,7 +25,7 @@ from slurmkit.build import SubmitRequest, python_command, rank_python, submitit_
 from slurmkit.common import perms, ports
 from slurmkit.common.atomic import atomic_write, atomic_write_text
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.slurm_env import STARTUP_TIMEOUT_ENV, STRAGGLER_SCORE_ENV, outer_job_env
+from slurmkit.common.slurm_env import outer_job_env, rank_env
 from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.resolved import Resolved
 from slurmkit.errors import SlurmkitError
@@ -249,8 +249,7 @@ def local_executor(folder: Path, resolved: Resolved) -> Any:
     """submitit's LocalExecutor (SafeLocalExecutor): every rank a process on this machine."""
     ex = SafeLocalExecutor(folder, max_num_timeout=resolved.profile.requeue.timeout,
                            python=python_command(resolved))
-    ex.rank_env = {STARTUP_TIMEOUT_ENV: str(resolved.profile.startup_timeout_s),
-                   STRAGGLER_SCORE_ENV: str(resolved.profile.straggler_score)}
+    ex.rank_env = rank_env(resolved.profile.startup_timeout_s, resolved.profile.straggler_score)
     r = resolved.resources
     assert r.time is not None
     # On Slurm a time of 0 means no limit; submitit's local executor would kill the job at once.
