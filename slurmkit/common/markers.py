@@ -166,7 +166,7 @@ class HangMarker:
     startup: bool = False
 
     def write(self, paths: RunPaths) -> None:
-        atomic_write_text(paths.hang_marker(self.rank), json.dumps(asdict(self)) + "\n")
+        atomic_write_text(paths.hang_marker(self.rank), self.describe() + "\n")
 
     def describe(self) -> str:
         """The restart's detail: the marker as its file holds it (JSON: rank, idle_s, time, startup)."""
