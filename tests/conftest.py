@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +225,24 @@ def wait_until(predicate: Any, timeout_s: float = 90, what: str = "", poll_s: fl
             return
         time.sleep(poll_s)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def slow_down(pid: int, until: Callable[[], bool], looks: int = 60) -> bool:
+    """Slow a process from outside: stopped 20 ms of every 30 (SIGSTOP/SIGCONT), with a look at
+    `until` every 100 cycles (3 s), at most `looks` times; whether `until` came true. A process
+    gone meanwhile ends it; the process is left running (SIGCONT) whatever happens."""
+    try:
+        for _ in range(looks):
+            for _ in range(100):
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(0.02)
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(0.01)
+            if until():
+                return True
+    except ProcessLookupError:
+        return until()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    return False

@@ -174,6 +174,16 @@ class RunPaths:
         """The ranks rank 0 names as stragglers now (common.markers.Stragglers)."""
         return self.run_dir / "stragglers.json"
 
+    @property
+    def straggler_scores(self) -> Path:
+        """Rank 0's straggler readings over time, one JSON line each (worker.ft.straggler)."""
+        return self.run_dir / "scores.jsonl"
+
+    @property
+    def startup_marker(self) -> Path:
+        """Rank 0's startup watch: when it began, and when its first step came (common.markers.StartupWatched)."""
+        return self.run_dir / "startup.json"
+
     def hang_marker(self, rank: int) -> Path:
         return self.run_dir / f"hang-rank{rank}.json"
 

@@ -11,8 +11,11 @@ writes it and who reads it, and the only code that reads or writes them. RunPath
 - stopped.json (Stopped): written by rank 0 once the ranks stopped on a signal (and saved, where
   they keep checkpoints): the ranks' typed end of the step. Read by the job's supervisor, the one
   decider of what comes next (slurmkit.supervisor: requeue or not).
-- hang-rankN.json (HangMarker): written by rank N's watchdog (train.incarnation); read and removed by
-  the policy after the step failed (cause hang).
+- hang-rankN.json (HangMarker): written by rank N's watchdog (train.incarnation), or as
+  hang-rank-1.json by the supervisor's outside watch (supervisor.watch: no rank could say); read
+  and removed by the policy after the step failed (cause hang, startup_hang).
+- startup.json (StartupWatched): written by rank 0's startup watch (worker.ft.watchdog) when it
+  begins and again at its first step; read by the supervisor's outside watch (supervisor.watch).
 - health-NODE.json (HealthReport): written by the health gate on a node that fails it
   (worker.health); read and removed by the supervisor (supervisor.effects.health_failed).
 - command-stop-JOB.RANK.json (CommandStop): written by a command run's script, from its
@@ -161,6 +164,7 @@ class HangMarker:
     startup timeout's watch fired)."""
 
     rank: int
+    """-1: the supervisor's outside watch, for the whole step (every rank frozen)."""
     idle_s: float
     time: float
     startup: bool = False
@@ -171,6 +175,11 @@ class HangMarker:
     def describe(self) -> str:
         """The restart's detail: the marker as its file holds it (JSON: rank, idle_s, time, startup)."""
         return json.dumps(asdict(self))
+
+    @staticmethod
+    def any(paths: RunPaths) -> bool:
+        """Whether some rank's hang marker is there (left in place)."""
+        return bool(paths.hang_markers())
 
     @staticmethod
     def take_all(paths: RunPaths) -> list[HangMarker]:
@@ -188,6 +197,35 @@ class HangMarker:
     @staticmethod
     def now(rank: int, idle_s: float, startup: bool = False) -> HangMarker:
         return HangMarker(rank, round(idle_s, 1), time.time(), startup)
+
+
+@dataclass(frozen=True)
+class StartupWatched:
+    """Rank 0's startup watch in this step (job, incarnation, attempt): begun at `begun` for
+    `timeout_s`, ended at `first_step` (None: not yet)."""
+
+    job_id: str
+    restart_count: int
+    attempt: int
+    begun: float
+    timeout_s: float
+    first_step: float | None = None
+
+    def write(self, paths: RunPaths) -> None:
+        atomic_write_text(paths.startup_marker, json.dumps(asdict(self)) + "\n")
+
+    @staticmethod
+    def read(paths: RunPaths, job_id: str, restart_count: int, attempt: int) -> StartupWatched | None:
+        """This step's record; None where there is none (an unwatched run, an older step's, unreadable)."""
+        found = _read_json(paths.startup_marker)
+        try:
+            watched = StartupWatched(**found) if found is not None else None
+        except TypeError:
+            return None
+        if watched is None or (watched.job_id, watched.restart_count, watched.attempt) != (job_id, restart_count,
+                                                                                          attempt):
+            return None
+        return watched
 
 
 @dataclass(frozen=True)

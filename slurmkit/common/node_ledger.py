@@ -28,7 +28,7 @@ from slurmkit.common.locked import LockedJson, Record
 from slurmkit.common.slurm_env import slurm_job_id
 from slurmkit.errors import SlurmkitError, squash
 
-BlameCause = Literal["health_gate", "lost", "hang", "straggler"]
+BlameCause = Literal["health_gate", "lost", "hang", "crash", "straggler"]
 KEEP_S = 90 * 86400
 """Blames older than this are dropped at the next write: no window reaches that far."""
 

@@ -62,6 +62,9 @@ class Failure(Record):
     """The error's signature (its exception line)."""
     step: int | None = None
     time: str = ""
+    node: str | None = None
+    """The one node whose ranks raised by themselves, where the job spans more and their nodes are
+    known (a node whose ranks crash twice in a run is blamed in the node ledger)."""
 
 
 class UnhealthyNode(Record):

@@ -160,6 +160,12 @@ class ClusterProfile(Strict):
     """A rank whose own step work scores below this for three readings in a row (about 10 s apart)
     is named a straggler: in its run's log, `slurmkit status` and the node ledger. The score is the
     fastest rank's median over the rank's own (1.0: the fastest). 0 turns the scoring off."""
+    straggler_action: Literal["warn", "replace"] = "warn"
+    """What a straggler that lasts straggler_patience_s gets: warn names it only; replace replaces its
+    node the way a lost one is: in the job where the job holds a spare node or is elastic (the ranks
+    stop at an agreed step and save first), else it is left out at the run's next requeue."""
+    straggler_patience_s: float = Field(300.0, ge=0)
+    """Seconds a rank stays named a straggler before straggler_action: replace acts on it."""
     startup_timeout_s: float = Field(600.0, ge=0)
     """Seconds from a rank's start to its first completed step before it is a hang (cause
     startup_hang: its stack dumped, restarted as a hang is): a node that never joins the

@@ -17,7 +17,7 @@ from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed,
 from slurmkit.common.record import RunFile
 from slurmkit.errors import SlurmkitError
 from slurmkit.insight import cost, goodput, report_html
-from slurmkit.insight.report_data import ReportData, Segment, headline
+from slurmkit.insight.report_data import ReportData, Segment, headline, rank_series
 from slurmkit.insight.report_html import STATE_COLORS
 from slurmkit.jsontypes import JsonObject
 
@@ -107,7 +107,7 @@ def collect(paths: RunPaths) -> ReportData:
                        "cost": spent.as_dict()},
                       [(step, r.cause + ("" if r.kind == "requeue" else f", {r.kind.replace('_', '-')}"))
                        for r in restarts if (step := r.resumed_step if r.resumed_step is not None else r.step)
-                       is not None], logged_points(paths.logged))
+                       is not None], list(iter_records(paths.straggler_scores)), logged_points(paths.logged))
 
 
 def _plt() -> Any:
@@ -179,7 +179,7 @@ def _restart_marks(axes: list[Any], data: ReportData) -> None:
 def figure(data: ReportData) -> Any:
     """The report's matplotlib figure: loss, throughput and MFU, GPU use (only with GPU samples), timeline."""
     plt = _plt()
-    panels = 4 if data.gpu else 3
+    panels = 3 + bool(data.gpu) + bool(data.scores)
     fig, axes = plt.subplots(panels, 1, figsize=(10, 3 * panels), constrained_layout=True)
     t0 = min([s.queued or s.start or 0.0 for s in data.segments] or [0.0])
     steps = [s["step"] for s in data.steps]
@@ -203,9 +203,23 @@ def figure(data: ReportData) -> Any:
         axes[2].legend(fontsize=7)
         axes[2].set_ylabel("GPU util % (mean)")
         axes[2].set_xlabel("seconds since the first submit")
+    if data.scores:
+        _scores(axes[-2], data, t0)
     _timeline(axes[-1], data, t0)
     fig.suptitle(plain(f"run {data.run_id}: {headline(data.accounting)}"), fontsize=9)
     return fig
+
+
+def _scores(ax: Any, data: ReportData, t0: float) -> None:
+    """Each rank that was among the slowest at some reading, its score over time; the median in grey."""
+    ax.plot([r["time"] - t0 for r in data.scores], [r["median"] for r in data.scores], color="#9e9e9e",
+            linewidth=0.8, label="median")
+    for rank in rank_series(data.scores):
+        points = [(r["time"] - t0, score) for r in data.scores for k, score in r["slowest"] if k == rank]
+        ax.plot([t for t, _ in points], [v for _, v in points], ".-", linewidth=0.8, label=f"rank {rank}")
+    ax.set_ylabel("straggler score (1.0: the fastest)")
+    ax.set_xlabel("seconds since the first submit")
+    ax.legend(fontsize=7, loc="lower left")
 
 
 def _logged(ax: Any, data: ReportData) -> None:

@@ -39,6 +39,8 @@ class ReportData:
     restarts: list[tuple[int, str]] = field(default_factory=list)
     """Every restart at the step training went on from (the checkpoint resumed, or the failed step's
     start for an in-job one), with its cause: marked on the curves."""
+    scores: list[JsonObject] = field(default_factory=list)
+    """Rank 0's straggler readings (scores.jsonl: time, median, slowest [[rank, score]...]), oldest first."""
     logged: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     """What the run's own code logged (logged.jsonl), by name: (step, mean value) points, oldest
     first, at most about MAX_POINTS a name and MAX_LOGGED names (the newest logged)."""
@@ -58,3 +60,12 @@ def headline(a: goodput.Goodput) -> str:
 def _secs(seconds: float) -> str:
     """Seconds as a report prints them: tenths below ten, so a short run reads 0.4 s, not 0 s."""
     return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def rank_series(readings: list[JsonObject], most: int = 6) -> list[int]:
+    """The ranks worth a line: those with the lowest scores any reading saw, at most `most`."""
+    lowest: dict[int, float] = {}
+    for r in readings:
+        for rank, score in r["slowest"]:
+            lowest[rank] = min(score, lowest.get(rank, 1.0))
+    return sorted(lowest, key=lambda k: (lowest[k], k))[:most]

@@ -10,7 +10,7 @@ import math
 from importlib import resources
 from typing import Any
 
-from slurmkit.insight.report_data import ReportData, headline
+from slurmkit.insight.report_data import ReportData, headline, rank_series
 from slurmkit.jsontypes import JsonObject
 
 STATE_COLORS = {"COMPLETED": "#2e7d32", "LOCAL": "#2e7d32", "RUNNING": "#1565c0", "REQUEUED": "#ef6c00",
@@ -85,10 +85,22 @@ def _tables(data: ReportData) -> str:
                      f"<td>{len(pts)}</td></tr>" for name, pts in data.logged.items())
     logged_table = (f"<h2>Logged by the run's own code</h2><table><tr><th>name</th><th>last value</th><th>at step"
                     f"</th><th>points</th></tr>{logged}</table>") if logged else ""
-    return (f"{logged_table}<h2>Goodput</h2><table>{rows}</table>"
+    return (f"{logged_table}{_scores(data)}<h2>Goodput</h2><table>{rows}</table>"
             f"<h2>Incarnations</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>state</th><th>restarted "
             f"because</th><th>in-job restarts</th><th>start-up (s)</th></tr>{segs}</table>"
             f"{_code(data.summary.get('snapshot'))}")
+
+
+def _scores(data: ReportData) -> str:
+    """The slowest ranks' straggler scores over the run: each one's lowest, its last and how many readings."""
+    if not data.scores:
+        return ""
+    rows = ""
+    for rank in rank_series(data.scores):
+        seen = [score for r in data.scores for k, score in r["slowest"] if k == rank]
+        rows += f"<tr><td>{rank}</td><td>{min(seen):.2f}</td><td>{seen[-1]:.2f}</td><td>{len(seen)}</td></tr>"
+    return (f"<h2>Straggler scores</h2><p>{len(data.scores)} readings; 1.0 is the fastest rank.</p><table><tr><th>"
+            f"rank</th><th>lowest</th><th>last</th><th>readings among the slowest</th></tr>{rows}</table>")
 
 
 def _code(snap: JsonObject | None) -> str:

@@ -8,7 +8,9 @@ them, and the supervisor passes Slurm's signal on to them.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 
 from slurmkit.common.supervisor_plan import Plan
@@ -65,3 +67,12 @@ def start(argv: list[str]) -> subprocess.Popen[bytes]:
     """Start a step with the caller's environment; the caller waits for it (and passes signals on)."""
     CALLS[argv[0]] += 1
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+
+
+def end(proc: subprocess.Popen[bytes]) -> None:
+    """End a step whose tasks cannot end it themselves (frozen): two SIGINTs within a second make
+    srun send SIGCONT, SIGTERM and, KillWait later, SIGKILL to every task (srun(1), "Signals"),
+    which reaches a stopped process too. The caller goes on waiting for srun to exit."""
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)

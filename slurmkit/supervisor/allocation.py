@@ -12,7 +12,7 @@ sinfo calls down (measured on the dev cluster, 22.05). Read from Slurm by the de
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -45,3 +45,7 @@ class Allocation:
     def step_nodes(self) -> int:
         """Nodes the next step runs on: as many as before, fewer only where elastic allows."""
         return min(self.needed, len(self.healthy))
+
+    def without(self, node: str) -> Allocation:
+        """This allocation with `node` left out of every later step (a straggler's, replaced)."""
+        return replace(self, unusable=self.unusable if node in self.unusable else (*self.unusable, node))

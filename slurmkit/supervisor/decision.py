@@ -32,6 +32,11 @@ class Action(enum.StrEnum):
     """The ranks restart inside their own processes, from memory (slurmkit.worker.train.warm)."""
     ESCALATE = "escalate"
     """No warm restart: the ranks re-raise, their step fails, and the supervisor decides."""
+    REPLACE_IN_JOB = "replace_in_job"
+    """The ranks stop at an agreed step (they save), then a new step of the ranks in this allocation
+    leaves out the Decision's `exclude` (a straggler's node)."""
+    CONTINUE = "continue"
+    """The ranks go on; the Decision's effects only (`avoid_next`)."""
     REQUEUE = "requeue"
     """The job goes back through Slurm's queue (asked for by the job's supervisor)."""
     END = "end"
@@ -46,9 +51,10 @@ class Decision:
     step: int | None = None
     """The step the failure or stop happened at, where known."""
     nodes: int | None = None
-    """RESTART_IN_JOB: the node count of the next step (None: as many as before)."""
+    """RESTART_IN_JOB, REPLACE_IN_JOB: the node count of the next step (None: as many as before)."""
     exclude: tuple[str, ...] = ()
-    """RESTART_IN_JOB: held nodes the next step leaves out; REQUEUE: nodes the requeued job avoids."""
+    """RESTART_IN_JOB, REPLACE_IN_JOB: held nodes the next step leaves out; REQUEUE: nodes the requeued
+    job avoids."""
     why: Why | None = None
     message: str = ""
     """One line for the job's log; never parsed."""
@@ -56,13 +62,15 @@ class Decision:
     failure: Failure | None = None
     """An error to note in run.json's `failures` (a deterministic one ends the run when seen twice)."""
     entry: RestartEntry | None = None
-    """RESTART_IN_JOB, RESTART_WARM: the restart entry to append to run.json."""
+    """RESTART_IN_JOB, RESTART_WARM, REPLACE_IN_JOB: the restart entry to append to run.json."""
     final: str | None = None
     """END: the verdict to record (run.json's `final`): the run must not be restarted again."""
     unhealthy: tuple[UnhealthyNode, ...] = ()
     """Nodes that failed the health gate, to record."""
     preempted: Preempted | None = None
     """END (cancel_mode): the preemption Slurm ended for good, to record."""
+    avoid_next: tuple[str, ...] = ()
+    """Nodes the run's next requeue leaves out, whatever its cause (run.json's excluded_nodes)."""
     blame: tuple[tuple[str, BlameCause], ...] = ()
     """(node, cause) for the user's node ledger (common.node_ledger): a failed health gate, a lost
     node, the node of a hung rank."""
@@ -72,8 +80,3 @@ class Decision:
     """REQUEUE: how long a controller hiccup is retried (the grace or time the job has left)."""
     said: str = ""
     """REQUEUE, END: what the decision is about, for people (the start of `message`)."""
-
-    @property
-    def restarts_here(self) -> bool:
-        """The ranks start again inside this allocation (a new step, or warm in their processes)."""
-        return self.action in (Action.RESTART_IN_JOB, Action.RESTART_WARM)

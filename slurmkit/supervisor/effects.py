@@ -74,17 +74,19 @@ def health_failed(paths: RunPaths) -> policy.HealthFailed:
     return policy.HealthFailed(tuple(HealthReport.take_all(paths)))
 
 
-def read_allocation(job_id: str, step_nodes: int | None, least: int | None) -> Allocation | None:
+def read_allocation(job_id: str, step_nodes: int | None, least: int | None,
+                    avoid: tuple[str, ...] = ()) -> Allocation | None:
     """What the job holds now, or None where Slurm cannot say. `step_nodes`: the nodes the last
     step of the ranks ran on, for a job that shrinks (spare nodes, elastic); None for one that never
     does (a lost node ends it), where only its nodes' states are asked. `least`: the fewest a step
-    may run on."""
+    may run on. `avoid`: held nodes this job has left out already (a straggler's, replaced)."""
     started = tuple(expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", "")))
     try:
         held = tuple(commands.job_nodes(job_id)) if step_nodes is not None else started
         unusable = tuple(commands.unusable_nodes(",".join(held))) if held else ()
     except SlurmError:
         return None
+    unusable += tuple(n for n in avoid if n in held and n not in unusable)
     return Allocation(started, held, unusable, step_nodes or len(started), least)
 
 
@@ -113,7 +115,7 @@ def write_down(paths: RunPaths, d: Decision) -> None:
     user's node ledger."""
     if d.blame:
         blame_here(d.blame, paths.run_id)
-    if d.failure or d.entry or d.final or d.unhealthy or d.preempted:
+    if d.failure or d.entry or d.final or d.unhealthy or d.preempted or d.avoid_next:
         with RunFile(paths).editing() as record:
             if d.failure:
                 record.failures.append(d.failure)
@@ -124,6 +126,7 @@ def write_down(paths: RunPaths, d: Decision) -> None:
             record.unhealthy.extend(d.unhealthy)
             if d.preempted:
                 record.preempted = d.preempted
+            record.excluded_nodes = sorted({*record.excluded_nodes, *d.avoid_next})
 
 
 def requeue(paths: RunPaths, job_id: str, d: Decision) -> None:

@@ -7,7 +7,10 @@
   without it (a HealthFailed event) and the supervisor exits 1.
 - LAUNCH: one srun step of the ranks (slurm.steps), or the standby step taking over; beside it the
   standby step for the next attempt, where the profile has standby ranks.
-- RUNNING: wait for the step. Slurm's batch signal (the profile's, --signal=B:SIG) comes to this
+- RUNNING: wait for the step, and watch it from outside (supervisor.watch): a startup hang no rank
+  can report ends the step; a straggler named for the profile's straggler_patience_s is asked of
+  the policy, and REPLACE_IN_JOB stops the ranks at an agreed step (the profile's signal) and
+  starts the next attempt without its node. Slurm's batch signal (the profile's, --signal=B:SIG) comes to this
   process; its handler only sets a flag, and the loop passes the signal on to the ranks' step.
   SIGTERM is noted and not passed on: Slurm sends it to the ranks' step itself, and this process
   must outlive it to decide once the ranks have saved. After it, the step's end is that stop,
@@ -42,6 +45,7 @@ from slurmkit import trust
 from slurmkit.common import outcomes, ports
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import StandbyGo, Stopped
+from slurmkit.common.record import RunFile
 from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.errors import SlurmkitError
@@ -50,8 +54,9 @@ from slurmkit.slurm.steps import Container
 from slurmkit.supervisor import effects
 from slurmkit.supervisor.allocation import Allocation
 from slurmkit.supervisor.decision import Action, Decision
-from slurmkit.supervisor.policy import Event
+from slurmkit.supervisor.policy import Event, StragglerLasted
 from slurmkit.supervisor.signal_inbox import SignalInbox
+from slurmkit.supervisor.watch import OutsideWatch
 
 
 class State(enum.StrEnum):
@@ -76,6 +81,10 @@ class Supervisor:
         self.nodes = plan.shrink.nodes if plan.shrink else None
         self.exclude: tuple[str, ...] = ()
         self._standby: subprocess.Popen[bytes] | None = None
+        self.avoided: tuple[str, ...] = ()
+        """Nodes this job's later steps leave out: stragglers replaced (REPLACE_IN_JOB)."""
+        self.replacing: Decision | None = None
+        """REPLACE_IN_JOB decided in this attempt: once the ranks have stopped, the next attempt starts."""
         self.terminated = False
         """Slurm's SIGTERM came: the job is ending, by Slurm's hand (_stop_of)."""
         if plan.launcher == "torchrun":  # c10d on the first node; the job's own id, as MASTER_PORT is picked
@@ -94,8 +103,13 @@ class Supervisor:
                 ranks = taken if taken is not None else self._launch()
                 self._start_standby()
                 self._enter(State.RUNNING)
-                rc = self._wait(ranks)
+                rc = self._wait(ranks, self._outside_watch())
                 stopped = self._stop_of(rc)
+                if stopped is not None and self.replacing is not None and not self.terminated:
+                    self._enter(State.DECIDING, exit_code=rc)  # decided already: the stop was the replacement's
+                    self._next_attempt(self.replacing, None)
+                    taken = None
+                    continue
                 if stopped is not None:  # the ranks stopped as asked (and saved): not a failure
                     self._enter(State.DECIDING, exit_code=rc)
                     after_stop(self.paths, self.job_id, stopped)
@@ -126,12 +140,39 @@ class Supervisor:
             return found or Stopped(self.job_id, outcomes.restart_count(), self.attempt, None, False, time.time())
         return a_stop(found, rc)
 
+    def _allocation(self) -> Allocation | None:
+        least = self.plan.shrink.least if self.plan.shrink else None
+        return effects.read_allocation(self.job_id, self.nodes, least, self.avoided)
+
     def _decide(self, rc: int) -> Decision:
-        alloc = effects.read_allocation(self.job_id, self.nodes, self.plan.shrink.least if self.plan.shrink else None)
-        return decide(self.paths, self.job_id, lambda: effects.step_failed(self.paths, self.job_id, rc), alloc,
-                      said=f"ranks failed (exit {rc}); ", attempt=self.attempt)
+        return decide(self.paths, self.job_id, lambda: effects.step_failed(self.paths, self.job_id, rc),
+                      self._allocation(), said=f"ranks failed (exit {rc}); ", attempt=self.attempt)
+
+    def _outside_watch(self) -> OutsideWatch:
+        profile = RunFile(self.paths).read().profile
+        patience = profile.straggler_patience_s if profile.straggler_action == "replace" else None
+        return OutsideWatch(self.paths, self.job_id, self.attempt, time.time(), patience)
+
+    def _look(self, watch: OutsideWatch, proc: subprocess.Popen[bytes]) -> None:
+        """What the outside watch sees now, acted on (supervisor.watch)."""
+        now = time.time()
+        if not watch.due(now) or self.terminated or self.replacing is not None:
+            return
+        if (hung := watch.frozen(now)) is not None:
+            hung.write(self.paths)
+            _say(f"no rank reached its first step within {hung.idle_s:.0f} s and none could say so: "
+                 "ending the step (startup hang, seen from outside)")
+            self._event("startup_hang_outside", idle_s=hung.idle_s)
+            steps.end(proc)
+        elif (slow := watch.lasting(now)) is not None:
+            decision = decide(self.paths, self.job_id, lambda: StragglerLasted(slow, round(now - slow.since, 1)),
+                              self._allocation(), attempt=self.attempt)
+            if decision.action is Action.REPLACE_IN_JOB:
+                self.replacing, self.avoided = decision, (*self.avoided, slow.node)
+                proc.send_signal(self._forwarded)
 
     def _next_attempt(self, decision: Decision, taken: subprocess.Popen[bytes] | None) -> None:
+        self.replacing = None
         self.attempt += 1
         os.environ[outcomes.ATTEMPT_ENV] = str(self.attempt)  # the policy's outcomes.attempt(), and the step's
         if taken is not None:  # the standby ranks take this attempt (slurmkit.worker.standby)
@@ -174,9 +215,10 @@ class Supervisor:
         self._forwarded = int(getattr(signal, f"SIG{self.plan.signal}"))
         self._inbox = SignalInbox((self._forwarded, int(signal.SIGTERM))).install()
 
-    def _wait(self, proc: subprocess.Popen[bytes]) -> int:
+    def _wait(self, proc: subprocess.Popen[bytes], watch: OutsideWatch | None = None) -> int:
         """The step's exit status; Slurm's signal, meanwhile, goes on to the step (srun passes it to
-        every task) and the wait goes on until srun itself exits."""
+        every task) and the wait goes on until srun itself exits. The ranks' step is watched from
+        outside as well (`watch`)."""
         try:
             pidfd: int | None = os.pidfd_open(proc.pid)
         except OSError:  # a kernel before 5.3: poll instead
@@ -192,6 +234,8 @@ class Supervisor:
                     self._event("signal", signal=signal.Signals(signum).name, forwarded=forward)
                     if forward:
                         proc.send_signal(signum)
+                if watch is not None:
+                    self._look(watch, proc)
         finally:
             if pidfd is not None:
                 os.close(pidfd)

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
 from slurmkit.common.cause import Cause
-from slurmkit.common.markers import HangMarker, HealthReport, PruneRequest
+from slurmkit.common.markers import HangMarker, HealthReport, PruneRequest, Straggler
 from slurmkit.common.node_ledger import BlameCause
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import Failure, Preempted, RestartEntry, RunRecord, UnhealthyNode
@@ -110,12 +110,20 @@ class RankRaised:
     """It would restore from the live state (no step lost), not the host copy."""
 
 
-Event = StepFailed | StepStopped | HealthFailed | RankRaised
+@dataclass(frozen=True)
+class StragglerLasted:
+    """Rank 0 has named `straggler` for the profile's straggler_patience_s (straggler_action: replace)."""
+
+    straggler: Straggler
+    lasted_s: float
+
+
+Event = StepFailed | StepStopped | HealthFailed | RankRaised | StragglerLasted
 
 
 def decide(state: State, event: Event) -> Decision:
     """What comes next. Every restart, in the job or through the queue, is decided here."""
-    if state.pruned is not None:
+    if state.pruned is not None and not isinstance(event, StragglerLasted):
         return _pruned(state, event, state.pruned)
     if isinstance(event, StepFailed):
         return _step_failed(state, event)
@@ -123,6 +131,8 @@ def decide(state: State, event: Event) -> Decision:
         return _step_stopped(state, event)
     if isinstance(event, HealthFailed):
         return _health_failed(state, event)
+    if isinstance(event, StragglerLasted):
+        return _straggler_lasted(state, event)
     return _rank_raised(state, event)
 
 
@@ -184,6 +194,7 @@ def _step_failed(s: State, e: StepFailed) -> Decision:
         # Every rank of this step recorded success: it failed while exiting, after its work was done.
         return Decision(Action.COMPLETE, message=f"srun exit {e.exit_code}, but every rank had finished its work")
     step, lost, failure = s.last_step, newly_lost(s), None
+    crashed: list[tuple[str, BlameCause]] = []
     if e.hangs:
         startup = any(h.startup for h in e.hangs)
         cause, detail = (Cause.STARTUP_HANG if startup else Cause.HANG), e.hangs[0].describe()
@@ -196,20 +207,32 @@ def _step_failed(s: State, e: StepFailed) -> Decision:
             return Decision(Action.END, cause, step, why="deterministic",
                             final=f"deterministic error at step {step}: {signature}",
                             message=f"not requeued: the same error at step {step} twice ({signature})")
-        failure = Failure(error=signature, step=step, time=s.now)
+        node = _crash_node(s, e.outcomes)
+        failure = Failure(error=signature, step=step, time=s.now, node=node)
+        if node is not None and any(f.node == node for f in s.record.failures):
+            crashed = [(node, "crash")]
     decision = _stuck(s, cause, step, detail) or _in_job(s, cause, step, detail, lost) \
         or _requeue(s, cause, step, detail, bad_nodes=lost)
-    return replace(decision, failure=failure, blame=(*((n, "lost") for n in lost), *_hung_nodes(s, e.hangs)))
+    hung: list[tuple[str, BlameCause]] = [(n, "hang") for n in _nodes_of(s, [h.rank for h in e.hangs])]
+    return replace(decision, failure=failure, blame=(*((n, "lost") for n in lost), *hung, *crashed))
 
 
-def _hung_nodes(s: State, hangs: tuple[HangMarker, ...]) -> list[tuple[str, BlameCause]]:
-    """The nodes of the ranks that hung, where the step's node order is known: the incarnation's
-    first step (attempt 0) runs rank r on the job's node r // tasks_per_node, as srun places them."""
+def _nodes_of(s: State, ranks: list[int]) -> list[str]:
+    """The nodes `ranks` ran on, where the step's node order is known: the incarnation's first step
+    (attempt 0) runs rank r on the job's node r // tasks_per_node, as srun places them."""
     per_node = s.record.resources.tasks_per_node
     if s.alloc is None or s.attempt != 0 or not per_node:
         return []
-    nodes = {s.alloc.started[h.rank // per_node] for h in hangs if 0 <= h.rank < per_node * len(s.alloc.started)}
-    return [(n, "hang") for n in sorted(nodes)]
+    return sorted({s.alloc.started[r // per_node] for r in ranks if 0 <= r < per_node * len(s.alloc.started)})
+
+
+def _crash_node(s: State, found: tuple[Outcome | None, ...]) -> str | None:
+    """The one node whose ranks raised by themselves while the job's other nodes' did not: a node's
+    fault more likely than the code's (which raises on every node). None where it is not one node,
+    or the job has one node."""
+    raised = [r for r, o in enumerate(found) if o is not None and not o.ok and not o.peer_failed]
+    nodes = _nodes_of(s, raised)
+    return nodes[0] if len(nodes) == 1 and s.alloc is not None and len(s.alloc.started) > 1 else None
 
 
 def _in_job(s: State, cause: Cause, step: int | None, detail: str, lost: list[str]) -> Decision | None:
@@ -316,3 +339,27 @@ def _rank_raised(s: State, e: RankRaised) -> Decision:
                     failure=Failure(error=e.signature, step=e.step, time=s.now), message=(
                         f"restarting in the job, warm (in-job restart {n_in_job}): crash ({e.detail}) at step "
                         f"{e.step}; {r.left(Cause.CRASH) - 1} crash restart(s) left"))
+
+
+def _straggler_lasted(s: State, e: StragglerLasted) -> Decision:
+    """A straggler is replaced the way a lost node is: in the job, where it holds another node that
+    can take the straggler's place (spare nodes) or can go on without it (elastic), and has an in-job
+    restart and node_failure budget left: the ranks stop at an agreed step and save, and the next
+    step leaves the node out (REPLACE_IN_JOB). Otherwise the ranks go on, and the node is kept off
+    at the run's next requeue, whatever its cause (CONTINUE)."""
+    g = e.straggler
+    detail = f"straggler: rank {g.rank} on {g.node} scored {g.score:.2f} for {e.lasted_s:.0f} s"
+    r, alloc = s.record, s.alloc
+    without = alloc.without(g.node) if alloc is not None else None
+    if (without is not None and without.fits and r.in_job_left(s.job_id, s.restart_count)
+            and r.allowed(Cause.NODE_FAILURE)):
+        entry = RestartEntry(kind="in_job", n=s.restart_count, in_job=s.attempt + 1, job_id=s.job_id,
+                             cause=Cause.NODE_FAILURE, detail=detail, time=s.now, step=s.last_step,
+                             exclude=list(without.unusable), nodes=without.step_nodes)
+        return Decision(Action.REPLACE_IN_JOB, Cause.NODE_FAILURE, s.last_step, nodes=without.step_nodes,
+                        exclude=without.unusable, entry=entry,
+                        message=f"{detail}: the ranks stop at an agreed step and go on without {g.node} "
+                                f"(attempt {s.attempt + 1})")
+    return Decision(Action.CONTINUE, Cause.NODE_FAILURE, s.last_step, avoid_next=(g.node,),
+                    message=f"{detail}: no node to replace it in the job, so the ranks go on; the run's next "
+                            f"requeue leaves {g.node} out")

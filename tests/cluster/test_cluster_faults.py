@@ -3,14 +3,12 @@ uninterrupted run, losing at most one checkpoint interval of steps."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
 import stat
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,12 +17,11 @@ import pytest
 
 from slurmkit.common.cause import Cause
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import Stragglers
+from slurmkit.common.markers import StartupWatched, Stragglers
 from slurmkit.common.metrics import iter_records, read_records
 from slurmkit.common.node_ledger import NodeLedger
 from slurmkit.common.record import RunFile
 from slurmkit.devcluster import names, ranks
-from slurmkit.jsontypes import JsonObject
 from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs, tracker_upload
 from slurmkit.runs import logs as run_logs
@@ -32,7 +29,7 @@ from slurmkit.runs.failure import failure
 from slurmkit.worker.checkpoint import sharded
 from slurmkit.worker.checkpoint.store import CheckpointStore
 from tests import sshd
-from tests.conftest import EXAMPLES, executed_steps, steady, supervisor_events, wait_until, write_dev_profile
+from tests.conftest import EXAMPLES, executed_steps, slow_down, steady, supervisor_events, wait_until, write_dev_profile
 
 pytestmark = pytest.mark.cluster
 EVERY = 50
@@ -644,25 +641,62 @@ def test_a_crash_loop_back_to_the_same_checkpoint_ends_no_progress_with_budget_l
     assert supervisor_events(paths.run_dir, "decision")[-1]["why"] == "no_progress"
 
 
-def test_a_rank_frozen_before_its_first_step_is_a_startup_hang_restarted_in_the_job(
+def test_ranks_frozen_before_their_first_step_are_a_startup_hang_seen_from_inside_then_from_outside(
         cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
-    """Rank 1 stopped (SIGSTOP) while it starts: rank 0 waits for it in the rendezvous until its
-    startup timeout (20 s here) fires, and the step ends rather than hold the allocation to its time
-    limit; the in-job restart, a hang's path, runs the whole run again and it completes."""
-    paths, _ = start(dev_profile, "profile.startup_timeout_s=20")
+    """Attempt 0: rank 1 stopped (SIGSTOP) while it starts; rank 0 waits for it in the rendezvous
+    until its own startup timeout (20 s here) fires. Attempt 1: both ranks stopped, so neither can
+    fire: the supervisor sees rank 0's watch pass its deadline with no first step and ends the step
+    itself. Each time the step ends rather than hold the allocation to its time limit, and the
+    in-job restart, a hang's path, runs the run again; it completes."""
+    paths, job = start(dev_profile, "profile.startup_timeout_s=20", "profile.requeue.in_job=2")
 
-    def rank1() -> int | None:
+    def pid_of(rank: int, other_than: int = 0) -> int | None:
         try:
-            return ranks.rank_pid(paths, 1)
+            pid = ranks.rank_pid(paths, rank)
         except LookupError:
             return None
+        return pid if pid != other_than else None
 
-    wait_until(lambda: rank1() is not None, 120, "rank 1's process")  # while it imports torch
-    os.kill(rank1() or 0, signal.SIGSTOP)
+    def watched(attempt: int) -> StartupWatched | None:
+        return StartupWatched.read(paths, job, 0, attempt)
+
+    wait_until(lambda: pid_of(1) is not None, 120, "rank 1's process")  # while it imports torch
+    first = pid_of(1) or 0
+    os.kill(first, signal.SIGSTOP)
+    wait_until(lambda: watched(1) is not None and pid_of(0) is not None and pid_of(1, first) is not None, 240,
+               "attempt 1's ranks, rank 0's startup watch begun")
+    frozen = [pid_of(0) or 0, pid_of(1, first) or 0]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    assert (watched(1) or StartupWatched("", 0, 0, 0.0, 0.0, 1.0)).first_step is None  # frozen before it
     check(paths, reference)
-    assert [r.cause for r in RunFile(paths).read().restarts] == ["startup_hang"]  # no step had completed
+    assert [r.cause for r in RunFile(paths).read().restarts] == ["startup_hang", "startup_hang"]
     decided = [(d["action"], d["cause"]) for d in supervisor_events(paths.run_dir, "decision")]
-    assert decided == [("restart_in_job", "startup_hang")]
+    assert decided == [("restart_in_job", "startup_hang")] * 2
+    assert [e["attempt"] for e in supervisor_events(paths.run_dir, "startup_hang_outside")] == [1]
+
+
+def test_a_lasting_straggler_with_a_spare_node_is_replaced_in_the_job(cluster: None, dev_profile: Path) -> None:
+    """straggler_action: replace. A 1-node run of two ranks with a spare node: rank 1 slowed as in
+    the test below, named, and named for its patience (2 s): the supervisor asks the policy, the
+    ranks stop at an agreed step and save, and the next step runs on the spare, node2. The run
+    completes in the same incarnation, node1 blamed in the ledger."""
+    paths, job = start(dev_profile, "resources.nodes=1", "resources.spare_nodes=1", "resources.tasks_per_node=2",
+                       "config.steps=300", "config.batch_size=64", "profile.straggler_action=replace",
+                       "profile.straggler_patience_s=2", "env.SLURMKIT_STRAGGLER_PERIOD_S=1")
+    wait_step(paths, 1)
+    pid = rank_pid(paths, 1)
+
+    def replaced() -> bool:
+        return any(d["action"] == "replace_in_job" for d in supervisor_events(paths.run_dir, "decision"))
+
+    assert slow_down(pid, replaced)
+    assert finish(paths) == "COMPLETED", failure(paths, job).log_tail
+    (entry,) = RunFile(paths).read().restarts
+    assert (entry.kind, entry.cause, entry.exclude) == ("in_job", "node_failure", ["node1"])
+    assert step_nodes(job) == {f"{job}.0": "node1", f"{job}.1": "node2"} and incarnations(job) == ["COMPLETED"]
+    assert executed_steps(paths.metrics)[-1] == 300
+    assert ("node1", "straggler") in [(b.node, b.cause) for b in NodeLedger(names.CLUSTER_NAME).blames()]
 
 
 def test_a_rank_slowed_from_outside_is_named_a_straggler_and_its_node_blamed(cluster: None, dev_profile: Path) -> None:
@@ -673,20 +707,10 @@ def test_a_rank_slowed_from_outside_is_named_a_straggler_and_its_node_blamed(clu
     paths, _ = start(dev_profile, "config.steps=100000", "config.batch_size=64", "env.SLURMKIT_STRAGGLER_PERIOD_S=1")
     wait_step(paths, 1)
     pid = rank_pid(paths, 1)
-    named: list[JsonObject] = []
     try:
-        for _ in range(60):  # a look every 3 s of the duty cycle; the run outlasts them all
-            for _ in range(100):
-                os.kill(pid, signal.SIGSTOP)
-                time.sleep(0.02)
-                os.kill(pid, signal.SIGCONT)
-                time.sleep(0.01)
-            named = jobs.run_state(paths).stragglers
-            if named:
-                break
+        slow_down(pid, lambda: bool(jobs.run_state(paths).stragglers))  # a look every 3 s; the run outlasts them
+        named = jobs.run_state(paths).stragglers
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
         jobs.cancel(paths)
     assert [(s["rank"], s["node"]) for s in named] == [(1, "node2")] and named[0]["score"] < 0.7
     assert [(b.node, b.cause) for b in NodeLedger(names.CLUSTER_NAME).blames()] == [("node2", "straggler")]

@@ -17,11 +17,11 @@ import torch
 
 import slurmkit
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import CommandStop
-from slurmkit.common.metrics import read_records
+from slurmkit.common.markers import CommandStop, Stragglers
+from slurmkit.common.metrics import iter_records, read_records
 from slurmkit.runs import procs
 from slurmkit.worker.frameworks import lightning as lightning_hook
-from tests.conftest import USER_CODE, wait_until
+from tests.conftest import USER_CODE, slow_down, wait_until
 from tests.unit.test_command_stop import ranks_script_pid
 
 
@@ -56,6 +56,28 @@ def test_a_signalled_lightning_script_stops_at_one_agreed_batch_with_its_hpc_che
     assert logged and all(r["step"] % 10 == 0 and "train_loss" in r for r in logged)
     last = [int(m) for m in re.findall(r"rank=0 step=(\d+) ", log.read_text())][-1]
     assert last == stops[0].step  # no batch ran past it
+
+
+def test_a_lightning_scripts_rank_slowed_from_outside_is_named_from_the_callbacks_scores(
+        local_once: Path, lightning: Path) -> None:
+    """The unmodified script's rank 1 stopped 2/3 of the time (SIGSTOP/SIGCONT): the callback times
+    each rank's batches less its stop vote's wait, the ranks all-gather their medians over the
+    vote's group at a boundary the vote agreed on, and rank 0 names rank 1."""
+    job = slurmkit.Executor(profile=str(local_once), tasks_per_node=2, name="litslow",
+                            env={"PYTHONPATH": str(lightning), "SLURMKIT_STRAGGLER_PERIOD_S": "0.5"}).submit_command(
+        ["python", str(USER_CODE / "lightning_toy.py"), "--steps", "100000", "--devices", "2",
+         "--step-time", "0.01"])
+    paths = RunPaths(Path(job.run_dir))
+    wait_until(lambda: ranks_script_pid(paths.command_stop(job.job_id, 1), "lightning_toy.py") is not None, 180,
+               "rank 1's script", poll_s=0.2)
+    pid = ranks_script_pid(paths.command_stop(job.job_id, 1), "lightning_toy.py") or 0
+    try:
+        slow_down(pid, lambda: bool(Stragglers.read(paths)), looks=40)
+    finally:
+        job.cancel()
+    (named,) = Stragglers.read(paths)
+    assert named.rank == 1 and named.score < 0.7
+    assert any(r["slowest"][0][0] == 1 for r in iter_records(paths.straggler_scores))
 
 
 def test_a_lightning_script_that_goes_on_after_fit_is_ended_by_a_local_cancel(

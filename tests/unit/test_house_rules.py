@@ -85,7 +85,8 @@ def test_slurmkits_own_modules_are_imported_inside_functions_only_where_the_rule
 def test_the_json_markers_are_read_and_written_only_by_common_markers() -> None:
     """slurmkit.common.markers says it is the only code that touches these files: hold it to that."""
     paths_of_markers = {"restart_request", "stop_marker", "hang_marker", "hang_markers", "health_marker",
-                        "health_markers", "standby_go", "injected_marker", "command_stop", "straggler_marker"}
+                        "health_markers", "standby_go", "injected_marker", "command_stop", "straggler_marker",
+                        "startup_marker"}
     touching = sorted(
         f"{name}:{node.lineno}" for name, (_, tree) in _trees().items()
         if name not in ("slurmkit.common.markers", "slurmkit.common.layout")

@@ -204,6 +204,22 @@ def test_the_report_draws_loss_as_a_line_with_its_spread_on_a_log_scale_and_mark
     assert any("GPU" in ax.get_ylabel() for ax in with_gpu.axes)
 
 
+def test_the_report_draws_the_slowest_ranks_scores_over_time() -> None:
+    """scores.jsonl's readings: one line for each rank that was among the slowest (the lowest first),
+    the median beside them; the HTML page lists the same ranks."""
+    from slurmkit.insight import report, report_data, report_html
+
+    data = _report_data([])
+    data.scores = [{"time": 1000.0 + t, "median": 1.0, "slowest": [[3, 0.3 + t / 100], [1, 0.9]]} for t in range(5)]
+    assert report_data.rank_series(data.scores) == [3, 1]
+    fig = report.figure(data)
+    (ax,) = [ax for ax in fig.axes if "straggler" in ax.get_ylabel()]
+    lines = {ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()}
+    assert lines["rank 3"] == pytest.approx([0.3, 0.31, 0.32, 0.33, 0.34]) and lines["median"] == [1.0] * 5
+    assert not any("straggler" in a.get_ylabel() for a in report.figure(_report_data([])).axes)
+    assert report_html.render(data).count("<td>3</td><td>0.30</td><td>0.34</td><td>5</td>") == 1
+
+
 def test_cost_sums_every_incarnations_node_hours_and_splits_out_what_was_lost() -> None:
     from slurmkit.insight import cost
 

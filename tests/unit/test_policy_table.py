@@ -11,13 +11,21 @@ from typing import Any
 import pytest
 
 from slurmkit.common.cause import Cause
-from slurmkit.common.markers import HangMarker, HealthReport, PruneRequest
+from slurmkit.common.markers import HangMarker, HealthReport, PruneRequest, Straggler
 from slurmkit.common.outcomes import Outcome
 from slurmkit.common.record import RestartEntry, RunRecord
 from slurmkit.supervisor import policy
 from slurmkit.supervisor.allocation import Allocation
 from slurmkit.supervisor.decision import Action
-from slurmkit.supervisor.policy import HealthFailed, Preempting, RankRaised, State, StepFailed, StepStopped
+from slurmkit.supervisor.policy import (
+    HealthFailed,
+    Preempting,
+    RankRaised,
+    State,
+    StepFailed,
+    StepStopped,
+    StragglerLasted,
+)
 from tests.conftest import ROOT
 
 BAD = "Traceback (most recent call last):\nValueError: bad batch"
@@ -30,6 +38,8 @@ WHOLE = Allocation(("node1", "node2"), ("node1", "node2"), (), 2)
 SPARE = Allocation(("node1", "node2", "node3", "node4"), ("node1", "node3", "node4"), ("node4",), 2)
 ELASTIC = Allocation(("node1", "node2"), ("node1",), (), 2, least=1)
 SHRUNK = Allocation(("node1", "node2"), ("node1",), (), 2)  # not elastic: a step needs both
+ROOM = Allocation(("node1", "node2", "node3"), ("node1", "node2", "node3"), (), 2)  # node3: a spare, unused
+SLOW = StragglerLasted(Straggler(1, "node2", 0.31, 0.0), 300.0)
 PRUNED = PruneRequest(20, 3.5, "t")  # a search's pruner stopped the trial at its value of step 20
 ROOMY = {"preemption": 9, "timeout": 9, "crash": 9, "hang": 9, "node_failure": 9, "in_job": 9}
 LOOP = [{"kind": kind, "n": n, "job_id": "7", "time": "t", "cause": "crash", "resumed_step": 20, "in_job": in_job}
@@ -173,6 +183,23 @@ CASES = [
     Case("no_progress_restarts 0 turns the breaker off", StepFailed(1, (err(PEER), None)),
          {"action": Action.RESTART_IN_JOB, "cause": Cause.CRASH},
          budgets={**ROOMY, "no_progress_restarts": 0}, record={"restarts": LOOP}, alloc=WHOLE),
+    # straggler_action: replace, a straggler named for its patience: replaced as a lost node is.
+    Case("a straggler with a spare node held is replaced in the job", SLOW,
+         {"action": Action.REPLACE_IN_JOB, "cause": Cause.NODE_FAILURE, "nodes": 2, "exclude": ("node2",),
+          "avoid_next": ()}, alloc=ROOM),
+    Case("elastic, the ranks go on without the straggler's node", SLOW,
+         {"action": Action.REPLACE_IN_JOB, "nodes": 1, "exclude": ("node2",)},
+         alloc=Allocation(("node1", "node2"), ("node1", "node2"), (), 2, least=1)),
+    Case("with no node to spare it is left out at the next requeue", SLOW,
+         {"action": Action.CONTINUE, "avoid_next": ("node2",), "entry": None}, alloc=WHOLE),
+    Case("so it is with the in-job restarts spent", SLOW,
+         {"action": Action.CONTINUE, "avoid_next": ("node2",)}, alloc=ROOM,
+         record={"restarts": [{**LOOP[1], "n": 0}]}),
+    Case("and with the node_failure budget spent", SLOW, {"action": Action.CONTINUE},
+         budgets={"node_failure": 0, "in_job": 1}, alloc=ROOM),
+    Case("an allocation Slurm cannot describe keeps the ranks going", SLOW, {"action": Action.CONTINUE}),
+    Case("a pruned trial's straggler is still only a straggler", SLOW, {"action": Action.CONTINUE},
+         alloc=WHOLE, pruned=PRUNED),
 ]
 
 
@@ -211,7 +238,7 @@ def test_the_table_covers_every_action_and_every_event() -> None:
     """A loop over cases asserts what they cover: each Action, and each kind of Event, comes up."""
     seen = {policy.decide(c.state(), c.event).action for c in CASES}
     assert seen == set(Action)
-    assert {type(c.event) for c in CASES} == {StepFailed, StepStopped, HealthFailed, RankRaised}
+    assert {type(c.event) for c in CASES} == {StepFailed, StepStopped, HealthFailed, RankRaised, StragglerLasted}
 
 
 def test_the_policy_is_pure_it_imports_no_io() -> None:
@@ -238,3 +265,28 @@ def test_the_decision_blames_the_nodes_it_can_name_for_the_ledger() -> None:
     assert policy.decide(hung.state(), hung.event).blame == ()
     crash = CASES[1]
     assert policy.decide(crash.state(), crash.event).blame == ()  # a crash blames no node
+
+
+def test_a_straggler_replaced_in_the_job_carries_its_entry() -> None:
+    case = next(c for c in CASES if c.alloc is ROOM and c.expect["action"] is Action.REPLACE_IN_JOB)
+    e = policy.decide(case.state(), case.event).entry
+    assert e is not None and (e.kind, e.cause, e.in_job, e.exclude, e.nodes) == (
+        "in_job", Cause.NODE_FAILURE, 1, ["node2"], 2)
+
+
+def test_a_node_whose_ranks_alone_crash_twice_is_blamed() -> None:
+    """Rank 2 (node2, two ranks a node) raised by itself; rank 0's error is a peer's. The first time
+    the failure notes node2; the second, with that failure on record, blames it. An error every
+    node raised (the code's) names no node."""
+    alone = (err(PEER), None, err(BAD), None)
+    first = Case("node2 crashes", StepFailed(1, alone), {}, alloc=WHOLE, record={"resources": {"tasks_per_node": 2}})
+    decision = policy.decide(first.state(), first.event)
+    assert decision.failure is not None and decision.failure.node == "node2" and decision.blame == ()
+    first.record["failures"] = [{"error": "OSError: x", "step": 10, "node": "node2"}]
+    assert policy.decide(first.state(), first.event).blame == (("node2", "crash"),)
+    everywhere = StepFailed(1, (err(BAD), None, err(BAD), None))
+    again = policy.decide(first.state(), everywhere)
+    assert again.failure is not None and again.failure.node is None and again.blame == ()
+    one_node = Case("one node", StepFailed(1, alone), {}, alloc=Allocation(("node1",), ("node1",), (), 1),
+                    record={"resources": {"tasks_per_node": 4}, "failures": [{"error": "x", "node": "node1"}]})
+    assert policy.decide(one_node.state(), one_node.event).blame == ()

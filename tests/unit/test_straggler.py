@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import Stragglers
+from slurmkit.common.markers import Straggler, Stragglers
+from slurmkit.common.metrics import iter_records
 from slurmkit.common.node_ledger import NodeLedger
 from slurmkit.common.ports import free_local_port
 from slurmkit.worker.ft.straggler import OwnTime, Pace, Sharing, Watch, scores
@@ -52,14 +53,23 @@ def test_rank_0_names_the_slow_rank_from_the_medians_shared_on_the_run_store(tmp
     for _ in range(10):
         fast.add(0.1)
         slow.add(0.35)
+    paths = RunPaths(tmp_path)
+    Stragglers([Straggler(5, "node9", 0.1, 1.0)]).write(paths)  # an older step's
     ranks = [Sharing(store, 0, 2, str(tmp_path), own=fast).start(), Sharing(store, 1, 2, None, own=slow).start()]
     try:
-        wait_until(lambda: Stragglers.read(RunPaths(tmp_path)) != [], 60, "rank 1 named")
+        assert Stragglers.read(paths) == []  # emptied as rank 0 starts sharing: it names this step's ranks
+        wait_until(lambda: Stragglers.read(paths) != [], 60, "rank 1 named")
     finally:
         for sharing in ranks:
             sharing.stop()
-    (named,) = Stragglers.read(RunPaths(tmp_path))
+    (named,) = Stragglers.read(paths)
     assert (named.rank, named.score) == (1, pytest.approx(0.286, abs=1e-3))
+    readings = list(iter_records(paths.straggler_scores))  # over time: every reading, the slowest first
+    assert len(readings) >= 3 and all(r["slowest"][0][0] == 1 for r in readings)
+    record: dict[str, object] = {}
+    assert ranks[0].namer is not None and ranks[1].namer is None
+    ranks[0].namer.hook(None, record)
+    assert record == {"straggler_score_min": pytest.approx(0.286, abs=1e-3)}
     assert [(b.node, b.cause) for b in NodeLedger("").blames()] == [(named.node, "straggler")]
 
 

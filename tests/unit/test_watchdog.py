@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import HangMarker
+from slurmkit.common.markers import HangMarker, StartupWatched, Straggler, Stragglers
+from slurmkit.supervisor.watch import GRACE_S, OutsideWatch
 from slurmkit.worker.ft.watchdog import FLOOR_S, HANG_EXIT_CODE, auto_timeout
 
 CHILD = """
@@ -54,8 +57,10 @@ time.sleep(float(sys.argv[2]))
 """
 
 
-def _startup_child(tmp_path: Path, mode: str, sleep_s: str, timeout_s: str = "1") -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SLURMKIT_RUN_DIR": str(tmp_path), "RANK": "3", "SLURMKIT_STARTUP_TIMEOUT_S": timeout_s}
+def _startup_child(tmp_path: Path, mode: str, sleep_s: str, timeout_s: str = "1",
+                   rank: str = "3") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SLURMKIT_RUN_DIR": str(tmp_path), "RANK": rank, "SLURMKIT_STARTUP_TIMEOUT_S": timeout_s,
+           "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "SLURMKIT_ATTEMPT": "2"}
     return subprocess.run([sys.executable, "-c", STARTUP_CHILD, mode, sleep_s], capture_output=True, text=True,
                           timeout=120, env=env)
 
@@ -72,3 +77,46 @@ def test_the_first_step_ends_the_startup_watch_and_zero_turns_it_off(tmp_path: P
     assert _startup_child(tmp_path, "steps", "3").returncode == 0  # past the 1 s timeout, after a step
     assert _startup_child(tmp_path, "never", "3", timeout_s="0").returncode == 0
     assert HangMarker.take_all(RunPaths(tmp_path)) == []
+
+
+def test_rank_0_records_its_startup_watch_for_the_supervisor_and_other_ranks_do_not(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    assert _startup_child(tmp_path, "never", "0", timeout_s="30", rank="1").returncode == 0
+    assert not paths.startup_marker.exists()  # one file a step, not one a rank
+    assert _startup_child(tmp_path, "never", "0", timeout_s="30", rank="0").returncode == 0
+    begun = StartupWatched.read(paths, "77", 1, 2)
+    assert begun is not None and begun.timeout_s == 30 and begun.first_step is None
+    assert StartupWatched.read(paths, "77", 1, 3) is None  # another step's record is not this one's
+    assert _startup_child(tmp_path, "steps", "0", timeout_s="30", rank="0").returncode == 0
+    stepped = StartupWatched.read(paths, "77", 1, 2)
+    assert stepped is not None and stepped.first_step is not None and stepped.first_step >= stepped.begun
+
+
+def test_the_supervisor_sees_a_startup_hang_no_rank_could_report(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """GRACE_S past rank 0's deadline with no first step and no rank's marker: a hang of rank -1;
+    not before, not after a first step, not where a rank's own watch has spoken."""
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    paths = RunPaths(tmp_path)
+    watch = OutsideWatch(paths, "77", 0, launched=900.0, patience_s=None)
+    assert watch.frozen(5000.0) is None  # rank 0 never began a watch: nothing to judge
+    StartupWatched("77", 0, 0, begun=1000.0, timeout_s=20.0).write(paths)
+    assert watch.frozen(1000.0 + 20 + GRACE_S - 1) is None
+    hung = watch.frozen(1000.0 + 20 + GRACE_S + 1)
+    assert hung is not None and (hung.rank, hung.startup) == (-1, True)
+    HangMarker.now(1, 20.0, startup=True).write(paths)
+    assert watch.frozen(5000.0) is None  # rank 1's own watch fired: the ranks speak for themselves
+    HangMarker.take_all(paths)
+    StartupWatched("77", 0, 0, begun=1000.0, timeout_s=20.0, first_step=1010.0).write(paths)
+    assert watch.frozen(5000.0) is None
+
+
+def test_a_straggler_lasting_its_patience_is_asked_about_once(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    Stragglers([Straggler(1, "node2", 0.3, 800.0), Straggler(3, "node4", 0.4, 1000.0)]).write(paths)
+    assert OutsideWatch(paths, "77", 0, 900.0, patience_s=None).lasting(5000.0) is None  # warn: never asked
+    watch = OutsideWatch(paths, "77", 0, 900.0, patience_s=60.0)
+    assert watch.lasting(1059.0) is None  # node2's was named before this step began; node4's not for long
+    found = watch.lasting(1061.0)
+    assert found is not None and found.node == "node4"
+    assert watch.lasting(5000.0) is None  # asked once

@@ -16,6 +16,9 @@ What the callback does:
   saves Lightning's own "hpc" checkpoint (`hpc_ckpt_N.ckpt` in the Trainer's default_root_dir:
   Lightning's collective save, at one step on every rank), and the script ends with status 0
   and the stop recorded for the supervisor, which requeues within the profile's budget.
+- Straggler scores: each rank's own work per batch (under DDP, less the gradient all-reduce's
+  wait: ft.straggler.DdpOwnTime) is shared over the vote's group (ft.straggler.GroupPaces), and
+  rank 0 names a slow rank as the Trainer's runs do (docs/fault-tolerance.md, "Health").
 - What the LightningModule logs (`self.log`) reaches the run's logged.jsonl and trackers, every
   `log_every_n_steps` and after each validation (slurmkit.tracking.log): `sweep results` and the
   report show it.
@@ -34,6 +37,7 @@ from typing import Any
 from slurmkit.common.markers import COMMAND_STOP_ENV
 from slurmkit.worker import tracking
 from slurmkit.worker.ft.stop import LaggedVote, ScriptStop, Stop
+from slurmkit.worker.ft.straggler import DdpOwnTime
 
 
 def pytorch_lightning_callbacks() -> list[Any]:
@@ -59,8 +63,21 @@ class _AgreedStop:
     def __init__(self) -> None:
         self.script = ScriptStop()  # now the rank's worker passes the signal on
         self.votes = LaggedVote(self.script.flag)
+        self.ddp = DdpOwnTime()
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Under DDP, straggler scores time each batch less its gradient all-reduce's wait."""
+        if self.ddp.install(trainer.strategy.model):
+            self.votes.timed = False
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.ddp.batch_start()
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        self.ddp.after_backward()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.ddp.batch_end()
         self.script.stepped()
         if trainer.global_step % max(1, int(trainer.log_every_n_steps)) == 0:
             _log(trainer)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from slurmkit.common.markers import COMMAND_STOP_ENV, CommandStop
 from slurmkit.worker import at_exit
+from slurmkit.worker.ft.straggler import BoundaryClock, GroupPaces
 from slurmkit.worker.ft.watchdog import StartupWatch
 
 if TYPE_CHECKING:  # the Trainer imports torch; this module is imported by torch-free code too
@@ -166,14 +167,31 @@ class LaggedVote:
 
     def __init__(self, flag: StopFlag) -> None:
         self.flag = flag
+        self.paces: GroupPaces | None = None
+        """The straggler readings riding on this vote's group (made with it)."""
+        self._clock = BoundaryClock()
+        self.timed = True
+        """The time between boundaries is this rank's own work (False: the framework's step is timed
+        another way, straggler.DdpOwnTime)."""
         self._group: Any = None
         self._pending: tuple[Any, Any] | None = None
+        self._due = False
         self._started = False
         self._boundary = self._next = self._voted_at = 0
         self._voted_time = 0.0
 
     def vote(self) -> Stop:
-        """At every step boundary, on every rank: the stop the ranks agreed on (NONE until they do)."""
+        """At every step boundary, on every rank: the stop the ranks agreed on (NONE until they do).
+        The time from the last boundary to this one is this rank's own work (straggler scores); the
+        vote's own wait is not."""
+        if self.timed:
+            self._clock.arrived()
+        try:
+            return self._vote()
+        finally:
+            self._clock.left()
+
+    def _vote(self) -> Stop:
         import torch
         import torch.distributed as tdist
 
@@ -181,6 +199,7 @@ class LaggedVote:
             self._started = True
             if tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1:
                 self._group = tdist.new_group(backend="gloo")
+                self.paces = GroupPaces(tdist.get_rank(), tdist.get_world_size(), os.environ.get("SLURMKIT_RUN_DIR"))
         self._boundary += 1
         if self._group is None:
             return self.flag.kind
@@ -192,7 +211,10 @@ class LaggedVote:
         self._voted_time, self._voted_at = now, self._boundary
         agreed, gap = self.drain()
         self._next = self._boundary + gap
-        votes = torch.tensor([int(self.flag.kind), -wanted], dtype=torch.int64)  # max of -k: the smallest k
+        if self._due and self.paces is not None:  # every rank read the same vote: all exchange here
+            self.paces.exchange(self._group)
+        due = self.paces.due() if self.paces is not None else 0
+        votes = torch.tensor([int(self.flag.kind), -wanted, due], dtype=torch.int64)  # max of -k: the smallest k
         self._pending = (tdist.all_reduce(votes, op=tdist.ReduceOp.MAX, group=self._group, async_op=True), votes)
         return agreed
 
@@ -204,6 +226,7 @@ class LaggedVote:
         work, votes = self._pending
         self._pending = None
         work.wait()
+        self._due = bool(votes[2])
         return Stop(int(votes[0])), int(-votes[1])
 
 

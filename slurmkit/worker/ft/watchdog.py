@@ -9,21 +9,27 @@ startup watch (StartupWatch) runs from a rank's start to its first completed ste
 profile's startup_timeout_s (SLURMKIT_STARTUP_TIMEOUT_S; 600 s, torch's own NCCL default; 0: off):
 a node that never joins the rendezvous, a hung NCCL init or a data loader stuck at start. A rank
 frozen before its first step holds its peers in their first collective, and their startup watches
-fire: the allocation is not held to its time limit.
+fire: the allocation is not held to its time limit. Where every rank is frozen (or the run has one
+rank) none can fire: rank 0's watch says when it began and when its first step came
+(common.markers.StartupWatched), and the job's supervisor watches that from outside
+(supervisor.watch).
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import HangMarker
+from slurmkit.common.markers import HangMarker, StartupWatched
 from slurmkit.common.slurm_env import STARTUP_TIMEOUT_ENV
 
 HANG_EXIT_CODE = 75
@@ -98,6 +104,8 @@ class StartupWatch:
     per process: a second begin() keeps the first (its clock started earlier)."""
 
     _current: Watchdog | None = None
+    _watched: tuple[RunPaths, StartupWatched] | None = None
+    """Rank 0's record of this watch, for the supervisor's outside watch (None on other ranks)."""
 
     @classmethod
     def begin(cls) -> None:
@@ -107,15 +115,27 @@ class StartupWatch:
         timeout = float(os.environ.get(STARTUP_TIMEOUT_ENV) or DEFAULT_STARTUP_TIMEOUT_S)
         if timeout <= 0 or not run_dir:  # off, or a script run outside slurmkit: nothing to restart it
             return
+        paths = RunPaths(Path(run_dir))
 
         def mark(idle_s: float) -> None:
-            HangMarker.now(rank, idle_s, startup=True).write(RunPaths(Path(run_dir)))
+            HangMarker.now(rank, idle_s, startup=True).write(paths)
 
         cls._current = Watchdog(timeout, mark, armed=True).start()
+        job_id = os.environ.get("SLURM_JOB_ID")
+        if rank == 0 and job_id:  # one file per step, not one per rank: the shared filesystem pays for each
+            watched = StartupWatched(job_id, outcomes.restart_count(), outcomes.attempt(), time.time(), timeout)
+            with contextlib.suppress(OSError):  # a record for the outside watch; the rank's own watch runs regardless
+                watched.write(paths)
+                cls._watched = (paths, watched)
 
     @classmethod
     def end(cls) -> None:
         """The first step completed (or training is over): the startup timeout no longer applies."""
         current, cls._current = cls._current, None
+        watched, cls._watched = cls._watched, None
         if current is not None:
             current.stop()
+        if watched is not None:
+            paths, record = watched
+            with contextlib.suppress(OSError):
+                replace(record, first_step=time.time()).write(paths)

@@ -95,7 +95,10 @@ def run(config: Mapping[str, object], run_dir: str | None = None) -> JsonObject:
             print(f"slurmkit train: model={cfg.model} world_size={dist.world_size} backend={dist.backend} "
                   f"global_batch={trainer.global_batch} peak={extras['peak_flops']:.3g} ({extras['peak_source']})",
                   flush=True)
-        watchers = [w for w in (_gpu_sampler(cfg, dist, run_dir), straggler.sharing(dist, run_dir)) if w is not None]
+        pace = straggler.sharing(dist, run_dir)
+        if pace is not None and pace.namer is not None:
+            trainer.hooks.append(pace.namer.hook)
+        watchers = [w for w in (_gpu_sampler(cfg, dist, run_dir), pace) if w is not None]
         trackers = _trackers(trainer, dist, run_dir, life.resumed_step)
         t0 = time.perf_counter()
         try:
