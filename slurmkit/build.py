@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurmkit.common.layout import RunPaths
+from slurmkit.common.layout import RunPaths, expand_root
 from slurmkit.common.supervisor_plan import Health, Plan, Shrink
 from slurmkit.config.resolved import Resolved
 from slurmkit.config.shape import Shape
 from slurmkit.render import JobFiles, RenderInput, container_context, render, shell_quote
+from slurmkit.stage.envpack import EnvImage, StageError, identify
 
 SAFE_PATH = "-P"
 """Every interpreter slurmkit starts runs with -P (Python 3.11+): it never imports from the working
@@ -55,6 +56,8 @@ class SubmitRequest:
     script: str
     dependency: str | None = None
     array: ArraySpec | None = None
+    stage: EnvImage | None = None
+    """The environment staged to the nodes (profile stage.env): packed when this request is sent."""
 
     @property
     def shape(self) -> Shape:
@@ -146,11 +149,30 @@ def build(resolved: Resolved, job_folder: Path, array: ArraySpec | None = None,
     """The one request for a run (or a sweep's array) whose submitit folder is `job_folder`."""
     sweep = {"dir": array.sweep_dir, "base": array.base, "pickle": array.pickle} if array and array.sweep_dir else None
     files = job_files(RunPaths(job_folder.parent), array is not None)
+    stage = env_stage(resolved)
     plan = supervisor_plan(resolved, job_folder, files)
+    if plan is not None and stage is not None:
+        plan = plan.model_copy(update={"staged_from": shlex.split(python_command(resolved))[0]})
     run_dir = str(job_folder.parent)
     script = render(RenderInput(
         resolved, submitit_command(rank_python(resolved), job_folder), files, python_command(resolved), run_dir,
         plan=plan, array=array.array if array else None, dependency=dependency, sweep=sweep,
         code_dir=str(RunPaths(job_folder.parent).code_dir) if resolved.snapshot else None,
-        rank_python=rank_python(resolved)))
-    return SubmitRequest(resolved, job_folder, plan, script, dependency, array)
+        rank_python=rank_python(resolved), stage=stage))
+    return SubmitRequest(resolved, job_folder, plan, script, dependency, array, stage)
+
+
+def env_stage(resolved: Resolved) -> EnvImage | None:
+    """The environment to stage (profile stage.env), as it would be packed; a profile's `stage` is
+    refused in one line where the run cannot be staged."""
+    prof, spec = resolved.profile, resolved.spec
+    if not (prof.stage.env or prof.stage.data):
+        return None
+    refused = ("the local profile runs on this machine's own disk: there is no node to stage to"
+               if prof.executor != "slurm" else
+               "a container brings its own environment" if prof.container is not None and prof.stage.env else
+               "a Ray run is not staged yet" if spec.ray else
+               "launcher: torchrun is not staged yet (launcher: srun is)" if spec.launcher == "torchrun" else None)
+    if refused:
+        raise StageError(refused, where="profile.stage", valid="valid: no stage section for this run")
+    return identify(expand_root(prof.run_root), prof.python) if prof.stage.env else None

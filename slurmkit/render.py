@@ -18,7 +18,7 @@ import jinja2
 from slurmkit import trust
 from slurmkit.common import ports
 from slurmkit.common.layout import expand_root
-from slurmkit.common.slurm_env import rank_env
+from slurmkit.common.slurm_env import STAGED_PYTHON_ENV, rank_env
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.config.fields import has_control, sbatch_safe
 from slurmkit.config.profile import ClusterProfile
@@ -27,8 +27,11 @@ from slurmkit.config.slurm_args import sbatch_lines
 from slurmkit.errors import RenderError, clip
 from slurmkit.jsontypes import JsonObject
 from slurmkit.resources import shipped_dir
+from slurmkit.stage.envpack import EnvImage
 
 ENTRY_TEMPLATE = "sbatch.sh.j2"
+DEFAULT_STAGE_ROOT = '"${SLURM_TMPDIR:-/tmp/slurmkit-$(id -u)}/stage"'
+"""Where stage.env unpacks on each node unless the profile names stage.local_root (shell, not user input)."""
 
 
 class Shell(str):
@@ -174,6 +177,8 @@ class RenderInput:
     """The code snapshot the ranks run from (working directory and PYTHONPATH); None runs from the submit folder."""
     rank_python: str | None = None
     """The ranks' interpreter (the container's, if it names one); None: `python`, the host's."""
+    stage: EnvImage | None = None
+    """The environment the batch shell stages to every node first (profile stage.env)."""
 
 
 def container_context(resolved: Resolved, run_dir: str) -> JsonObject:
@@ -195,6 +200,19 @@ def container_context(resolved: Resolved, run_dir: str) -> JsonObject:
     gpus = c.gpus if c.gpus is not None else bool(resolved.node_gpus)
     return {"srun": c.runtime == "pyxis", "prefix": c.runtime != "pyxis", "mounts": mounts,
             "env_names": env_names, "gpus": gpus, "interactive": False}
+
+
+def stage_context(resolved: Resolved, env: EnvImage | None, python: str) -> JsonObject | None:
+    """What the batch shell's staging block needs (templates/partials/stage.sh.j2): the environment's
+    image where stage.env packs one, the data items (a file among them goes by sbcast)."""
+    stage = resolved.profile.stage
+    if env is None and not stage.data:
+        return None
+    return {"root": Shell(shell_quote(stage.local_root) if stage.local_root else DEFAULT_STAGE_ROOT),
+            "env": {"image": str(env.image), "digest": env.digest, "python": env.python} if env else None,
+            "max_mb": stage.max_gb * 1024,
+            "python": Shell(f'"${STAGED_PYTHON_ENV}" -P') if env else Shell(python),
+            "data": [{"source": d.source, "to": d.to, "file": Path(d.source).is_file()} for d in stage.data]}
 
 
 def render(inp: RenderInput) -> str:
@@ -227,6 +245,8 @@ def render(inp: RenderInput) -> str:
         "slurm": resolved.profile.executor == "slurm",
         "ray_port": ports.ray_port_shell(),
         "rank_env": rank_env(resolved.profile.startup_timeout_s, resolved.profile.straggler_score),
+        "stage": stage_context(resolved, inp.stage, inp.python),
+        "supervisor_python": Shell(f'"${STAGED_PYTHON_ENV}" -P') if inp.stage else Shell(inp.python),
     }
     try:
         return env.get_template(ENTRY_TEMPLATE).render(context)

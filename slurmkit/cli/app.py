@@ -13,6 +13,7 @@ from slurmkit.cli import (
     bench_cmd,
     devcluster_cmd,
     doctor_cmd,
+    env_cmd,
     jobs_cmd,
     nodes_cmd,
     profiles_cmd,
@@ -103,6 +104,7 @@ app.add_typer(sweep_cmd.app, name="sweep")
 app.add_typer(profiles_cmd.app, name="profiles")
 app.add_typer(devcluster_cmd.app, name="devcluster")
 app.add_typer(bench_cmd.app, name="bench")
+app.add_typer(env_cmd.app, name="env")
 
 
 def main() -> None:

@@ -175,6 +175,11 @@ class RunPaths:
         return self.run_dir / "stragglers.json"
 
     @property
+    def stage_log(self) -> Path:
+        """Each node's staging at each start of the job, one JSON line each (profile stage)."""
+        return self.run_dir / "stage.jsonl"
+
+    @property
     def straggler_scores(self) -> Path:
         """Rank 0's straggler readings over time, one JSON line each (worker.ft.straggler)."""
         return self.run_dir / "scores.jsonl"

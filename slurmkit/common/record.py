@@ -125,6 +125,8 @@ class RunRecord(Record):
     """The sbatch script submitted (also script.sh)."""
     snapshot: JsonObject | None = None
     """The code snapshot taken at submit (runs.snapshot)."""
+    env: JsonObject | None = None
+    """The environment staged to the nodes (profile stage.env): its hash, Python, every distribution and version."""
     sweep: SweepRef | None = None
     restarts: list[RestartEntry] = []
     failures: list[Failure] = []

@@ -12,6 +12,8 @@ STARTUP_TIMEOUT_ENV = "SLURMKIT_STARTUP_TIMEOUT_S"
 """The profile's startup_timeout_s, as every rank gets it (worker.ft.watchdog.StartupWatch)."""
 STRAGGLER_SCORE_ENV = "SLURMKIT_STRAGGLER_SCORE"
 """The profile's straggler_score, as every rank gets it (worker.ft.straggler)."""
+STAGED_PYTHON_ENV = "SLURMKIT_STAGED_PYTHON"
+"""The node-local copy of the ranks' interpreter, once the batch shell has staged it (profile stage.env)."""
 
 
 def rank_env(startup_timeout_s: float, straggler_score: float) -> dict[str, str]:

@@ -57,6 +57,9 @@ class Plan(_Frozen):
     """The standby ranks' argv (slurmkit.worker.standby; the supervisor adds --run-dir and --attempt)."""
     shrink: Shrink | None = None
     health: Health | None = None
+    staged_from: str | None = None
+    """The interpreter the batch shell staged to the nodes' local disks (profile stage.env): in every
+    step's argv it is the staged copy (SLURMKIT_STAGED_PYTHON) instead."""
 
     def describe(self) -> list[str]:
         """The plan in a few lines for the batch script's comments."""
@@ -72,5 +75,7 @@ class Plan(_Frozen):
         budgets = ", ".join(f"{k} {v}" for k, v in sorted(self.budgets.items()))
         lines.append(f"after a failure the restart policy decides: {self.in_job} in-job restart(s) per "
                      f"incarnation; requeue budgets: {budgets}")
+        if self.staged_from:
+            lines.append("the environment is staged to each node's local disk first; every step runs its copy")
         lines.append(f"SIG{self.signal} is passed to the ranks' step; the supervisor exits with the step's status")
         return lines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from slurmkit.config.container import Container
 from slurmkit.config.fields import (
@@ -114,6 +114,36 @@ class NodeLedgerPolicy(Strict):
         return int(self.window[:-1]) * WINDOW_UNITS[self.window[-1]]
 
 
+class StageData(Strict):
+    """One file, folder or fsspec URI copied to every node's local disk before the ranks start."""
+
+    model_config = ConfigDict(**Strict.model_config, populate_by_name=True)  # `from` in YAML, `source` in Python
+
+    source: str = Field(alias="from", min_length=1)
+    """A path every node can read (a file goes by sbcast; a folder is copied by each node) or an
+    fsspec URI (s3://..., each node fetches it)."""
+    to: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Its name under $SLURMKIT_STAGE on each node."""
+
+
+class Stage(Strict):
+    """What is copied to every node's local disk before anything of the job starts (docs/staging.md)."""
+
+    env: bool = False
+    """Pack the ranks' Python environment once (a zstd tar named by its content's hash), broadcast it
+    with sbcast and unpack it on each node's local disk, where every later job and requeue on that
+    node reuses it: the supervisor and every rank then import from the node, not the shared
+    filesystem."""
+    local_root: str | None = Field(None, pattern=r"^/[^\x00\n]*$")
+    """An absolute folder on each node's local disk (made 0700, refused unless yours); unset:
+    $SLURM_TMPDIR where the site sets it, else /tmp/slurmkit-UID/stage."""
+    max_gb: int = Field(20, ge=1)
+    """Unpacked copies on a node past this many GB are removed, least recently used first."""
+    data: list[StageData] = Field(default_factory=list)
+    """Data copied to every node's local disk for each job, as $SLURMKIT_STAGE/NAME (its time is
+    `staging` in the goodput accounting)."""
+
+
 class Setup(Strict):
     """Lines run in the batch shell before the ranks start."""
 
@@ -174,6 +204,8 @@ class ClusterProfile(Strict):
     torch's own NCCL timeout; 0 turns it off."""
     requeue: RequeueBudget = Field(default_factory=lambda: RequeueBudget())
     """Requeue budget per cause."""
+    stage: Stage = Field(default_factory=lambda: Stage())
+    """Staging to the nodes' local disks (docs/staging.md): the Python environment, once per node."""
     setup: Setup = Field(default_factory=Setup)
     """Modules, environment variables, venv and raw lines run before the ranks start."""
     nccl_env: EnvMap = Field(default_factory=dict)

@@ -265,8 +265,14 @@ def _start_slurmds(state: JsonObject, n: int, log: Log) -> None:
     for nd in names.nodes(n):
         (names.STATE_DIR / f"slurmd-{nd.name}").mkdir(exist_ok=True)
         # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails its cgroup init.
-        argv = ["nsenter", f"--net=/run/netns/{nd.netns}", "unshare", "--uts", "sh", "-c",
-                f'hostname {nd.name} && exec slurmd -D -N {nd.name}']
+        # Each node's own local disk, as a real node has: a folder of its own mounted at NODE_LOCAL in
+        # a mount namespace of its own, which every job step started by this slurmd inherits.
+        local = names.STATE_DIR / f"local-{nd.name}"
+        local.mkdir(mode=0o755, exist_ok=True)
+        names.NODE_LOCAL.mkdir(mode=0o755, exist_ok=True)
+        argv = ["nsenter", f"--net=/run/netns/{nd.netns}", "unshare", "--uts", "--mount", "--propagation", "private",
+                "sh", "-c", f'mount --bind {local} {names.NODE_LOCAL} && hostname {nd.name} && '
+                            f'exec slurmd -D -N {nd.name}']
         _start_daemon(state, f"slurmd-{nd.name}", argv, lambda: True, log)
 
 

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STATE_DIR = Path(os.environ.get("SLURMKIT_DEVCLUSTER_STATE", "/var/lib/slurmkit-devcluster"))
+NODE_LOCAL = Path("/local")
+"""Each node's private local disk (a folder of STATE_DIR bound here in the node's own mount
+namespace); the login side sees the host's own /local. The profile devcluster stages there."""
 RUN_DIR = Path("/run/slurmkit-devcluster")
 LOG_DIR = Path("/var/log/slurmkit-devcluster")
 SLURM_CONF = Path("/etc/slurm/slurm.conf")

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
+from importlib import metadata
 
 from slurmkit.bench import fs as fs_bench
 from slurmkit.build import python_command
@@ -108,14 +109,16 @@ def _munge() -> Check:
 RUNTIME_TOOLS = {"apptainer": ["apptainer", "singularity"], "docker": ["docker"]}
 
 
-def _compute_node(resolved: Resolved) -> Check:
-    """A one-task job: the profile's interpreter imports slurmkit and submitit there, and sees the runtime."""
+def _compute_node(resolved: Resolved) -> list[Check]:
+    """A one-task job: the profile's interpreter imports slurmkit and submitit there, and sees the
+    runtime; and its distributions against this host's (drift)."""
 
     c = resolved.profile.container
     tools = RUNTIME_TOOLS.get(c.runtime, []) if c else []
-    probe = ("import json, shutil, sys, slurmkit, submitit; "
+    probe = ("import json, shutil, sys, slurmkit, submitit; from importlib import metadata; "
              f"print(json.dumps({{'python': sys.executable, 'slurmkit': slurmkit.__version__, "
-             f"'runtime': next(filter(None, map(shutil.which, {tools!r})), None)}}))")
+             f"'runtime': next(filter(None, map(shutil.which, {tools!r})), None), "
+             f"'dists': {{d.metadata['Name']: d.version for d in metadata.distributions() if d.metadata['Name']}}}}))")
     options = ["-N1", "-n1", "--time=2", "--job-name=slurmkit-doctor"]
     if resolved.profile.partition:
         options.append(f"--partition={resolved.profile.partition}")
@@ -126,20 +129,42 @@ def _compute_node(resolved: Resolved) -> Check:
     try:
         proc = commands.srun_probe(options, command, PROBE_TIMEOUT_S)
     except SlurmError as exc:  # srun missing, or the probe did not finish within PROBE_TIMEOUT_S
-        return Check("compute-node python", FAIL, f"the probe job failed: {exc.what}",
-                     "check `squeue` for why it waits (a busy or down partition)")
+        return [Check("compute-node python", FAIL, f"the probe job failed: {exc.what}",
+                      "check `squeue` for why it waits (a busy or down partition)")]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         detail = squash(proc.stderr, 240)
-        return Check("compute-node python", FAIL, f"the profile's python fails on a compute node: {detail}",
-                     "install slurmkit where compute nodes see it (shared filesystem) and set `python:` or "
-                     "`setup.venv` in the profile")
+        return [Check("compute-node python", FAIL, f"the profile's python fails on a compute node: {detail}",
+                      "install slurmkit where compute nodes see it (shared filesystem) and set `python:` or "
+                      "`setup.venv` in the profile")]
     info = json.loads(lines[-1])
     if tools and not info.get("runtime"):
-        return Check("container runtime", FAIL, f"{' or '.join(tools)} is not on PATH on the compute node",
-                     f"install {tools[0]} on the nodes, or load its module in `setup.modules`")
-    return Check("compute-node python", PASS, f"{info['python']} imports slurmkit {info['slurmkit']}"
-                 + (f"; container runtime at {info['runtime']}" if tools else ""))
+        return [Check("container runtime", FAIL, f"{' or '.join(tools)} is not on PATH on the compute node",
+                      f"install {tools[0]} on the nodes, or load its module in `setup.modules`")]
+    here = {str(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    return [Check("compute-node python", PASS, f"{info['python']} imports slurmkit {info['slurmkit']}"
+                  + (f"; container runtime at {info['runtime']}" if tools else "")),
+            _drift(here, dict(info.get("dists") or {}))]
+
+
+def drift(here: dict[str, str], there: dict[str, str]) -> list[tuple[str, str | None, str | None]]:
+    """The distributions whose versions differ between this host and the ranks' environment:
+    (name, version here, version on the nodes; None: not installed), by name."""
+    def norm(d: dict[str, str]) -> dict[str, str]:
+        return {k.lower().replace("_", "-"): v for k, v in d.items()}
+
+    a, b = norm(here), norm(there)
+    return [(name, a.get(name), b.get(name)) for name in sorted(a.keys() | b.keys()) if a.get(name) != b.get(name)]
+
+
+def _drift(here: dict[str, str], there: dict[str, str]) -> Check:
+    found = drift(here, there)
+    if not found:
+        return Check("package drift", PASS, f"the nodes' {len(there)} distributions are this host's")
+    shown = "; ".join(f"{name} {mine or 'missing'} here, {theirs or 'missing'} on the nodes"
+                      for name, mine, theirs in found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
+    return Check("package drift", WARN, f"{len(found)} distribution(s) differ: {shown}",
+                 "install the same versions on both sides (or stage this environment: profile stage.env)")
 
 
 def _pyxis() -> Check:
@@ -185,7 +210,7 @@ def run(resolved: Resolved) -> list[Check]:
         checks += _slurm(resolved)
         checks.append(_munge())
         if checks[0].status == PASS:
-            checks.append(_compute_node(resolved))
+            checks += _compute_node(resolved)
             if resolved.profile.container and resolved.profile.container.runtime == "pyxis":
                 checks.append(_pyxis())
         else:

@@ -5,9 +5,11 @@
 - lost, split into: queue wait (between incarnations: one ending -> the next running; the wait
   before the first start is not counted, the run had not begun), restart overhead (running ->
   the first step of that incarnation; and for an in-job restart, a new srun step or a warm restart
-  inside an incarnation, from the step before it to its first step), recomputed steps (steps run
-  again after a restart), checkpoint stalls (time a step waited on a save), and the rest (final
-  save, exit, evaluation, teardown).
+  inside an incarnation, from the step before it to its first step), staging (profile stage: the
+  environment and data copied to the nodes' local disks, the slowest node's, out of the restart
+  overhead it is part of, or the first start's other time), recomputed steps (steps run again
+  after a restart), checkpoint stalls (time a step waited on a save), and the rest (final save,
+  exit, evaluation, teardown).
 
 goodput = productive / wall. Incarnations come from one `sacct --duplicates` call for every job id.
 """
@@ -24,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.metrics import busy_s, iter_records_reversed, steps_of
+from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed, steps_of
 from slurmkit.common.record import RunRecord
 from slurmkit.jsontypes import JsonObject
 from slurmkit.slurm import commands
@@ -42,6 +44,7 @@ class Goodput:
     other_s: float
     goodput: float
     steps: int
+    staging_s: float = 0.0
 
     def as_dict(self) -> JsonObject:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -109,7 +112,9 @@ class Accountant:
     run by a newer record are recomputed (pro rata within an interval record).
     """
 
-    def __init__(self, incs: list[Incarnation]) -> None:
+    def __init__(self, incs: list[Incarnation], staging_s: float = 0.0) -> None:
+        self.staging_s = staging_s
+        """The run's staging (staging_seconds): out of the restart overhead (or a first start's other time)."""
         self._started = sorted((i for i in incs if i.start is not None), key=lambda i: i.start or 0.0)
         self._starts = [i.start or 0.0 for i in self._started]
         self._covered: list[list[int]] = []  # disjoint, sorted [first, last] step ranges of newer records
@@ -229,10 +234,26 @@ class Accountant:
                                                                                              strict=False))
         restart = sum(self.restart_overheads()) + sum(self.in_job_overheads())
         recomputed = useful - productive
-        other = wall - productive - recomputed - self.stalls - queue - restart
+        other = max(wall - productive - recomputed - self.stalls - queue - restart, 0.0)
+        # Staging is part of a restart's overhead, or of a first start's (which counts as other).
+        staging = min(self.staging_s, restart + other)
+        from_restart = min(staging, restart)
         steps = sum(b - a + 1 for a, b in self._covered)
-        return Goodput(wall, productive, queue, restart, recomputed, self.stalls, max(other, 0.0), productive / wall,
-                       steps)
+        return Goodput(wall, productive, queue, restart - from_restart, recomputed, self.stalls,
+                       other - (staging - from_restart), productive / wall, steps, staging)
+
+
+def staging_seconds(paths: RunPaths) -> float:
+    """The run's staging time (stage.jsonl: one line per node and stage): for each start of the
+    job, its slowest node's environment and data, summed over the starts."""
+    per_node: dict[tuple[str, int, str], float] = {}
+    for rec in iter_records(paths.stage_log):
+        key = (str(rec.get("job", "")), int(rec.get("restart_count", 0)), str(rec.get("node", "")))
+        per_node[key] = per_node.get(key, 0.0) + float(rec.get("seconds", 0.0))
+    starts: dict[tuple[str, int], float] = {}
+    for (job, restart, _), seconds in per_node.items():
+        starts[(job, restart)] = max(starts.get((job, restart), 0.0), seconds)
+    return sum(starts.values())
 
 
 def of_records(steps: list[JsonObject], incs: list[Incarnation]) -> Accountant:

@@ -77,7 +77,7 @@ def logged_points(path: Path) -> dict[str, list[tuple[int, float]]]:
 def collect(paths: RunPaths) -> ReportData:
     """Everything the report draws: one backward pass over the metrics file, run.json restarts, one sacct call."""
     record = RunFile(paths).read()
-    acc = goodput.Accountant(goodput.run_incarnations(paths, record))
+    acc = goodput.Accountant(goodput.run_incarnations(paths, record), goodput.staging_seconds(paths))
     curve = Curve()
     for rec in iter_records_reversed(paths.metrics):
         acc.add(rec)

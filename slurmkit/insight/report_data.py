@@ -54,7 +54,8 @@ def headline(a: goodput.Goodput) -> str:
                 "Trainer times its steps, a script's own loop does not)")
     return (f"goodput {a.goodput:.1%} ({_secs(a.productive_s)} productive of {_secs(a.wall_s)} wall); lost: queue "
             f"{_secs(a.queue_wait_s)}, restarts {_secs(a.restart_overhead_s)}, recomputed {_secs(a.recomputed_s)}, "
-            f"checkpoint stalls {_secs(a.checkpoint_stall_s)}, other {_secs(a.other_s)}")
+            f"checkpoint stalls {_secs(a.checkpoint_stall_s)}, other {_secs(a.other_s)}"
+            + (f", staging {_secs(a.staging_s)}" if a.staging_s else ""))
 
 
 def _secs(seconds: float) -> str:

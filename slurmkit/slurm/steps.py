@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from slurmkit.common.slurm_env import STAGED_PYTHON_ENV
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm.commands import CALLS
 
@@ -44,23 +45,32 @@ def ranks(plan: Plan, container: Container, nodes: int | None = None, exclude: t
         argv += [f"--nodes={nodes}", f"--ntasks={nodes * plan.tasks_per_node}"]
         if exclude:
             argv.append(f"--exclude={','.join(exclude)}")
-    return [*argv, *plan.srun_args, *container.srun_options, *container.rank_prefix, *plan.command]
+    return staged(plan, [*argv, *plan.srun_args, *container.srun_options, *container.rank_prefix, *plan.command])
 
 
 def standby(plan: Plan, run_dir: str, attempt: int) -> list[str]:
     """The standby ranks for in-job attempt `attempt`, beside the running step (--overlap: they share its CPUs)."""
     assert plan.standby is not None
-    return ["srun", "--overlap", "--unbuffered", "--kill-on-bad-exit=1", *_logs(plan), *plan.srun_args, *plan.standby,
-            "--run-dir", run_dir, "--attempt", str(attempt)]
+    return staged(plan, ["srun", "--overlap", "--unbuffered", "--kill-on-bad-exit=1", *_logs(plan), *plan.srun_args,
+                         *plan.standby, "--run-dir", run_dir, "--attempt", str(attempt)])
 
 
 def health(plan: Plan, run_dir: str) -> list[str]:
     """The health gate: one check per node, each on one CPU; a failing node does not kill the others."""
     assert plan.health is not None
     h = plan.health
-    return ["srun", "--ntasks-per-node=1", f"--ntasks={os.environ.get('SLURM_JOB_NUM_NODES', '1')}",
-            "--cpus-per-task=1", "--kill-on-bad-exit=0", *h.python, "-m", "slurmkit.worker.health",
-            "--run-dir", run_dir, "--gpus", str(h.gpus), *(["--allreduce"] if h.allreduce else [])]
+    return staged(plan, ["srun", "--ntasks-per-node=1", f"--ntasks={os.environ.get('SLURM_JOB_NUM_NODES', '1')}",
+                         "--cpus-per-task=1", "--kill-on-bad-exit=0", *h.python, "-m", "slurmkit.worker.health",
+                         "--run-dir", run_dir, "--gpus", str(h.gpus), *(["--allreduce"] if h.allreduce else [])])
+
+
+def staged(plan: Plan, argv: list[str]) -> list[str]:
+    """`argv` with the staged interpreter where the plan's was, once the batch shell has staged the
+    environment (profile stage.env: templates/partials/stage.sh.j2 exports it)."""
+    copy = os.environ.get(STAGED_PYTHON_ENV)
+    if plan.staged_from is None or not copy:
+        return argv
+    return [copy if a == plan.staged_from else a for a in argv]
 
 
 def start(argv: list[str]) -> subprocess.Popen[bytes]:

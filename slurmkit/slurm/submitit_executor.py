@@ -30,6 +30,7 @@ from slurmkit.config.fields import time_to_minutes
 from slurmkit.config.resolved import Resolved
 from slurmkit.errors import SlurmkitError
 from slurmkit.slurm import commands
+from slurmkit.stage import staging
 
 NO_LIMIT_MIN = 366 * 24 * 60
 
@@ -88,6 +89,8 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
 
     def __init__(self, request: SubmitRequest) -> None:
         resolved = request.resolved
+        if request.stage is not None:  # the image the script stages must be there before it is queued
+            staging.pack_said(request.stage)
         super().__init__(request.job_folder, max_num_timeout=resolved.profile.requeue.timeout,
                          python=rank_python(resolved))
         self.request = request

@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     if not job_id:
         _say("the supervisor runs inside a Slurm job only")
         return 2
+    if args[2:3] == ["--stage-failed"]:  # the batch shell: some node could not stage (its health report)
+        decide(RunPaths(Path(args[1])), job_id, lambda: effects.health_failed(RunPaths(Path(args[1]))))
+        return 1
     if args[:1] == ["--after-stop"]:  # a Ray run's batch shell, once its driver's step ended
         paths = RunPaths(Path(args[1]))
         stopped = Stopped.read(paths, job_id, outcomes.restart_count(), 0)

@@ -95,6 +95,7 @@ def test_doctor_passes_then_fails_with_a_fix_when_slurmctld_is_down(cluster: Non
     assert {c["status"] for c in checks.values()} <= {"PASS", "WARN"}
     assert {"slurm", "partition", "munge", "compute-node python", "run_root", "nccl"} <= set(checks)
     assert "imports slurmkit" in checks["compute-node python"]["detail"]
+    assert checks["package drift"]["status"] == "PASS"  # the nodes run this very environment
     assert checks["accounting"]["status"] == "PASS" and "slurmdbd" in checks["accounting"]["detail"]
 
     from slurmkit.devcluster import cluster as dc

@@ -118,7 +118,8 @@ def send(request: SubmitRequest, call: Call | None = None) -> Submitted:
                 created=dt.datetime.now().isoformat(timespec="seconds"), executor=resolved.profile.executor,
                 profile_name=resolved.profile_name, spec_source=resolved.spec_source,
                 spec=resolved.spec.model_dump(), profile=resolved.profile.model_dump(),
-                resources=resolved.resources.model_dump(), num_tasks=request.shape.num_tasks))
+                resources=resolved.resources.model_dump(), num_tasks=request.shape.num_tasks,
+                env=request.stage.record() if request.stage else None))
             if (snap := take_snapshot(resolved, paths.run_dir, call)) is not None:
                 record.update(snapshot=snap)
             try:
