@@ -91,7 +91,8 @@ class RequeueBudget(Strict):
     standby: bool = True
     """Keep a standby set of rank processes in the allocation, their imports paid (torch,
     torch._dynamo), for the next in-job restart: a killed or hung rank restarts without fresh
-    interpreters (slurmkit.worker.standby). It costs one more Python process per rank, idle after
+    interpreters (slurmkit.worker.standby). They start once the ranks' first step is done, so they
+    never slow the ranks' own start. It costs one more Python process per rank, idle after
     its imports (0.3 GB resident with torch on CPU), inside the job's memory: where the ranks use
     nearly all of it, turn this off. Used with in_job > 0, and not with spare nodes, elastic runs, containers, torchrun
     or Ray (their next step differs, or is not slurmkit's own srun of submitit's worker)."""

@@ -5,8 +5,9 @@
 
 - HEALTH_GATE (where the profile asks): one check per node; a failing node requeues the job
   without it (a HealthFailed event) and the supervisor exits 1.
-- LAUNCH: one srun step of the ranks (slurm.steps), or the standby step taking over; beside it the
-  standby step for the next attempt, where the profile has standby ranks.
+- LAUNCH: one srun step of the ranks (slurm.steps), or the standby step taking over; beside it,
+  once the ranks' first step is done (supervisor.watch), the standby step for the next attempt,
+  where the profile has standby ranks.
 - RUNNING: wait for the step, and watch it from outside (supervisor.watch): a startup hang no rank
   can report ends the step; a straggler named for the profile's straggler_patience_s is asked of
   the policy, and REPLACE_IN_JOB stops the ranks at an agreed step (the profile's signal) and
@@ -101,8 +102,7 @@ class Supervisor:
             while True:
                 self._enter(State.LAUNCH)
                 ranks = taken if taken is not None else self._launch()
-                self._start_standby()
-                self._enter(State.RUNNING)
+                self._enter(State.RUNNING)  # the standby step starts once the ranks' first step is done
                 rc = self._wait(ranks, self._outside_watch())
                 stopped = self._stop_of(rc)
                 if stopped is not None and self.replacing is not None and not self.terminated:
@@ -156,6 +156,9 @@ class Supervisor:
     def _look(self, watch: OutsideWatch, proc: subprocess.Popen[bytes]) -> None:
         """What the outside watch sees now, acted on (supervisor.watch)."""
         now = time.time()
+        if self.plan.standby is not None and self._standby is None and not self.terminated \
+                and watch.standby_due(now):
+            self._start_standby()
         if not watch.due(now) or self.terminated or self.replacing is not None:
             return
         if (hung := watch.frozen(now)) is not None:

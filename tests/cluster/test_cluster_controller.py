@@ -33,7 +33,8 @@ def ctld_pid() -> int:
 
 
 def waiting_submit(tmp_path: Path, profile: Path, command: str) -> subprocess.Popen[str]:
-    """`slurmkit submit --wait --json` in its own process, as a user runs it; with a standby step,
+    """`slurmkit submit --wait --json` in its own process, as a user runs it; with a standby step
+    (a command keeps no startup watch: it starts STANDBY_UNWATCHED_S, 5 s, after the ranks' step),
     which takes the in-job restart of a failed command at once (a new srun step just after the
     controller's restart waited about 70 s for the nodes to register again)."""
     spec = tmp_path / "waited.yaml"
@@ -101,7 +102,7 @@ def test_a_wait_outlives_a_controller_restart(cluster: None, tmp_path: Path, dev
                                              run_root: Path) -> None:
     from slurmkit.devcluster import cluster as dc
 
-    waiter = waiting_submit(tmp_path, dev_profile, "sleep 8; exit 5")
+    waiter = waiting_submit(tmp_path, dev_profile, "sleep 12; exit 5")  # its standby starts 5 s in
     wait_until(lambda: running(run_root, "waited"), 60, "the waited job to run", 0.5)
     pid = ctld_pid()
     assert dc.stop_daemon("slurmctld")

@@ -252,3 +252,25 @@ def test_doctor_names_the_drift_between_this_hosts_packages_and_the_nodes() -> N
     assert doctor.drift(here, there) == [("numpy", "2.1.0", None), ("scipy", None, "1.14"),
                                          ("torch", "2.13.0", "2.12.0")]
     assert doctor.drift(here, dict(here)) == []
+
+
+def test_a_node_that_could_not_stage_is_a_health_failure_decided_by_the_policy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch shell's `--stage-failed`: the nodes' health reports go to the restart policy as a
+    failed health gate (cause node_failure, the nodes blamed and asked to be left out); with no
+    Slurm to requeue here, the requeue it asks for fails and the job ends."""
+    from slurmkit.common.record import RunFile, RunRecord
+    from slurmkit.supervisor import loop
+    from tests.conftest import supervisor_events
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm"))  # scontrol is not there: the requeue fails
+    paths = RunPaths(tmp_path / "run")
+    paths.job_folder.mkdir(parents=True)
+    RunFile(paths).create(RunRecord(run_id="run", job_ids=["77"], num_tasks=2))
+    HealthReport("node2", ["stage: the image's SHA-256 is not the packed one"], "stage", []).write(paths)
+    assert loop.main(["--run-dir", str(paths.run_dir), "--stage-failed"]) == 1
+    (decision,) = supervisor_events(paths.run_dir, "decision")
+    assert (decision["cause"], decision["exclude"]) == ("node_failure", ["node2"])
+    assert [u.node for u in RunFile(paths).read().unhealthy] == ["node2"]

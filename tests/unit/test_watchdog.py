@@ -120,3 +120,22 @@ def test_a_straggler_lasting_its_patience_is_asked_about_once(tmp_path: Path) ->
     found = watch.lasting(1061.0)
     assert found is not None and found.node == "node4"
     assert watch.lasting(5000.0) is None  # asked once
+
+
+def test_the_standby_ranks_start_once_rank_0s_first_step_is_done(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not beside the ranks' own start (they would compete for the CPUs and the filesystem while the
+    ranks import): at rank 0's first step; a run without a startup watch after STANDBY_UNWATCHED_S;
+    any run after STANDBY_LATEST_S."""
+    from slurmkit.supervisor.watch import STANDBY_LATEST_S, STANDBY_UNWATCHED_S
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    paths = RunPaths(tmp_path)
+    watch = OutsideWatch(paths, "77", 0, launched=1000.0, patience_s=None)
+    assert not watch.standby_due(1000.0 + STANDBY_UNWATCHED_S - 1)
+    assert watch.standby_due(1000.0 + STANDBY_UNWATCHED_S)  # no watch: a plain command's ranks
+    StartupWatched("77", 0, 0, begun=1001.0, timeout_s=600.0).write(paths)
+    assert not watch.standby_due(1000.0 + STANDBY_LATEST_S - 1)  # importing, not yet stepping
+    assert watch.standby_due(1000.0 + STANDBY_LATEST_S)
+    StartupWatched("77", 0, 0, begun=1001.0, timeout_s=600.0, first_step=1004.0).write(paths)
+    assert watch.standby_due(1005.0)
