@@ -78,6 +78,8 @@ def test_a_lightning_scripts_rank_slowed_from_outside_is_named_from_the_callback
     (named,) = Stragglers.read(paths)
     assert named.rank == 1 and named.score < 0.7
     assert any(r["slowest"][0][0] == 1 for r in iter_records(paths.straggler_scores))
+    lowest = [r["straggler_score_min"] for r in read_records(paths.logged) if "straggler_score_min" in r]
+    assert lowest and min(lowest) < 0.7  # in what the run's trackers get, beside the module's own values
 
 
 def test_a_lightning_script_that_goes_on_after_fit_is_ended_by_a_local_cancel(

@@ -49,8 +49,8 @@ class AgreedStopCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         """What the Trainer logs (loss, learning rate, eval metrics) to the run's logged.jsonl and
-        trackers (slurmkit.tracking.log; rank 0)."""
-        values = numbers(logs or {})
+        trackers (slurmkit.tracking.log; rank 0), with rank 0's straggler score."""
+        values = {**numbers(logs or {}), **self.votes.scored()}
         if values:
             tracking.log(values, int(state.global_step))
         return control

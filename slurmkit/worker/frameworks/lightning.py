@@ -80,7 +80,7 @@ class _AgreedStop:
         self.ddp.batch_end()
         self.script.stepped()
         if trainer.global_step % max(1, int(trainer.log_every_n_steps)) == 0:
-            _log(trainer)
+            _log(trainer, self.votes.scored())
         agreed = self.votes.vote()
         if agreed == Stop.NONE:
             return
@@ -90,7 +90,7 @@ class _AgreedStop:
         self.script.end(step, agreed)  # the script ends here, as at a slurmkit.Checkpoint's agreed stop
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        _log(trainer)
+        _log(trainer, {})
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         """fit is done: no batch reads the flag again, so the signals do what they did before (a
@@ -99,9 +99,10 @@ class _AgreedStop:
         self.script.release()
 
 
-def _log(trainer: Any) -> None:
+def _log(trainer: Any, scored: dict[str, float]) -> None:
     """What the LightningModule logged (self.log), as Lightning's own loggers get it, to the run's
-    logged.jsonl and trackers (slurmkit.tracking.log; rank 0)."""
+    logged.jsonl and trackers (slurmkit.tracking.log; rank 0), with rank 0's straggler score."""
     values = {name: float(v) for name, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 0)() == 1}
+    values.update(scored)
     if values:
         tracking.log(values, int(trainer.global_step))

@@ -218,6 +218,11 @@ class LaggedVote:
         self._pending = (tdist.all_reduce(votes, op=tdist.ReduceOp.MAX, group=self._group, async_op=True), votes)
         return agreed
 
+    def scored(self) -> dict[str, float]:
+        """Rank 0's lowest straggler score at the last reading, for the run's trackers (none elsewhere)."""
+        namer = self.paces.namer if self.paces is not None else None
+        return {"straggler_score_min": namer.lowest} if namer is not None and namer.lowest is not None else {}
+
     def drain(self) -> tuple[Stop, int]:
         """The vote in flight, waited for (before the ranks stop: none is left behind): the stop, and
         how many boundaries until the next vote."""
