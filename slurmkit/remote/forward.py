@@ -36,7 +36,7 @@ from slurmkit.remote.request import STAGE_PREFIX, Request
 from slurmkit.runs import snapshot
 
 FORWARDED = frozenset({"render", "submit", "resubmit", "status", "list", "logs", "cancel", "result", "wait", "stack",
-                       "attach", "shell", "doctor", "report", "track", "nodes", "sweep submit", "sweep status",
+                       "attach", "shell", "doctor", "report", "track", "nodes", "env", "sweep submit", "sweep status",
                        "sweep results", "sweep resubmit", "sweep resume", "sweep list", "sweep cancel"})
 """Every command that acts on the cluster (tests/unit/test_remote.py holds the CLI to it)."""
 LOCAL = frozenset({"connect", "disconnect", "profiles", "devcluster", "bench"})

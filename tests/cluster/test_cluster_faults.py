@@ -644,11 +644,11 @@ def test_a_crash_loop_back_to_the_same_checkpoint_ends_no_progress_with_budget_l
 def test_ranks_frozen_before_their_first_step_are_a_startup_hang_seen_from_inside_then_from_outside(
         cluster: None, dev_profile: Path, reference: dict[str, Any]) -> None:
     """Attempt 0: rank 1 stopped (SIGSTOP) while it starts; rank 0 waits for it in the rendezvous
-    until its own startup timeout (20 s here) fires. Attempt 1: both ranks stopped, so neither can
+    until its own startup timeout (15 s here) fires. Attempt 1: both ranks stopped, so neither can
     fire: the supervisor sees rank 0's watch pass its deadline with no first step and ends the step
     itself. Each time the step ends rather than hold the allocation to its time limit, and the
     in-job restart, a hang's path, runs the run again; it completes."""
-    paths, job = start(dev_profile, "profile.startup_timeout_s=20", "profile.requeue.in_job=2")
+    paths, job = start(dev_profile, "profile.startup_timeout_s=15", "profile.requeue.in_job=2")
 
     def pid_of(rank: int, other_than: int = 0) -> int | None:
         try:
@@ -682,7 +682,7 @@ def test_a_lasting_straggler_with_a_spare_node_is_replaced_in_the_job(cluster: N
     ranks stop at an agreed step and save, and the next step runs on the spare, node2. The run
     completes in the same incarnation, node1 blamed in the ledger."""
     paths, job = start(dev_profile, "resources.nodes=1", "resources.spare_nodes=1", "resources.tasks_per_node=2",
-                       "config.steps=300", "config.batch_size=64", "profile.straggler_action=replace",
+                       "config.steps=150", "config.batch_size=64", "profile.straggler_action=replace",
                        "profile.straggler_patience_s=2", "env.SLURMKIT_STRAGGLER_PERIOD_S=1")
     wait_step(paths, 1)
     pid = rank_pid(paths, 1)
@@ -695,7 +695,7 @@ def test_a_lasting_straggler_with_a_spare_node_is_replaced_in_the_job(cluster: N
     (entry,) = RunFile(paths).read().restarts
     assert (entry.kind, entry.cause, entry.exclude) == ("in_job", "node_failure", ["node1"])
     assert step_nodes(job) == {f"{job}.0": "node1", f"{job}.1": "node2"} and incarnations(job) == ["COMPLETED"]
-    assert executed_steps(paths.metrics)[-1] == 300
+    assert executed_steps(paths.metrics)[-1] == 150
     assert ("node1", "straggler") in [(b.node, b.cause) for b in NodeLedger(names.CLUSTER_NAME).blames()]
 
 
