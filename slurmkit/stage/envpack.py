@@ -175,9 +175,10 @@ def pack(img: EnvImage, progress: Callable[[int, int], None] | None = None) -> P
     if shutil.which("zstd") is None:
         raise StageError("zstd is not installed on this host", where="profile.stage.env",
                          valid="valid: install zstd (apt install zstd), or set stage.env: false")
-    members = [(path, f"{dest or '.'}/{path.relative_to(root)}") for root, dest in ((img.prefix, ""), *img.editable)
-               for path, _ in _files(root, frozenset()) if str(path.relative_to(root)) not in img.left_out]
-    total = sum(p.lstat().st_size for p, _ in members)
+    members = [(path, f"{dest or '.'}/{path.relative_to(root)}", st.st_size)
+               for root, dest in ((img.prefix, ""), *img.editable)
+               for path, st in _files(root, frozenset()) if str(path.relative_to(root)) not in img.left_out]
+    total = sum(size for _, _, size in members)
     partial = store / f".{img.image.name}.{os.getpid()}.partial"
     try:
         _write(partial, members, total, progress)
@@ -196,9 +197,9 @@ def pack(img: EnvImage, progress: Callable[[int, int], None] | None = None) -> P
     return Packed(img, time.monotonic() - t0, img.image.stat().st_size, reused=False)
 
 
-def _write(partial: Path, members: list[tuple[Path, str]], total: int,
+def _write(partial: Path, members: list[tuple[Path, str, int]], total: int,
            progress: Callable[[int, int], None] | None) -> None:
-    """A tar of `members` through zstd (all cores) into `partial`."""
+    """A tar of `members` (path, name in the image, size) through zstd (all cores) into `partial`."""
     with partial.open("wb") as out:
         os.chmod(partial, 0o600)
         zstd = subprocess.Popen(["zstd", "-q", "-T0", "-3", "-c"], stdin=subprocess.PIPE, stdout=out)
@@ -206,9 +207,9 @@ def _write(partial: Path, members: list[tuple[Path, str]], total: int,
         done = 0
         try:
             with tarfile.open(fileobj=zstd.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                for path, arcname in members:
+                for path, arcname, size in members:
                     tar.add(path, arcname=arcname, recursive=False)
-                    done += path.lstat().st_size
+                    done += size
                     if progress is not None:
                         progress(done, total)
         finally:
