@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from slurmkit import trust
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import HealthReport
 
@@ -66,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.root)
     folder = root / f"data-{args.job}"
     try:
-        if root.is_symlink() or root.stat().st_uid != os.getuid():
-            raise OSError(f"{root} is not this user's own folder")
+        trust.private_folder(root, "profile.stage.local_root", "the staged data")
         folder.mkdir(mode=0o700, exist_ok=True)
         for source, name in args.item:
             if not (folder / name).exists():

@@ -274,3 +274,23 @@ def test_a_node_that_could_not_stage_is_a_health_failure_decided_by_the_policy(
     (decision,) = supervisor_events(paths.run_dir, "decision")
     assert (decision["cause"], decision["exclude"]) == ("node_failure", ["node2"])
     assert [u.node for u in RunFile(paths).read().unhealthy] == ["node2"]
+
+
+def test_a_folder_above_the_stage_another_user_could_swap_is_refused(tmp_path: Path) -> None:
+    """The node's folder is ours, but the folder above it belongs to another user (who could rename
+    ours away and put their own in its place): the node and the data fetch both refuse it."""
+    from slurmkit.stage import fetch
+
+    if os.geteuid() != 0:
+        pytest.skip("NOT ROOT: cannot make a folder of another user's here")
+    packed = _pack(tmp_path)
+    run_dir, theirs = tmp_path / "run", tmp_path / "theirs"
+    run_dir.mkdir()
+    theirs.mkdir(mode=0o777)
+    os.chown(theirs, 65534, 65534)  # nobody's
+    root = theirs / "stage"
+    root.mkdir(mode=0o700)
+    assert _stage_node(root, packed, run_dir).returncode == 1
+    assert fetch.main(["--root", str(root), "--job", "7", "--run-dir", str(run_dir)]) == 1
+    assert len(HealthReport.take_all(RunPaths(run_dir))) == 1  # the node's one report, written twice
+    assert list(root.iterdir()) == []
