@@ -4,8 +4,8 @@ The public Python API, imported on first use so that `import slurmkit` (and the 
 light and never imports torch:
 
     slurmkit.Executor, slurmkit.Job, slurmkit.as_completed, slurmkit.sweep, slurmkit.Checkpoint,
-    slurmkit.distributed, slurmkit.tracking (its `log`), slurmkit.SlurmkitError (and the other errors of
-    slurmkit.errors)
+    slurmkit.distributed, slurmkit.tracking (its `log`), slurmkit.components (a heterogeneous job's
+    parts), slurmkit.SlurmkitError (and the other errors of slurmkit.errors)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Executor": "slurmkit.api.executor", "sweep": "slurmkit.api.executor",
     "Job": "slurmkit.api.handles", "as_completed": "slurmkit.api.handles", "SweepHandle": "slurmkit.api.handles",
-    "Checkpoint": "slurmkit.worker.checkpoint",
+    "Checkpoint": "slurmkit.worker.checkpoint", "components": "slurmkit.common.components",
     **{name: "slurmkit.errors" for name in ("SlurmkitError", "ConfigError", "JobFailedError", "SlurmError",
                                             "PreflightError", "RunNotFoundError")},
 }

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmkit.common.layout import RunPaths, expand_root
-from slurmkit.common.supervisor_plan import Health, Plan, Shrink
+from slurmkit.common.supervisor_plan import Health, PartPlan, Plan, Shrink
 from slurmkit.config.resolved import Resolved
 from slurmkit.config.shape import Shape
 from slurmkit.render import JobFiles, RenderInput, container_context, render, shell_quote
@@ -144,13 +144,31 @@ def supervisor_plan(resolved: Resolved, job_folder: Path, files: JobFiles) -> Pl
                       allreduce=prof.health_allreduce) if gate else None)
 
 
+def parts_plan(resolved: Resolved, job_folder: Path) -> Plan:
+    """A heterogeneous job's plan: each part's step (its own run folder's submitit worker and logs),
+    on the primary part's plan (signal, budgets), which has no standby step and no health gate."""
+    top = job_folder.parent
+    parts = []
+    for part in resolved.parts:
+        paths = RunPaths(part.run_dir(top))
+        own = supervisor_plan(part.resolved, paths.job_folder, job_files(paths))
+        assert own is not None
+        parts.append(PartPlan(name=part.name, run_dir=str(paths.run_dir), command=own.command, stdout=own.stdout,
+                              stderr=own.stderr, tasks_per_node=own.tasks_per_node, srun_args=own.srun_args,
+                              primary=part.primary))
+    primary = next(p for p in resolved.parts if p.primary)
+    plan = supervisor_plan(primary.resolved, job_folder, job_files(RunPaths(top)))
+    assert plan is not None
+    return plan.model_copy(update={"standby": None, "health": None, "parts": parts})
+
+
 def build(resolved: Resolved, job_folder: Path, array: ArraySpec | None = None,
           dependency: str | None = None) -> SubmitRequest:
     """The one request for a run (or a sweep's array) whose submitit folder is `job_folder`."""
     sweep = {"dir": array.sweep_dir, "base": array.base, "pickle": array.pickle} if array and array.sweep_dir else None
     files = job_files(RunPaths(job_folder.parent), array is not None)
     stage = env_stage(resolved)
-    plan = supervisor_plan(resolved, job_folder, files)
+    plan = parts_plan(resolved, job_folder) if resolved.parts else supervisor_plan(resolved, job_folder, files)
     if plan is not None and stage is not None:
         plan = plan.model_copy(update={"staged_from": shlex.split(python_command(resolved))[0]})
     run_dir = str(job_folder.parent)
@@ -172,6 +190,7 @@ def env_stage(resolved: Resolved) -> EnvImage | None:
                if prof.executor != "slurm" else
                "a container brings its own environment" if prof.container is not None and prof.stage.env else
                "a Ray run is not staged yet" if spec.ray else
+               "a heterogeneous run (components) is not staged yet" if spec.components is not None else
                "launcher: torchrun is not staged yet (launcher: srun is)" if spec.launcher == "torchrun" else None)
     if refused:
         raise StageError(refused, where="profile.stage", valid="valid: no stage section for this run")

@@ -247,6 +247,7 @@ def render(inp: RenderInput) -> str:
         "rank_env": rank_env(resolved.profile.startup_timeout_s, resolved.profile.straggler_score),
         "stage": stage_context(resolved, inp.stage, inp.python),
         "supervisor_python": Shell(f'"${STAGED_PYTHON_ENV}" -P') if inp.stage else Shell(inp.python),
+        "het": [{"r": p.resolved.resources, "alloc_nodes": p.resolved.shape.alloc_nodes} for p in resolved.parts],
     }
     try:
         return env.get_template(ENTRY_TEMPLATE).render(context)

@@ -2,8 +2,8 @@
 are disjoint, so for the same job id no two uses can meet; two jobs sharing a node differ unless
 their ids are a multiple of the range's span apart.
 
-    training rendezvous (MASTER_PORT,   [20000, 25000)   20000 + id % 5000
-      or torchrun's c10d endpoint)
+    training rendezvous (MASTER_PORT,   [20000, 25000)   20000 + (id + part) % 5000
+      or torchrun's c10d endpoint)                       (part: a heterogeneous job's het group, else 0)
     health-gate all-reduce              [25000, 30000)   25000 + id % 5000
     Ray head and its services           [10100, 20000)   10100 + (id % 99) * 100, a block of 100
 
@@ -38,9 +38,10 @@ def _number(job_id: str) -> int:
     return int(digits or 0)
 
 
-def training_port(job_id: str) -> int:
+def training_port(job_id: str, part: int = 0) -> int:
+    """`part`: a heterogeneous job's part (its het group), each its own world on the next port."""
     base, span = TRAINING
-    return base + _number(job_id) % span
+    return base + (_number(job_id) + part) % span
 
 
 def health_port(job_id: str) -> int:

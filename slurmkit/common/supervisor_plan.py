@@ -36,6 +36,22 @@ class Health(_Frozen):
     """Also one small all-reduce across the nodes."""
 
 
+class PartPlan(_Frozen):
+    """One part of a heterogeneous job (spec components): its own srun step, `--het-group=N` (N: its
+    index in Plan.parts), in its own run folder."""
+
+    name: str
+    run_dir: str
+    """The part's run folder (the run's own for the primary part, else parts/NAME)."""
+    command: list[str]
+    stdout: str
+    stderr: str
+    tasks_per_node: int
+    srun_args: list[str] = []
+    primary: bool = False
+    """The part whose result is the run's: once it has completed, the job has."""
+
+
 class Plan(_Frozen):
     signal: str
     """The profile's signal name (USR2): Slurm sends it to the supervisor, which passes it to the ranks' step."""
@@ -60,15 +76,32 @@ class Plan(_Frozen):
     staged_from: str | None = None
     """The interpreter the batch shell staged to the nodes' local disks (profile stage.env): in every
     step's argv it is the staged copy (SLURMKIT_STAGED_PYTHON) instead."""
+    parts: list[PartPlan] = []
+    """A heterogeneous job's parts, in het-group order (supervisor.parts runs them); [] for any other job."""
+
+    def part(self, group: int) -> Plan:
+        """The plan of part `group`'s step: its command, logs and srun options, no standby or gate."""
+        p = self.parts[group]
+        return self.model_copy(update={"command": p.command, "stdout": p.stdout, "stderr": p.stderr,
+                                       "tasks_per_node": p.tasks_per_node, "srun_args": p.srun_args,
+                                       "standby": None, "health": None, "shrink": None, "parts": []})
 
     def describe(self) -> list[str]:
         """The plan in a few lines for the batch script's comments."""
-        lines = [f"launcher: {self.launcher}, {self.tasks_per_node} rank(s) per node"
-                 + (" (one torchrun per node)" if self.launcher == "torchrun" else "")]
+        if self.parts:
+            names = ", ".join(f"{p.name} (--het-group={i}, {p.tasks_per_node} rank(s) per node)"
+                              for i, p in enumerate(self.parts))
+            lines = [f"a heterogeneous job: one srun step per part, each its own world: {names}",
+                     f"the job has completed once {next(p.name for p in self.parts if p.primary)} has; a signal "
+                     "goes to every part, and a part that fails is decided by the restart policy"]
+        else:
+            lines = [f"launcher: {self.launcher}, {self.tasks_per_node} rank(s) per node"
+                     + (" (one torchrun per node)" if self.launcher == "torchrun" else "")]
         if self.health:
             lines.append(f"health gate first: {self.health.gpus} GPU(s) per node"
                          + (", and an all-reduce across the nodes" if self.health.allreduce else ""))
-        lines.append("each attempt: one srun step of the ranks"
+        lines.append(("each attempt: one srun step of the ranks" if not self.parts else
+                      "each attempt of a part: one srun step of its ranks")
                      + (f" on {self.shrink.nodes} node(s), at least {self.shrink.least} after a loss"
                         if self.shrink else "")
                      + ("; beside it a standby step that takes the next attempt" if self.standby else ""))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from slurmkit.config.fields import node_gpus
 from slurmkit.config.profile import ClusterProfile, Resources
@@ -20,6 +21,9 @@ class Resolved:
     profile_name: str
     resources: Resources
     spec_source: str
+    parts: tuple[Part, ...] = ()
+    """A heterogeneous run's parts (spec.components), each resolved as a run of its own; () for any
+    other run. The run's own resources (so its shape, num_tasks and logs) are its primary part's."""
 
     @property
     def shape(self) -> Shape:
@@ -52,3 +56,30 @@ class Resolved:
     def sbatch_args(self) -> dict[str, str | int | bool]:
         """The job's extra sbatch options: the profile's, each replaced by the spec's of the same name."""
         return {**self.profile.sbatch_args, **self.spec.sbatch_args}
+
+
+PARTS_DIR = "parts"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a heterogeneous run (config.components)."""
+
+    name: str
+    group: int
+    """The part's het group (its index in components): `srun --het-group=N`, SLURM_*_HET_GROUP_N."""
+    resolved: Resolved
+    primary: bool
+
+    @property
+    def env_name(self) -> str:
+        """NAME in SLURMKIT_<NAME>_HOST and SLURMKIT_<NAME>_NODES."""
+        return self.name.upper()
+
+    def run_dir(self, top: Path) -> Path:
+        """The part's run folder: the run's own for the primary part, else parts/NAME inside it."""
+        return top if self.primary else top / PARTS_DIR / self.name
+
+    def run_id(self, top_id: str) -> str:
+        """The part's run id (trackers, checkpoint_root keys): the run's own, or RUN.NAME."""
+        return top_id if self.primary else f"{top_id}.{self.name}"

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from slurmkit.config.fields import gres_gpus
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
-from slurmkit.config.resolved import Resolved
+from slurmkit.config.resolved import Part, Resolved
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.shape import Shape
 from slurmkit.config.train import TrainConfig
@@ -261,20 +261,53 @@ def _check_ray(spec: RunSpec, resources: Resources, source: str) -> None:
 def resolve_layers(layers: list[Layer], profile: ClusterProfile, profile_name: str) -> Resolved:
     """Run-spec layers (lowest first) against an already loaded profile."""
     run_spec = validate_runspec(layers)
-    resources = gpu_forms(merge_resources(DEFAULT_RESOURCES, profile.resources, run_spec.resources),
-                          (profile.resources, run_spec.resources), layers[0][0])
+    if run_spec.components is not None:
+        return _resolve_parts(run_spec, profile, profile_name, layers)
+    return _resolve_one(run_spec, profile, profile_name, layers[0][0], (run_spec.resources,))
+
+
+def _resolve_parts(spec: RunSpec, profile: ClusterProfile, profile_name: str, layers: list[Layer]) -> Resolved:
+    """A heterogeneous run: each part resolved as a run of its own (its field named in each error);
+    the run's own resources are its primary part's. On a Slurm profile only."""
+    assert spec.components is not None
+    source = layers[0][0]
+    if profile.executor != "slurm":
+        raise ConfigError(f"components on the {profile.executor} executor", where=f"{source}:components",
+                          valid="valid: a Slurm profile (a heterogeneous job), e.g. -p devcluster")
+    parts = []
+    for group, name in enumerate(spec.components):
+        where = f"{source}:components.{name}"
+        if spec.components[name].task == "train":
+            validate_layers(TrainConfig, layers, prefix=("components", name, "config"))
+        one = _resolve_one(spec.part(name), profile, profile_name, where,
+                           (spec.resources, spec.components[name].resources))
+        if one.shape.shrinks:
+            raise ConfigError("spare_nodes or elastic in a part", where=f"{where}.resources",
+                              valid="valid: 0 / false (a part's lost node requeues the whole job)")
+        parts.append(Part(name, group, one, name == spec.primary))
+    primary = next(p for p in parts if p.primary)
+    return Resolved(spec=spec, profile=profile, profile_name=profile_name, resources=primary.resolved.resources,
+                    spec_source=source, parts=tuple(parts))
+
+
+def _resolve_one(run_spec: RunSpec, profile: ClusterProfile, profile_name: str, source: str,
+                 given: tuple[Resources, ...]) -> Resolved:
+    """One run's (or one part's) resources layered over the defaults and the profile's, and checked.
+    `given`: the spec's resources layers, lowest first."""
+    resources = gpu_forms(merge_resources(DEFAULT_RESOURCES, profile.resources, *given),
+                          (profile.resources, *given), source)
     if run_spec.ray is not None:
-        _check_ray(run_spec, resources, layers[0][0])
+        _check_ray(run_spec, resources, source)
     if run_spec.launcher == "torchrun" and profile.executor != "slurm":
-        raise ConfigError(f"launcher torchrun on the {profile.executor} executor", where=f"{layers[0][0]}:launcher",
+        raise ConfigError(f"launcher torchrun on the {profile.executor} executor", where=f"{source}:launcher",
                           valid="valid: srun here (local ranks start as processes); torchrun on a Slurm profile")
     for name in ("spare_nodes", "elastic"):
         if getattr(resources, name):
-            _check_shrinkable(run_spec, profile, f"{layers[0][0]}:resources.{name}", name)
+            _check_shrinkable(run_spec, profile, f"{source}:resources.{name}", name)
     if run_spec.task == "train":
-        _check_batch(run_spec, resources, layers[0][0])
+        _check_batch(run_spec, resources, source)
     return Resolved(spec=run_spec, profile=profile, profile_name=profile_name, resources=resources,
-                    spec_source=layers[0][0])
+                    spec_source=source)
 
 
 def _check_batch(spec: RunSpec, resources: Resources, source: str) -> None:

@@ -59,7 +59,17 @@ def avoid_blamed(resolved: Resolved) -> Resolved:
 
 
 def check(resolved: Resolved, array_size: int | None = None) -> str:
-    """Raise PreflightError if the job cannot run on the live cluster; return the partition used."""
+    """Raise PreflightError if the job cannot run on the live cluster (a heterogeneous run: each
+    part, its field named); return the partition used."""
+    for each in resolved.parts:
+        try:
+            check(each.resolved, array_size)
+        except PreflightError as exc:
+            where = f"components.{each.name}" + (f".{exc.where}" if exc.where and ":" not in exc.where
+                                                  else f" ({exc.where})" if exc.where else "")
+            raise PreflightError(exc.what, where=where, valid=exc.valid) from None
+    if resolved.parts:
+        return _partition(resolved, commands.show_partitions())
     imports.check_ray_importable(resolved)
     imports.check_command_imports(resolved, resolved.spec_source)
     imports.check_storage(resolved)

@@ -48,6 +48,14 @@ def ranks(plan: Plan, container: Container, nodes: int | None = None, exclude: t
     return staged(plan, [*argv, *plan.srun_args, *container.srun_options, *container.rank_prefix, *plan.command])
 
 
+def part(plan: Plan, group: int, container: Container, job_id: str) -> list[str]:
+    """Part `group` of a heterogeneous job (plan.parts): its ranks' step on its own het component.
+    Its logs name the job's own id: Slurm's %j there is the component's id (JOB+N)."""
+    argv = ranks(plan.part(group), container)
+    argv = [a.replace("%j", job_id) if a.startswith(("--output=", "--error=")) else a for a in argv]
+    return [argv[0], f"--het-group={group}", *argv[1:]]
+
+
 def standby(plan: Plan, run_dir: str, attempt: int) -> list[str]:
     """The standby ranks for in-job attempt `attempt`, beside the running step (--overlap: they share its CPUs)."""
     assert plan.standby is not None
@@ -73,10 +81,11 @@ def staged(plan: Plan, argv: list[str]) -> list[str]:
     return [copy if a == plan.staged_from else a for a in argv]
 
 
-def start(argv: list[str]) -> subprocess.Popen[bytes]:
-    """Start a step with the caller's environment; the caller waits for it (and passes signals on)."""
+def start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a step with the caller's environment (and `env` over it); the caller waits for it (and
+    passes signals on)."""
     CALLS[argv[0]] += 1
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env={**os.environ, **env} if env else None)
 
 
 def end(proc: subprocess.Popen[bytes]) -> None:

@@ -84,6 +84,21 @@ def _call_bytes(paths: RunPaths, job_id: str) -> bytes:
                             valid="submit the run again with `slurmkit submit`") from None
 
 
+def place_call(folder: Path, job_id: str, fn: Any, executor: submitit.SlurmExecutor) -> None:
+    """Another part's call of a heterogeneous job (spec components), pickled as submitit pickles the
+    job's own, under submitit's name for job `job_id` in that part's job folder, where its ranks'
+    worker (which waits for it) loads it. Written aside and renamed: never seen half-written."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    delayed = DelayedSubmission(fn)
+    delayed.set_timeout(executor.parameters.get("time", 5), executor.max_num_timeout)
+    tmp = folder / f".{uuid.uuid4().hex}.pkl"
+    try:
+        delayed.dump(tmp)
+        JobPaths(folder, job_id=job_id).move_temporary_file(tmp, "submitted_pickle")
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class RenderedSlurmExecutor(submitit.SlurmExecutor):
     """A SlurmExecutor whose submission file is a built request's script (build.build), sent as it is."""
 

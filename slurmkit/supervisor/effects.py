@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import replace
 
 from slurmkit.common import outcomes
@@ -32,9 +33,15 @@ def state(paths: RunPaths, job_id: str, alloc: Allocation | None = None) -> Stat
                  now(), alloc, PruneRequest.read(paths))
 
 
-def decide(paths: RunPaths, job_id: str, event: Event, alloc: Allocation | None = None) -> Decision:
-    """policy.decide on the state read now, its effects carried out: the one way a restart is decided."""
-    return carry_out(paths, job_id, policy.decide(state(paths, job_id, alloc), event))
+def decide(paths: RunPaths, job_id: str, event: Event, alloc: Allocation | None = None,
+           before: Callable[[Decision], None] | None = None) -> Decision:
+    """policy.decide on the state read now, its effects carried out: the one way a restart is decided.
+    `before`: called with the decision before its effects (a heterogeneous job stops its other parts,
+    which save, before a requeue)."""
+    decision = policy.decide(state(paths, job_id, alloc), event)
+    if before is not None:
+        before(decision)
+    return carry_out(paths, job_id, decision)
 
 
 # -- the events --------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ Every transition is one JSON line in the run folder's supervisor.jsonl (RunPaths
 
 from __future__ import annotations
 
-import argparse
 import enum
 import json
 import os
@@ -40,14 +39,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from slurmkit import trust
 from slurmkit.common import outcomes, ports
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import StandbyGo, Stopped
 from slurmkit.common.record import RunFile
-from slurmkit.common.slurm_env import expand_hostlist, slurm_job_id
+from slurmkit.common.slurm_env import expand_hostlist
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.errors import SlurmkitError
 from slurmkit.slurm import steps
@@ -163,7 +161,7 @@ class Supervisor:
             return
         if (hung := watch.frozen(now)) is not None:
             hung.write(self.paths)
-            _say(f"no rank reached its first step within {hung.idle_s:.0f} s and none could say so: "
+            say(f"no rank reached its first step within {hung.idle_s:.0f} s and none could say so: "
                  "ending the step (startup hang, seen from outside)")
             self._event("startup_hang_outside", idle_s=hung.idle_s)
             steps.end(proc)
@@ -233,7 +231,7 @@ class Supervisor:
                 for signum in self._inbox.take():
                     forward = signum == self._forwarded
                     self.terminated = self.terminated or signum == signal.SIGTERM
-                    _say(f"caught {signal.Signals(signum).name}" + (", forwarding to ranks" if forward else ""))
+                    say(f"caught {signal.Signals(signum).name}" + (", forwarding to ranks" if forward else ""))
                     self._event("signal", signal=signal.Signals(signum).name, forwarded=forward)
                     if forward:
                         proc.send_signal(signum)
@@ -265,17 +263,17 @@ def event(paths: RunPaths, job_id: str, kind: str, attempt: int = 0, **fields: o
 
 
 def decide(paths: RunPaths, job_id: str, gather: Callable[[], Event], alloc: Allocation | None = None,
-           said: str = "", attempt: int = 0) -> Decision:
-    """Gather the event, decide on it and carry out the effects (supervisor.effects.decide); the
-    decision in supervisor.jsonl and, for people, in the job's log. A run.json gone or corrupt is a
-    Decision too (END, unreadable), never a traceback."""
+           said: str = "", attempt: int = 0, before: Callable[[Decision], None] | None = None) -> Decision:
+    """Gather the event, decide on it and carry out the effects (supervisor.effects.decide, `before`
+    them its hook); the decision in supervisor.jsonl and, for people, in the job's log. A run.json
+    gone or corrupt is a Decision too (END, unreadable), never a traceback."""
     try:
-        decision = effects.decide(paths, job_id, gather(), alloc)
+        decision = effects.decide(paths, job_id, gather(), alloc, before)
     except SlurmkitError as exc:
         decision = Decision(Action.END, why="unreadable", message=f"the restart policy failed: {exc.one_line()}")
     event(paths, job_id, "decision", attempt=attempt, action=decision.action.value, cause=decision.cause,
           step=decision.step, nodes=decision.nodes, exclude=list(decision.exclude), why=decision.why)
-    _say(said + decision.message)
+    say(said + decision.message)
     return decision
 
 
@@ -293,48 +291,5 @@ def after_stop(paths: RunPaths, job_id: str, stopped: Stopped) -> Decision:
                   attempt=stopped.attempt)
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     print(f"slurmkit: {line}", file=sys.stderr, flush=True)
-
-
-def container_parts(tail: list[str]) -> Container:
-    """The batch shell's container arrays, passed after `--` as NAME COUNT ITEM... groups (an item
-    may itself look like an option, or be `--`)."""
-    parts: dict[str, list[str]] = {"srun-options": [], "rank-prefix": []}
-    i = 0
-    while i < len(tail):
-        name, count = tail[i], int(tail[i + 1])
-        if name not in parts:
-            raise ValueError(f"unknown container part {name!r}")
-        parts[name] = tail[i + 2:i + 2 + count]
-        i += 2 + count
-    return Container(parts["srun-options"], parts["rank-prefix"])
-
-
-def parse(argv: list[str]) -> tuple[Path, Plan, Container]:
-    """The run folder, the plan and the container parts, from the batch script's exec line."""
-    head, tail = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m slurmkit.supervisor")
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--plan", required=True, help="the plan as JSON (slurmkit.common.supervisor_plan.Plan)")
-    parsed = parser.parse_args(head)
-    return Path(parsed.run_dir), Plan.model_validate_json(parsed.plan), container_parts(tail)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    job_id = slurm_job_id()
-    if not job_id:
-        _say("the supervisor runs inside a Slurm job only")
-        return 2
-    if args[2:3] == ["--stage-failed"]:  # the batch shell: some node could not stage (its health report)
-        decide(RunPaths(Path(args[1])), job_id, lambda: effects.health_failed(RunPaths(Path(args[1]))))
-        return 1
-    if args[:1] == ["--after-stop"]:  # a Ray run's batch shell, once its driver's step ended
-        paths = RunPaths(Path(args[1]))
-        stopped = Stopped.read(paths, job_id, outcomes.restart_count(), 0)
-        if stopped is not None:
-            after_stop(paths, job_id, stopped)
-        return 0
-    run_dir, plan, container = parse(args)
-    return Supervisor(plan, RunPaths(run_dir), job_id, container).run()

@@ -19,7 +19,7 @@ from slurmkit.errors import RenderError
 from slurmkit.load.loader import resolve
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
-from slurmkit.supervisor import loop
+from slurmkit.supervisor import main
 from tests.conftest import ROOT, write_spec
 from tests.unit.test_profiles import SHIPPED
 
@@ -42,7 +42,7 @@ def supervisor_call(script: str) -> tuple[Plan, Container]:
     tail = re.sub(r"^exec .* -m slurmkit\.supervisor ", lambda _: "printf '%s\\0' ", tail, flags=re.M)
     out = subprocess.run(["bash", "-c", tail], capture_output=True, check=True,
                          env={**os.environ, "SLURMKIT_RUN_DIR": "/run"}).stdout
-    run_dir, plan, container = loop.parse(out.decode().split("\0")[:-1])
+    run_dir, plan, container = main.parse(out.decode().split("\0")[:-1])
     assert run_dir == Path("/run")
     return plan, container
 
@@ -200,7 +200,9 @@ def test_spec_env_is_exported_quoted(tmp_path: Path) -> None:
 # validated as identifiers or fixed choices, integers, and slurmkit's own shell.
 RAW_ALLOWED = {"line", "key", "profile.signal", "profile.signal_delay_s", "c.runtime", "profile.run_mode",
                "ray_port", "sweep.base | int", "(spec.ray.object_store_mb or 0) | int", "node_gpus | int",
-               '("0027" if profile.run_mode == "group" else "0077")'}
+               '("0027" if profile.run_mode == "group" else "0077")',
+               "component(het[0].r if het else r, het[0].alloc_nodes if het else alloc_nodes, shrinks)",
+               "component(part.r, part.alloc_nodes, False)"}
 
 
 def test_raw_is_used_only_where_the_docs_say() -> None:

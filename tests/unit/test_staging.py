@@ -260,7 +260,7 @@ def test_a_node_that_could_not_stage_is_a_health_failure_decided_by_the_policy(
     failed health gate (cause node_failure, the nodes blamed and asked to be left out); with no
     Slurm to requeue here, the requeue it asks for fails and the job ends."""
     from slurmkit.common.record import RunFile, RunRecord
-    from slurmkit.supervisor import loop
+    from slurmkit.supervisor import main
     from tests.conftest import supervisor_events
 
     monkeypatch.setenv("SLURM_JOB_ID", "77")
@@ -270,7 +270,7 @@ def test_a_node_that_could_not_stage_is_a_health_failure_decided_by_the_policy(
     paths.job_folder.mkdir(parents=True)
     RunFile(paths).create(RunRecord(run_id="run", job_ids=["77"], num_tasks=2))
     HealthReport("node2", ["stage: the image's SHA-256 is not the packed one"], "stage", []).write(paths)
-    assert loop.main(["--run-dir", str(paths.run_dir), "--stage-failed"]) == 1
+    assert main.main(["--run-dir", str(paths.run_dir), "--stage-failed"]) == 1
     (decision,) = supervisor_events(paths.run_dir, "decision")
     assert (decision["cause"], decision["exclude"]) == ("node_failure", ["node2"])
     assert [u.node for u in RunFile(paths).read().unhealthy] == ["node2"]

@@ -17,7 +17,7 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
-from slurmkit.supervisor import loop
+from slurmkit.supervisor import loop, main
 from tests.conftest import supervisor_events
 
 PLAN = Plan(signal="USR2", launcher="srun", command=["python", "-P", "-u", "-m", "slurmkit.worker.rank", "/f"],
@@ -27,11 +27,11 @@ PLAN = Plan(signal="USR2", launcher="srun", command=["python", "-P", "-u", "-m",
 
 def test_container_arrays_pass_whole_even_when_an_item_looks_like_an_option() -> None:
     tail = ["srun-options", "2", "--container-image=x", "--", "rank-prefix", "3", "apptainer", "exec", "-- odd"]
-    assert loop.container_parts(tail) == Container(["--container-image=x", "--"], ["apptainer", "exec", "-- odd"])
-    run_dir, plan, container = loop.parse(["--run-dir", "/r", "--plan", PLAN.model_dump_json(), "--", *tail])
+    assert main.container_parts(tail) == Container(["--container-image=x", "--"], ["apptainer", "exec", "-- odd"])
+    run_dir, plan, container = main.parse(["--run-dir", "/r", "--plan", PLAN.model_dump_json(), "--", *tail])
     assert (run_dir, plan, container.rank_prefix) == (Path("/r"), PLAN, ["apptainer", "exec", "-- odd"])
     with pytest.raises(ValueError, match="unknown container part"):
-        loop.container_parts(["nvidia", "0"])
+        main.container_parts(["nvidia", "0"])
 
 
 def test_a_step_killed_by_a_signal_exits_as_a_shell_says_it() -> None:
@@ -41,7 +41,7 @@ def test_a_step_killed_by_a_signal_exits_as_a_shell_says_it() -> None:
 def test_outside_a_job_the_supervisor_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(name, raising=False)
-    assert loop.main(["--run-dir", "/r", "--plan", PLAN.model_dump_json()]) == 2
+    assert main.main(["--run-dir", "/r", "--plan", PLAN.model_dump_json()]) == 2
 
 
 def test_the_ranks_step_of_a_shrinking_job_runs_on_the_decided_nodes() -> None:

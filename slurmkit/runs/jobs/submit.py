@@ -17,7 +17,7 @@ from slurmkit.common import perms
 from slurmkit.common.layout import RunPaths, expand_root
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.work import work_of
-from slurmkit.config.resolved import Resolved
+from slurmkit.config.resolved import Part, Resolved
 from slurmkit.errors import ConfigError, SlurmError, SlurmkitError, squash
 from slurmkit.jsontypes import JsonObject
 from slurmkit.runs import local_checks, procs, registry, snapshot
@@ -47,8 +47,14 @@ class Call:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None) -> Any:
-    """The callable submitit pickles for this run."""
+def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None, part: Part | None = None) -> Any:
+    """The callable submitit pickles for this run (for `part`, that part's of a heterogeneous run in
+    `paths`: its own folder, checkpoints and work; the run's one code snapshot)."""
+    if part is not None:
+        return Run(work_of(part.resolved.spec), run_dir=str(part.run_dir(paths.run_dir)),
+                   env=run_env(part.resolved),
+                   checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root, part.run_id(paths.run_id)),
+                   code_dir=str(paths.code_dir) if resolved.snapshot else None)
     work = work_of(resolved.spec, call.fn, call.args, call.kwargs) if call else work_of(resolved.spec)
     return Run(work, run_dir=str(paths.run_dir), env=run_env(resolved),
                checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root),
@@ -122,12 +128,19 @@ def send(request: SubmitRequest, call: Call | None = None) -> Submitted:
                 env=request.stage.record() if request.stage else None))
             if (snap := take_snapshot(resolved, paths.run_dir, call)) is not None:
                 record.update(snapshot=snap)
+            parts = [p for p in resolved.parts if not p.primary]
+            for part in parts:  # their folders and records; their calls go in once the job id is known
+                _part_folder(resolved, paths, part)
             try:
                 if slurm:
                     executor: Any = ex_mod.RenderedSlurmExecutor(request)
                 else:
                     executor = ex_mod.local_executor(paths.job_folder, resolved)
-                job = executor.submit(entry(resolved, paths, call))
+                primary = next((p for p in resolved.parts if p.primary), None)
+                job = executor.submit(entry(resolved, paths, call, primary))
+                for part in parts:
+                    ex_mod.place_call(RunPaths(part.run_dir(paths.run_dir)).job_folder, str(job.job_id),
+                                      entry(resolved, paths, part=part), executor)
             except Exception as exc:
                 if isinstance(exc, (SlurmkitError, OSError)):
                     raise
@@ -139,6 +152,21 @@ def send(request: SubmitRequest, call: Call | None = None) -> Submitted:
         if script:
             registry.write_script(paths, script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
+
+
+def _part_folder(resolved: Resolved, paths: RunPaths, part: Part) -> None:
+    """A heterogeneous run's part's own run folder (parts/NAME) and record: its ranks' files go there."""
+    folder = part.run_dir(paths.run_dir)
+    if not folder.parent.exists():
+        perms.make_run_folder(folder.parent, resolved.profile.run_mode)
+    perms.make_run_folder(folder, resolved.profile.run_mode)
+    r = part.resolved
+    RunFile(RunPaths(folder)).create(RunRecord(
+        run_id=part.run_id(paths.run_id), name=f"{resolved.spec.name}.{part.name}", run_dir=str(folder),
+        created=dt.datetime.now().isoformat(timespec="seconds"), executor=r.profile.executor,
+        profile_name=r.profile_name, spec_source=f"{resolved.spec_source}:components.{part.name}",
+        spec=r.spec.model_dump(), profile=r.profile.model_dump(), resources=r.resources.model_dump(),
+        num_tasks=r.shape.num_tasks))
 
 
 def _check_request(resolved: Resolved, dependency: str | None, call: Call | None, preflighted: bool) -> None:
