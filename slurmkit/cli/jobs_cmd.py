@@ -127,6 +127,10 @@ def status(
         if row.stragglers:
             named = (f"rank {s['rank']} on {s['node']} {s['score']:.2f}" for s in row.stragglers)
             state += f" stragglers: {', '.join(named)}"
+        if row.parts:  # a heterogeneous run: each part's state and ranks
+            state += "".join(f"\n {p['name']}: {p['state']}, {p['ranks']} rank(s)"
+                             + (f", {p['in_job_restarts']} in-job restart(s)" if p["in_job_restarts"] else "")
+                             for p in row.parts)
         spent = f"{row.node_hours:.2f} ({row.lost_node_hours or 0:.2f})" if row.node_hours is not None else ""
         table.add_row(row.run_id, row.job_label, state, row.nodes, row.elapsed, str(row.restarts), gp, spent,
                       str(row.jobs))
@@ -160,11 +164,13 @@ def logs(
         bool, typer.Option("--follow", "-f", help="Keep following, across requeues, until the run ends.")
     ] = False,
     rank: Annotated[int | None, typer.Option("--rank", help="Only this rank's output.")] = None,
+    component: Annotated[str | None, typer.Option(
+        "--component", help="A heterogeneous run's part: its ranks' output (default: the run's primary part).")] = None,
 ) -> None:
     """Print every rank's output, each line prefixed with its rank ([N!] marks stderr)."""
     from slurmkit.runs import logs as run_logs
 
-    for line in run_logs.logs(run_of(profile, run), rank=rank, follow=follow):
+    for line in run_logs.logs(run_of(profile, run), rank=rank, follow=follow, component=component):
         typer.echo(line)
 
 

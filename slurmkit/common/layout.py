@@ -73,6 +73,11 @@ class RunPaths:
     def run_id(self) -> str:
         return self.run_dir.name
 
+    def part(self, name: str, primary: bool = False) -> RunPaths:
+        """A heterogeneous run's part's own run folder (spec components): the run's own for its
+        primary part, else parts/NAME inside it."""
+        return self if primary else RunPaths(self.run_dir / "parts" / name)
+
     @property
     def record(self) -> Path:
         return self.run_dir / RUN_FILE

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurmkit.common.layout import RunPaths
 from slurmkit.config.fields import node_gpus
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
@@ -58,9 +59,6 @@ class Resolved:
         return {**self.profile.sbatch_args, **self.spec.sbatch_args}
 
 
-PARTS_DIR = "parts"
-
-
 @dataclass(frozen=True)
 class Part:
     """One part of a heterogeneous run (config.components)."""
@@ -77,8 +75,8 @@ class Part:
         return self.name.upper()
 
     def run_dir(self, top: Path) -> Path:
-        """The part's run folder: the run's own for the primary part, else parts/NAME inside it."""
-        return top if self.primary else top / PARTS_DIR / self.name
+        """The part's run folder (RunPaths.part): the run's own for the primary part, else parts/NAME."""
+        return RunPaths(top).part(self.name, self.primary).run_dir
 
     def run_id(self, top_id: str) -> str:
         """The part's run id (trackers, checkpoint_root keys): the run's own, or RUN.NAME."""

@@ -286,6 +286,8 @@ def _resolve_parts(spec: RunSpec, profile: ClusterProfile, profile_name: str, la
                               valid="valid: 0 / false (a part's lost node requeues the whole job)")
         parts.append(Part(name, group, one, name == spec.primary))
     primary = next(p for p in parts if p.primary)
+    # Named, not implied: run.json keeps components by name, so "the first part" is not read back.
+    spec = spec.model_copy(update={"result": primary.name})
     return Resolved(spec=spec, profile=profile, profile_name=profile_name, resources=primary.resolved.resources,
                     spec_source=source, parts=tuple(parts))
 

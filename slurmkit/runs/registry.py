@@ -125,7 +125,8 @@ def discard(paths: RunPaths, checkpoint_root: str | None = None) -> None:
     """A run or sweep folder whose submit queued nothing, removed with its still empty checkpoint folder."""
     shutil.rmtree(paths.run_dir, ignore_errors=True)
     if (root := local_checkpoint_root(checkpoint_root)) is not None:
-        _drop_empty(root / paths.run_id)
+        for folder in [root / paths.run_id, *root.glob(f"{paths.run_id}.*")]:  # a heterogeneous run's parts' too
+            _drop_empty(folder)
 
 
 @contextmanager

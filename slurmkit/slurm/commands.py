@@ -195,7 +195,17 @@ def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
         acct = sacct_or_warn(missing + ended)
         found.update((jid, replace(found[jid], history=acct[jid].history)) for jid in ended if jid in acct)
         found.update((jid, info) for jid, info in acct.items() if jid not in found)
+    for jid in job_ids:
+        if jid not in found and f"{jid}+0" in found:
+            found[jid] = het_job(jid, found)
     return found
+
+
+def het_job(job_id: str, infos: dict[str, JobInfo]) -> JobInfo:
+    """A heterogeneous job as one (squeue and sacct list its components, JOB+N): its first
+    component's state and history (the batch step's, which the job's life follows), every component's nodes."""
+    parts = [infos[f"{job_id}+{n}"] for n in range(len(infos)) if f"{job_id}+{n}" in infos]
+    return replace(parts[0], job_id=job_id, nodes=",".join(p.nodes for p in parts if p.nodes))
 
 
 def scancel(job_ids: list[str], signal: str | None = None, steps_only: bool = False) -> None:

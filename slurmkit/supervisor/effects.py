@@ -82,12 +82,14 @@ def health_failed(paths: RunPaths) -> policy.HealthFailed:
 
 
 def read_allocation(job_id: str, step_nodes: int | None, least: int | None,
-                    avoid: tuple[str, ...] = ()) -> Allocation | None:
+                    avoid: tuple[str, ...] = (), group: int | None = None) -> Allocation | None:
     """What the job holds now, or None where Slurm cannot say. `step_nodes`: the nodes the last
     step of the ranks ran on, for a job that shrinks (spare nodes, elastic); None for one that never
     does (a lost node ends it), where only its nodes' states are asked. `least`: the fewest a step
-    may run on. `avoid`: held nodes this job has left out already (a straggler's, replaced)."""
-    started = tuple(expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", "")))
+    may run on. `avoid`: held nodes this job has left out already (a straggler's, replaced).
+    `group`: a heterogeneous job's part, whose nodes are its het group's."""
+    nodelist = "SLURM_JOB_NODELIST" if group is None else f"SLURM_JOB_NODELIST_HET_GROUP_{group}"
+    started = tuple(expand_hostlist(os.environ.get(nodelist, "")))
     try:
         held = tuple(commands.job_nodes(job_id)) if step_nodes is not None else started
         unusable = tuple(commands.unusable_nodes(",".join(held))) if held else ()

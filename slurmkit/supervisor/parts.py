@@ -142,6 +142,7 @@ class PartsSupervisor:
         os.environ[outcomes.ATTEMPT_ENV] = str(self.attempts[group])  # the policy's outcomes.attempt()
         try:
             return decide(self.paths, self.job_id, lambda: effects.step_failed(part_paths, self.job_id, rc),
+                          effects.read_allocation(self.job_id, None, None, group=group),
                           said=f"part {self.names[group]} failed (exit {rc}); ", attempt=self.attempts[group],
                           before=self._stop_others)
         finally:

@@ -9,7 +9,9 @@ from dataclasses import asdict, dataclass, field
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import Stragglers
+from slurmkit.common.metrics import iter_records
 from slurmkit.common.record import RunFile, RunRecord
+from slurmkit.errors import SlurmkitError
 from slurmkit.insight import cost, goodput
 from slurmkit.jsontypes import JsonObject
 from slurmkit.runs import procs
@@ -53,6 +55,9 @@ class RunStatus:
     """An ended Slurm run's whole goodput and cost accounting (goodput, node_hours, ... are of it)."""
     stragglers: list[JsonObject] = field(default_factory=list)
     """A running run's ranks named stragglers now (worker.ft.straggler): rank, node, score, since (ISO)."""
+    parts: list[JsonObject] = field(default_factory=list)
+    """A heterogeneous run's parts (spec components), by name: name, state, ranks, its in-job
+    restarts (this incarnation's), its run folder."""
 
     @property
     def job_label(self) -> str:
@@ -101,7 +106,42 @@ def statuses(runs: list[tuple[RunPaths, RunRecord]]) -> list[RunStatus]:
             lost_node_hours=acct.get("lost_node_hours"), snapshot=rec.snapshot,
             reason=_pending_reason(infos.get(jid)),
             cause=headline(paths, jid, rec.num_tasks) if state in FAILED_STATES else "", executor=rec.executor,
-            accounting=acct, stragglers=_stragglers(paths) if state == "RUNNING" else []))
+            accounting=acct, stragglers=_stragglers(paths) if state == "RUNNING" else [],
+            parts=parts_of(paths, rec, jid, is_active(state))))
+    return out
+
+
+def component_paths(paths: RunPaths, record: RunRecord, name: str) -> RunPaths:
+    """Part `name`'s run folder of a heterogeneous run; one line where the run has no such part."""
+    names = list(record.spec.components or {}) if record.spec else []
+    if name not in names:
+        raise SlurmkitError(f"no part {name!r}", where=f"{paths.run_id}:components",
+                            valid=f"valid: {', '.join(names)}" if names else "valid: a run with components")
+    assert record.spec is not None
+    return paths.part(name, name == record.spec.primary)
+
+
+def parts_of(paths: RunPaths, record: RunRecord, job_id: str, active: bool) -> list[JsonObject]:
+    """Each part's state: RUNNING while its last step runs; once ended, COMPLETED or FAILED as its
+    ranks' outcome records say, else ENDED (ended by the job: a stop, or its primary part done)."""
+    if record.spec is None or record.spec.components is None:
+        return []
+    last: dict[str, JsonObject] = {}
+    launched: dict[str, int] = {}
+    for e in iter_records(paths.supervisor_events):
+        if e.get("job_id") == job_id and "part" in e:
+            last[str(e["part"])] = e
+            if e.get("event") == "launch":  # part_attempt: this incarnation's in-job restarts of the part
+                launched[str(e["part"])] = int(e.get("part_attempt") or 0)
+    out: list[JsonObject] = []
+    for name in record.spec.components:
+        own = component_paths(paths, record, name)
+        ranks = RunFile(own).read().num_tasks if own != paths else record.num_tasks
+        running = active and last.get(name, {}).get("event") == "launch"
+        ended = own.outcome_state(job_id, ranks)
+        state = "RUNNING" if running else ended if ended != "UNKNOWN" else "ENDED" if name in last else "PENDING"
+        out.append({"name": name, "state": state, "ranks": ranks, "in_job_restarts": launched.get(name, 0),
+                    "run_dir": str(own.run_dir)})
     return out
 
 

@@ -160,6 +160,8 @@ def _part_folder(resolved: Resolved, paths: RunPaths, part: Part) -> None:
     if not folder.parent.exists():
         perms.make_run_folder(folder.parent, resolved.profile.run_mode)
     perms.make_run_folder(folder, resolved.profile.run_mode)
+    registry.claim_checkpoint_folder(resolved.profile.checkpoint_root, part.run_id(paths.run_id),
+                                     resolved.profile.run_mode)
     r = part.resolved
     RunFile(RunPaths(folder)).create(RunRecord(
         run_id=part.run_id(paths.run_id), name=f"{resolved.spec.name}.{part.name}", run_dir=str(folder),
