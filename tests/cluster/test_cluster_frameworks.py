@@ -61,7 +61,7 @@ def test_an_hf_trainer_with_the_callback_preempted_resumes_at_the_agreed_step(
     or accelerate's own multi-node launch of 2 a node. Preempted, its ranks save the agreed step as
     the Trainer's own checkpoint-N, the supervisor requeues once, and the next incarnation resumes
     there: every step ran once, where save_steps alone would have lost those since its last save."""
-    steps, out = 150, tmp_path / "out"
+    steps, out = 100, tmp_path / "out"
     spec = write_spec(tmp_path, name="hf", resources={"nodes": 2, "tasks_per_node": 1, "time": "00:10:00"},
                       command=f"{launch} {USER_CODE / 'hf_toy.py'} --steps {steps} --save-steps 1000 --out {out} "
                               "--slurmkit", env={"PYTHONPATH": str(huggingface)})

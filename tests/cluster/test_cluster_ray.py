@@ -19,6 +19,28 @@ from tests.conftest import EXAMPLES, steady, supervisor_events, wait_until
 pytestmark = pytest.mark.cluster
 runner = CliRunner()
 
+# Each of the two jobs: a task with the run's token, then a client without it (refused) and with it.
+RAY_AUTH_DRIVER = """
+import os, subprocess, sys
+import ray
+
+ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+with_token = ray.get(ray.remote(lambda: 41).remote()) + 1
+nodes = [n for n in ray.nodes() if n["Alive"]]
+ray.shutdown()
+probe = "import os, ray; ray.init(address=os.environ['RAY_ADDRESS'], log_to_driver=False); print('CONNECTED')"
+runs = {}
+for name, env in (("wrong_token", {"RAY_AUTH_TOKEN": "0" * 64}), ("right_token", {})):
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True,
+                             text=True, timeout=90)
+        runs[name] = "CONNECTED" in out.stdout
+    except subprocess.TimeoutExpired:
+        runs[name] = False
+result = {"nodes": len(nodes), "with_token": with_token, **runs,
+          "mode": os.environ.get("RAY_AUTH_MODE")}
+"""
+
 
 def submit(*args: str) -> dict[str, str]:
     result = runner.invoke(app, ["submit", *args, "--json"])
@@ -42,13 +64,12 @@ def test_ray_driver_sees_tasks_on_both_nodes(cluster: None, dev_profile: Path) -
     assert not list(Path("/tmp").glob(f"skray-{out['job_id']}-*")), "Ray temp dirs were not removed"
 
 
-def test_two_ray_jobs_on_the_same_nodes_keep_separate_clusters(cluster: None, tmp_path: Path,
-                                                                dev_profile: Path) -> None:
+def test_two_ray_jobs_on_the_same_nodes_keep_separate_clusters_each_refusing_a_client_without_its_token(
+        cluster: None, tmp_path: Path, dev_profile: Path) -> None:
     driver = tmp_path / "count.py"
-    driver.write_text("import time\nimport ray\nray.init()\ntime.sleep(8)\n"
-                      "result = len([n for n in ray.nodes() if n['Alive']])\n")
+    driver.write_text(RAY_AUTH_DRIVER)
     spec = tmp_path / "ray.yaml"
-    spec.write_text(yaml.safe_dump({"name": "ray-count", "ray": {"driver": "count.py"},
+    spec.write_text(yaml.safe_dump({"name": "ray-count", "ray": {"driver": "count.py", "start_timeout_s": 120},
                                     "resources": {"nodes": 2, "cpus_per_task": 1, "time": "00:05:00"}}))
     runs = [submit(str(spec), "-p", str(dev_profile)) for _ in range(2)]
     both_running = False
@@ -62,8 +83,12 @@ def test_two_ray_jobs_on_the_same_nodes_keep_separate_clusters(cluster: None, tm
         time.sleep(0.5)
     assert states == ["COMPLETED", "COMPLETED"], _log_tails(runs)
     assert both_running, "the two jobs never ran at the same time; the test proves nothing"
-    # Each driver saw its own 2 nodes, never a merged cluster of 4.
-    assert [jobs.result(RunPaths(Path(r["run_dir"]))) for r in runs] == [2, 2]
+    # Each driver saw its own 2 nodes, never a merged cluster of 4; each cluster took a client with the
+    # run's token and refused one with another token.
+    auth = {"nodes": 2, "with_token": 42, "wrong_token": False, "right_token": True, "mode": "token"}
+    assert [jobs.result(RunPaths(Path(r["run_dir"]))) for r in runs] == [auth, auth]
+    for r in runs:
+        assert (Path(r["run_dir"]) / "ray-token").stat().st_mode & 0o077 == 0  # the token file is the owner's alone
     ids = [r["job_id"] for r in runs]
     out = commands.run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", ",".join(ids),
                         "--format=NodeList"])

@@ -1,6 +1,6 @@
 """Safe on a shared cluster, on the real dev cluster: the batch shell's helpers and the ranks never
-import from the submit folder (python -P), while the user's own code still does; Ray in a job
-refuses a client without the run's token."""
+import from the submit folder (python -P), while the user's own code still does. (Ray in a job
+refusing a client without the run's token: tests/cluster/test_cluster_ray.py, on its two jobs.)"""
 
 from __future__ import annotations
 
@@ -44,35 +44,3 @@ def test_nothing_slurmkit_starts_on_the_nodes_imports_from_the_submit_folder(clu
     decided = supervisor_events(paths.run_dir, "decision")  # the policy ran, and ended it
     assert [(d["action"], d["why"]) for d in decided][-1] == ("end", "deterministic")
     assert not marker.exists(), marker.read_text()
-
-
-RAY_AUTH_DRIVER = """
-import os, subprocess, sys
-import ray
-
-ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-with_token = ray.get(ray.remote(lambda: 41).remote()) + 1
-ray.shutdown()
-probe = "import os, ray; ray.init(address=os.environ['RAY_ADDRESS'], log_to_driver=False); print('CONNECTED')"
-runs = {}
-for name, env in (("wrong_token", {"RAY_AUTH_TOKEN": "0" * 64}), ("right_token", {})):
-    try:
-        out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True,
-                             text=True, timeout=90)
-        runs[name] = "CONNECTED" in out.stdout
-    except subprocess.TimeoutExpired:
-        runs[name] = False
-result = {"with_token": with_token, **runs, "mode": os.environ.get("RAY_AUTH_MODE")}
-"""
-
-
-def test_ray_in_a_job_refuses_a_client_without_the_runs_token(cluster: None, tmp_path: Path,
-                                                               dev_profile: Path) -> None:
-    (tmp_path / "auth_driver.py").write_text(RAY_AUTH_DRIVER)
-    spec = write_spec(tmp_path, name="ray-auth", ray={"driver": "auth_driver.py", "start_timeout_s": 120},
-                      resources={"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1, "time": "00:10:00"})
-    out = _submit(spec, dev_profile, tmp_path)
-    assert out["state"] == "COMPLETED", out
-    assert out["result"] == {"with_token": 42, "wrong_token": False, "right_token": True, "mode": "token"}
-    token = Path(str(out["run_dir"])) / "ray-token"
-    assert token.stat().st_mode & 0o077 == 0  # the token file is the owner's alone

@@ -59,7 +59,8 @@ def trainer(steps: int, step_time: float) -> None:
     host = parts["rollout"].host
     assert host == os.environ["SLURMKIT_ROLLOUT_HOST"]
     print(f"trainer rank={dist.get_rank()} world={dist.get_world_size()} on={socket.gethostname()} "
-          f"rollout={host} mine={[n for n, c in parts.items() if c.mine]}", flush=True)
+          f"port={os.environ['MASTER_PORT']} rollout={host} mine={[n for n, c in parts.items() if c.mine]}",
+          flush=True)
     weight = torch.zeros(1)
     ckpt = slurmkit.Checkpoint(every=10)
     state, start = ckpt.restore(), 0

@@ -1,0 +1,119 @@
+"""A heterogeneous run on the dev cluster (docs/heterogeneous.md): a trainer on node1 beside two
+rollout workers on node2, one Slurm heterogeneous job, talking over TCP through
+SLURMKIT_ROLLOUT_HOST. One run serves the four cases: the parts talk, a part crashes (the rollout
+restarts alone in the job), a preemption stops both parts and requeues the job once, and sacct
+shows the job's two components. tests/user_code/rl_toy.py is the user's code."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmkit.common.layout import RunPaths
+from slurmkit.common.record import RunFile
+from slurmkit.load.loader import resolve
+from slurmkit.runs import jobs
+from tests.conftest import ROOT, steady, supervisor_events, wait_until, write_dev_profile
+
+pytestmark = pytest.mark.cluster
+TOY = ROOT / "tests" / "user_code" / "rl_toy.py"
+STEPS = 30
+
+
+@dataclass(frozen=True)
+class Run:
+    paths: RunPaths
+    job_id: str
+    trainer: list[str]
+    """The trainer's (rank 0 of the primary part) output lines, every incarnation's."""
+
+
+def trainer_lines(paths: RunPaths, job_id: str) -> list[str]:
+    log = paths.rank_log(job_id, 0)
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.fixture(scope="module")
+def run(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    tmp = tmp_path_factory.mktemp("het")
+    profile = write_dev_profile(tmp / "dev.yaml", tmp / "runs")
+    crashed = tmp / "crashed-once"
+    spec = {"name": "rl", "resources": {"time": "00:10:00"},
+            "components": {
+                "trainer": {"command": f"python {TOY} trainer --steps {STEPS} --step-time 0.1",
+                            "resources": {"nodes": 1, "tasks_per_node": 1}},
+                "rollout": {"command": f"python {TOY} rollout --crash-once {crashed}",
+                            "resources": {"nodes": 1, "tasks_per_node": 2}}}}
+    sub = jobs.submit(resolve(spec, str(profile)))
+    assert sub.job_id
+    paths = RunPaths(Path(sub.run_dir))
+    # The rollout's restarted workers have answered the trainer: preempt the job now.
+    wait_until(lambda: any("attempt=1" in ln for ln in trainer_lines(paths, sub.job_id)), 240,
+               "samples from the restarted rollout part", poll_s=0.2)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", sub.job_id], check=True)
+    st = jobs.wait(paths, poller=steady(0.5), timeout_s=400)
+    assert st.state == "COMPLETED", st
+    return Run(paths, sub.job_id, trainer_lines(paths, sub.job_id))
+
+
+def parts_of(events: list[dict[str, Any]], part: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("part") == part]
+
+
+def test_two_parts_on_two_nodes_talk_over_tcp_each_its_own_world(run: Run) -> None:
+    (hello,) = [ln for ln in run.trainer if ln.startswith("trainer rank=") and "on=node1" in ln][:1]
+    # The trainer is a world of one on node1; it found the rollout's first node by its variable.
+    assert "world=1" in hello and "rollout=node2" in hello and "mine=['trainer']" in hello
+    samples = [ln for ln in run.trainer if re.match(r"trainer step=\d+ sample ", ln)]
+    assert samples and all("from=node2 world=2" in ln for ln in samples)
+    rollout = RunPaths(run.paths.run_dir / "parts" / "rollout")
+    ports = {int(m) for r in (0, 1) for m in re.findall(r"rollout rank=\d world=2 port=(\d+)",
+                                                        rollout.rank_log(run.job_id, r).read_text())}
+    trainer_port = int(re.findall(r" port=(\d+) ", hello)[0])
+    assert len(ports) == 1 and trainer_port not in ports  # each part its own rendezvous port
+    assert jobs.result(run.paths)["stdout"].strip().endswith(f"trainer done weight={float(STEPS)}")
+
+
+def test_a_crashed_part_restarts_alone_in_the_job(run: Run) -> None:
+    events = [e for e in supervisor_events(run.paths.run_dir, "launch") + supervisor_events(
+        run.paths.run_dir, "decision") + supervisor_events(run.paths.run_dir, "part_ended") if e["restart_count"] == 0]
+    events.sort(key=lambda e: e["time"])
+    rollout = parts_of(events, "rollout")
+    assert [(e["event"], e["part_attempt"]) for e in rollout][:3] == [("launch", 0), ("part_ended", 0),
+                                                                    ("launch", 1)]
+    assert rollout[1]["exit_code"] != 0
+    crash = [e for e in events if e["event"] == "decision"][0]
+    assert (crash["action"], crash["cause"]) == ("restart_in_job", "crash")
+    # The trainer ran on: one launch of it in the first incarnation.
+    assert [e["event"] for e in parts_of(events, "trainer")].count("launch") == 1
+    restarts = RunFile(run.paths).read().restarts
+    assert [(r.kind, r.cause) for r in restarts] == [("in_job", "crash"), ("requeue", "preemption")]
+
+
+def test_a_preemption_stops_every_part_and_requeues_the_job_once(run: Run) -> None:
+    stops = [e for e in supervisor_events(run.paths.run_dir, "decision") if e["cause"] == "preemption"]
+    assert len(stops) == 1 and stops[0]["action"] == "requeue"
+    stopped_at = stops[0]["step"]
+    ended = [e for e in supervisor_events(run.paths.run_dir, "part_ended") if e["restart_count"] == 0]
+    assert {e["part"] for e in ended} == {"trainer", "rollout"}
+    # Both parts ran again in the second incarnation, and the trainer went on from its agreed stop.
+    again = [e for e in supervisor_events(run.paths.run_dir, "launch") if e["restart_count"] == 1]
+    assert sorted(e["part"] for e in again) == ["rollout", "trainer"]
+    assert f"trainer resumed at step={stopped_at}" in run.trainer
+    steps = [int(m) for ln in run.trainer for m in re.findall(r"^trainer step=(\d+) ", ln)]
+    assert sorted(set(steps)) == list(range(1, STEPS + 1)) and steps.count(stopped_at + 1) == 1
+
+
+def test_sacct_shows_the_heterogeneous_jobs_components(run: Run) -> None:
+    rows = subprocess.run(["sacct", "-X", "-n", "-P", "-j", run.job_id, "-o", "JobID,NodeList"],
+                          check=True, capture_output=True, text=True).stdout.split()
+    assert {f"{run.job_id}+0|node1", f"{run.job_id}+1|node2"} <= set(rows)
+    status = jobs.run_state(run.paths)
+    assert status.state == "COMPLETED" and status.nodes == "node1,node2"
+    parts = {p["name"]: p for p in status.parts}
+    assert parts["trainer"]["state"] == "COMPLETED" and parts["rollout"]["ranks"] == 2
