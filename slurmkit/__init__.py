@@ -3,7 +3,7 @@
 The public Python API, imported on first use so that `import slurmkit` (and the CLI) stays
 light and never imports torch:
 
-    slurmkit.Executor, slurmkit.Job, slurmkit.as_completed, slurmkit.sweep, slurmkit.Checkpoint,
+    slurmkit.Executor (and slurmkit.Part), slurmkit.Job, slurmkit.as_completed, slurmkit.sweep, slurmkit.Checkpoint,
     slurmkit.distributed, slurmkit.tracking (its `log`), slurmkit.components (a heterogeneous job's
     parts), slurmkit.SlurmkitError (and the other errors of slurmkit.errors)
 """
@@ -16,7 +16,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Executor": "slurmkit.api.executor", "sweep": "slurmkit.api.executor",
+    "Executor": "slurmkit.api.executor", "sweep": "slurmkit.api.executor", "Part": "slurmkit.api.executor",
     "Job": "slurmkit.api.handles", "as_completed": "slurmkit.api.handles", "SweepHandle": "slurmkit.api.handles",
     "Checkpoint": "slurmkit.worker.checkpoint", "components": "slurmkit.common.components",
     **{name: "slurmkit.errors" for name in ("SlurmkitError", "ConfigError", "JobFailedError", "SlurmError",

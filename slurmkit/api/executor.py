@@ -17,7 +17,7 @@ import shlex
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +101,26 @@ def check_call(call: jobs.Call) -> None:
                           f"{squash(str(exc), 200)}", where=f"{SOURCE}.submit",
                           valid="valid: a function whose globals and arguments pickle (no open files, locks, "
                                 "sockets or live connections)") from None
+
+
+class Part:
+    """One part of Executor.submit_components: a function, called as run(*args, **kwargs) on every
+    rank of the part, or a shell command (a `command:` part); with the part's own resources (nodes,
+    tasks_per_node, gpus_per_node, ...) and env over the executor's."""
+
+    def __init__(self, run: Callable[..., Any] | str, *args: Any, resources: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None, **kwargs: Any) -> None:
+        self.run, self.args, self.kwargs = run, args, kwargs
+        self.resources, self.env = resources or {}, env or {}
+
+    def component(self) -> tuple[JsonObject, jobs.Call | None]:
+        """The part as a spec's component, and its call where it is a function (checked to pickle)."""
+        own: JsonObject = {k: v for k, v in (("resources", self.resources), ("env", self.env)) if v}
+        if isinstance(self.run, str):
+            return {"command": self.run, **own}, None
+        call = jobs.Call(self.run, self.args, self.kwargs)
+        check_call(call)
+        return {"function": _qualified(self.run), **own}, call
 
 
 class Executor:
@@ -189,6 +209,28 @@ class Executor:
         words = shlex.split(text) if text.strip() else []
         name = _UNSAFE_NAME.sub("", Path(words[0]).name if words else "") or "command"
         done = jobs.submit(self._resolve({"name": name[:64], "command": text}))
+        return Job(done.run_id, done.job_id or "", done.run_dir)
+
+    def submit_components(self, parts: Mapping[str, Part | Callable[..., Any] | str], result: str | None = None,
+                          name: str | None = None) -> Job:
+        """A heterogeneous run (docs/heterogeneous.md): every part at once in one Slurm heterogeneous
+        job, each a world of its own on its own resources (a slurmkit.Part, or a bare function or
+        command on the executor's). The executor's resources (time, ...) and env apply to every part;
+        job.result() is the `result` part's rank 0 return (the first part's by default)."""
+        if self.profile.login is not None:
+            raise ConfigError("submit_components does not run through a login host yet",
+                              where=f"{self.profile_name}:login", valid="valid: `slurmkit submit SPEC -p PROFILE`")
+        components: JsonObject = {}
+        calls: dict[str, jobs.Call] = {}
+        for part_name, given in parts.items():
+            part = given if isinstance(given, Part) else Part(given)
+            components[part_name], call = part.component()
+            if call is not None:
+                calls[part_name] = call
+        named = next(iter(calls.values()), None)  # the run is named after its first function, if any
+        base: JsonObject = {"name": name or (_name_of(named.fn) if named else "components"), "components": components,
+                            **({"result": result} if result is not None else {})}
+        done = jobs.submit(self._resolve(base), part_calls=calls)
         return Job(done.run_id, done.job_id or "", done.run_dir)
 
     def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any], max_parallel: int | None = None,

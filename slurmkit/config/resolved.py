@@ -22,7 +22,7 @@ class Resolved:
     profile_name: str
     resources: Resources
     spec_source: str
-    parts: tuple[Part, ...] = ()
+    parts: tuple[ResolvedPart, ...] = ()
     """A heterogeneous run's parts (spec.components), each resolved as a run of its own; () for any
     other run. The run's own resources (so its shape, num_tasks and logs) are its primary part's."""
 
@@ -60,7 +60,7 @@ class Resolved:
 
 
 @dataclass(frozen=True)
-class Part:
+class ResolvedPart:
     """One part of a heterogeneous run (config.components)."""
 
     name: str

@@ -19,7 +19,7 @@ _CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _PART_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 TASKS = ("train",)
 KINDS = ("command", "callable", "function", "task", "ray")
-PART_KINDS = ("command", "callable", "task")
+PART_KINDS = ("command", "callable", "function", "task")
 
 
 def _callable_shape(v: str | None) -> str | None:
@@ -46,6 +46,9 @@ class Component(Strict):
     """A Python callable as module:function, called on every rank of this part with kwargs."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for callable."""
+    function: str | None = None
+    """Set only by slurmkit.Executor.submit_components: the name of the Python function carried by
+    value in this part's pickle. A spec file names a callable instead."""
     task: str | None = None
     """A built-in task: train."""
     config: dict[str, Any] = Field(default_factory=dict)
@@ -66,7 +69,7 @@ class Component(Strict):
         if len(given) != 1:
             raise ValueError(f"exactly one of {', '.join(PART_KINDS)} is needed in a part, got "
                              f"{', '.join(given) or 'none'}")
-        if self.kwargs and self.callable is None:
+        if self.kwargs and self.callable is None and self.function is None:
             raise ValueError("kwargs is only valid with callable")
         if self.config and self.task is None:
             raise ValueError("config is only valid with task")
@@ -199,8 +202,8 @@ class RunSpec(Strict):
         and snapshot under the part's own (its resources are layered by load.loader.resolve_layers)."""
         assert self.components is not None
         c = self.components[name]
-        return RunSpec(name=self.name, command=c.command, callable=c.callable, kwargs=c.kwargs, task=c.task,
-                       config=c.config, resources=c.resources, env={**self.env, **c.env},
+        return RunSpec(name=self.name, command=c.command, callable=c.callable, kwargs=c.kwargs, function=c.function,
+                       task=c.task, config=c.config, resources=c.resources, env={**self.env, **c.env},
                        srun_args=[*self.srun_args, *c.srun_args], sbatch_args=self.sbatch_args,
                        secret_env=self.secret_env, snapshot=self.snapshot, tracking=self.tracking)
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from slurmkit.config.fields import gres_gpus
 from slurmkit.config.profile import DEFAULT_RESOURCES, ClusterProfile, Resources
-from slurmkit.config.resolved import Part, Resolved
+from slurmkit.config.resolved import Resolved, ResolvedPart
 from slurmkit.config.runspec import RunSpec
 from slurmkit.config.shape import Shape
 from slurmkit.config.train import TrainConfig
@@ -284,7 +284,7 @@ def _resolve_parts(spec: RunSpec, profile: ClusterProfile, profile_name: str, la
         if one.shape.shrinks:
             raise ConfigError("spare_nodes or elastic in a part", where=f"{where}.resources",
                               valid="valid: 0 / false (a part's lost node requeues the whole job)")
-        parts.append(Part(name, group, one, name == spec.primary))
+        parts.append(ResolvedPart(name, group, one, name == spec.primary))
     primary = next(p for p in parts if p.primary)
     # Named, not implied: run.json keeps components by name, so "the first part" is not read back.
     spec = spec.model_copy(update={"result": primary.name})

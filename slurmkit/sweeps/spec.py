@@ -225,6 +225,11 @@ def load(path: Path | JsonObject, grid: list[str] | None = None, max_parallel: i
         section_raw["max_parallel"] = max_parallel
     section_raw.update(given)
     section = section_of(section_raw, source)
+    if "components" in raw:
+        # sbatch answers "Invalid job array specification": Slurm runs no heterogeneous job as an array task.
+        raise ConfigError("a heterogeneous run (components) cannot be swept yet: a sweep is a Slurm job array, and "
+                          "Slurm runs no heterogeneous job in an array", where=f"{source}:components",
+                          valid="valid: submit each config as its own run (slurmkit submit --set ...)")
     task = raw.get("task")
     check_keys(section, source, task)
     name = str(raw.get("name") or (safe_name(path.stem) if isinstance(path, Path) else "sweep"))

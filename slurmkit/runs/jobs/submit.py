@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from slurmkit.common import perms
 from slurmkit.common.layout import RunPaths, expand_root
 from slurmkit.common.record import RunFile, RunRecord
 from slurmkit.common.work import work_of
-from slurmkit.config.resolved import Part, Resolved
+from slurmkit.config.resolved import Resolved, ResolvedPart
 from slurmkit.errors import ConfigError, SlurmError, SlurmkitError, squash
 from slurmkit.jsontypes import JsonObject
 from slurmkit.runs import local_checks, procs, registry, snapshot
@@ -47,11 +47,13 @@ class Call:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None, part: Part | None = None) -> Any:
+def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None, part: ResolvedPart | None = None) -> Any:
     """The callable submitit pickles for this run (for `part`, that part's of a heterogeneous run in
-    `paths`: its own folder, checkpoints and work; the run's one code snapshot)."""
+    `paths`: its own folder, checkpoints and work, `call` its function's; the run's one code snapshot)."""
     if part is not None:
-        return Run(work_of(part.resolved.spec), run_dir=str(part.run_dir(paths.run_dir)),
+        spec = part.resolved.spec
+        return Run(work_of(spec, call.fn, call.args, call.kwargs) if call else work_of(spec),
+                   run_dir=str(part.run_dir(paths.run_dir)),
                    env=run_env(part.resolved),
                    checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root, part.run_id(paths.run_id)),
                    code_dir=str(paths.code_dir) if resolved.snapshot else None)
@@ -61,8 +63,11 @@ def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None, part: P
                code_dir=str(paths.code_dir) if resolved.snapshot else None)
 
 
-def check_function_kind(resolved: Resolved, call: Call | None) -> None:
-    """A spec's `function` is a Python function's name; only a submit from Python carries the function."""
+def check_function_kind(resolved: Resolved, call: Call | None, parts: Mapping[str, Call] | None = None) -> None:
+    """A spec's `function` is a Python function's name; only a submit from Python carries the function
+    (a heterogeneous run's: one per part of kind function, by name: Executor.submit_components)."""
+    for part in resolved.parts:
+        check_function_kind(part.resolved, (parts or {}).get(part.name))
     if resolved.spec.function is not None and call is None:
         raise ConfigError("function is set only by slurmkit.Executor.submit", where=f"{resolved.spec_source}:function",
                           valid="valid: callable: module:function in a spec file")
@@ -94,18 +99,19 @@ def _request(resolved: Resolved, dependency: str | None) -> SubmitRequest:
 
 
 def submit(resolved: Resolved, dependency: str | None = None, call: Call | None = None,
-           preflighted: bool = False) -> Submitted:
+           preflighted: bool = False, part_calls: Mapping[str, Call] | None = None) -> Submitted:
     """Check the request (pre-flight included, unless `preflighted`: the caller has just checked
     this same request against the live cluster, an Executor submitting again), then send what a
     dry run returns. dependency is an sbatch --dependency value (dependency.after_dependency); call
-    is the Python function a `function` spec runs (slurmkit.Executor.submit)."""
-    _check_request(resolved, dependency, call, preflighted)
+    is the Python function a `function` spec runs (slurmkit.Executor.submit); part_calls, by part
+    name, those of a heterogeneous run's parts of kind function (Executor.submit_components)."""
+    _check_request(resolved, dependency, call, preflighted, part_calls)
     if resolved.profile.executor == "slurm":
         resolved = preflight.avoid_blamed(resolved)
-    return send(_request(resolved, dependency), call)
+    return send(_request(resolved, dependency), call, part_calls)
 
 
-def send(request: SubmitRequest, call: Call | None = None) -> Submitted:
+def send(request: SubmitRequest, call: Call | None = None, part_calls: Mapping[str, Call] | None = None) -> Submitted:
     """Create the run folder and record the request names, submit it through submitit (sbatch gets
     request.script, byte for byte), record the job id. Everything the submit creates gets the run's
     umask (perms); a submit that fails before anything is queued leaves nothing behind."""
@@ -137,10 +143,11 @@ def send(request: SubmitRequest, call: Call | None = None) -> Submitted:
                 else:
                     executor = ex_mod.local_executor(paths.job_folder, resolved)
                 primary = next((p for p in resolved.parts if p.primary), None)
-                job = executor.submit(entry(resolved, paths, call, primary))
+                calls = part_calls or {}
+                job = executor.submit(entry(resolved, paths, calls.get(primary.name) if primary else call, primary))
                 for part in parts:
                     ex_mod.place_call(RunPaths(part.run_dir(paths.run_dir)).job_folder, str(job.job_id),
-                                      entry(resolved, paths, part=part), executor)
+                                      entry(resolved, paths, calls.get(part.name), part), executor)
             except Exception as exc:
                 if isinstance(exc, (SlurmkitError, OSError)):
                     raise
@@ -154,7 +161,7 @@ def send(request: SubmitRequest, call: Call | None = None) -> Submitted:
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
 
 
-def _part_folder(resolved: Resolved, paths: RunPaths, part: Part) -> None:
+def _part_folder(resolved: Resolved, paths: RunPaths, part: ResolvedPart) -> None:
     """A heterogeneous run's part's own run folder (parts/NAME) and record: its ranks' files go there."""
     folder = part.run_dir(paths.run_dir)
     if not folder.parent.exists():
@@ -171,9 +178,10 @@ def _part_folder(resolved: Resolved, paths: RunPaths, part: Part) -> None:
         num_tasks=r.shape.num_tasks))
 
 
-def _check_request(resolved: Resolved, dependency: str | None, call: Call | None, preflighted: bool) -> None:
+def _check_request(resolved: Resolved, dependency: str | None, call: Call | None, preflighted: bool,
+                   part_calls: Mapping[str, Call] | None) -> None:
     """What can be checked before anything is created."""
-    check_function_kind(resolved, call)
+    check_function_kind(resolved, call, part_calls)
     container = resolved.profile.container
     check_secrets(resolved.spec.secret_env, resolved.spec_source,
                   {**resolved.profile.setup.env, **(container.env if container else {})})
