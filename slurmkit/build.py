@@ -150,7 +150,7 @@ def parts_plan(resolved: Resolved, job_folder: Path) -> Plan:
     top = job_folder.parent
     parts = []
     for part in resolved.parts:
-        paths = RunPaths(part.run_dir(top))
+        paths = RunPaths(top).part(part.name, part.primary)
         own = supervisor_plan(part.resolved, paths.job_folder, job_files(paths))
         assert own is not None
         parts.append(PartPlan(name=part.name, run_dir=str(paths.run_dir), command=own.command, stdout=own.stdout,

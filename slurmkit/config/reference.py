@@ -1,6 +1,6 @@
 """Field references generated from the models, so docs and code never drift: the profile fields in
-docs/profiles.md (tracking's also in a run spec), the train config keys in docs/training.md and a
-search's fields in docs/sweeps.md.
+docs/profiles.md (tracking's also in a run spec), the train config keys in docs/training.md, a
+search's fields in docs/sweeps.md and a heterogeneous run's part in docs/heterogeneous.md.
 
 Regenerate both in place with: python -m slurmkit.config.reference
 """
@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from slurmkit.config.container import Container
 from slurmkit.config.login import LoginHost
 from slurmkit.config.profile import ClusterProfile, NodeLedgerPolicy, RequeueBudget, Resources, Setup
+from slurmkit.config.runspec import Component
 from slurmkit.config.search import PruneSection, SearchSection
 from slurmkit.config.tracking import Tracking
 from slurmkit.config.train import Faults, TrainConfig
@@ -27,7 +28,9 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
 ]
 TRAIN_SECTIONS: list[tuple[str, type[BaseModel]]] = [("config", TrainConfig), ("config.faults", Faults)]
 SEARCH_SECTIONS: list[tuple[str, type[BaseModel]]] = [("sweep.search", SearchSection), ("sweep.prune", PruneSection)]
-DOCS = {"docs/profiles.md": SECTIONS, "docs/training.md": TRAIN_SECTIONS, "docs/sweeps.md": SEARCH_SECTIONS}
+PART_SECTIONS: list[tuple[str, type[BaseModel]]] = [("components.NAME", Component)]
+DOCS = {"docs/profiles.md": SECTIONS, "docs/training.md": TRAIN_SECTIONS, "docs/sweeps.md": SEARCH_SECTIONS,
+        "docs/heterogeneous.md": PART_SECTIONS}
 
 
 def _default(field: Any) -> str:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from slurmkit.common.layout import RunPaths
 from slurmkit.config.fields import node_gpus
 from slurmkit.config.profile import ClusterProfile, Resources
 from slurmkit.config.runspec import RunSpec
@@ -61,22 +59,13 @@ class Resolved:
 
 @dataclass(frozen=True)
 class ResolvedPart:
-    """One part of a heterogeneous run (config.components)."""
+    """One part of a heterogeneous run (spec components), resolved as a run of its own (load.loader)."""
 
     name: str
     group: int
     """The part's het group (its index in components): `srun --het-group=N`, SLURM_*_HET_GROUP_N."""
     resolved: Resolved
     primary: bool
-
-    @property
-    def env_name(self) -> str:
-        """NAME in SLURMKIT_<NAME>_HOST and SLURMKIT_<NAME>_NODES."""
-        return self.name.upper()
-
-    def run_dir(self, top: Path) -> Path:
-        """The part's run folder (RunPaths.part): the run's own for the primary part, else parts/NAME."""
-        return RunPaths(top).part(self.name, self.primary).run_dir
 
     def run_id(self, top_id: str) -> str:
         """The part's run id (trackers, checkpoint_root keys): the run's own, or RUN.NAME."""

@@ -2,12 +2,14 @@
 rollout workers on node2, one Slurm heterogeneous job, talking over TCP through
 SLURMKIT_ROLLOUT_HOST. One run serves the four cases: the parts talk, a part crashes (the rollout
 restarts alone in the job), a preemption stops both parts and requeues the job once, and sacct
-shows the job's two components. tests/user_code/rl_toy.py is the user's code."""
+shows the job's two components. examples/rl_loop.py is the user's code (docs/heterogeneous.md)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,10 @@ from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
 from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
-from tests.conftest import ROOT, steady, supervisor_events, wait_until, write_dev_profile
+from tests.conftest import EXAMPLES, ROOT, steady, supervisor_events, wait_until, write_dev_profile
 
 pytestmark = pytest.mark.cluster
-TOY = ROOT / "tests" / "user_code" / "rl_toy.py"
+TOY = EXAMPLES / "rl_loop.py"
 STEPS = 30
 
 
@@ -117,3 +119,16 @@ def test_sacct_shows_the_heterogeneous_jobs_components(run: Run) -> None:
     assert status.state == "COMPLETED" and status.nodes == "node1,node2"
     parts = {p["name"]: p for p in status.parts}
     assert parts["trainer"]["state"] == "COMPLETED" and parts["rollout"]["ranks"] == 2
+
+
+def test_the_python_example_of_the_docs_runs_as_written(cluster: None, tmp_path: Path, dev_profile: Path) -> None:
+    """docs/heterogeneous.md's Executor.submit_components example, in a fresh interpreter, on the
+    test's own run root: two function parts, the trainer's return the run's result."""
+    text = (ROOT / "docs" / "heterogeneous.md").read_text()
+    example = text.split("## From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'profile="devcluster"' in example
+    (tmp_path / "example.py").write_text(example.replace('profile="devcluster"', f"profile={str(dev_profile)!r}"))
+    proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "trained 100 steps against the rollout on node2"

@@ -139,3 +139,16 @@ def test_the_primary_part_is_the_result_part_or_the_first() -> None:
     assert RunSpec.model_validate(spec(result="rollout")).primary == "rollout"
     assert RunSpec.model_validate({"name": "x", "command": "y"}).primary is None
     assert os.environ.get(components.COMPONENTS_ENV) is None  # nothing above leaked into this process
+
+
+def test_the_docs_example_is_the_shipped_one_and_renders_a_checked_script(tmp_path: Path) -> None:
+    import yaml
+
+    from tests.conftest import EXAMPLES, ROOT
+
+    text = (ROOT / "docs" / "heterogeneous.md").read_text()
+    shown = yaml.safe_load(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+    assert shown == yaml.safe_load((EXAMPLES / "rl.yaml").read_text())
+    request = jobs.dry_run(resolve(EXAMPLES / "rl.yaml", "devcluster"))
+    check_shell(request.script, tmp_path)
+    assert request.plan is not None and [p.name for p in request.plan.parts] == ["trainer", "rollout"]

@@ -53,7 +53,7 @@ def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None, part: R
     if part is not None:
         spec = part.resolved.spec
         return Run(work_of(spec, call.fn, call.args, call.kwargs) if call else work_of(spec),
-                   run_dir=str(part.run_dir(paths.run_dir)),
+                   run_dir=str(paths.part(part.name, part.primary).run_dir),
                    env=run_env(part.resolved),
                    checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root, part.run_id(paths.run_id)),
                    code_dir=str(paths.code_dir) if resolved.snapshot else None)
@@ -146,7 +146,7 @@ def send(request: SubmitRequest, call: Call | None = None, part_calls: Mapping[s
                 calls = part_calls or {}
                 job = executor.submit(entry(resolved, paths, calls.get(primary.name) if primary else call, primary))
                 for part in parts:
-                    ex_mod.place_call(RunPaths(part.run_dir(paths.run_dir)).job_folder, str(job.job_id),
+                    ex_mod.place_call(paths.part(part.name).job_folder, str(job.job_id),
                                       entry(resolved, paths, calls.get(part.name), part), executor)
             except Exception as exc:
                 if isinstance(exc, (SlurmkitError, OSError)):
@@ -163,7 +163,7 @@ def send(request: SubmitRequest, call: Call | None = None, part_calls: Mapping[s
 
 def _part_folder(resolved: Resolved, paths: RunPaths, part: ResolvedPart) -> None:
     """A heterogeneous run's part's own run folder (parts/NAME) and record: its ranks' files go there."""
-    folder = part.run_dir(paths.run_dir)
+    folder = paths.part(part.name).run_dir
     if not folder.parent.exists():
         perms.make_run_folder(folder.parent, resolved.profile.run_mode)
     perms.make_run_folder(folder, resolved.profile.run_mode)

@@ -1,4 +1,4 @@
-# A user's own two-program RL loop for a heterogeneous job (docs/heterogeneous.md): a trainer that
+# A two-program RL loop for a heterogeneous job (docs/heterogeneous.md): a trainer that
 # asks rollout workers for samples over TCP each step, and the rollout workers serving them. Each
 # part is its own torch.distributed world; the trainer finds the rollout's first node by
 # SLURMKIT_ROLLOUT_HOST. The trainer uses slurmkit.Checkpoint (preempted, it stops at an agreed step,
