@@ -17,7 +17,7 @@ from slurmkit.common.metrics import busy_s, iter_records, iter_records_reversed,
 from slurmkit.common.record import RunFile
 from slurmkit.errors import SlurmkitError
 from slurmkit.insight import cost, goodput, report_html
-from slurmkit.insight.report_data import ReportData, Segment, headline, rank_series
+from slurmkit.insight.report_data import ReportData, Segment, headline, part_spans, rank_series
 from slurmkit.insight.report_html import STATE_COLORS
 from slurmkit.jsontypes import JsonObject
 
@@ -107,7 +107,9 @@ def collect(paths: RunPaths) -> ReportData:
                        "cost": spent.as_dict()},
                       [(step, r.cause + ("" if r.kind == "requeue" else f", {r.kind.replace('_', '-')}"))
                        for r in restarts if (step := r.resumed_step if r.resumed_step is not None else r.step)
-                       is not None], list(iter_records(paths.straggler_scores)), logged_points(paths.logged))
+                       is not None], list(iter_records(paths.straggler_scores)),
+                      part_spans(list(iter_records(paths.supervisor_events))) if record.spec and record.spec.components
+                      else [], logged_points(paths.logged))
 
 
 def _plt() -> Any:
@@ -142,10 +144,23 @@ def _timeline(ax: Any, data: ReportData, t0: float) -> None:
         for t, cause in seg.in_job:  # a new srun step in the same allocation: a mark on the bar
             ax.plot([t - t0], [y], "x", color="#c62828", markersize=7)
             ax.text(t - t0, y - 0.35, plain(f"in-job restart ({cause})"), fontsize=6, va="top")
-    ax.set_yticks([s.n for s in data.segments], [f"#{s.n}" for s in data.segments])
-    ax.set_ylim(-0.6, max(len(data.segments), 1) - 0.2)
+    names = list(dict.fromkeys(p.part for p in data.parts))  # a heterogeneous run: a row per part
+    for p in data.parts:
+        y = len(data.segments) + names.index(p.part)
+        end = p.end or dt.datetime.now().timestamp()
+        color = ("#1565c0" if p.exit_code is None else "#9e9e9e" if p.by_job else "#2e7d32" if p.exit_code == 0
+                 else "#c62828")
+        ax.broken_barh([(p.start - t0, end - p.start)], (y - 0.3, 0.6), color=color)
+        ax.text(p.start - t0, y + 0.35, plain(f"{p.part} #{p.restart_count}.{p.attempt}"
+                                             + (" ended by the job" if p.by_job else f" exit {p.exit_code}"
+                                                if p.exit_code else "")), fontsize=6,
+                va="bottom")
+    ax.set_yticks([s.n for s in data.segments] + [len(data.segments) + i for i in range(len(names))],
+                  [f"#{s.n}" for s in data.segments] + [plain(n) for n in names])
+    ax.set_ylim(-0.6, max(len(data.segments) + len(names), 1) - 0.2)
     ax.set_xlabel("seconds since the first submit")
-    ax.set_title("timeline: queued (grey), running (colour by how it ended), in-job restarts (x)", fontsize=9)
+    ax.set_title("timeline: queued (grey), running (colour by how it ended), in-job restarts (x); a heterogeneous "
+                 "run's parts below their names (grey: ended by the job)", fontsize=9)
 
 
 def _loss(ax: Any, data: ReportData) -> None:

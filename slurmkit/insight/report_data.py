@@ -27,6 +27,40 @@ class Segment:
     """In-job restarts inside this incarnation (a new srun step, no requeue): when, and the cause."""
 
 
+@dataclass(frozen=True)
+class PartSpan:
+    """One step of a heterogeneous run's part (supervisor.jsonl): from its launch to its end."""
+
+    part: str
+    restart_count: int
+    attempt: int
+    """The part's in-job attempt in that incarnation."""
+    start: float
+    end: float | None = None
+    exit_code: int | None = None
+    by_job: bool = False
+    """Ended by the job (its primary part done, a stop, another part's failure), not by itself."""
+
+
+def part_spans(events: list[JsonObject]) -> list[PartSpan]:
+    """Each part's steps, oldest first, from the supervisor's launch and part_ended records."""
+    spans: list[PartSpan] = []
+    open_: dict[str, PartSpan] = {}
+    for e in events:
+        part = e.get("part")
+        if not isinstance(part, str):
+            continue
+        if e.get("event") == "launch":
+            open_[part] = PartSpan(part, int(e.get("restart_count") or 0), int(e.get("part_attempt") or 0),
+                                   float(e["time"]))
+            spans.append(open_[part])
+        elif e.get("event") == "part_ended" and part in open_:
+            done = open_.pop(part)
+            spans[spans.index(done)] = PartSpan(done.part, done.restart_count, done.attempt, done.start,
+                                                float(e["time"]), e.get("exit_code"), bool(e.get("by_job")))
+    return spans
+
+
 @dataclass
 class ReportData:
     run_id: str
@@ -41,6 +75,8 @@ class ReportData:
     start for an in-job one), with its cause: marked on the curves."""
     scores: list[JsonObject] = field(default_factory=list)
     """Rank 0's straggler readings (scores.jsonl: time, median, slowest [[rank, score]...]), oldest first."""
+    parts: list[PartSpan] = field(default_factory=list)
+    """A heterogeneous run's parts' steps (spec components), oldest first; [] for any other run."""
     logged: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     """What the run's own code logged (logged.jsonl), by name: (step, mean value) points, oldest
     first, at most about MAX_POINTS a name and MAX_LOGGED names (the newest logged)."""

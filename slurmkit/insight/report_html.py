@@ -85,7 +85,13 @@ def _tables(data: ReportData) -> str:
                      f"<td>{len(pts)}</td></tr>" for name, pts in data.logged.items())
     logged_table = (f"<h2>Logged by the run's own code</h2><table><tr><th>name</th><th>last value</th><th>at step"
                     f"</th><th>points</th></tr>{logged}</table>") if logged else ""
-    return (f"{logged_table}{_scores(data)}<h2>Goodput</h2><table>{rows}</table>"
+    parts = "".join(f"<tr><td>{html.escape(p.part)}</td><td>#{p.restart_count}</td><td>{p.attempt}</td>"
+                    f"<td>{'' if p.end is None else f'{p.end - p.start:.1f}'}</td>"
+                    f"<td>{'running' if p.exit_code is None else p.exit_code}"
+                    f"{' (ended by the job)' if p.by_job else ''}</td></tr>" for p in data.parts)
+    parts_table = (f"<h2>Parts</h2><table><tr><th>part</th><th>incarnation</th><th>in-job attempt</th><th>seconds"
+                   f"</th><th>exit</th></tr>{parts}</table>") if parts else ""
+    return (f"{logged_table}{_scores(data)}{parts_table}<h2>Goodput</h2><table>{rows}</table>"
             f"<h2>Incarnations</h2><table><tr><th>#</th><th>job</th><th>nodes</th><th>state</th><th>restarted "
             f"because</th><th>in-job restarts</th><th>start-up (s)</th></tr>{segs}</table>"
             f"{_code(data.summary.get('snapshot'))}")

@@ -118,8 +118,9 @@ class PartsSupervisor:
     # -- a part's end ---------------------------------------------------------------------------
     def _ended(self, group: int, rc: int) -> None:
         name = self.names[group]
-        self._event("part_ended", part=name, exit_code=rc, part_attempt=self.attempts[group])
-        if self.signalled or self.terminated or self.ended_by is not None or self.completing:
+        by_job = self.signalled or self.terminated or self.ended_by is not None or self.completing
+        self._event("part_ended", part=name, exit_code=rc, part_attempt=self.attempts[group], by_job=by_job)
+        if by_job:
             return  # the job is stopping or done: every part's end is that, decided once they all have ended
         if rc == 0:
             if group == self.primary and self.running:
@@ -165,7 +166,8 @@ class PartsSupervisor:
                 proc.wait()
             self.exits[group] = exit_status(proc.returncode)
             del self.running[group]
-            self._event("part_ended", part=self.names[group], exit_code=self.exits[group], stopped_for="decision")
+            self._event("part_ended", part=self.names[group], exit_code=self.exits[group],
+                        part_attempt=self.attempts[group], by_job=True)
 
     # -- the job's end --------------------------------------------------------------------------
     def _outcome(self) -> int:

@@ -18,6 +18,7 @@ import pytest
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
+from slurmkit.insight import report
 from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from tests.conftest import EXAMPLES, ROOT, steady, supervisor_events, wait_until, write_dev_profile
@@ -95,6 +96,10 @@ def test_a_crashed_part_restarts_alone_in_the_job(run: Run) -> None:
     assert [e["event"] for e in parts_of(events, "trainer")].count("launch") == 1
     restarts = RunFile(run.paths).read().restarts
     assert [(r.kind, r.cause) for r in restarts] == [("in_job", "crash"), ("requeue", "preemption")]
+    # The report draws each part's steps: the crashed one ended by itself, the rest by the job's ends.
+    spans = [(s.part, s.restart_count, s.attempt, s.by_job) for s in report.collect(run.paths).parts]
+    assert ("rollout", 0, 0, False) in spans and ("rollout", 0, 1, True) in spans
+    assert ("trainer", 1, 0, False) in spans and ("rollout", 1, 0, True) in spans
 
 
 def test_a_preemption_stops_every_part_and_requeues_the_job_once(run: Run) -> None:

@@ -152,3 +152,35 @@ def test_the_docs_example_is_the_shipped_one_and_renders_a_checked_script(tmp_pa
     request = jobs.dry_run(resolve(EXAMPLES / "rl.yaml", "devcluster"))
     check_shell(request.script, tmp_path)
     assert request.plan is not None and [p.name for p in request.plan.parts] == ["trainer", "rollout"]
+
+
+def test_sacct_and_squeue_see_a_heterogeneous_job_as_one_on_every_components_nodes() -> None:
+    from slurmkit.slurm import commands, parse
+
+    sacct = ("7+0|COMPLETED|None|node1|00:00:30|0:0|2026-01-01T10:00:00|2026-01-01T10:00:01|2026-01-01T10:00:31\n"
+             "7+1|COMPLETED|None|node[2-3]|00:00:30|0:0|2026-01-01T10:00:00|2026-01-01T10:00:01|2026-01-01T10:00:31\n"
+             "8|FAILED|None|node4|00:00:05|1:0|2026-01-01T10:00:00|2026-01-01T10:00:01|2026-01-01T10:00:06\n")
+    found = commands.het_jobs(["7", "8"], parse.sacct(sacct))
+    assert set(found) == {"7", "8"}  # one incarnation, not one per component
+    (inc,) = found["7"].history
+    assert (found["7"].state, found["7"].nodes, inc.nodes, inc.job_id) == ("COMPLETED", "node1,node[2-3]",
+                                                                          "node1,node[2-3]", "7")
+    assert found["8"].nodes == "node4"
+
+
+def test_the_report_has_each_parts_steps_and_says_which_the_job_ended() -> None:
+    from slurmkit.insight.report_data import part_spans
+
+    events: list[dict[str, Any]] = [
+        {"event": "launch", "part": "trainer", "time": 1.0, "restart_count": 0, "part_attempt": 0},
+        {"event": "launch", "part": "rollout", "time": 1.0, "restart_count": 0, "part_attempt": 0},
+        {"event": "part_ended", "part": "rollout", "time": 5.0, "exit_code": 1, "by_job": False},
+        {"event": "decision", "time": 5.0},
+        {"event": "launch", "part": "rollout", "time": 5.1, "restart_count": 0, "part_attempt": 1},
+        {"event": "part_ended", "part": "trainer", "time": 9.0, "exit_code": 0, "by_job": False},
+        {"event": "part_ended", "part": "rollout", "time": 9.2, "exit_code": 137, "by_job": True},
+    ]
+    spans = part_spans(events)
+    assert [(s.part, s.attempt, s.exit_code, s.by_job) for s in spans] == [
+        ("trainer", 0, 0, False), ("rollout", 0, 1, False), ("rollout", 1, 137, True)]
+    assert spans[1].end == 5.0 and spans[2].start == 5.1
