@@ -39,8 +39,9 @@ cpu_ticks() { awk '/^cpu / {busy = $2 + $3 + $4 + $7 + $8 + $9; print busy, busy
 read -r busy0 total0 < <(cpu_ticks)
 # A background command of a script starts with SIGINT and SIGQUIT ignored, and so would every
 # process the tests start (a local run's cancel is a SIGINT): env gives them their defaults back.
-# niced: the cluster tests are the longer half, and they wait on their jobs' CPU time.
-nice -n 5 env --default-signal=INT,QUIT python -m pytest -m "not cluster" -p no:cacheprovider >"$rest_log" 2>&1 &
+# niced (10: about a tenth of a contended core): the cluster tests are the longer half, and they wait on
+# their jobs' CPU time; these fill the cores the cluster tests leave idle while they wait on Slurm.
+nice -n 10 env --default-signal=INT,QUIT python -m pytest -m "not cluster" -p no:cacheprovider >"$rest_log" 2>&1 &
 rest=$!
 cluster_rc=0
 python -m pytest -m cluster || cluster_rc=$?

@@ -150,9 +150,9 @@ def sacct(job_ids: list[str]) -> dict[str, JobInfo]:
     incarnation (--duplicates lists requeued ones, oldest first: their count is the restarts)."""
     if not job_ids:
         return {}
-    return het_jobs(job_ids, parse.sacct(run(["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates",
-                                              "--jobs", ",".join(_ids(job_ids)), f"--format={parse.SACCT_FORMAT}"],
-                                             query=True)))
+    text = run(["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", "--jobs",
+                ",".join(_ids(job_ids)), f"--format={parse.SACCT_FORMAT}"], query=True)
+    return parse.het_jobs(job_ids, parse.sacct(text))
 
 
 def sacct_or_warn(job_ids: list[str]) -> dict[str, JobInfo]:
@@ -177,7 +177,7 @@ _SACCT_WARNED: set[str] = set()
 
 def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
     """States of many jobs: one squeue call, plus one sacct call for those squeue no longer knows."""
-    live = het_jobs(job_ids, squeue_all())
+    live = parse.het_jobs(job_ids, squeue_all())
     by_base: dict[str, list[JobInfo]] = {}
     for info in live.values():
         by_base.setdefault(base_id(info.job_id), []).append(info)
@@ -197,23 +197,6 @@ def job_states(job_ids: list[str]) -> dict[str, JobInfo]:
         found.update((jid, replace(found[jid], history=acct[jid].history)) for jid in ended if jid in acct)
         found.update((jid, info) for jid, info in acct.items() if jid not in found)
     return found
-
-
-def het_jobs(job_ids: list[str], infos: dict[str, JobInfo]) -> dict[str, JobInfo]:
-    """`infos` with each heterogeneous job of `job_ids` as one (squeue and sacct list its components,
-    JOB+N): its first component's state and incarnations (the batch step's, which the job's life
-    follows), on every component's nodes."""
-    for jid in job_ids:
-        parts: list[JobInfo] = []
-        while f"{jid}+{len(parts)}" in infos:
-            parts.append(infos.pop(f"{jid}+{len(parts)}"))
-        if not parts:
-            continue
-        history = tuple(replace(inc, job_id=jid, nodes=",".join(p.history[i].nodes for p in parts
-                                                                 if i < len(p.history) and p.history[i].nodes))
-                        for i, inc in enumerate(parts[0].history))
-        infos[jid] = replace(parts[0], job_id=jid, nodes=",".join(p.nodes for p in parts if p.nodes), history=history)
-    return infos
 
 
 def scancel(job_ids: list[str], signal: str | None = None, steps_only: bool = False) -> None:

@@ -11,7 +11,7 @@ import gc
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurmkit.config.fields import duration_s
 
@@ -207,3 +207,20 @@ def unusable_nodes(text: str) -> list[str]:
         if len(parts) == 2 and (parts[1].endswith("*") or parts[1].rstrip("~#!%$@^-").startswith(_UNUSABLE_STATES)):
             bad.add(parts[0])
     return sorted(bad)
+
+
+def het_jobs(job_ids: list[str], infos: dict[str, JobInfo]) -> dict[str, JobInfo]:
+    """`infos` with each heterogeneous job of `job_ids` as one (squeue and sacct list its components,
+    JOB+N): its first component's state and incarnations (the batch step's, which the job's life
+    follows), on every component's nodes."""
+    for jid in job_ids:
+        parts: list[JobInfo] = []
+        while f"{jid}+{len(parts)}" in infos:
+            parts.append(infos.pop(f"{jid}+{len(parts)}"))
+        if not parts:
+            continue
+        history = tuple(replace(inc, job_id=jid, nodes=",".join(p.history[i].nodes for p in parts
+                                                                 if i < len(p.history) and p.history[i].nodes))
+                        for i, inc in enumerate(parts[0].history))
+        infos[jid] = replace(parts[0], job_id=jid, nodes=",".join(p.nodes for p in parts if p.nodes), history=history)
+    return infos

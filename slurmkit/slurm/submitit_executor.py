@@ -41,24 +41,31 @@ def job_env_unset(environ: dict[str, str]) -> list[str]:
     return ["env", *(a for k in names for a in ("-u", k))] if names else []
 
 
-def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = None) -> str:
+def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = None,
+             parts: tuple[RunPaths, ...] = ()) -> str:
     """sbatch a run's recorded script again; the new job's call is job `job_id`'s pickle, copied
-    (never unpickled here) under the new id (submitit's worker waits up to 60 s for it).
-    `partition` overrides the script's. Returns the new job id."""
-    call = _call_bytes(paths, job_id)
+    (never unpickled here) under the new id (submitit's worker waits up to 60 s for it), and so is
+    each of a heterogeneous run's other `parts`' in its own folder. `partition` overrides the
+    script's. Returns the new job id."""
+    folders = [paths.job_folder, *(p.job_folder for p in parts)]
+    calls = [_call_bytes(RunPaths(folder.parent), job_id) for folder in folders]
     tag = uuid.uuid4().hex
-    tmp_script, tmp_pickle = paths.job_folder / f".resubmit-{tag}.sh", paths.job_folder / f".{tag}.pkl"
+    tmp_script = paths.job_folder / f".resubmit-{tag}.sh"
+    tmp_pickles = [folder / f".{tag}.pkl" for folder in folders]
     parent = set(outer_job_env(dict(os.environ)))
     env = {k: v for k, v in os.environ.items() if k not in parent}
     mode = perms.file_mode(paths.run_dir)
     try:
         atomic_write_text(tmp_script, script, mode, durable=False)
-        atomic_write(tmp_pickle, call, mode, durable=False)
+        for tmp, call in zip(tmp_pickles, calls, strict=True):
+            atomic_write(tmp, call, mode, durable=False)
         new = commands.sbatch(str(tmp_script), [f"--partition={partition}"] if partition else [], env)
-        JobPaths(paths.job_folder, job_id=new).move_temporary_file(tmp_pickle, "submitted_pickle")
+        for folder, tmp in zip(folders, tmp_pickles, strict=True):
+            JobPaths(folder, job_id=new).move_temporary_file(tmp, "submitted_pickle")
     finally:
         tmp_script.unlink(missing_ok=True)
-        tmp_pickle.unlink(missing_ok=True)
+        for tmp in tmp_pickles:
+            tmp.unlink(missing_ok=True)
     return new
 
 

@@ -129,14 +129,7 @@ class Supervisor:
         return rc
 
     def _stop_of(self, rc: int) -> Stopped | None:
-        """How the step ended, if by a stop. Once Slurm's SIGTERM has come to this process, Slurm is
-        ending the job (scancel, the time limit, a preemption): the step ended by that, whatever its
-        exit (srun, signalled too, may be gone before its ranks' record), never as a failure to
-        restart or requeue. Else rank 0's record, as a_stop reads it."""
-        found = Stopped.read(self.paths, self.job_id, outcomes.restart_count(), self.attempt)
-        if self.terminated:
-            return found or Stopped(self.job_id, outcomes.restart_count(), self.attempt, None, False, time.time())
-        return a_stop(found, rc)
+        return stop_of(self.paths, self.job_id, self.attempt, rc, self.terminated)
 
     def _allocation(self) -> Allocation | None:
         least = self.plan.shrink.least if self.plan.shrink else None
@@ -275,6 +268,18 @@ def decide(paths: RunPaths, job_id: str, gather: Callable[[], Event], alloc: All
           step=decision.step, nodes=decision.nodes, exclude=list(decision.exclude), why=decision.why)
     say(said + decision.message)
     return decision
+
+
+def stop_of(paths: RunPaths, job_id: str, attempt: int, rc: int, terminated: bool) -> Stopped | None:
+    """How the ranks' step (attempt `attempt`, exit `rc`) ended, if by a stop. Once Slurm's SIGTERM
+    has come to the supervisor (`terminated`), Slurm is ending the job (scancel, the time limit, a
+    preemption): the step ended by that, whatever its exit (srun, signalled too, may be gone before
+    its ranks' record), never as a failure to restart or requeue. Else rank 0's record, as a_stop
+    reads it."""
+    found = Stopped.read(paths, job_id, outcomes.restart_count(), attempt)
+    if terminated:
+        return found or Stopped(job_id, outcomes.restart_count(), attempt, None, False, time.time())
+    return a_stop(found, rc)
 
 
 def a_stop(stopped: Stopped | None, exit_code: int) -> Stopped | None:

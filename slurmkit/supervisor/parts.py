@@ -31,13 +31,12 @@ from pathlib import Path
 
 from slurmkit.common import components, outcomes, ports
 from slurmkit.common.layout import RunPaths
-from slurmkit.common.markers import Stopped
 from slurmkit.common.supervisor_plan import Plan
 from slurmkit.slurm import steps
 from slurmkit.slurm.steps import Container
 from slurmkit.supervisor import effects
 from slurmkit.supervisor.decision import Action, Decision
-from slurmkit.supervisor.loop import a_stop, after_stop, decide, event, exit_status, say
+from slurmkit.supervisor.loop import after_stop, decide, event, exit_status, say, stop_of
 from slurmkit.supervisor.signal_inbox import SignalInbox
 
 STOP_GRACE_S = 120.0
@@ -178,11 +177,7 @@ class PartsSupervisor:
             return 0 if self.ended_by.action is Action.COMPLETE else max(1, rc)
         if not (self.signalled or self.terminated):
             return rc
-        attempt = self.attempts[self.primary]
-        found = Stopped.read(self.paths, self.job_id, outcomes.restart_count(), attempt)
-        stopped = found if self.terminated else a_stop(found, rc)
-        if stopped is None and self.terminated:
-            stopped = Stopped(self.job_id, outcomes.restart_count(), attempt, None, False, time.time())
+        stopped = stop_of(self.paths, self.job_id, self.attempts[self.primary], rc, self.terminated)
         if stopped is None:  # the primary part ended on its own meanwhile: its exit says how
             return rc
         after_stop(self.paths, self.job_id, stopped)

@@ -206,38 +206,30 @@ def check_report_of_a_run_preempted_once(paths: RunPaths, job_id: str, info: dic
     assert [cause for _, cause in page["restarts"]] == ["preemption"] and len(page["segments"]) == 2
 
 
-def test_preempted_with_checkpoints_on_s3_resumes_bitwise(cluster: None, dev_profile: Path,
-                                                          reference: dict[str, Any]) -> None:
-    """checkpoint_root on an S3 server (tests/s3_server.py) that the nodes reach over the dev
-    cluster's private network, with the credentials and endpoint in the run's env: the agreed stop's
-    save goes there, the requeued job restores from it, and the weights equal an uninterrupted run's."""
-    from slurmkit.devcluster.names import CONTROLLER_IP
-    from tests.s3_server import BUCKET, serving
-
-    with serving(CONTROLLER_IP) as s3:
-        paths, job = start(dev_profile, f"profile.checkpoint_root=s3://{BUCKET}/runs",
-                           *(f"env.{k}={v}" for k, v in s3.env.items()))
-        wait_step(paths, 60)
-        subprocess.run(["scancel", "--signal=USR2", job], check=True)
-        result = check(paths, reference, max_lost=0)
-        assert result["restart_causes"] == ["preemption"]
-        committed = sorted(p.rsplit("/", 2)[-2] for p in s3.fs().find(f"{BUCKET}/runs/{paths.run_id}")
-                           if p.endswith("/COMMITTED.json"))
-        assert f"step-{STEPS}" in committed and len(committed) >= 2  # the stop's save and the final one, on S3
-        assert not paths.checkpoints.exists()  # nothing went to the run folder instead
-
-
-def test_scontrol_requeue_resumes_from_the_last_checkpoint_in_one_tracker_run(
+def test_scontrol_requeue_resumes_bitwise_from_checkpoints_on_s3_in_one_tracker_run(
         cluster: None, dev_profile: Path, reference: dict[str, Any], tmp_path: Path) -> None:
+    """An external `scontrol requeue` of a run whose checkpoint_root is an S3 server
+    (tests/s3_server.py) that the nodes reach over the dev cluster's private network, with the
+    credentials and endpoint in the run's env: the stop's save goes there, the requeued job restores
+    from it, the weights equal an uninterrupted run's, and both incarnations are one tracker run."""
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from slurmkit.devcluster.names import CONTROLLER_IP
+    from tests.s3_server import BUCKET, serving
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    paths, job = start(dev_profile, "tracking.tensorboard=true", f"tracking.mlflow={uri}")
-    wait_step(paths, 75)
-    subprocess.run(["scontrol", "requeue", job], check=True)
-    # Slurm's SIGTERM comes KillWait seconds before SIGKILL: the ranks save at the step they are at.
-    result = check(paths, reference, max_lost=0)
+    with serving(CONTROLLER_IP) as s3:
+        paths, job = start(dev_profile, "tracking.tensorboard=true", f"tracking.mlflow={uri}",
+                           f"profile.checkpoint_root=s3://{BUCKET}/runs", *(f"env.{k}={v}" for k, v in s3.env.items()))
+        wait_step(paths, 75)
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        # Slurm's SIGTERM comes KillWait seconds before SIGKILL: the ranks save at the step they are at.
+        result = check(paths, reference, max_lost=0)
+        committed = sorted(p.rsplit("/", 2)[-2] for p in s3.fs().find(f"{BUCKET}/runs/{paths.run_id}")
+                           if p.endswith("/COMMITTED.json"))
+    assert f"step-{STEPS}" in committed and len(committed) >= 2  # the stop's save and the final one, on S3
+    assert not paths.checkpoints.exists()  # nothing went to the run folder instead
     assert result["restart_causes"] == ["requeue"]
     assert "SIGTERM: stopped at step" in "\n".join(run_logs.logs(paths, rank=0))
     # Both incarnations in one tracker run (docs/tracking.md): every step once, the requeue an event

@@ -137,3 +137,29 @@ def test_the_python_example_of_the_docs_runs_as_written(cluster: None, tmp_path:
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "trained 100 steps against the rollout on node2"
+
+
+def test_cancel_ends_every_component_and_resubmit_starts_every_part_again(cluster: None, tmp_path: Path,
+                                                                          dev_profile: Path) -> None:
+    mark = tmp_path / "second-time"
+    spec = {"name": "rl-cancel", "resources": {"time": "00:05:00"}, "components": {
+        "trainer": {"command": f"if [ -e {mark} ]; then echo trainer again; else touch {mark}; sleep 300; fi"},
+        "rollout": {"command": 'echo "rollout up as $SLURMKIT_COMPONENT"; sleep 300'}}}
+    sub = jobs.submit(resolve(spec, str(dev_profile)))
+    assert sub.job_id
+    paths = RunPaths(Path(sub.run_dir))
+    rollout = paths.part("rollout")
+    wait_until(lambda: mark.exists() and rollout.rank_log(sub.job_id, 0).exists()
+               and "rollout up as rollout" in rollout.rank_log(sub.job_id, 0).read_text(), 120, "both parts up")
+    jobs.cancel(paths)
+    assert jobs.wait(paths, poller=steady(0.5), timeout_s=120).state == "CANCELLED"
+    rows = subprocess.run(["sacct", "-X", "-n", "-P", "-j", sub.job_id, "-o", "JobID,State"],
+                          check=True, capture_output=True, text=True).stdout.splitlines()
+    assert {r.split("|")[0]: r.split("|")[1].split()[0] for r in rows} == {  # "CANCELLED by 0": the state
+        f"{sub.job_id}+0": "CANCELLED", f"{sub.job_id}+1": "CANCELLED"}
+    again = jobs.resubmit(paths)
+    assert again.job_id and again.job_id != sub.job_id
+    assert jobs.wait(paths, poller=steady(0.5), timeout_s=180).state == "COMPLETED"
+    # The rollout part's call was copied under the new job id too: it started again.
+    assert "rollout up as rollout" in rollout.rank_log(again.job_id, 0).read_text()
+    assert "trainer again" in paths.rank_log(again.job_id, 0).read_text()

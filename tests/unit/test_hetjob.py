@@ -155,12 +155,12 @@ def test_the_docs_example_is_the_shipped_one_and_renders_a_checked_script(tmp_pa
 
 
 def test_sacct_and_squeue_see_a_heterogeneous_job_as_one_on_every_components_nodes() -> None:
-    from slurmkit.slurm import commands, parse
+    from slurmkit.slurm import parse
 
     sacct = ("7+0|COMPLETED|None|node1|00:00:30|0:0|2026-01-01T10:00:00|2026-01-01T10:00:01|2026-01-01T10:00:31\n"
              "7+1|COMPLETED|None|node[2-3]|00:00:30|0:0|2026-01-01T10:00:00|2026-01-01T10:00:01|2026-01-01T10:00:31\n"
              "8|FAILED|None|node4|00:00:05|1:0|2026-01-01T10:00:00|2026-01-01T10:00:01|2026-01-01T10:00:06\n")
-    found = commands.het_jobs(["7", "8"], parse.sacct(sacct))
+    found = parse.het_jobs(["7", "8"], parse.sacct(sacct))
     assert set(found) == {"7", "8"}  # one incarnation, not one per component
     (inc,) = found["7"].history
     assert (found["7"].state, found["7"].nodes, inc.nodes, inc.job_id) == ("COMPLETED", "node1,node[2-3]",

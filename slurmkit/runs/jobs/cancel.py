@@ -5,7 +5,11 @@ from __future__ import annotations
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
 from slurmkit.runs import procs
+from slurmkit.runs.polling import Poller
 from slurmkit.slurm import commands
+
+RELAUNCH_WATCH_S = 30.0
+"""How long cancel watches its jobs end, cancelling again one that Slurm requeued instead."""
 
 
 def cancel(paths: RunPaths) -> list[str]:
@@ -19,5 +23,23 @@ def cancel(paths: RunPaths) -> list[str]:
         ids = [jid for jid in ids if procs.end_group(jid, rec.pid_starts.get(jid))]
     else:
         commands.scancel(ids)
+        _until_ended(ids)
     RunFile(paths).update(cancelled=True)
     return ids
+
+
+def _until_ended(ids: list[str]) -> None:
+    """Watch the cancelled jobs end (polling backs off). A job cancelled while Slurm was launching it
+    (allocated, its batch step not yet started) is requeued by Slurm instead ("Requeuing JobId" in
+    slurmctld's log: seen in CI) and would run again from the queue: once it shows PENDING it is
+    cancelled again."""
+
+    def states() -> dict[str, commands.JobInfo]:
+        found = commands.job_states(ids)
+        if again := [j for j in ids if j in found and found[j].state == "PENDING"]:
+            commands.scancel(again)
+        return found
+
+    Poller(first_s=0.5, max_s=2.0).until_ended(
+        states, lambda found: {i.state for j, i in found.items() if j in ids and i.active},
+        RELAUNCH_WATCH_S, survive=(commands.TransientSlurmError,))

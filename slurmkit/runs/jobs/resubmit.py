@@ -41,8 +41,13 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
         return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script="")
     script = "".join(ln for ln in (rec.script or paths.script.read_text()).splitlines(keepends=True)
                      if not ln.startswith("#SBATCH --dependency="))
+    spec = rec.spec
+    parts = tuple(paths.part(n) for n in (spec.components or {}) if n != spec.primary) if spec else ()
+    if parts and partition:
+        raise SlurmkitError("--partition with a heterogeneous run: sbatch would move its first component only",
+                            where=paths.run_id, valid="valid: resubmit without --partition")
     with perms.umask(perms.folder_kind(paths.run_dir)):
-        job_id = ex_mod.resubmit(paths, st.job_id, script, partition)
+        job_id = ex_mod.resubmit(paths, st.job_id, script, partition, parts)
     # The job id first, in its own write, as submit does: nothing later may lose it.
     RunFile(paths).add_job_id(job_id, script=script)
     _resubmitted(paths, job_id, st.job_id, st.state, partition)
