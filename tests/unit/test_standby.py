@@ -35,7 +35,8 @@ def test_a_standby_waits_niced_through_the_requeue_signal_then_runs_submitits_wo
     try:
         line = proc.stderr.readline()
         assert "standby rank for in-job attempt 1 ready" in line, line
-        assert _nice(proc.pid) == _nice(os.getpid()) + 10  # while it waits: the running ranks keep the CPUs
+        # while it waits the running ranks keep the CPUs (the kernel caps niceness at 19: a niced test run)
+        assert _nice(proc.pid) == min(_nice(os.getpid()) + 10, 19) > _nice(os.getpid())
         proc.send_signal(signal.SIGUSR2)  # Slurm signals every step: not this one's to act on
         paths.standby_go("7", 0, 1).touch()  # the previous incarnation's attempt 1: not this one's
         paths.standby_go("7", 1, 1).touch()
