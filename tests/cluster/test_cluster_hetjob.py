@@ -64,6 +64,14 @@ def run(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Run:
     return Run(paths, sub.job_id, trainer_lines(paths, sub.job_id))
 
 
+def sacct(paths: RunPaths, job_id: str, fields: str) -> list[str]:
+    """sacct's allocation lines of the run's job: only jobs since the run was made (a dev cluster
+    started with --purge numbers its jobs from 1 again, and its accounting keeps the older ones)."""
+    since = RunFile(paths).read().created
+    return subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-S", since, "-o", fields],
+                          check=True, capture_output=True, text=True).stdout.splitlines()
+
+
 def parts_of(events: list[dict[str, Any]], part: str) -> list[dict[str, Any]]:
     return [e for e in events if e.get("part") == part]
 
@@ -117,8 +125,7 @@ def test_a_preemption_stops_every_part_and_requeues_the_job_once(run: Run) -> No
 
 
 def test_sacct_shows_the_heterogeneous_jobs_components(run: Run) -> None:
-    rows = subprocess.run(["sacct", "-X", "-n", "-P", "-j", run.job_id, "-o", "JobID,NodeList"],
-                          check=True, capture_output=True, text=True).stdout.split()
+    rows = sacct(run.paths, run.job_id, "JobID,NodeList")
     assert {f"{run.job_id}+0|node1", f"{run.job_id}+1|node2"} <= set(rows)
     status = jobs.run_state(run.paths)
     assert status.state == "COMPLETED" and status.nodes == "node1,node2"
@@ -153,10 +160,11 @@ def test_cancel_ends_every_component_and_resubmit_starts_every_part_again(cluste
                and "rollout up as rollout" in rollout.rank_log(sub.job_id, 0).read_text(), 120, "both parts up")
     jobs.cancel(paths)
     assert jobs.wait(paths, poller=steady(0.5), timeout_s=120).state == "CANCELLED"
-    rows = subprocess.run(["sacct", "-X", "-n", "-P", "-j", sub.job_id, "-o", "JobID,State"],
-                          check=True, capture_output=True, text=True).stdout.splitlines()
-    assert {r.split("|")[0]: r.split("|")[1].split()[0] for r in rows} == {  # "CANCELLED by 0": the state
-        f"{sub.job_id}+0": "CANCELLED", f"{sub.job_id}+1": "CANCELLED"}
+    # Accounting lists the cancelled job as JOB alone at first, then as its components.
+    cancelled = {f"{sub.job_id}+0": "CANCELLED", f"{sub.job_id}+1": "CANCELLED"}
+    wait_until(lambda: {r.split("|")[0]: r.split("|")[1].split()[0]  # "CANCELLED by 0": the state
+                        for r in sacct(paths, sub.job_id, "JobID,State")} == cancelled, 60,
+               "sacct's two cancelled components", poll_s=1.0)
     again = jobs.resubmit(paths)
     assert again.job_id and again.job_id != sub.job_id
     assert jobs.wait(paths, poller=steady(0.5), timeout_s=180).state == "COMPLETED"
