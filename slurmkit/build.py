@@ -148,7 +148,7 @@ def parts_plan(resolved: Resolved, job_folder: Path) -> Plan:
     """A heterogeneous job's plan: each part's step (its own run folder's submitit worker and logs),
     on the primary part's plan (signal, budgets), which has no standby step and no health gate."""
     top = job_folder.parent
-    parts = []
+    parts, primary = [], None
     for part in resolved.parts:
         paths = RunPaths(top).part(part.name, part.primary)
         own = supervisor_plan(part.resolved, paths.job_folder, job_files(paths))
@@ -156,10 +156,9 @@ def parts_plan(resolved: Resolved, job_folder: Path) -> Plan:
         parts.append(PartPlan(name=part.name, run_dir=str(paths.run_dir), command=own.command, stdout=own.stdout,
                               stderr=own.stderr, tasks_per_node=own.tasks_per_node, srun_args=own.srun_args,
                               primary=part.primary))
-    primary = next(p for p in resolved.parts if p.primary)
-    plan = supervisor_plan(primary.resolved, job_folder, job_files(RunPaths(top)))
-    assert plan is not None
-    return plan.model_copy(update={"standby": None, "health": None, "parts": parts})
+        primary = own if part.primary else primary
+    assert primary is not None
+    return primary.model_copy(update={"standby": None, "health": None, "parts": parts})
 
 
 def build(resolved: Resolved, job_folder: Path, array: ArraySpec | None = None,

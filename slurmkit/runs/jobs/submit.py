@@ -50,16 +50,12 @@ class Call:
 def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None, part: ResolvedPart | None = None) -> Any:
     """The callable submitit pickles for this run (for `part`, that part's of a heterogeneous run in
     `paths`: its own folder, checkpoints and work, `call` its function's; the run's one code snapshot)."""
-    if part is not None:
-        spec = part.resolved.spec
-        return Run(work_of(spec, call.fn, call.args, call.kwargs) if call else work_of(spec),
-                   run_dir=str(paths.part(part.name, part.primary).run_dir),
-                   env=run_env(part.resolved),
-                   checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root, part.run_id(paths.run_id)),
-                   code_dir=str(paths.code_dir) if resolved.snapshot else None)
-    work = work_of(resolved.spec, call.fn, call.args, call.kwargs) if call else work_of(resolved.spec)
-    return Run(work, run_dir=str(paths.run_dir), env=run_env(resolved),
-               checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root),
+    own = part.resolved if part else resolved
+    work = work_of(own.spec, call.fn, call.args, call.kwargs) if call else work_of(own.spec)
+    return Run(work, run_dir=str(paths.part(part.name, part.primary).run_dir if part else paths.run_dir),
+               env=run_env(own),
+               checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root,
+                                                   part.run_id(paths.run_id) if part else None),
                code_dir=str(paths.code_dir) if resolved.snapshot else None)
 
 
