@@ -15,8 +15,9 @@ import slurmkit
 
 
 def port() -> int:
-    # The rollout's own port, which the trainer computes too (the job id is the same in every part).
-    return 31000 + int(os.environ["SLURM_JOB_ID"]) % 1000
+    # The rollout's own port, which the trainer computes too (the job id is the same in every part;
+    # on the local profile it is the local run's, SUBMITIT_LOCAL_JOB_ID).
+    return 31000 + int(os.environ.get("SLURM_JOB_ID") or os.environ["SUBMITIT_LOCAL_JOB_ID"]) % 1000
 
 
 def rollout(crash_once: str | None) -> None:

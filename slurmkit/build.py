@@ -155,6 +155,7 @@ def parts_plan(resolved: Resolved, job_folder: Path) -> Plan:
         assert own is not None
         parts.append(PartPlan(name=part.name, run_dir=str(paths.run_dir), command=own.command, stdout=own.stdout,
                               stderr=own.stderr, tasks_per_node=own.tasks_per_node, srun_args=own.srun_args,
+                              nodes=part.resolved.shape.nodes, gpus_per_node=part.resolved.node_gpus,
                               primary=part.primary))
         primary = own if part.primary else primary
     assert primary is not None

@@ -52,6 +52,16 @@ def variables(names: list[str], environ: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
+LOCAL_HOST = "127.0.0.1"
+"""Every part's host on the local profile: one machine, reached the same way from every part."""
+
+
+def local_variables(names: list[str]) -> dict[str, str]:
+    """The variables every part gets on the local profile (supervisor.local_parts): all on this machine."""
+    return {COMPONENTS_ENV: ",".join(names), **{host_var(n): LOCAL_HOST for n in names},
+            **{nodes_var(n): LOCAL_HOST for n in names}}
+
+
 def components(environ: Mapping[str, str] | None = None) -> dict[str, Component]:
     """The parts of the heterogeneous job this process runs in, by name, in het-group order; {}
     outside one (a run without components)."""

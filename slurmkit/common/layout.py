@@ -175,6 +175,11 @@ class RunPaths:
         return self.run_dir / "supervisor.jsonl"
 
     @property
+    def local_supervisor_log(self) -> Path:
+        """A local heterogeneous run's supervisor's lines (supervisor.local_parts; on Slurm the batch log has them)."""
+        return self.job_folder / "local_supervisor.log"
+
+    @property
     def straggler_marker(self) -> Path:
         """The ranks rank 0 names as stragglers now (common.markers.Stragglers)."""
         return self.run_dir / "stragglers.json"

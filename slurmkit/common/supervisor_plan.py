@@ -47,7 +47,11 @@ class PartPlan(_Frozen):
     stdout: str
     stderr: str
     tasks_per_node: int
+    nodes: int = 1
+    """Its nodes (the local profile runs nodes x tasks_per_node ranks on this machine, as for any local run)."""
     srun_args: list[str] = []
+    gpus_per_node: int = 0
+    """Its GPUs a node (the local profile hands each part its own of the machine's, in part order)."""
     primary: bool = False
     """The part whose result is the run's: once it has completed, the job has."""
 

@@ -166,6 +166,8 @@ class ArrayEntry(Record):
     """local: task index → that pid's start time (runs.procs)."""
     runner_pid: int | None = None
     runner_start: int | None = None
+    single: bool = False
+    """One task's own job, not an array (a heterogeneous spec's task: sweeps.hetjobs): job_id is the task's."""
 
 
 class ArrayList(Record):
@@ -371,13 +373,16 @@ def newest_arrays(manifest: SweepManifest) -> dict[int, ArrayEntry | None]:
 
 
 def latest_job_ids(manifest: SweepManifest) -> dict[int, str | None]:
-    """Each task's newest job id: ARRAY_TASK on Slurm, the controller pid on local; None before it exists."""
+    """Each task's newest job id: ARRAY_TASK on Slurm (a heterogeneous task's own job id), the
+    controller pid on local; None before it exists."""
     latest: dict[int, str | None] = {}
     for index, arr in newest_arrays(manifest).items():
         if arr is None:
             latest[index] = None
         elif arr.kind == "local":
             latest[index] = arr.jobs.get(str(index))
+        elif arr.single:
+            latest[index] = arr.job_id
         else:
             latest[index] = f"{arr.job_id}_{index - arr.base}"
     return latest

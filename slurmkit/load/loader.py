@@ -268,12 +268,10 @@ def resolve_layers(layers: list[Layer], profile: ClusterProfile, profile_name: s
 
 def _resolve_parts(spec: RunSpec, profile: ClusterProfile, profile_name: str, layers: list[Layer]) -> Resolved:
     """A heterogeneous run: each part resolved as a run of its own (its field named in each error);
-    the run's own resources are its primary part's. On a Slurm profile only."""
+    the run's own resources are its primary part's. On Slurm one heterogeneous job; on the local
+    profile, the parts as local process groups (supervisor.local_parts)."""
     assert spec.components is not None
     source = layers[0][0]
-    if profile.executor != "slurm":
-        raise ConfigError(f"components on the {profile.executor} executor", where=f"{source}:components",
-                          valid="valid: a Slurm profile (a heterogeneous job), e.g. -p devcluster")
     parts = []
     for group, name in enumerate(spec.components):
         where = f"{source}:components.{name}"

@@ -18,7 +18,13 @@ def check(resolved: Resolved, gpus_here: int | None = None) -> None:
     """A local run's request against this machine (gpus_here: this machine's GPUs, else counted)."""
     warn_oversubscribed(resolved)
     check_local_gpus(resolved, local_gpu_count() if gpus_here is None else gpus_here)
-    imports.check_packages(resolved)
+    for one in runs_of(resolved):
+        imports.check_packages(one)
+
+
+def runs_of(resolved: Resolved) -> list[Resolved]:
+    """What runs on this machine: a heterogeneous run's every part (each its own ranks), else the run."""
+    return [p.resolved for p in resolved.parts] or [resolved]
 
 
 def local_gpu_count(root: Path = NVIDIA_GPUS) -> int:
@@ -32,7 +38,7 @@ def check_local_gpus(resolved: Resolved, gpus_here: int) -> None:
     """A local run's ranks see the GPUs its resources ask for (submitit's local executor sets
     CUDA_VISIBLE_DEVICES to them, to none when none is asked): more than the machine has is refused,
     none of a GPU machine's for a train run is said."""
-    asked = resolved.node_gpus
+    asked = sum(one.node_gpus for one in runs_of(resolved))  # each part its own GPUs
     if asked > gpus_here:
         raise SlurmkitError(f"{asked} GPU(s) asked of a local run, and this machine has {gpus_here}",
                             where=f"{resolved.spec_source}:resources", valid=f"valid: at most {gpus_here}")
@@ -44,10 +50,11 @@ def check_local_gpus(resolved: Resolved, gpus_here: int) -> None:
 def warn_oversubscribed(resolved: Resolved) -> None:
     """A local run with more ranks than CPUs still runs, slowly: say so."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    tasks, each = resolved.shape.num_tasks, resolved.resources.cpus_per_task or 1
-    if tasks * each > cpus:
-        warn(f"{resolved.profile_name}: {tasks} local rank(s) x {each} "
-             f"CPU(s) each on {cpus} CPU(s); ranks will share cores")
+    tasks = sum(one.shape.num_tasks for one in runs_of(resolved))
+    asked = sum(one.shape.num_tasks * (one.resources.cpus_per_task or 1) for one in runs_of(resolved))
+    if asked > cpus:
+        warn(f"{resolved.profile_name}: {tasks} local rank(s) asking {asked} CPU(s) "
+             f"on {cpus} CPU(s); ranks will share cores")
 
 
 def warn_idle_gpus(resolved: Resolved) -> None:

@@ -65,15 +65,16 @@ def _by_job_id(run_root: str, job_id: str, base: str, task: str | None) -> RunPa
                 return paths
         except (RunNotFoundError, CorruptRecordError):  # skipped here; `list` reports it
             continue
-    if task is None:
-        return None
-
     for sweep in list_sweeps(run_root):
         try:
             arrays = ArrayLog(sweep).read().arrays
         except (RunNotFoundError, CorruptRecordError):  # skipped here; `sweep list` reports it
             continue
         for arr in arrays:
+            if arr.single and arr.job_id == job_id and sweep.task(arr.indices[0]).record.exists():
+                return sweep.task(arr.indices[0])  # a heterogeneous task's own job
+            if task is None or arr.single:
+                continue
             index = arr.base + int(task)
             if arr.job_id == base and index in arr.indices:
                 if not sweep.task(index).record.exists():

@@ -12,6 +12,7 @@ import signal as signals
 from pathlib import Path
 
 from slurmkit import trust
+from slurmkit.common.procfs import group_members
 from slurmkit.errors import warn
 from slurmkit.runs.polling import Poller
 
@@ -85,16 +86,7 @@ def group_of(pid: int) -> int | None:
 
 def group_alive(pgid: int) -> bool:
     """Some process of group `pgid` still runs (a zombie, ended and not yet reaped, does not)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
+    return bool(group_members(pgid))
 
 
 def end_group(pid: int | str | None, start: int | None, grace_s: float = GROUP_GRACE_S) -> bool:

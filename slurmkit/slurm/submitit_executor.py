@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import subprocess
 import sys
+import types
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,7 +93,7 @@ def _call_bytes(paths: RunPaths, job_id: str) -> bytes:
                             valid="submit the run again with `slurmkit submit`") from None
 
 
-def place_call(folder: Path, job_id: str, fn: Any, executor: submitit.SlurmExecutor) -> None:
+def place_call(folder: Path, job_id: str, fn: Any, executor: Any) -> None:
     """Another part's call of a heterogeneous job (spec components), pickled as submitit pickles the
     job's own, under submitit's name for job `job_id` in that part's job folder, where its ranks'
     worker (which waits for it) loads it. Written aside and renamed: never seen half-written."""
@@ -283,3 +285,62 @@ def local_executor(folder: Path, resolved: Resolved) -> Any:
     ex.update_parameters(tasks_per_node=resolved.shape.num_tasks, timeout_min=timeout_min,
                          gpus_per_node=resolved.node_gpus, signal_delay_s=resolved.profile.signal_delay_s)
     return ex
+
+
+_STARTED: list[subprocess.Popen[bytes]] = []
+"""The local heterogeneous runs' supervisors this process started (kept, as submitit keeps its
+controllers, so that none is reported still running when its Popen is collected)."""
+
+
+class LocalPartsExecutor:
+    """A heterogeneous run on the local profile: its script (`exec` of its supervisor,
+    slurmkit.supervisor.local_parts) started detached in a session of its own (a cancel ends that
+    group: every part's ranks), its pid the run's job id; every part's call is pickled under it, as
+    on Slurm (place_call). The script is recorded as a Slurm run's is: a resubmit starts it again."""
+
+    def __init__(self, request: SubmitRequest) -> None:
+        resolved, plan = request.resolved, request.plan
+        assert plan is not None and resolved.resources.time is not None
+        self.resolved, self.paths = resolved, RunPaths(request.job_folder.parent)
+        self.parameters: dict[str, Any] = {}
+        self.max_num_timeout = resolved.profile.requeue.timeout
+        argv = [*shlex.split(python_command(resolved)), "-m", "slurmkit.supervisor.local_parts",
+                "--run-dir", str(self.paths.run_dir), "--plan", plan.model_dump_json(),
+                "--time-s", str(60 * time_to_minutes(resolved.resources.time)),
+                "--signal-delay-s", str(resolved.profile.signal_delay_s)]
+        # In the submit's folder, as sbatch starts a job: a resubmit from elsewhere runs the same commands.
+        self.last_script = ("#!/bin/bash\n# A heterogeneous run on the local profile: its parts' supervisor "
+                            f"(slurmkit.supervisor.local_parts)\ncd -- {shlex.quote(os.getcwd())} || exit 1\n"
+                            f"exec {shlex.join(argv)}\n")
+
+    def submit(self, fn: Any) -> Any:
+        job_id = start_local_parts(self.paths, self.last_script, self.resolved)
+        place_call(self.paths.job_folder, job_id, fn, self)
+        return types.SimpleNamespace(job_id=job_id)
+
+
+def start_local_parts(paths: RunPaths, script: str, resolved: Resolved) -> str:
+    """Start a local heterogeneous run's script detached (its lines to the job folder's
+    local_supervisor_log), with what the ranks get from the profile; its pid, the job id."""
+    env = {k: v for k, v in os.environ.items() if k not in outer_job_env(dict(os.environ))}
+    env.update(rank_env(resolved.profile.startup_timeout_s, resolved.profile.straggler_score))
+    paths.job_folder.mkdir(mode=0o700, exist_ok=True)
+    log = os.open(paths.local_supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    try:  # bash execs the supervisor: its pid stays the job's
+        proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                start_new_session=True)
+    finally:
+        os.close(log)
+    _STARTED.append(proc)
+    return str(proc.pid)
+
+
+def resubmit_local_parts(paths: RunPaths, job_id: str, script: str, parts: tuple[RunPaths, ...],
+                         resolved: Resolved) -> str:
+    """Start a local heterogeneous run's recorded script again; every part's call is job `job_id`'s,
+    copied (never unpickled here) under the new id. Returns the new job id."""
+    calls = [_call_bytes(p, job_id) for p in (paths, *parts)]
+    new = start_local_parts(paths, script, resolved)
+    for p, call in zip((paths, *parts), calls, strict=True):
+        atomic_write(JobPaths(p.job_folder, job_id=new).submitted_pickle, call, perms.file_mode(paths.run_dir))
+    return new

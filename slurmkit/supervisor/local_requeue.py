@@ -23,6 +23,9 @@ LOCAL_REQUEUE_STATUS = 144
 """submitit.local.local.LOCAL_REQUEUE_RETURN_CODE: its controller starts the job's ranks again."""
 LOCAL_MAX_STARTS = 6
 """submitit's controller starts a local job's ranks at most this many times (its max_retry)."""
+DECIDES_ENV = "SLURMKIT_LOCAL_DECIDES"
+"""0 for the ranks of a local heterogeneous run's other parts (supervisor.local_parts): its primary
+part's rank 0 alone decides a stop, once for the run, as the supervisor does on Slurm."""
 
 
 def local_stop(paths: RunPaths, job_id: str, step: int | None, requeue_signal: bool) -> tuple[str, int]:

@@ -15,6 +15,7 @@ from slurmkit.build import ArraySpec, build
 from slurmkit.calls import SweepTask
 from slurmkit.common import perms
 from slurmkit.common.atomic import atomic_write_text
+from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, SweepPaths
 from slurmkit.config.resolved import Resolved
 from slurmkit.errors import SlurmError, SlurmkitError, squash
@@ -46,7 +47,7 @@ def submit_arrays(paths: SweepPaths, groups: list[Resolved], planned: list[JsonO
                          str(paths.array_pickle(first_number + k)))
         executor = submitter().RenderedSlurmExecutor(
             build(groups[arr.group], paths.job_folder, array=spec, dependency=",".join(deps) or None))
-        executor.before_sbatch = functools.partial(_note_sbatch, paths, first_number + k)
+        executor.before_sbatch = functools.partial(note_sbatch, paths, first_number + k)
         try:
             job_id = executor.submit_sweep_array(SweepTask(str(paths.sweep_dir), arr.base))
         except Exception as exc:
@@ -66,7 +67,7 @@ def submit_arrays(paths: SweepPaths, groups: list[Resolved], planned: list[JsonO
     return ids
 
 
-def _note_sbatch(paths: SweepPaths, number: int, script: Path) -> None:
+def note_sbatch(paths: SweepPaths, number: int, script: Path) -> None:
     """Array `number`'s script name, written before its sbatch runs (`recover` looks it up)."""
     with ArrayLog(paths).editing() as log:
         log.arrays[number].submission, log.arrays[number].sbatch_at = script.name, time.time()
@@ -120,6 +121,9 @@ def _settle(paths: SweepPaths, number: int, job_id: str | None) -> None:
         log.arrays[number].job_id = job_id
         log.arrays[number].error = None if job_id else NEVER_QUEUED
         name = Path(log.arrays[number].submission or "").name
+        single = log.arrays[number].indices if log.arrays[number].single else []
+    if job_id and single:  # a heterogeneous task's own job (sweeps.hetjobs): its run.json names it too
+        RunFile(paths.task(single[0])).add_job_id(job_id)
     script = paths.job_folder / name
     if job_id and name and script.is_file():  # submitit would have moved it under the job id's name
         text = trust.read_own(script, SCRIPT_LIMIT).decode()

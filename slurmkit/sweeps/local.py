@@ -13,15 +13,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from slurmkit import trust
 from slurmkit.calls import SweepTask
 from slurmkit.common.locked import try_lock
 from slurmkit.common.record import RunFile
 from slurmkit.common.sweep_layout import ArrayEntry, ArrayLog, Manifest, SweepPaths, materialize_task
-from slurmkit.runs.procs import start_time
+from slurmkit.runs.procs import same_process, start_time
 from slurmkit.slurm.submitter import submitter
+from slurmkit.sweeps import hetjobs
 from slurmkit.sweeps.store import manifest_tasks
 
 POLL_S = 0.5
@@ -76,24 +76,36 @@ def run(paths: SweepPaths, number: int) -> None:
     if manifest.arrays[number].runner_pid is None:  # its starter died before it could record this runner
         _record_runner(paths, number, os.getpid())
     groups, group_of = manifest_tasks(manifest)
+    het = hetjobs.heterogeneous(manifest)
     queue = list(manifest.arrays[number].indices)
     limit = manifest.max_parallel or len(queue)
-    running: list[Any] = []
+    running: list[tuple[str, int | None]] = []
     while queue or running:
-        running = [job for job in running if not job.done()]
+        running = [(job, start) for job, start in running if not _ended(job, start)]
         while queue and len(running) < limit:
             i = queue.pop(0)
-            task = materialize_task(paths, i, "", manifest)
-            executor = submitter().local_executor(task.job_folder, groups[group_of[i]])
-            job = executor.submit(SweepTask(str(paths.sweep_dir), index=i))
-            pid_start = start_time(int(job.job_id))
-            RunFile(task).add_job_id(str(job.job_id), pid_start)
+            if het:  # its own local heterogeneous run (supervisor.local_parts)
+                job_id = hetjobs.submit_one(paths, manifest, i)
+                pid_start = RunFile(paths.task(i)).read().pid_starts.get(job_id)
+            else:
+                task = materialize_task(paths, i, "", manifest)
+                executor = submitter().local_executor(task.job_folder, groups[group_of[i]])
+                job_id = str(executor.submit(SweepTask(str(paths.sweep_dir), index=i)).job_id)
+                pid_start = start_time(int(job_id))
+                RunFile(task).add_job_id(job_id, pid_start)
             with ArrayLog(paths).editing() as log:
-                log.arrays[number].jobs[str(i)] = str(job.job_id)
+                log.arrays[number].jobs[str(i)] = job_id
                 log.arrays[number].job_starts[str(i)] = pid_start
-            print(f"task {i}: job {job.job_id}", flush=True)
-            running.append(job)
+            print(f"task {i}: job {job_id}", flush=True)
+            running.append((job_id, pid_start))
         time.sleep(POLL_S)
+
+
+def _ended(job_id: str, start: int | None) -> bool:
+    """A task's job (a child of this runner) has ended: reaped here, so that no zombie stays."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(int(job_id), os.WNOHANG)
+    return not same_process(job_id, start)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -225,11 +225,12 @@ def load(path: Path | JsonObject, grid: list[str] | None = None, max_parallel: i
         section_raw["max_parallel"] = max_parallel
     section_raw.update(given)
     section = section_of(section_raw, source)
-    if "components" in raw:
-        # sbatch answers "Invalid job array specification": Slurm runs no heterogeneous job as an array task.
-        raise ConfigError("a heterogeneous run (components) cannot be swept yet: a sweep is a Slurm job array, and "
-                          "Slurm runs no heterogeneous job in an array", where=f"{source}:components",
-                          valid="valid: submit each config as its own run (slurmkit submit --set ...)")
+    if "components" in raw and section.search is not None:
+        # A search's driver asks its trials batch by batch as job arrays (sweeps.search), and Slurm
+        # runs no heterogeneous job as an array task; a grid, list or random sweep's tasks are each
+        # their own heterogeneous job (sweeps.hetjobs).
+        raise ConfigError("a search over a heterogeneous run (components)", where=f"{source}:{SWEEP_KEY}.search",
+                          valid="valid: grid, list or random over it (each task its own heterogeneous job)")
     task = raw.get("task")
     check_keys(section, source, task)
     name = str(raw.get("name") or (safe_name(path.stem) if isinstance(path, Path) else "sweep"))

@@ -32,7 +32,7 @@ from slurmkit.runs import registry
 from slurmkit.runs.jobs import take_snapshot
 from slurmkit.runs.procs import signal_process
 from slurmkit.slurm import commands, preflight
-from slurmkit.sweeps import local
+from slurmkit.sweeps import hetjobs, local
 from slurmkit.sweeps.arrays import cluster_limits, recover, submit_arrays
 from slurmkit.sweeps.plan import plan_arrays
 from slurmkit.sweeps.resolve import SweepTasks, resolve_tasks, search_base
@@ -143,6 +143,8 @@ def launch(plan: SweepPlan, tasks: SweepTasks, max_array_size: int | None = None
     try:
         if plan.section.search is not None:  # its first batch now, the rest by its driver
             ids = begin(paths, plan.section.search, after)
+        elif hetjobs.heterogeneous(manifest := Manifest(paths).read()):  # Slurm runs no hetjob in an array
+            ids = hetjobs.submit_tasks(paths, manifest, list(range(n)), "initial", after)
         else:
             live_array, _ = cluster_limits()
             limit = min(max_array_size or live_array, live_array)
@@ -177,6 +179,9 @@ def _resubmit(paths: SweepPaths, states: dict[int, str], max_array_size: int | N
     check_task_secrets(manifest, indices)
     if manifest.executor == "local":
         local.start(paths, indices)
+        return indices
+    if hetjobs.heterogeneous(manifest):
+        hetjobs.submit_tasks(paths, manifest, indices, "resubmit")
         return indices
     groups, group_of = manifest_tasks(manifest)
     live_array, _ = cluster_limits()

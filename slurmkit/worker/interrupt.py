@@ -22,7 +22,7 @@ from slurmkit.common import outcomes
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.markers import Stopped
 from slurmkit.common.slurm_env import slurm_job_id
-from slurmkit.supervisor.local_requeue import local_stop
+from slurmkit.supervisor.local_requeue import DECIDES_ENV, local_stop
 from slurmkit.worker.checkpoint import AgreedStop
 from slurmkit.worker.ft.stop import install_handlers
 
@@ -70,6 +70,8 @@ def ended(run_dir: str | None, step: int | None, requeue: bool, main: bool | Non
     if not (task == "0" if main is None else main):
         return f"{at}; rank 0 records the stop", 0
     local_job = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "")
+    if executor == "local" and os.environ.get(DECIDES_ENV) == "0":
+        return f"{at}; the run's primary part decides", 0
     if executor == "local" and local_job and run_dir:
         return local_stop(RunPaths(Path(run_dir)), local_job, step, requeue)
     job_id = slurm_job_id()

@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from slurmkit.common.layout import RunPaths
 from slurmkit.common.record import RunFile
+from slurmkit.common.sweep_layout import SweepPaths
 from slurmkit.insight import report
 from slurmkit.load.loader import resolve
-from slurmkit.runs import jobs
+from slurmkit.runs import jobs, lookup
+from slurmkit.sweeps import results
+from slurmkit.sweeps import spec as sweeps_spec
+from slurmkit.sweeps import submit as sweeps_submit
 from tests.conftest import EXAMPLES, ROOT, steady, supervisor_events, wait_until, write_dev_profile
 
 pytestmark = pytest.mark.cluster
@@ -171,3 +176,53 @@ def test_cancel_ends_every_component_and_resubmit_starts_every_part_again(cluste
     # The rollout part's call was copied under the new job id too: it started again.
     assert "rollout up as rollout" in rollout.rank_log(again.job_id, 0).read_text()
     assert "trainer again" in paths.rank_log(again.job_id, 0).read_text()
+
+
+def test_a_sweep_over_a_heterogeneous_spec_is_one_heterogeneous_job_a_task(cluster: None, tmp_path: Path,
+                                                                          run_root: Path) -> None:
+    """Each task its own heterogeneous job (Slurm runs none as an array task), max_parallel a window of
+    dependencies; a failed task resubmitted (--failed) runs again and completes. No in-job restart or
+    requeue for the failing part: its failure ends its task at once."""
+    profile = write_dev_profile(tmp_path / "dev.yaml", run_root, requeue={"standby": False, "in_job": 0, "crash": 0})
+    fixed = tmp_path / "fixed"
+    spec_file = tmp_path / "rlsweep.yaml"
+    spec_file.write_text(yaml.safe_dump({
+        "name": "rlsw", "resources": {"time": "00:05:00"}, "result": "trainer",  # safe_dump sorts the parts
+        "components": {
+            "trainer": {"command": f'[ "$X" = a ] || [ -e {fixed} ] || exit 3; echo "trainer $X seed $SLURMKIT_SEED"'},
+            "rollout": {"command": 'echo "rollout $X up as $SLURMKIT_COMPONENT"; sleep 300'}},
+        "sweep": {"grid": {"env.X": ["a", "b"]}, "max_parallel": 1}}))
+    done = sweeps_submit.submit(sweeps_spec.load(spec_file), str(profile))
+    assert done.tasks == 2 and len(done.array_job_ids) == 2  # two sbatches: one heterogeneous job each
+    paths = SweepPaths(Path(done.sweep_dir))
+    first, second = done.array_job_ids
+    # max_parallel 1: task 1 waits for task 0's job.
+    assert f"#SBATCH --dependency=afterany:{first}" in (paths.task(1).run_dir / "sbatch.sh").read_text()
+    states = wait_until_final(paths)
+    assert [(s.state, s.job_id) for s in states] == [("COMPLETED", first), ("FAILED", second)]
+    task0 = paths.task(0)
+    assert re.search(r"^trainer a seed \d+$", task0.rank_log(first, 0).read_text(), re.M)
+    assert "rollout a up as rollout" in task0.part("rollout").rank_log(first, 0).read_text()
+    assert {f"{first}+0", f"{first}+1"} <= {r.split("|")[0] for r in sacct(task0, first, "JobID")}
+    record = RunFile(task0).read()
+    assert record.sweep is not None and (record.sweep.sweep_id, record.sweep.index) == (paths.sweep_id, 0)
+    assert lookup.find(str(run_root), first) == task0  # `slurmkit logs JOB` finds the task by its job id
+
+    fixed.touch()
+    assert sweeps_submit.resubmit_failed(paths, {s.index: s.state for s in states}) == [1]
+    states = wait_until_final(paths)
+    third = states[1].job_id
+    assert [s.state for s in states] == ["COMPLETED", "COMPLETED"] and third not in (first, second)
+    assert "trainer b seed" in paths.task(1).rank_log(third, 0).read_text()
+    assert RunFile(paths.task(1)).read().job_ids == [second, third]
+
+
+def wait_until_final(paths: SweepPaths) -> list[results.TaskState]:
+    found: list[results.TaskState] = []
+
+    def final() -> bool:
+        found[:] = results.task_states(paths)
+        return all(s.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for s in found)
+
+    wait_until(final, 300, "every task ended", poll_s=0.5)
+    return found

@@ -177,7 +177,7 @@ def test_more_local_ranks_than_cpus_warns(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, name="x", command="true", resources={"tasks_per_node": ranks})
     result = CliRunner().invoke(app, ["submit", str(spec), "-p", str(profile(tmp_path)), "--wait"])
     assert result.exit_code == 0, result.output
-    assert f"{ranks} local rank(s) x 1 CPU(s) each on {ranks - 1} CPU(s)" in result.stderr
+    assert f"{ranks} local rank(s) asking {ranks} CPU(s) on {ranks - 1} CPU(s)" in result.stderr
 
 
 def test_a_huge_value_is_cut_in_the_message(tmp_path: Path) -> None:

@@ -139,11 +139,13 @@ def test_a_local_run_whose_ranks_run_debians_python_trains_and_runs_a_command(de
 def test_the_local_rehearsal_and_the_named_tracebacks_on_debians_python(debian_python: Path) -> None:
     """This issue's job side on 3.11.2: a signalled local run stopped, recorded and started again
     (supervisor.local_requeue), a submitit Checkpointable going on, a local resubmit, and a __main__
-    function's traceback naming its file (common.code_source), run by Debian's python itself."""
+    function's traceback naming its file (common.code_source), run by Debian's python itself; and a
+    heterogeneous run's local supervisor (supervisor.local_parts) stopping both parts at once."""
     done = run_there(debian_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                     "tests/unit/test_local_rehearsal.py", "tests/unit/test_from_submitit.py")
+                     "tests/unit/test_local_rehearsal.py", "tests/unit/test_from_submitit.py",
+                     "tests/unit/test_local_parts.py::test_the_profiles_signal_stops_every_part_once_and_a_cancelled_run_resubmits")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "5 passed" in done.stdout
+    assert "6 passed" in done.stdout
 
 
 def test_a_search_driven_and_resumed_by_debians_python(debian_python: Path) -> None:

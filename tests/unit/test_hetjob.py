@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from slurmkit.common import components, ports
 from slurmkit.config.runspec import RunSpec
@@ -16,6 +17,7 @@ from slurmkit.errors import ConfigError, SlurmkitError
 from slurmkit.load.loader import resolve
 from slurmkit.runs import jobs
 from slurmkit.slurm import steps
+from slurmkit.sweeps import spec as sweeps_spec
 from tests.unit.test_bad_input import refused
 from tests.unit.test_render import check_shell
 
@@ -114,10 +116,13 @@ def test_a_part_no_partition_can_hold_is_refused_naming_the_part(monkeypatch: py
     assert caught.value.where == "components.rollout.resources.nodes"
 
 
-def test_what_a_heterogeneous_run_cannot_be_yet_is_refused_in_one_line() -> None:
-    with pytest.raises(ConfigError) as local:
-        resolve(RL, "local")
-    assert local.value.where is not None and local.value.where.endswith(":components")
+def test_what_a_heterogeneous_run_cannot_be_yet_is_refused_in_one_line(tmp_path: Path) -> None:
+    searched = tmp_path / "search.yaml"
+    searched.write_text(yaml.safe_dump({**RL, "sweep": {"search": {
+        "params": {"env.X": {"choice": ["a", "b"]}}, "trials": 2, "metric": "loss"}}}))
+    with pytest.raises(ConfigError) as search:
+        sweeps_spec.load(searched)
+    assert search.value.where is not None and search.value.where.endswith(":sweep.search")
     shrinking = spec(components={"trainer": {"command": "x", "resources": {"spare_nodes": 1}}})
     with pytest.raises(ConfigError) as spare:
         resolve(shrinking, "devcluster")

@@ -28,21 +28,23 @@ def resubmit(paths: RunPaths, partition: str | None = None) -> Submitted:
                             valid="valid: a run that ended other than COMPLETED; `slurmkit cancel` a live one first")
     check_secrets(rec.spec.secret_env if rec.spec else [], paths.run_id, {})
     ex_mod = submitter()
+    spec = rec.spec
+    parts = tuple(paths.part(n) for n in (spec.components or {}) if n != spec.primary) if spec else ()
 
     if rec.executor == "local":  # a laptop's rehearsal of what a cluster's resubmit does
-        if rec.spec is None:
+        if spec is None:
             raise SlurmkitError("its run.json has no spec this slurmkit can read", where=paths.run_id,
                                 valid="submit the run again with `slurmkit submit`")
-        resolved = Resolved(rec.spec, rec.profile, rec.profile_name, rec.resources, rec.spec_source)
+        resolved = Resolved(spec, rec.profile, rec.profile_name, rec.resources, rec.spec_source)
         with perms.umask(perms.folder_kind(paths.run_dir)):
-            job_id = ex_mod.resubmit_local(paths, st.job_id, resolved)
+            job_id = (ex_mod.resubmit_local_parts(paths, st.job_id, rec.script or paths.script.read_text(),
+                                                  parts, resolved)
+                      if spec.components else ex_mod.resubmit_local(paths, st.job_id, resolved))
         RunFile(paths).add_job_id(job_id, pid_start=procs.start_time(int(job_id)))
         _resubmitted(paths, job_id, st.job_id, st.state, partition)
         return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script="")
     script = "".join(ln for ln in (rec.script or paths.script.read_text()).splitlines(keepends=True)
                      if not ln.startswith("#SBATCH --dependency="))
-    spec = rec.spec
-    parts = tuple(paths.part(n) for n in (spec.components or {}) if n != spec.primary) if spec else ()
     if parts and partition:
         raise SlurmkitError("--partition with a heterogeneous run: sbatch would move its first component only",
                             where=paths.run_id, valid="valid: resubmit without --partition")

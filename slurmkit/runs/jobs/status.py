@@ -123,7 +123,8 @@ def component_paths(paths: RunPaths, record: RunRecord, name: str) -> RunPaths:
 
 def parts_of(paths: RunPaths, record: RunRecord, job_id: str, active: bool) -> list[JsonObject]:
     """Each part's state: RUNNING while its last step runs; once ended, COMPLETED or FAILED as its
-    ranks' outcome records say, else ENDED (ended by the job: a stop, or its primary part done)."""
+    ranks' outcome records say, FAILED where its step failed on its own (a rank killed writes no
+    record), else ENDED (ended by the job: a stop, or its primary part done)."""
     if record.spec is None or record.spec.components is None:
         return []
     last: dict[str, JsonObject] = {}
@@ -139,7 +140,10 @@ def parts_of(paths: RunPaths, record: RunRecord, job_id: str, active: bool) -> l
         ranks = RunFile(own).read().num_tasks if own != paths else record.num_tasks
         running = active and last.get(name, {}).get("event") == "launch"
         ended = own.outcome_state(job_id, ranks)
-        state = "RUNNING" if running else ended if ended != "UNKNOWN" else "ENDED" if name in last else "PENDING"
+        failed = last.get(name, {}).get("event") == "part_ended" and last[name].get("exit_code") \
+            and not last[name].get("by_job")
+        state = ("RUNNING" if running else ended if ended != "UNKNOWN" else "FAILED" if failed
+                 else "ENDED" if name in last else "PENDING")
         out.append({"name": name, "state": state, "ranks": ranks, "in_job_restarts": launched.get(name, 0),
                     "run_dir": str(own.run_dir)})
     return out

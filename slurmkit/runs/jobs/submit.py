@@ -47,16 +47,32 @@ class Call:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def entry(resolved: Resolved, paths: RunPaths, call: Call | None = None, part: ResolvedPart | None = None) -> Any:
-    """The callable submitit pickles for this run (for `part`, that part's of a heterogeneous run in
-    `paths`: its own folder, checkpoints and work, `call` its function's; the run's one code snapshot)."""
+@dataclass(frozen=True)
+class Place:
+    """Where a run is queued: its folder, its checkpoints' key under a checkpoint_root, its code
+    snapshot, and what its ranks get on top of its spec's env. A run's own (Place.of); a sweep's
+    heterogeneous task's inside its sweep (sweeps.hetjobs: the sweep's key, snapshot and seed)."""
+
+    paths: RunPaths
+    key: str
+    code_dir: Path | None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, resolved: Resolved, paths: RunPaths) -> Place:
+        return cls(paths, paths.run_id, paths.code_dir if resolved.snapshot else None)
+
+
+def entry(resolved: Resolved, place: Place, call: Call | None = None, part: ResolvedPart | None = None) -> Any:
+    """The callable submitit pickles for this run (for `part`, that part's of a heterogeneous run:
+    its own folder, checkpoints and work, `call` its function's; the run's one code snapshot)."""
     own = part.resolved if part else resolved
     work = work_of(own.spec, call.fn, call.args, call.kwargs) if call else work_of(own.spec)
-    return Run(work, run_dir=str(paths.part(part.name, part.primary).run_dir if part else paths.run_dir),
-               env=run_env(own),
-               checkpoint_uri=paths.checkpoint_uri(resolved.profile.checkpoint_root,
-                                                   part.run_id(paths.run_id) if part else None),
-               code_dir=str(paths.code_dir) if resolved.snapshot else None)
+    folder = place.paths.part(part.name, part.primary) if part else place.paths
+    return Run(work, run_dir=str(folder.run_dir), env=run_env(own, place.env),
+               checkpoint_uri=folder.checkpoint_uri(resolved.profile.checkpoint_root,
+                                                    part.run_id(place.key) if part else place.key),
+               code_dir=str(place.code_dir) if place.code_dir else None)
 
 
 def check_function_kind(resolved: Resolved, call: Call | None, parts: Mapping[str, Call] | None = None) -> None:
@@ -111,9 +127,7 @@ def send(request: SubmitRequest, call: Call | None = None, part_calls: Mapping[s
     """Create the run folder and record the request names, submit it through submitit (sbatch gets
     request.script, byte for byte), record the job id. Everything the submit creates gets the run's
     umask (perms); a submit that fails before anything is queued leaves nothing behind."""
-    ex_mod = submitter()
     resolved = request.resolved
-    slurm = resolved.profile.executor == "slurm"
     run_mode = resolved.profile.run_mode
     with perms.umask(run_mode):
         paths = registry.create(resolved.profile.run_root, resolved.spec.name, run_mode,
@@ -130,44 +144,65 @@ def send(request: SubmitRequest, call: Call | None = None, part_calls: Mapping[s
                 env=request.stage.record() if request.stage else None))
             if (snap := take_snapshot(resolved, paths.run_dir, call)) is not None:
                 record.update(snapshot=snap)
-            parts = [p for p in resolved.parts if not p.primary]
-            for part in parts:  # their folders and records; their calls go in once the job id is known
-                _part_folder(resolved, paths, part)
-            try:
-                if slurm:
-                    executor: Any = ex_mod.RenderedSlurmExecutor(request)
-                else:
-                    executor = ex_mod.local_executor(paths.job_folder, resolved)
-                primary = next((p for p in resolved.parts if p.primary), None)
-                calls = part_calls or {}
-                job = executor.submit(entry(resolved, paths, calls.get(primary.name) if primary else call, primary))
-                for part in parts:
-                    ex_mod.place_call(paths.part(part.name).job_folder, str(job.job_id),
-                                      entry(resolved, paths, calls.get(part.name), part), executor)
-            except Exception as exc:
-                if isinstance(exc, (SlurmkitError, OSError)):
-                    raise
-                raise SlurmError(f"submission failed: {squash(str(exc))}", where=resolved.profile_name) from exc
-        # Queued: the job id is recorded first (with the script, in one write), so nothing later can lose it.
-        job_id = str(job.job_id)
-        script = getattr(executor, "last_script", None) or ""
-        record.add_job_id(job_id, pid_start=None if slurm else procs.start_time(int(job_id)), script=script)
-        if script:
-            registry.write_script(paths, script)
+            job_id, script = queue(request, Place.of(resolved, paths), call, part_calls)
+        recorded(paths, resolved, job_id, script)
     return Submitted(run_id=paths.run_id, job_id=job_id, run_dir=str(paths.run_dir), script=script)
 
 
-def _part_folder(resolved: Resolved, paths: RunPaths, part: ResolvedPart) -> None:
-    """A heterogeneous run's part's own run folder (parts/NAME) and record: its ranks' files go there."""
-    folder = paths.part(part.name).run_dir
+def queue(request: SubmitRequest, place: Place, call: Call | None = None,
+          part_calls: Mapping[str, Call] | None = None,
+          before_sbatch: Callable[[Path], None] | None = None) -> tuple[str, str]:
+    """Send the request for a run whose folder and record exist at `place`: a heterogeneous run's
+    other parts' folders and records made, the call (every part's) pickled under the job id. (The
+    job id, the script sent.) `before_sbatch`: called with the script's path just before sbatch."""
+    ex_mod = submitter()
+    resolved = request.resolved
+    parts = [p for p in resolved.parts if not p.primary]
+    for part in parts:  # their folders and records; their calls go in once the job id is known
+        _part_folder(resolved, place, part)
+    try:
+        if resolved.profile.executor == "slurm":
+            executor: Any = ex_mod.RenderedSlurmExecutor(request)
+            executor.before_sbatch = before_sbatch
+        elif resolved.parts:
+            executor = ex_mod.LocalPartsExecutor(request)
+        else:
+            executor = ex_mod.local_executor(place.paths.job_folder, resolved)
+        primary = next((p for p in resolved.parts if p.primary), None)
+        calls = part_calls or {}
+        job = executor.submit(entry(resolved, place, calls.get(primary.name) if primary else call, primary))
+        for part in parts:
+            ex_mod.place_call(place.paths.part(part.name).job_folder, str(job.job_id),
+                              entry(resolved, place, calls.get(part.name), part), executor)
+    except Exception as exc:
+        if isinstance(exc, (SlurmkitError, OSError)):
+            raise
+        raise SlurmError(f"submission failed: {squash(str(exc))}", where=resolved.profile_name) from exc
+    return str(job.job_id), getattr(executor, "last_script", None) or ""
+
+
+def recorded(paths: RunPaths, resolved: Resolved, job_id: str, script: str) -> None:
+    """Queued: the job id is recorded first (with the script, in one write), so nothing later can lose it."""
+    local = resolved.profile.executor != "slurm"
+    RunFile(paths).add_job_id(job_id, pid_start=procs.start_time(int(job_id)) if local else None, script=script)
+    if script:
+        registry.write_script(paths, script)
+
+
+def _part_folder(resolved: Resolved, place: Place, part: ResolvedPart) -> None:
+    """A heterogeneous run's part's own run folder (parts/NAME) and record: its ranks' files go there.
+    Kept where a sweep's task is submitted again (sweeps.hetjobs: `sweep resubmit --failed`)."""
+    folder = place.paths.part(part.name).run_dir
+    if RunPaths(folder).record.exists():
+        return
     if not folder.parent.exists():
         perms.make_run_folder(folder.parent, resolved.profile.run_mode)
     perms.make_run_folder(folder, resolved.profile.run_mode)
-    registry.claim_checkpoint_folder(resolved.profile.checkpoint_root, part.run_id(paths.run_id),
+    registry.claim_checkpoint_folder(resolved.profile.checkpoint_root, part.run_id(place.key),
                                      resolved.profile.run_mode)
     r = part.resolved
     RunFile(RunPaths(folder)).create(RunRecord(
-        run_id=part.run_id(paths.run_id), name=f"{resolved.spec.name}.{part.name}", run_dir=str(folder),
+        run_id=part.run_id(place.key), name=f"{resolved.spec.name}.{part.name}", run_dir=str(folder),
         created=dt.datetime.now().isoformat(timespec="seconds"), executor=r.profile.executor,
         profile_name=r.profile_name, spec_source=f"{resolved.spec_source}:components.{part.name}",
         spec=r.spec.model_dump(), profile=r.profile.model_dump(), resources=r.resources.model_dump(),
