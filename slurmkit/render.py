@@ -248,6 +248,10 @@ def render(inp: RenderInput) -> str:
         "stage": stage_context(resolved, inp.stage, inp.python),
         "supervisor_python": Shell(f'"${STAGED_PYTHON_ENV}" -P') if inp.stage else Shell(inp.python),
         "het": [{"r": p.resolved.resources, "alloc_nodes": p.resolved.shape.alloc_nodes} for p in resolved.parts],
+        # Each part's own container (its own, or the profile's), its arrays named for its het group.
+        "het_containers": [{"group": p.group, "name": p.name, "c": p.resolved.profile.container,
+                            "ctx": container_context(p.resolved, inp.run_dir)}
+                           for p in resolved.parts if p.resolved.profile.container is not None],
     }
     try:
         return env.get_template(ENTRY_TEMPLATE).render(context)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from slurmkit.config.container import Container
 from slurmkit.config.fields import EnvMap, EnvNames, Strict
 from slurmkit.config.profile import Resources
 from slurmkit.config.ray import RaySpec
@@ -59,6 +60,9 @@ class Component(Strict):
     """Environment variables for this part's ranks, over the run's top-level env."""
     srun_args: SrunArgs = Field(default_factory=list)
     """srun options for this part's ranks, after the profile's and the run's srun_args."""
+    container: Container | None = None
+    """This part's container, in place of the profile's (the profile's `container` fields: runtime,
+    image, mounts, ...); unset: the profile's, if it has one."""
 
     _callable = field_validator("callable")(_callable_shape)
     _task = field_validator("task")(_known_task)

@@ -277,8 +277,9 @@ def _resolve_parts(spec: RunSpec, profile: ClusterProfile, profile_name: str, la
         where = f"{source}:components.{name}"
         if spec.components[name].task == "train":
             validate_layers(TrainConfig, layers, prefix=("components", name, "config"))
-        one = _resolve_one(spec.part(name), profile, profile_name, where,
-                           (spec.resources, spec.components[name].resources))
+        own = spec.components[name].container
+        one = _resolve_one(spec.part(name), profile.model_copy(update={"container": own}) if own else profile,
+                           profile_name, where, (spec.resources, spec.components[name].resources))
         if one.shape.shrinks:
             raise ConfigError("spare_nodes or elastic in a part", where=f"{where}.resources",
                               valid="valid: 0 / false (a part's lost node requeues the whole job)")

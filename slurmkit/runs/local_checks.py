@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from slurmkit.config.resolved import Resolved
-from slurmkit.errors import SlurmkitError, warn
+from slurmkit.errors import ConfigError, SlurmkitError, warn
 from slurmkit.slurm import imports
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
@@ -16,10 +16,21 @@ NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 def check(resolved: Resolved, gpus_here: int | None = None) -> None:
     """A local run's request against this machine (gpus_here: this machine's GPUs, else counted)."""
+    check_no_container(resolved)
     warn_oversubscribed(resolved)
     check_local_gpus(resolved, local_gpu_count() if gpus_here is None else gpus_here)
     for one in runs_of(resolved):
         imports.check_packages(one)
+
+
+def check_no_container(resolved: Resolved) -> None:
+    """The local executor starts every rank with this machine's interpreter: a container (the
+    profile's, or a heterogeneous run's part's) would be left out without a word, so it is refused."""
+    where = [(f"{resolved.spec_source}:components.{p.name}.container", p.resolved) for p in resolved.parts]
+    for field, one in where or [(f"{resolved.profile_name}:container", resolved)]:
+        if one.profile.container is not None:
+            raise ConfigError("a container on the local executor (its ranks run on this machine)", where=field,
+                              valid="valid: a Slurm profile for a container, or none here")
 
 
 def runs_of(resolved: Resolved) -> list[Resolved]:

@@ -25,6 +25,11 @@ class Container:
 
     srun_options: list[str] = field(default_factory=list)
     rank_prefix: list[str] = field(default_factory=list)
+    parts: dict[int, Container] = field(default_factory=dict)
+    """A heterogeneous job's: each part's own, by het group (a part without a container has none)."""
+
+    def of_part(self, group: int) -> Container:
+        return self.parts.get(group, Container())
 
 
 def _logs(plan: Plan, torchrun: bool = False) -> list[str]:
@@ -51,7 +56,7 @@ def ranks(plan: Plan, container: Container, nodes: int | None = None, exclude: t
 def part(plan: Plan, group: int, container: Container, job_id: str) -> list[str]:
     """Part `group` of a heterogeneous job (plan.parts): its ranks' step on its own het component.
     Its logs name the job's own id: Slurm's %j there is the component's id (JOB+N)."""
-    argv = ranks(plan.part(group), container)
+    argv = ranks(plan.part(group), container.of_part(group))
     argv = [a.replace("%j", job_id) if a.startswith(("--output=", "--error=")) else a for a in argv]
     return [argv[0], f"--het-group={group}", *argv[1:]]
 

@@ -20,16 +20,19 @@ from slurmkit.supervisor.parts import PartsSupervisor
 
 def container_parts(tail: list[str]) -> Container:
     """The batch shell's container arrays, passed after `--` as NAME COUNT ITEM... groups (an item
-    may itself look like an option, or be `--`)."""
-    parts: dict[str, list[str]] = {"srun-options": [], "rank-prefix": []}
+    may itself look like an option, or be `--`); a heterogeneous job's part N's as NAME-N."""
+    found: dict[tuple[str, int | None], list[str]] = {}
     i = 0
     while i < len(tail):
         name, count = tail[i], int(tail[i + 1])
-        if name not in parts:
+        kind, _, group = name.rpartition("-") if name[-1:].isdigit() else (name, "", "")
+        if kind not in ("srun-options", "rank-prefix"):
             raise ValueError(f"unknown container part {name!r}")
-        parts[name] = tail[i + 2:i + 2 + count]
+        found[kind, int(group) if group else None] = tail[i + 2:i + 2 + count]
         i += 2 + count
-    return Container(parts["srun-options"], parts["rank-prefix"])
+    groups = {g for _, g in found if g is not None}
+    parts = {g: Container(found.get(("srun-options", g), []), found.get(("rank-prefix", g), [])) for g in groups}
+    return Container(found.get(("srun-options", None), []), found.get(("rank-prefix", None), []), parts)
 
 
 def parse(argv: list[str]) -> tuple[Path, Plan, Container]:

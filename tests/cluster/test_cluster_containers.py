@@ -72,3 +72,31 @@ def test_ranks_run_through_the_stand_in_runtime_with_mounts_and_gpu_flags(
             assert options[options.index("--pwd") + 1] == "/work"
             assert "HF_HOME=/data/hf cache" in options
     assert jobs.run_state(RunPaths(Path(out["run_dir"]))).state == "COMPLETED"
+
+
+def test_a_heterogeneous_runs_part_runs_in_its_own_container(cluster: None, tmp_path: Path) -> None:
+    """The rollout part in the (stand-in) apptainer, the trainer on the host: only the rollout's ranks
+    go through the runtime, each with its own part's worker."""
+    logs = tmp_path / "argv"
+    logs.mkdir()
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({
+        "extends": "devcluster", "run_root": str(tmp_path / "runs"),
+        "setup": {"env": {"STANDIN_LOG_DIR": str(logs)}, "commands": [f'export PATH="{STANDINS}:$PATH"']}}))
+    spec = {"name": "rlc", "resources": {"time": "00:05:00"}, "components": {
+        # The trainer (the primary: its end ends the rollout) waits for both rollout ranks' marks.
+        "trainer": {"command": f"until [ -e {tmp_path}/up.0 ] && [ -e {tmp_path}/up.1 ]; do sleep 0.2; done; "
+                               "echo trainer on $(hostname)"},
+        "rollout": {"command": f"echo rollout rank $SLURM_PROCID; touch {tmp_path}/up.$SLURM_PROCID; sleep 60",
+                    "resources": {"tasks_per_node": 2},
+                    "container": CONTAINERS["apptainer"]}}}
+    sub = jobs.submit(resolve(spec, str(profile)))
+    paths = RunPaths(Path(sub.run_dir))
+    assert jobs.wait(paths, timeout_s=180).state == "COMPLETED"
+    assert sorted(p.name for p in logs.iterdir()) == ["apptainer.0.argv", "apptainer.1.argv"]  # the rollout's 2
+    for rank in (0, 1):
+        argv = (logs / f"apptainer.{rank}.argv").read_text().splitlines()
+        assert argv[:2] == ["exec", "--nv"] and CONTAINERS["apptainer"]["image"] in argv
+        assert argv[-1] == str(paths.part("rollout").job_folder)  # the rollout part's own worker
+        assert f"rollout rank {rank}" in paths.part("rollout").rank_log(sub.job_id, rank).read_text()
+    assert "trainer on node1" in paths.rank_log(sub.job_id, 0).read_text()

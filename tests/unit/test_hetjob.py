@@ -19,7 +19,8 @@ from slurmkit.runs import jobs
 from slurmkit.slurm import steps
 from slurmkit.sweeps import spec as sweeps_spec
 from tests.unit.test_bad_input import refused
-from tests.unit.test_render import check_shell
+from tests.unit.test_containers import CONTAINERS
+from tests.unit.test_render import check_shell, supervisor_call
 
 RL: dict[str, Any] = {
     "name": "rl",
@@ -71,6 +72,38 @@ def test_the_script_is_one_heterogeneous_job_and_each_part_its_own_step(tmp_path
     assert argv[-1] == f"{run_dir}/parts/rollout/submitit"  # the part's own submitit worker folder
 
 
+@pytest.mark.parametrize("runtime", sorted(CONTAINERS))
+def test_a_part_runs_in_its_own_container_and_the_others_in_the_profiles(runtime: str, tmp_path: Path) -> None:
+    """The rollout in a container of its own (each runtime), the trainer in the profile's (pyxis) or in
+    none: each part's step gets its own container's srun options or prefix, and its own interpreter."""
+    own = {**CONTAINERS[runtime], "python": "/opt/rollout/bin/python"}
+    if runtime == "pyxis":  # another image than the profile's
+        own["image"] = "nvcr.io#nvidia/rollout:24.05"
+    profile = tmp_path / "p.yaml"
+    for base in ({"extends": "devcluster"}, {"extends": "devcluster", "container": CONTAINERS["pyxis"]}):
+        profile.write_text(yaml.safe_dump(base))
+        het = spec(components={**RL["components"], "rollout": {**RL["components"]["rollout"], "container": own}})
+        request = jobs.dry_run(resolve(het, str(profile)))
+        check_shell(request.script, tmp_path)
+        plan, container = supervisor_call(request.script)
+        trainer, rollout = (steps.part(plan, g, container, "77") for g in (0, 1))
+        assert "/opt/rollout/bin/python" in rollout and "/opt/rollout/bin/python" not in trainer
+        # docker's image is in the batch shell's function the prefix calls: the part's own
+        image = own["image"] if runtime != "docker" else 'slurmkit_docker_rank_1 "$@"'
+        assert any(image in a for a in rollout) and not any(image in a for a in trainer)
+        assert any("nvcr.io#nvidia/pytorch" in a for a in trainer) == ("container" in base)
+
+
+def test_a_container_on_the_local_executor_is_refused_naming_the_part(tmp_path: Path) -> None:
+    """The local profile runs every rank on this machine's interpreter: a part's container would be
+    left out without a word."""
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(spec(components={**RL["components"], "rollout": {
+        "command": "x", "container": CONTAINERS["apptainer"]}})))
+    line = refused(["submit", str(path), "-p", "local"]).stderr
+    assert f"{path}:components.rollout.container" in line
+
+
 def test_a_rank_is_told_its_part_and_where_every_part_is() -> None:
     batch = {"SLURM_JOB_NODELIST_HET_GROUP_0": "node1", "SLURM_JOB_NODELIST_HET_GROUP_1": "node[2-3]"}
     shared = components.variables(["trainer", "rollout"], batch)
@@ -92,10 +125,10 @@ def test_a_rank_is_told_its_part_and_where_every_part_is() -> None:
     ({"components": {"a": {"command": "x"}, "A": {"command": "y"}}}, "components"),
     ({"result": "critic"}, "result"),
     ({"launcher": "torchrun"}, "launcher"),
+    ({"components": {"trainer": {"command": "x", "container": {"runtime": "apptainer", "image": "torch"}}}},
+     "components.trainer.container"),
 ])
 def test_bad_components_are_one_line_naming_the_field(changes: dict[str, Any], field: str, tmp_path: Path) -> None:
-    import yaml
-
     path = tmp_path / "rl.yaml"
     path.write_text(yaml.safe_dump(spec(**changes)))
     line = refused(["render", str(path), "-p", "devcluster"]).stderr

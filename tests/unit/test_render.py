@@ -202,7 +202,7 @@ RAW_ALLOWED = {"line", "key", "profile.signal", "profile.signal_delay_s", "c.run
                "ray_port", "sweep.base | int", "(spec.ray.object_store_mb or 0) | int", "node_gpus | int",
                '("0027" if profile.run_mode == "group" else "0077")',
                "component(het[0].r if het else r, het[0].alloc_nodes if het else alloc_nodes, shrinks)",
-               "component(part.r, part.alloc_nodes, False)"}
+               "component(part.r, part.alloc_nodes, False)", "part.name", "part.group | int", "suffix"}
 
 
 def test_raw_is_used_only_where_the_docs_say() -> None:
