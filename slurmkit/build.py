@@ -186,11 +186,11 @@ def env_stage(resolved: Resolved) -> EnvImage | None:
     prof, spec = resolved.profile, resolved.spec
     if not (prof.stage.env or prof.stage.data):
         return None
+    contained = prof.container is not None or any(p.resolved.profile.container for p in resolved.parts)
     refused = ("the local profile runs on this machine's own disk: there is no node to stage to"
                if prof.executor != "slurm" else
-               "a container brings its own environment" if prof.container is not None and prof.stage.env else
+               "a container brings its own environment" if contained and prof.stage.env else
                "a Ray run is not staged yet" if spec.ray else
-               "a heterogeneous run (components) is not staged yet" if spec.components is not None else
                "launcher: torchrun is not staged yet (launcher: srun is)" if spec.launcher == "torchrun" else None)
     if refused:
         raise StageError(refused, where="profile.stage", valid="valid: no stage section for this run")

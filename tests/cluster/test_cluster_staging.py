@@ -28,6 +28,7 @@ PROBE = ("import os, sys, json, slurmkit; parent = open(f'/proc/{os.getppid()}/c
          "'data': open(os.environ['SLURMKIT_STAGE'] + '/tokens.bin').read(), "
          "'folder': sorted(os.listdir(os.environ['SLURMKIT_STAGE'] + '/ds'))}))")
 ROOT = "/local/slurmkit-stage"
+ROLLOUT_LOG = '"$SLURMKIT_RUN_DIR"/parts/rollout/submitit/*_0_log.out'
 
 
 @pytest.fixture
@@ -41,15 +42,24 @@ def bare_nodes(cluster: None) -> Iterator[None]:
     clear()
 
 
-def run(profile: Path) -> tuple[RunPaths, list[dict[str, str]]]:
-    spec = {"name": "staged", "command": f"python -P -c \"{PROBE}\"",  # -P: not slurmkit of the working folder
-            "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:05:00"}}
+def run(profile: Path, het: bool = False) -> tuple[RunPaths, list[dict[str, str]]]:
+    """Two ranks, one a node, each printing its PROBE; `het`: as a heterogeneous job of two parts
+    (one a node), whose every component's nodes are staged."""
+    probe = f"python -P -c \"{PROBE}\""  # -P: not slurmkit of the working folder
+    spec: dict[str, object] = {"name": "staged", "command": probe,
+                               "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:05:00"}}
+    if het:  # the trainer (primary) waits for the rollout's probe: its end ends the rollout
+        spec = {"name": "staged-het", "resources": {"time": "00:05:00"}, "components": {
+            "trainer": {"command": f"{probe}; until grep -qs PROBE {ROLLOUT_LOG}; do sleep 0.2; done"},
+            "rollout": {"command": f"{probe}; sleep 60"}}}
     sub = jobs.submit(resolve(spec, str(profile), ["profile.stage.env=true"]))
     paths, job = RunPaths(Path(sub.run_dir)), sub.job_id or ""
     assert jobs.wait(paths, poller=steady(1.0), timeout_s=600).state == "COMPLETED", \
         failure(paths, job).log_tail
-    probes = [json.loads(ln.split("PROBE ", 1)[1]) for rank in (0, 1)
-              for ln in paths.rank_log(job, rank).read_text().splitlines() if ln.startswith("PROBE ")]
+    logs = [paths.rank_log(job, 0), paths.part("rollout").rank_log(job, 0)] if het else \
+        [paths.rank_log(job, rank) for rank in (0, 1)]
+    probes = [json.loads(ln.split("PROBE ", 1)[1]) for log in logs
+              for ln in log.read_text().splitlines() if ln.startswith("PROBE ")]
     return paths, probes
 
 
@@ -82,6 +92,9 @@ def test_the_environment_is_unpacked_once_per_node_and_every_process_runs_the_no
     for node in ("node1", "node2"):  # each on its own node's disk, not on the login side's /local
         assert (names.STATE_DIR / f"local-{node}" / Path(ROOT).name / f"env-{env['hash']}" / ".ready").exists()
     assert not Path(copy).exists()
-    second, _ = run(profile)
-    assert staged(second) == {"node1": ["reused", "data"], "node2": ["reused", "data"]}  # the next job finds it
+    # The next job finds it: a heterogeneous one, each component's node staged, each part on the copy.
+    second, het_probes = run(profile, het=True)
+    assert staged(second) == {"node1": ["reused", "data"], "node2": ["reused", "data"]}
     assert RunFile(second).read().env == env
+    assert sorted(p["node"] for p in het_probes) == ["node1", "node2"]
+    assert all(p["exe"] == p["rank_worker"] and p["exe"].startswith(copy) for p in het_probes)

@@ -160,9 +160,25 @@ def test_what_a_heterogeneous_run_cannot_be_yet_is_refused_in_one_line(tmp_path:
     with pytest.raises(ConfigError) as spare:
         resolve(shrinking, "devcluster")
     assert spare.value.where is not None and spare.value.where.endswith("components.trainer.resources")
-    with pytest.raises(SlurmkitError) as staged:
-        jobs.dry_run(resolve(RL, "devcluster", ["profile.stage.env=true"]))
+    contained = spec(components={**RL["components"], "rollout": {"command": "x", "container": CONTAINERS["apptainer"]}})
+    with pytest.raises(SlurmkitError) as staged:  # a part's container brings its own environment
+        jobs.dry_run(resolve(contained, "devcluster", ["profile.stage.env=true"]))
     assert staged.value.where == "profile.stage"
+
+
+def test_a_staged_heterogeneous_job_stages_every_components_nodes_and_every_part_runs_the_copy(
+        tmp_path: Path) -> None:
+    request = jobs.dry_run(resolve(RL, "devcluster", ["profile.stage.env=true"]))
+    check_shell(request.script, tmp_path)
+    assert 'slurmkit_stage_groups=(0 1 )' in request.script  # each het group's nodes in turn
+    assert 'slurmkit_on=(--het-group="$1")' in request.script and '--jobid="$slurmkit_job"' in request.script
+    assert request.plan is not None and request.plan.staged_from is not None
+    os.environ[steps.STAGED_PYTHON_ENV] = "/local/env-x/bin/python"
+    try:
+        argvs = [steps.part(request.plan, g, steps.Container(), "7") for g in (0, 1)]
+    finally:
+        del os.environ[steps.STAGED_PYTHON_ENV]
+    assert all("/local/env-x/bin/python" in a and request.plan.staged_from not in a for a in argvs)
 
 
 def test_a_train_task_part_checks_its_own_batch_against_its_own_world() -> None:
