@@ -97,4 +97,4 @@ def test_the_environment_is_unpacked_once_per_node_and_every_process_runs_the_no
     assert staged(second) == {"node1": ["reused", "data"], "node2": ["reused", "data"]}
     assert RunFile(second).read().env == env
     assert sorted(p["node"] for p in het_probes) == ["node1", "node2"]
-    assert all(p["exe"] == p["rank_worker"] and p["exe"].startswith(copy) for p in het_probes)
+    assert all(p["exe"] == p["staged"] and p["slurmkit"].startswith(copy) for p in het_probes)

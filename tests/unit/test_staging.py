@@ -215,7 +215,7 @@ def test_a_data_only_stage_renders_a_checked_script_that_fetches_on_every_node(t
     script = tmp_path / "s.sh"
     script.write_text(request.script)
     subprocess.run([shutil.which("shellcheck") or "shellcheck", str(script)], check=True)
-    sbcast = [ln for ln in request.script.splitlines() if "sbcast --force -f" in ln]
+    sbcast = [ln for ln in request.script.splitlines() if "sbcast --jobid=\"$slurmkit_job\" --force -f" in ln]
     assert len(sbcast) == 1 and str(tmp_path / "tokens.bin") in sbcast[0]  # the file; the URI is fetched
     assert "-m slurmkit.stage.fetch" in request.script and "export SLURMKIT_STAGE=" in request.script
 
