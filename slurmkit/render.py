@@ -270,7 +270,8 @@ def render_interactive(resolved: Resolved, run_dir: str) -> str:
     `bash FILE SRUN_OPTION... -- COMMAND...`. The container is the ranks' own: image, mounts (the run
     folder and run_root among them), variables, GPU flags; docker's gets a terminal (-it)."""
     env = make_environment(resolved.profile)
-    context = {"profile": resolved.profile, "container": {**container_context(resolved, run_dir), "interactive": True}}
+    context = {"profile": resolved.profile, "container": {**container_context(resolved, run_dir), "interactive": True},
+               "het": []}  # a shell is one allocation: the profile's container (partials/container.sh.j2)
     try:
         return env.get_template(INTERACTIVE_TEMPLATE).render(context)
     except jinja2.TemplateError as exc:

@@ -91,12 +91,12 @@ def test_a_heterogeneous_runs_part_runs_in_its_own_container(cluster: None, tmp_
                     "resources": {"tasks_per_node": 2},
                     "container": CONTAINERS["apptainer"]}}}
     sub = jobs.submit(resolve(spec, str(profile)))
-    paths = RunPaths(Path(sub.run_dir))
+    paths, job = RunPaths(Path(sub.run_dir)), sub.job_id or ""
     assert jobs.wait(paths, timeout_s=180).state == "COMPLETED"
     assert sorted(p.name for p in logs.iterdir()) == ["apptainer.0.argv", "apptainer.1.argv"]  # the rollout's 2
     for rank in (0, 1):
         argv = (logs / f"apptainer.{rank}.argv").read_text().splitlines()
         assert argv[:2] == ["exec", "--nv"] and CONTAINERS["apptainer"]["image"] in argv
         assert argv[-1] == str(paths.part("rollout").job_folder)  # the rollout part's own worker
-        assert f"rollout rank {rank}" in paths.part("rollout").rank_log(sub.job_id, rank).read_text()
-    assert "trainer on node1" in paths.rank_log(sub.job_id, 0).read_text()
+        assert f"rollout rank {rank}" in paths.part("rollout").rank_log(job, rank).read_text()
+    assert "trainer on node1" in paths.rank_log(job, 0).read_text()
