@@ -41,8 +41,10 @@ def rollout(crash_once: str | None) -> None:
             conn.sendall(f"sample step={step} from={socket.gethostname()} world={world} attempt={attempt}".encode())
 
 
-def ask(host: str, step: int) -> str:
+def ask(host: str, step: int, ckpt: slurmkit.Checkpoint) -> str:
     while True:  # the rollout part may be starting, or restarting after a crash
+        if ckpt.stop_requested:  # the run is stopping (its rollout too): on to the step's agreed stop
+            return "no sample: stopping"
         try:
             with socket.create_connection((host, port()), timeout=10) as conn:
                 conn.sendall(str(step).encode())
@@ -69,7 +71,7 @@ def trainer(steps: int, step_time: float) -> None:
         weight, start = state["weight"], state["step"]
         print(f"trainer resumed at step={start}", flush=True)
     for i in range(start, steps):
-        reply = ask(host, i + 1)
+        reply = ask(host, i + 1, ckpt)
         weight += 1
         print(f"trainer step={i + 1} {reply}", flush=True)
         time.sleep(step_time)

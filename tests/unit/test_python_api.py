@@ -282,3 +282,15 @@ def test_a_users_own_checkpoint_class_is_not_taken_for_slurmkits() -> None:
     from slurmkit.worker.checkpoint import wants_checkpoint
 
     assert wants_checkpoint(shadowed) is None
+
+
+def test_a_checkpoint_says_when_a_stop_was_asked_for_a_loop_that_waits_on_something_else(tmp_path: Path) -> None:
+    """stop_requested: False, then True once the profile's signal came (examples/rl_loop.py's trainer
+    stops waiting for a rollout that is stopping too, and reaches its step's agreed stop)."""
+    code = ("import os, signal, sys; from slurmkit.worker.checkpoint import Checkpoint; "
+            "c = Checkpoint(sys.argv[1]); print(c.stop_requested); os.kill(os.getpid(), signal.SIGUSR2); "
+            "print(c.stop_requested)")
+    out = subprocess.run([sys.executable, "-P", "-c", code, f"file://{tmp_path}/ckpt"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "SLURMKIT_SIGNAL": "USR2"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]

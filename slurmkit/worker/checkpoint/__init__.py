@@ -80,6 +80,13 @@ class Checkpoint:
         return self._parts
 
     @property
+    def stop_requested(self) -> bool:
+        """This rank was asked to stop (the profile's signal, or SIGTERM): the ranks agree and save at
+        the next `step`. A loop that waits on something else (a server, another part of a
+        heterogeneous run, which may be stopping too) checks it, so as to reach that boundary."""
+        return self.script.flag.is_set
+
+    @property
     def store(self) -> CheckpointStore:
         """The step-N folders on storage."""
         return self._ckpt.store
