@@ -43,6 +43,13 @@ def job_env_unset(environ: dict[str, str]) -> list[str]:
     return ["env", *(a for k in names for a in ("-u", k))] if names else []
 
 
+def own_environ() -> dict[str, str]:
+    """This process's environment without the variables of the job it runs in (none outside one):
+    what a job started from here gets, so that it never joins the outer one's run (common.slurm_env)."""
+    outer = set(outer_job_env(dict(os.environ)))
+    return {k: v for k, v in os.environ.items() if k not in outer}
+
+
 def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = None,
              parts: tuple[RunPaths, ...] = ()) -> str:
     """sbatch a run's recorded script again; the new job's call is job `job_id`'s pickle, copied
@@ -54,8 +61,7 @@ def resubmit(paths: RunPaths, job_id: str, script: str, partition: str | None = 
     tag = uuid.uuid4().hex
     tmp_script = paths.job_folder / f".resubmit-{tag}.sh"
     tmp_pickles = [folder / f".{tag}.pkl" for folder in folders]
-    parent = set(outer_job_env(dict(os.environ)))
-    env = {k: v for k, v in os.environ.items() if k not in parent}
+    env = own_environ()
     mode = perms.file_mode(paths.run_dir)
     try:
         atomic_write_text(tmp_script, script, mode, durable=False)
@@ -322,7 +328,7 @@ class LocalPartsExecutor:
 def start_local_parts(paths: RunPaths, script: str, resolved: Resolved) -> str:
     """Start a local heterogeneous run's script detached (its lines to the job folder's
     local_supervisor_log), with what the ranks get from the profile; its pid, the job id."""
-    env = {k: v for k, v in os.environ.items() if k not in outer_job_env(dict(os.environ))}
+    env = own_environ()  # (the outer job's variables computed once, not once a variable)
     env.update(rank_env(resolved.profile.startup_timeout_s, resolved.profile.straggler_score))
     paths.job_folder.mkdir(mode=0o700, exist_ok=True)
     log = os.open(paths.local_supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
